@@ -1,0 +1,31 @@
+# Two commands matter: `make demo` (install everything, run the demo job) and `make test`.
+SHELL := /bin/bash
+ORCH := .venv/bin/orch
+PYTEST := .venv/bin/pytest
+
+.PHONY: setup demo test test-fast lint bench clean-nodes
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(ORCH) submit templates/demo-ddp.yaml --nodes 2 --gpus 2
+	$(ORCH) cost
+
+test: setup
+	bash scripts/test.sh
+
+test-fast: setup
+	$(PYTEST) -q -m "not e2e" tests
+
+lint: setup
+	.venv/bin/ruff check orchestrator trainer tests bench
+	.venv/bin/ruff format --check orchestrator trainer tests bench
+
+bench: setup
+	.venv/bin/python bench/launch_overhead.py
+	.venv/bin/python bench/sync_speed.py
+	.venv/bin/python bench/trainer_throughput.py
+
+clean-nodes: setup
+	$(ORCH) reconcile

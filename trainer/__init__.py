@@ -1,0 +1,1 @@
+"""Reference DDP trainer that orch runs on its nodes."""
