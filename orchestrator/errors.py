@@ -1,0 +1,83 @@
+"""The one exception tree of orch.
+
+Every error a user can meet is an `OrchError` whose message says what happened and what to do
+next. The CLI maps `exit_code` to the process exit status; library code never calls sys.exit.
+"""
+
+from __future__ import annotations
+
+
+class OrchError(Exception):
+    """Root of every error orch raises on purpose. Exit code 1 unless a subclass says otherwise."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  -> {self.hint}" if self.hint else self.message
+
+
+class SpecError(OrchError):
+    """The job spec or the command-line flags are invalid. Nothing was provisioned."""
+
+    exit_code = 2
+
+
+class ConfigError(OrchError):
+    """orch's own configuration (ORCH_HOME/config.yaml, ORCH_* variables) is invalid."""
+
+    exit_code = 2
+
+
+class ProviderError(OrchError):
+    """The provider could not give or take back machines (API error, missing privileges)."""
+
+    exit_code = 3
+
+
+class CapacityError(ProviderError):
+    """No offer could be launched: every type, zone and market tried was refused."""
+
+
+class RemoteError(OrchError):
+    """A command or transfer on a node failed; `result` carries what the node said."""
+
+    def __init__(self, message: str, *, hint: str | None = None, result: object = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
+class NodeUnreachable(RemoteError):
+    """A node did not answer over SSH within the timeout (gone, or cut off)."""
+
+
+class HostKeyMismatch(RemoteError):
+    """A node presented a host key other than the one its provider reported: refused."""
+
+
+class JobFailed(OrchError):
+    """The job's training command failed on at least one node."""
+
+    exit_code = 1
+
+
+class BudgetExceeded(OrchError):
+    """The job was stopped because it reached its spending cap."""
+
+    exit_code = 4
+
+
+class JobCancelled(OrchError):
+    """The job was cancelled by the user (Ctrl-C or `orch cancel`)."""
+
+    exit_code = 130
+
+
+class UnknownJob(OrchError):
+    """No job with that id exists in the ledger."""
+
+    exit_code = 2

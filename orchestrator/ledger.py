@@ -1,0 +1,274 @@
+"""The ledger: jobs, instance leases, events and pulled checkpoints in SQLite (SQLModel).
+
+The ledger is the single source of truth about what orch started and what it cost. Callers
+write intent before acting (a job is PROVISIONING before `launch` is called), so a controller
+killed at any line leaves enough behind to reconcile. The engine is always passed in.
+
+Money: prices are recorded per lease at launch time (USD per hour, exact decimals) and never
+re-read from a catalog; spend = sum over leases of seconds x price / 3600.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from sqlalchemy import String, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
+
+from orchestrator.errors import UnknownJob
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes stored as ISO-8601 text (SQLite has no time zone type)."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> str | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("the ledger stores aware UTC datetimes only")
+        return value.astimezone(UTC).isoformat()
+
+    def process_result_value(self, value: str | None, dialect: object) -> datetime | None:
+        return None if value is None else datetime.fromisoformat(value)
+
+
+class DecimalText(TypeDecorator):
+    """Exact decimals stored as text, so money never passes through a float."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: Decimal | None, dialect: object) -> str | None:
+        return None if value is None else str(Decimal(value))
+
+    def process_result_value(self, value: str | None, dialect: object) -> Decimal | None:
+        return None if value is None else Decimal(value)
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    SYNCING = "SYNCING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+def _utc_column(nullable: bool = True) -> Column:
+    return Column(UTCDateTime(), nullable=nullable)
+
+
+class Job(SQLModel, table=True):
+    id: str = Field(primary_key=True)  # e.g. "demo-ddp-3f9c1a"
+    name: str
+    state: str = Field(default=JobState.PENDING, index=True)
+    provider: str
+    nodes: int
+    gpus_per_node: int
+    spec_json: str  # the validated JobSpec as JSON, flags applied
+    spec_path: str  # the YAML file it was loaded from
+    created_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    started_at: datetime | None = Field(default=None, sa_column=_utc_column())
+    ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
+    step: int | None = None  # last step reported by rank 0
+    exit_code: int | None = None  # orch's exit code for the job once final
+    reason: str | None = None  # why it ended (failure message, cancel, ...)
+    recoveries: int = 0
+    controller: str | None = None  # "host:pid" of the process driving the job
+
+
+class Lease(SQLModel, table=True):
+    """One node's billable life: from launch until the provider acknowledged its end."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, foreign_key="job.id")
+    cluster: str
+    provider: str
+    instance_id: str = Field(index=True)
+    rank: int
+    market: str  # "spot" or "on-demand"
+    instance_type: str
+    price_per_hour: Decimal = Field(sa_column=Column(DecimalText(), nullable=False))
+    launched_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, foreign_key="job.id")
+    at: datetime = Field(sa_column=_utc_column(nullable=False))
+    kind: str  # PROVISIONING, LAUNCHED, SYNCED, STARTED, CHECKPOINT, SUCCEEDED, FAILED, ...
+    message: str = ""
+    step: int | None = None
+
+
+class CheckpointRecord(SQLModel, table=True):
+    __tablename__ = "checkpoint"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, foreign_key="job.id")
+    name: str  # path relative to the job's checkpoint mirror, e.g. "step-000120"
+    step: int | None = None
+    size_bytes: int
+    pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))
+
+
+def make_engine(path: Path | str) -> Engine:
+    """Open (and create) the ledger at `path`; ":memory:" gives a private in-memory ledger.
+
+    SQLite runs in WAL mode with a busy timeout so readers in other terminals never block the
+    controller and never see a lock error.
+    """
+    if str(path) == ":memory:":
+        url = "sqlite://"
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{path}"
+    engine = create_engine(url, connect_args={"timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: object, _record: object) -> None:
+        cursor = dbapi_conn.cursor()  # type: ignore[attr-defined]
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+def lease_cost(lease: Lease, now: datetime) -> Decimal:
+    """What a lease has cost until it ended (or until `now` while it still runs)."""
+    end = lease.ended_at or now
+    seconds = max(Decimal(0), Decimal(str((end - lease.launched_at).total_seconds())))
+    return seconds * lease.price_per_hour / Decimal(3600)
+
+
+def total_cost(leases: Iterable[Lease], now: datetime) -> Decimal:
+    return sum((lease_cost(lease, now) for lease in leases), Decimal(0))
+
+
+class Ledger:
+    """Reads and writes of the ledger; one short transaction per call."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # --- jobs ---------------------------------------------------------------------------
+    def add_job(self, job: Job) -> Job:
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.add(job)
+            session.commit()
+            return job
+
+    def get_job(self, job_id: str) -> Job:
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+        if job is None:
+            raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
+        return job
+
+    def jobs(self, *, limit: int | None = None) -> list[Job]:
+        with Session(self.engine) as session:
+            query = select(Job).order_by(Job.created_at.desc())  # type: ignore[attr-defined]
+            if limit:
+                query = query.limit(limit)
+            return list(session.exec(query))
+
+    def update_job(self, job_id: str, **fields: object) -> Job:
+        with Session(self.engine, expire_on_commit=False) as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise UnknownJob(f"no job {job_id!r} in the ledger")
+            for key, value in fields.items():
+                setattr(job, key, value)
+            session.add(job)
+            session.commit()
+            return job
+
+    # --- leases -------------------------------------------------------------------------
+    def open_lease(self, lease: Lease) -> Lease:
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.add(lease)
+            session.commit()
+            return lease
+
+    def close_leases(self, instance_ids: Iterable[str], ended_at: datetime) -> int:
+        """Set the end time of the open leases of these instances; returns how many closed."""
+        ids = list(instance_ids)
+        with Session(self.engine) as session:
+            query = select(Lease).where(
+                Lease.instance_id.in_(ids),  # type: ignore[attr-defined]
+                Lease.ended_at.is_(None),  # type: ignore[union-attr]
+            )
+            leases = list(session.exec(query))
+            for lease in leases:
+                lease.ended_at = ended_at
+                session.add(lease)
+            session.commit()
+            return len(leases)
+
+    def leases(self, job_id: str | None = None, *, open_only: bool = False) -> list[Lease]:
+        with Session(self.engine) as session:
+            query = select(Lease).order_by(Lease.id)  # type: ignore[arg-type]
+            if job_id is not None:
+                query = query.where(Lease.job_id == job_id)
+            if open_only:
+                query = query.where(Lease.ended_at.is_(None))  # type: ignore[union-attr]
+            return list(session.exec(query))
+
+    def spend(self, job_id: str | None = None, now: datetime | None = None) -> Decimal:
+        return total_cost(self.leases(job_id), now or utcnow())
+
+    # --- events and checkpoints ---------------------------------------------------------
+    def add_event(
+        self, job_id: str, kind: str, message: str = "", *, step: int | None = None
+    ) -> Event:
+        record = Event(job_id=job_id, at=utcnow(), kind=kind, message=message, step=step)
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.add(record)
+            session.commit()
+            return record
+
+    def events(self, job_id: str) -> list[Event]:
+        with Session(self.engine) as session:
+            query = select(Event).where(Event.job_id == job_id).order_by(Event.id)  # type: ignore[arg-type]
+            return list(session.exec(query))
+
+    def add_checkpoint(self, record: CheckpointRecord) -> CheckpointRecord:
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.add(record)
+            session.commit()
+            return record
+
+    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
+        with Session(self.engine) as session:
+            query = (
+                select(CheckpointRecord)
+                .where(CheckpointRecord.job_id == job_id)
+                .order_by(CheckpointRecord.id)  # type: ignore[arg-type]
+            )
+            return list(session.exec(query))

@@ -1,0 +1,85 @@
+"""The provider interface: what orch asks of a cloud, and nothing about SSH.
+
+Lifecycle of a cluster, for every provider:
+
+    launch(request)  -> the nodes are running, reachable over SSH with `request.public_key`,
+                        and billing has started at each `Instance.launched_at`
+    list_owned(...)  -> what this provider runs for orch, answered from the cloud itself (tags,
+                        on-disk node records), never from orch's database
+    terminate(ids)   -> returns only when the provider has acknowledged that every node is gone;
+                        billing of a node stops at the time returned. Idempotent: terminating a
+                        node that is already gone is not an error.
+
+A provider never opens an SSH connection: it reports addresses and host keys, and the SSH layer
+(`orchestrator.remote`) does the talking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal, Protocol, runtime_checkable
+
+Market = Literal["spot", "on-demand"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What `launch` is asked to bring up: `count` identical nodes for one job."""
+
+    job_id: str  # the ledger's job id; tagged on every node
+    cluster: str  # name of the group of nodes (one cluster per job attempt)
+    count: int  # number of nodes, ranks 0..count-1
+    gpus_per_node: int  # GPUs (or, on CPU-only local nodes, trainer processes) per node
+    public_key: str  # OpenSSH public key line that must be authorized on every node
+    spot: bool = False  # ask for interruptible capacity
+    accelerator: str | None = None  # GPU model wanted (None: any)
+    max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One running node, as the provider sees it."""
+
+    instance_id: str  # provider's id, unique across the provider (AWS: i-...; local: l-...)
+    job_id: str  # job that owns the node (from its tags)
+    cluster: str  # cluster the node belongs to (from its tags)
+    rank: int  # node rank within the cluster, 0 is the master
+    private_ip: str  # address the other nodes reach it at; node 0's is the torchrun master addr
+    ssh_host: str  # address the controller connects to
+    ssh_port: int  # port of the node's sshd
+    ssh_user: str  # login user
+    host_key: str  # the node's public host key ("ssh-ed25519 AAAA..."), pinned by the SSH layer
+    interface: str  # interface carrying private_ip on the node (GLOO/NCCL_SOCKET_IFNAME)
+    market: Market  # spot or on-demand, as launched
+    instance_type: str  # provider's machine type name
+    price_per_hour: Decimal  # USD per hour at launch time; recorded in the ledger, never re-read
+    launched_at: datetime  # UTC; billing starts here
+    tags: dict[str, str] = field(default_factory=dict)  # everything the provider tags it with
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A source of machines. Implementations hold their own clients; no global state."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        """Start `request.count` nodes and return them, ordered by rank, once reachable.
+
+        Either every node comes up or none is left running: on a partial failure the nodes that
+        did start are terminated before the error (a `ProviderError`/`CapacityError`) is raised.
+        """
+        ...
+
+    def terminate(self, instance_ids: list[str]) -> datetime:
+        """End the given nodes and every process on them; return the UTC time billing stopped.
+
+        Idempotent: ids that are already gone are skipped silently.
+        """
+        ...
+
+    def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
+        """Nodes this provider runs for orch (optionally only those of one job)."""
+        ...
