@@ -1,0 +1,911 @@
+"""The job spec: what a user asks orch to run, and how it is read from a YAML file.
+
+A spec looks like this (every section but `name`, `workdir` and `run` is optional):
+
+    name: cifar-ddp
+    workdir: .                      # local directory, synced to every node
+    data: [{src: ./data, dst: ~/data}]
+    setup: pip install -r requirements.txt
+    run: python -m trainer.train --epochs 5
+    resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
+    checkpoint: {dir: ~/ckpt, pull_every: 60}
+    budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
+    recovery: {max_recoveries: 5}
+    env: {NCCL_DEBUG: WARN}
+
+Contract of `load_job(path, overrides)`:
+
+- It reads at most `MAX_SPEC_BYTES` of YAML (safe constructors only: no Python tags), applies
+  the command-line `overrides` (dotted keys such as `resources.nodes`) to the mapping, validates
+  it with the pydantic models below, then checks that the local `workdir` is a directory and
+  that every `data[].src` exists. Relative local paths resolve against the spec file's directory.
+- Every failure is a `SpecError` (exit code 2) and nothing else: one message that lists each
+  problem on its own line, naming the field by its dotted path (`resources.nodes`,
+  `data[0].src`) and the YAML line it is on (or the line of its nearest existing parent), or the
+  command-line flag it came from (`--nodes`). Unknown fields get a "did you mean" suggestion.
+- On success it returns a `LoadedJob` holding the validated `JobSpec` and the resolved local
+  paths. `JobSpec.model_dump(mode="json")` round-trips through `JobSpec.model_validate`.
+
+Paths on a node (`data[].dst`, `checkpoint.dir`) are POSIX paths: `~` or `~/x` is under the
+node's home, an absolute path is used as is, and a relative path is under the node's home
+(`dst`) or the node's copy of the workdir (`checkpoint.dir`); see `DataMount.node_path` and
+`CheckpointSpec.node_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from orchestrator.errors import SpecError
+
+__all__ = [
+    "MAX_SPEC_BYTES",
+    "OVERRIDE_FLAGS",
+    "Budget",
+    "CheckpointSpec",
+    "DataMount",
+    "JobSpec",
+    "LoadedJob",
+    "Recovery",
+    "Resources",
+    "load_job",
+    "parse_duration",
+]
+
+MAX_SPEC_BYTES = 1024 * 1024
+"""Largest job spec file accepted, in bytes (1 MiB)."""
+
+MAX_NESTING = 32
+"""Deepest nesting of mappings and lists accepted in a spec file."""
+
+MAX_VALUES = 100_000
+"""Most values (counting every use of a YAML alias) accepted in a spec file."""
+
+OVERRIDE_FLAGS: dict[str, str] = {
+    "resources.nodes": "--nodes",
+    "resources.gpus_per_node": "--gpus",
+    "resources.spot": "--spot",
+    "budget.max_cost_usd": "--max-cost",
+    "budget.idle_timeout": "--idle-timeout",
+    "provider": "--provider",
+}
+"""Dotted spec key -> the `orch submit` flag that overrides it (used in error messages)."""
+
+_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PROVIDER_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_DURATION_RE = re.compile(r"(?:\s*\d+(?:\.\d+)?\s*[smhd])+\s*")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_HELP = "seconds (600) or a number with units s, m, h, d (90s, 30m, 4h, 1h30m, 2d)"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+# --------------------------------------------------------------------------------------------
+# Field types
+
+
+def parse_duration(value: object) -> float:
+    """Return `value` as seconds: a number is seconds, a string is "600", "90s", "1h30m", "2d".
+
+    Units: s, m (minutes), h, d; each at most once; case-insensitive; spaces allowed.
+    Raises ValueError with a message saying what is accepted. Does not check the sign.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"must be a duration: {_DURATION_HELP}, not true/false")
+    if isinstance(value, int | float | Decimal):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("duration is too large") from None
+    if not isinstance(value, str):
+        raise ValueError(f"must be a duration: {_DURATION_HELP}")
+    text = value.strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not _DURATION_RE.fullmatch(text):
+        raise ValueError(f"invalid duration {_show(value)}: use {_DURATION_HELP}")
+    total = 0.0
+    seen: set[str] = set()
+    for number, unit in _DURATION_PART_RE.findall(text):
+        if unit in seen:
+            raise ValueError(f"invalid duration {_show(value)}: unit '{unit}' given twice")
+        seen.add(unit)
+        total += float(number) * _DURATION_UNITS[unit]
+    return total
+
+
+def _not_bool(value: object) -> object:
+    """Refuse YAML true/false where a number is expected (pydantic would read it as 1/0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {_show(value)}")
+    return value
+
+
+def _spot_value(value: object) -> object:
+    """Accept true, false, "auto" (and the strings "true"/"false", as flags may pass them)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word == "auto":
+            return "auto"
+        if word in ("true", "false"):
+            return word == "true"
+    raise ValueError(f'must be true, false or "auto", got {_show(value)}')
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid variable name {_show(name)}: use letters, digits and '_', "
+            "not starting with a digit"
+        )
+    if name.startswith("ORCH_"):
+        raise ValueError(f"variable {name} is reserved: names starting with ORCH_ are set by orch")
+    return name
+
+
+def _env_value(value: object) -> object:
+    """Strings stay; YAML numbers and booleans become strings ("8", "0.5", "true")."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"must be a string, number or boolean, got {_show(value)}")
+
+
+Count = Annotated[int, BeforeValidator(_not_bool)]
+"""A whole number; YAML true/false refused."""
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+"""A positive duration in seconds, written as a number or "90s", "30m", "4h", "1h30m", "2d"."""
+
+Usd = Annotated[Decimal, Field(gt=0, allow_inf_nan=False)]
+"""A positive amount of US dollars (exact decimal; "5", 5 and 5.0 all read as 5)."""
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+
+def _check_path_text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _check_node_path_text(value: str) -> str:
+    _check_path_text(value)
+    if value.startswith("~") and value != "~" and not value.startswith("~/"):
+        raise ValueError(f"only '~' and '~/...' are supported, got {_show(value)}")
+    return value
+
+
+def _node_path(raw: str, home: PurePosixPath, relative_to: PurePosixPath) -> PurePosixPath:
+    """Resolve a node path written in a spec: `~`/`~/x` under home, relative under relative_to."""
+    if raw == "~":
+        return home
+    if raw.startswith("~/"):
+        return home / raw[2:]
+    path = PurePosixPath(raw)
+    return path if path.is_absolute() else relative_to / path
+
+
+def _local_path(raw: str, base_dir: Path) -> Path:
+    """Resolve a local path written in a spec: `~` expanded, relative to base_dir, absolute."""
+    path = Path(raw)
+    # ~user that does not exist, or no home directory: keep the path literal
+    with contextlib.suppress(RuntimeError):
+        path = path.expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    return path.resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Resources(_Model):
+    """What each node must have and how many nodes to run."""
+
+    nodes: Count = Field(default=1, ge=1, le=64, description="number of nodes (1-64)")
+    gpus_per_node: Count = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs per node (1-16); on the local provider, trainer processes per node",
+    )
+    accelerator: str | None = Field(
+        default=None, description="GPU model wanted, e.g. A10G; None: any GPU that fits"
+    )
+    spot: Annotated[bool | Literal["auto"], BeforeValidator(_spot_value)] = Field(
+        default=False,
+        description='true: spot only; false: on-demand only; "auto": cheapest of both',
+    )
+    max_price_per_hour: Usd | None = Field(
+        default=None, description="refuse offers above this USD price per node-hour"
+    )
+    min_gpu_memory_gb: Annotated[float, BeforeValidator(_not_bool)] | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="least memory per GPU, in GB"
+    )
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty (leave it out to accept any GPU)")
+        return value
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs (local: trainer processes) over all nodes: the torchrun world size."""
+        return self.nodes * self.gpus_per_node
+
+
+class DataMount(_Model):
+    """A local file or directory copied to every node before the run."""
+
+    src: str = Field(description="local path; relative to the spec file's directory; ~ expanded")
+    dst: str = Field(
+        description="path on the node: '~/x' or relative = under the node's home; absolute as is"
+    )
+
+    @field_validator("src")
+    @classmethod
+    def _src_ok(cls, value: str) -> str:
+        return _check_path_text(value)
+
+    @field_validator("dst")
+    @classmethod
+    def _dst_ok(cls, value: str) -> str:
+        return _check_node_path_text(value)
+
+    def source_path(self, base_dir: Path) -> Path:
+        """The absolute local path of `src`, given the spec file's directory."""
+        return _local_path(self.src, base_dir)
+
+    def node_path(self, home: PurePosixPath) -> PurePosixPath:
+        """The path `dst` names on a node whose home directory is `home`."""
+        return _node_path(self.dst, home, home)
+
+
+class CheckpointSpec(_Model):
+    """Where the run writes checkpoints on node 0, and how often orch mirrors them home."""
+
+    dir: str | None = Field(
+        default=None,
+        description="path on node 0; relative = under the workdir on the node; '~/' = node home;"
+        " None: no checkpoints are pulled",
+    )
+    pull_every: Seconds = Field(default=60.0, description="seconds between checkpoint pulls")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_ok(cls, value: str | None) -> str | None:
+        return None if value is None else _check_node_path_text(value)
+
+    def node_dir(self, home: PurePosixPath, workdir: PurePosixPath) -> PurePosixPath | None:
+        """The checkpoint directory on node 0 (None when unset), given its home and workdir."""
+        return None if self.dir is None else _node_path(self.dir, home, workdir)
+
+
+class Budget(_Model):
+    """Limits that end the job: spend, hourly rate, idleness, wall time. None = no limit."""
+
+    max_cost_usd: Usd | None = Field(default=None, description="stop when spend reaches this")
+    max_hourly_usd: Usd | None = Field(
+        default=None, description="refuse a cluster whose total hourly price is above this"
+    )
+    idle_timeout: Seconds | None = Field(
+        default=None, description="stop after this many seconds of idle GPUs"
+    )
+    max_runtime: Seconds | None = Field(
+        default=None, description="stop after this many seconds of running"
+    )
+
+
+class Recovery(_Model):
+    """How often a job is brought back after losing nodes (spot interruption, node loss)."""
+
+    max_recoveries: Count = Field(default=3, ge=0, description="0 disables recovery")
+
+
+_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env")
+
+
+class JobSpec(_Model):
+    """A validated job spec. Local paths in it are as written; see `LoadedJob` for resolved ones."""
+
+    name: str = Field(description="job name: 1-63 of a-z, 0-9 and '-', starting with a letter")
+    workdir: str = Field(
+        description="local directory synced to every node; relative to the spec file's directory"
+    )
+    data: list[DataMount] = Field(default_factory=list, description="extra data copied to nodes")
+    setup: str | None = Field(
+        default=None, description="shell command run once on every node before `run`"
+    )
+    run: str = Field(description="training command, run under torchrun on every node")
+    resources: Resources = Field(default_factory=Resources, description="nodes and GPUs")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="checkpoint location and pulls"
+    )
+    budget: Budget = Field(default_factory=Budget, description="spend and time limits")
+    recovery: Recovery = Field(default_factory=Recovery, description="spot/node-loss recovery")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, description="extra environment variables for setup and run"
+    )
+    provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections_are_defaults(cls, data: Any) -> Any:
+        """`resources:` with nothing after it (YAML null) means the defaults."""
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _SECTIONS):
+            return {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError(
+                f"invalid name {_show(value)}: use 1-63 lowercase letters, digits and '-', "
+                "starting with a letter (e.g. cifar-ddp)"
+            )
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_ok(cls, value: str) -> str:
+        return _check_path_text(value)
+
+    @field_validator("run")
+    @classmethod
+    def _run_ok(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty: give the training command")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_ok(cls, value: str | None) -> str | None:
+        return value if value is not None and value.strip() else None
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_ok(cls, value: str) -> str:
+        if not _PROVIDER_RE.fullmatch(value):
+            raise ValueError(f"invalid provider {_show(value)}: use a name such as local or aws")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _distinct_destinations(cls, value: list[DataMount]) -> list[DataMount]:
+        home = PurePosixPath("/home")
+        first: dict[PurePosixPath, int] = {}
+        for i, mount in enumerate(value):
+            dst = mount.node_path(home)
+            if dst in first:
+                raise ValueError(f"data[{first[dst]}] and data[{i}] have the same dst {mount.dst}")
+            first[dst] = i
+        return value
+
+    def workdir_path(self, base_dir: Path) -> Path:
+        """The absolute local workdir, given the spec file's directory (`~` expanded)."""
+        return _local_path(self.workdir, base_dir)
+
+    def data_source_paths(self, base_dir: Path) -> list[Path]:
+        """The absolute local `src` of each `data` entry, in order."""
+        return [mount.source_path(base_dir) for mount in self.data]
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A job spec read from a file, with its local paths resolved and checked."""
+
+    spec: JobSpec  # the validated spec (overrides applied)
+    source: Path  # absolute path of the YAML file
+    base_dir: Path  # the YAML file's directory; relative local paths resolve against it
+    workdir: Path  # absolute local workdir (exists and is a directory)
+    data_sources: list[Path]  # absolute local path of each spec.data[i].src (each exists)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+Loc = tuple[str | int, ...]
+
+
+def _fields_of(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+_KNOWN_FIELDS: dict[tuple[str, ...], list[str]] = {
+    (): _fields_of(JobSpec),
+    ("resources",): _fields_of(Resources),
+    ("checkpoint",): _fields_of(CheckpointSpec),
+    ("budget",): _fields_of(Budget),
+    ("recovery",): _fields_of(Recovery),
+    ("data", "[]"): _fields_of(DataMount),
+}
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One thing wrong with the spec, before it is rendered as a line."""
+
+    loc: Loc  # where: dotted path parts (str) and list indexes (int)
+    message: str  # what is wrong and what is expected
+    unknown: bool = False  # an unknown field: rendered "unknown field `a.b`"
+
+
+def load_job(
+    path: str | os.PathLike[str], overrides: Mapping[str, object] | None = None
+) -> LoadedJob:
+    """Read, override, validate and resolve the job spec at `path`.
+
+    `overrides` maps dotted keys (`resources.nodes`, `budget.max_cost_usd`, `provider`) to values
+    that replace the file's before validation; None values are skipped. Raises SpecError, with
+    every problem found, one per line; never any other exception for bad input.
+    """
+    source = Path(path)
+    with contextlib.suppress(RuntimeError):
+        source = source.expanduser()
+    source = source.absolute()
+    text = _read_text(source)
+    raw, root = _parse_yaml(text, source)
+    if not isinstance(raw, dict):
+        got = "an empty file" if raw is None else _kind(raw)
+        raise SpecError(
+            f"invalid job spec {source}: the top level must be a mapping of fields "
+            f"(name: ..., workdir: ..., run: ...), got {got}"
+        )
+    applied = _apply_overrides(raw, overrides or {}, source, root)
+
+    problems: list[_Problem] = []
+    spec: JobSpec | None = None
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_problem_from_error(err) for err in exc.errors())
+    problems.extend(_path_problems(raw, source.parent, {p.loc for p in problems}))
+    if problems or spec is None:
+        raise SpecError(_render(problems, source, root, applied))
+
+    base_dir = source.parent
+    return LoadedJob(
+        spec=spec,
+        source=source,
+        base_dir=base_dir,
+        workdir=spec.workdir_path(base_dir),
+        data_sources=spec.data_source_paths(base_dir),
+    )
+
+
+def _read_text(source: Path) -> str:
+    """The file's text, at most MAX_SPEC_BYTES, decoded as UTF-8 (a BOM is allowed)."""
+    try:
+        with source.open("rb") as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(f"job spec {source} does not exist") from None
+    except IsADirectoryError:
+        raise SpecError(
+            f"job spec {source} is a directory", hint="give the path of the job's YAML file"
+        ) from None
+    except PermissionError:
+        raise SpecError(f"cannot read job spec {source}: permission denied") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(f"cannot read job spec {source}: {reason}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"job spec {source} is larger than the limit of 1 MiB ({MAX_SPEC_BYTES} bytes)",
+            hint="keep data out of the spec; list it under `data:` instead",
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(f"job spec {source} is not UTF-8 text (line {line})") from None
+
+
+def _parse_yaml(text: str, source: Path) -> tuple[object, yaml.Node | None]:
+    """Parse one YAML document with safe constructors; return the data and its node tree."""
+    loader: yaml.SafeLoader | None = None
+    try:
+        loader = yaml.SafeLoader(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        _check_shape(root, source)
+        return loader.construct_document(root), root
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+        what = exc.problem or exc.context or "invalid YAML"
+        context = ""
+        if exc.context and exc.problem and exc.context_mark:
+            context = f" ({exc.context} at line {exc.context_mark.line + 1})"
+        raise SpecError(f"{source}: invalid YAML at {where}: {what}{context}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        char = exc.character
+        shown = f"U+{char:04X}" if isinstance(char, int) else repr(char)
+        raise SpecError(
+            f"{source}: invalid YAML at line {line}: character {shown} is not allowed"
+        ) from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(f"{source}: invalid YAML: {first}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _check_shape(root: yaml.Node, source: Path) -> None:
+    """Refuse duplicate keys, deep nesting, recursive aliases and alias bombs."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise SpecError(
+                f"{source}: holds more than {MAX_VALUES} values (counting YAML alias expansions)"
+            )
+        if depth > MAX_NESTING:
+            raise SpecError(
+                f"{source}: nested deeper than {MAX_NESTING} levels "
+                f"(line {node.start_mark.line + 1}; a recursive alias?)"
+            )
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise SpecError(
+                            f"{source}: duplicate key `{key.value}` at line {line} "
+                            f"(first at line {seen[key.value]})"
+                        )
+                    seen[key.value] = line
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, depth + 1) for item in node.value)
+
+
+def _apply_overrides(
+    raw: dict[Any, Any],
+    overrides: Mapping[str, object],
+    source: Path,
+    root: yaml.Node | None,
+) -> dict[tuple[str, ...], str]:
+    """Set each dotted override in `raw` (in place); return {path parts: dotted key} applied."""
+    applied: dict[tuple[str, ...], str] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        parts = tuple(key.split("."))
+        if not all(parts):
+            raise SpecError(f"invalid override key {key!r}: use dotted field names")
+        target = raw
+        for i, part in enumerate(parts[:-1]):
+            child = target.get(part)
+            if child is None:
+                child = target[part] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                line = _line_of(root, parts[: i + 1])
+                raise SpecError(
+                    f"{_flag(key)}: cannot apply (from the command line): `{where}` in "
+                    f"{source.name} (line {line}) is not a mapping"
+                )
+            target = child
+        target[parts[-1]] = value
+        applied[parts] = key
+    return applied
+
+
+def _path_problems(raw: dict[Any, Any], base_dir: Path, known: set[Loc]) -> list[_Problem]:
+    """Check that the workdir is a local directory and each data src exists."""
+    problems: list[_Problem] = []
+    workdir = raw.get("workdir")
+    if isinstance(workdir, str) and ("workdir",) not in known:
+        problem = _check_local(workdir, base_dir, want_dir=True)
+        if problem:
+            problems.append(_Problem(("workdir",), problem))
+    mounts = raw.get("data")
+    if isinstance(mounts, list):
+        for i, mount in enumerate(mounts):
+            src = mount.get("src") if isinstance(mount, dict) else None
+            loc: Loc = ("data", i, "src")
+            if isinstance(src, str) and loc not in known:
+                problem = _check_local(src, base_dir, want_dir=False)
+                if problem:
+                    problems.append(_Problem(loc, problem))
+    return problems
+
+
+def _check_local(raw: str, base_dir: Path, *, want_dir: bool) -> str | None:
+    """None when the local path exists (and is a directory if want_dir), else what is wrong."""
+    if not raw.strip() or "\x00" in raw:
+        return None  # reported by validation
+    path = _local_path(raw, base_dir)
+    try:
+        if not path.exists():
+            return f"{'directory ' if want_dir else ''}{path} does not exist"
+        if want_dir and not path.is_dir():
+            return f"{path} is not a directory"
+    except OSError as exc:
+        return f"cannot access {path}: {exc.strerror or exc}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+
+
+def _problem_from_error(err: ErrorDetails) -> _Problem:
+    """Turn one pydantic error into a short problem at a clean location."""
+    loc: list[str | int] = []
+    is_key = False
+    for part in err["loc"]:
+        if part == "[key]":
+            is_key = True
+        else:
+            loc.append(part)
+    kind = err["type"]
+    if (is_key or kind == "invalid_key") and loc:
+        loc[-1] = str(loc[-1])  # a mapping key, not a list index
+    if kind == "extra_forbidden":
+        return _Problem(tuple(loc), _unknown_hint(tuple(loc)), unknown=True)
+    message = _describe(err)
+    if is_key and kind != "value_error":
+        message = f"variable name {message}"
+    return _Problem(tuple(loc), message)
+
+
+_PLAIN_MESSAGES = {
+    "missing": "required field is missing",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "decimal_type": "must be a number",
+    "decimal_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a mapping (key: value)",
+    "model_type": "must be a mapping (key: value)",
+    "model_attributes_type": "must be a mapping (key: value)",
+    "list_type": "must be a list",
+    "invalid_key": "keys must be strings",
+    "string_too_short": "must not be empty",
+}
+
+_BOUND_MESSAGES = {
+    "greater_than": ("gt", "must be > {}"),
+    "greater_than_equal": ("ge", "must be >= {}"),
+    "less_than": ("lt", "must be < {}"),
+    "less_than_equal": ("le", "must be <= {}"),
+    "string_too_long": ("max_length", "must be at most {} characters"),
+}
+
+
+def _describe(err: ErrorDetails) -> str:
+    """A short one-line statement of what was expected (and what was given)."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind in ("value_error", "assertion_error") and "error" in ctx:
+        return _one_line(str(ctx["error"]))
+    if kind in _BOUND_MESSAGES:
+        name, template = _BOUND_MESSAGES[kind]
+        message = template.format(ctx.get(name, "?"))
+    else:
+        message = _PLAIN_MESSAGES.get(kind) or _one_line(err["msg"])
+    if kind == "missing":
+        return message
+    return f"{message}, got {_show(err['input'])}"
+
+
+def _unknown_hint(loc: Loc) -> str:
+    """'did you mean `x`?' for a close known name, else the list of known names."""
+    parent = tuple("[]" if isinstance(p, int) else p for p in loc[:-1])
+    known = _KNOWN_FIELDS.get(parent)
+    if not known:
+        return ""
+    suggestion = _suggest(str(loc[-1]), known)
+    if suggestion:
+        return f"did you mean `{suggestion}`?"
+    return "expected one of: " + ", ".join(known)
+
+
+def _suggest(name: str, known: list[str]) -> str | None:
+    """The known field name most likely meant by `name`, if any is close."""
+    key = name.strip().lower().replace("-", "_").replace(" ", "_")
+    if key in known:
+        return key
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    if len(key) < 3:
+        return None
+    for candidates in (
+        [k for k in known if k.startswith(key)],
+        [k for k in known if key in k or k in key],
+    ):
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
+
+
+def _render(
+    problems: list[_Problem],
+    source: Path,
+    root: yaml.Node | None,
+    applied: dict[tuple[str, ...], str],
+) -> str:
+    """One message: a header, then each problem on its own line (a single one stays inline)."""
+    ranked = sorted(  # the file's problems by line, then the command line's
+        problems,
+        key=lambda p: (_override_for(p.loc, applied) is not None, _line_of(root, p.loc) or 0),
+    )
+    lines = [_render_one(p, root, applied) for p in ranked]
+    if len(lines) == 1:
+        return f"invalid job spec {source}: {lines[0]}"
+    return f"invalid job spec {source} ({len(lines)} problems):\n" + "\n".join(
+        f"  {line}" for line in lines
+    )
+
+
+def _render_one(
+    problem: _Problem, root: yaml.Node | None, applied: dict[tuple[str, ...], str]
+) -> str:
+    dotted = _dotted(problem.loc)
+    override = _override_for(problem.loc, applied)
+    if override is not None:
+        parts, key = override
+        where = _flag(key)
+        if len(problem.loc) > len(parts):
+            where += f" ({dotted})"
+        if problem.unknown:
+            tail = f"; {problem.message}" if problem.message else ""
+            return f"unknown field `{dotted}` (from the command line){tail}"
+        return f"{where}: {problem.message} (from the command line)"
+    line = _line_of(root, problem.loc)
+    at = f" (line {line})" if line else ""
+    if problem.unknown:
+        tail = f"; {problem.message}" if problem.message else ""
+        return f"unknown field `{dotted}`{at}{tail}"
+    return f"{dotted or '(top level)'}{at}: {problem.message}"
+
+
+def _override_for(
+    loc: Loc, applied: dict[tuple[str, ...], str]
+) -> tuple[tuple[str, ...], str] | None:
+    """The longest applied override whose path is a prefix of `loc`, if any."""
+    best: tuple[tuple[str, ...], str] | None = None
+    text = tuple(str(p) for p in loc)
+    for parts, key in applied.items():
+        if text[: len(parts)] == parts and (best is None or len(parts) > len(best[0])):
+            best = (parts, key)
+    return best
+
+
+def _flag(key: str) -> str:
+    return OVERRIDE_FLAGS.get(key, f"override {key}")
+
+
+def _line_of(root: yaml.Node | None, loc: Loc | tuple[str, ...]) -> int | None:
+    """1-based line of the deepest node along `loc` that exists in the YAML tree."""
+    if root is None:
+        return None
+    node: yaml.Node = root
+    line = root.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found: tuple[yaml.Node, yaml.Node] | None = None
+            for key, value in node.value:  # the last duplicate wins, as in the loaded data
+                if _key_matches(key, part):
+                    found = (key, value)
+            if found is None:
+                break
+            line = found[0].start_mark.line + 1
+            node = found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _key_matches(key: yaml.Node, part: str | int) -> bool:
+    """Whether a YAML mapping key node is the key `part` of the loaded data."""
+    if not isinstance(key, yaml.ScalarNode):
+        return False
+    if key.value == str(part):
+        return True
+    try:
+        loaded = yaml.constructor.SafeConstructor().construct_object(key)
+    except (yaml.YAMLError, ValueError, TypeError):
+        return False
+    return str(loaded) == str(part)
+
+
+def _dotted(loc: Loc) -> str:
+    """('data', 0, 'src') -> 'data[0].src'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return _show(value)
+
+
+def _show(value: object) -> str:
+    """A short one-line rendering of a YAML value for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return _kind(value)
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _one_line(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else text
+    return first.removeprefix("Value error, ")
