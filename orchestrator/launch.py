@@ -1,0 +1,292 @@
+"""Pure builders for starting a job on its nodes: paths, environment, the node launch script.
+
+Nothing here does I/O. The controller sends `launch_script(...)` to each node and starts it
+detached (`start_command`), so training goes on when the SSH connection or the controller dies.
+
+On every node, under the home directory:
+
+    orch-jobs/<job id>/workdir/        the synced workdir (the run command's cwd)
+    orch-jobs/<job id>/run/launch.sh   the script below
+    orch-jobs/<job id>/run/node.log    torchrun's output, lines prefixed `[default<local rank>]:`
+    orch-jobs/<job id>/run/pid         pid of the detached launch script
+    orch-jobs/<job id>/run/exit_code   written (atomically) when torchrun has exited
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_MASTER_PORT = 29500
+SETUP_FAILED_EXIT = 97  # exit code recorded when the spec's `setup` command fails
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where a job's files live on a node, as paths relative to the node's home."""
+
+    job_id: str
+
+    @property
+    def root(self) -> str:
+        return f"orch-jobs/{self.job_id}"
+
+    @property
+    def workdir(self) -> str:
+        return f"{self.root}/workdir"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.root}/run"
+
+    @property
+    def log(self) -> str:
+        return f"{self.run_dir}/node.log"
+
+    @property
+    def default_checkpoint_dir(self) -> str:
+        return f"{self.root}/checkpoints"
+
+    def node_path(self, path: str | None) -> str:
+        """A spec path as seen from the node's home: `~/x` -> `x`, relative -> under workdir.
+
+        Absolute paths stay absolute. None means the job's default checkpoint directory.
+        """
+        if path is None:
+            return self.default_checkpoint_dir
+        if path.startswith("/"):
+            return path.rstrip("/") or "/"
+        if path == "~" or path.startswith("~/"):
+            return path[2:].rstrip("/") or "."
+        return f"{self.workdir}/{path}".rstrip("/")
+
+
+def home_expr(path: str) -> str:
+    """Shell expression for a home-relative (or absolute) node path, safely quoted."""
+    if path.startswith("/"):
+        return shlex.quote(path)
+    return f'"$HOME"/{shlex.quote(path)}'
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything that differs between nodes of one launch."""
+
+    node_rank: int
+    interface: str  # network interface for gloo/NCCL sockets
+
+
+@dataclass(frozen=True)
+class ClusterLaunch:
+    """What is common to every node of one launch of a job."""
+
+    job_id: str
+    run: str  # the user's command, run under torchrun on every node
+    setup: str | None
+    num_nodes: int
+    procs_per_node: int
+    master_addr: str
+    master_port: int
+    node_ips: Sequence[str]
+    checkpoint_dir: str  # home-relative or absolute (NodeLayout.node_path)
+    resume_from: str = ""  # home-relative or absolute path of the checkpoint to resume from
+    user_env: Mapping[str, str] = ()  # type: ignore[assignment]
+
+    @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.job_id)
+
+
+def orch_environment(cluster: ClusterLaunch, node: NodeLaunch) -> dict[str, str]:
+    """ORCH_* variables of DESIGN.md plus the socket interface, as plain values.
+
+    ORCH_CHECKPOINT_DIR and ORCH_RESUME_FROM are home-relative here; `launch_script` turns them
+    into absolute paths on the node.
+    """
+    return {
+        "ORCH_JOB_ID": cluster.job_id,
+        "ORCH_NODE_RANK": str(node.node_rank),
+        "ORCH_NUM_NODES": str(cluster.num_nodes),
+        "ORCH_GPUS_PER_NODE": str(cluster.procs_per_node),
+        "ORCH_MASTER_ADDR": cluster.master_addr,
+        "ORCH_MASTER_PORT": str(cluster.master_port),
+        "ORCH_NODE_IPS": ",".join(cluster.node_ips),
+        "GLOO_SOCKET_IFNAME": node.interface,
+        "NCCL_SOCKET_IFNAME": node.interface,
+    }
+
+
+def torchrun_args(cluster: ClusterLaunch, node: NodeLaunch) -> list[str]:
+    """torchrun's arguments for one node: static rendezvous at node 0, per-rank output teed
+    to the node log with a `[default<local rank>]:` prefix. `--log-dir` is added by the script.
+    """
+    return [
+        f"--nnodes={cluster.num_nodes}",
+        f"--nproc_per_node={cluster.procs_per_node}",
+        f"--node_rank={node.node_rank}",
+        f"--master_addr={cluster.master_addr}",
+        f"--master_port={cluster.master_port}",
+        "--redirects=3",
+        "--tee=3",
+        "--no-python",
+        "bash",
+        "-c",
+        cluster.run,
+    ]
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
+    """The bash script that runs the job on one node and records torchrun's exit code.
+
+    Every user-supplied value is quoted with shlex; none is pasted into the script raw.
+    """
+    layout = cluster.layout
+    run_dir = home_expr(layout.run_dir)
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# orch job {cluster.job_id}, node {node.node_rank} of {cluster.num_nodes}",
+        "set -u",
+        f"run_dir={run_dir}",
+        "finish() {",
+        '  echo "$1" > "$run_dir/exit_code.tmp" && mv -f "$run_dir/exit_code.tmp" '
+        '"$run_dir/exit_code"',
+        '  exit "$1"',
+        "}",
+        f"cd {home_expr(layout.workdir)} || finish {SETUP_FAILED_EXIT}",
+    ]
+    for name, value in {**dict(cluster.user_env), **orch_environment(cluster, node)}.items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"invalid environment variable name {name!r}")
+        lines.append(f"export {name}={shlex.quote(value)}")
+    lines.append(f"export ORCH_CHECKPOINT_DIR={home_expr(cluster.checkpoint_dir)}")
+    resume = home_expr(cluster.resume_from) if cluster.resume_from else "''"
+    lines.append(f"export ORCH_RESUME_FROM={resume}")
+    lines.append('mkdir -p "$ORCH_CHECKPOINT_DIR"')
+    if cluster.setup:
+        lines += [
+            'echo "[orch] setup: running"',
+            f"bash -c {shlex.quote(cluster.setup)} || {{",
+            '  code=$?; echo "[orch] setup failed with exit code $code"; '
+            f"finish {SETUP_FAILED_EXIT}",
+            "}",
+        ]
+    lines += [
+        'torchrun --log-dir="$run_dir/ranks" ' + shlex.join(torchrun_args(cluster, node)),
+        'finish "$?"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def start_command(layout: NodeLayout) -> str:
+    """Shell command that starts launch.sh detached (own session, no tty, output to node.log).
+
+    Prints the pid of the detached script. Refuses to start twice: a second call while a run
+    is recorded fails with exit code 3 (so a retried start never launches the job twice).
+    """
+    run_dir = home_expr(layout.run_dir)
+    return "\n".join(
+        [
+            f"cd {run_dir} || exit 2",
+            "if [ -e pid ]; then echo already started >&2; exit 3; fi",
+            "rm -f exit_code exit_code.tmp",
+            "setsid nohup bash launch.sh > node.log 2>&1 < /dev/null &",
+            "pid=$!",
+            "echo $pid > pid.tmp && mv pid.tmp pid && echo $pid",
+        ]
+    )
+
+
+def write_file_command(path: str, mode: str = "0644") -> str:
+    """Shell command writing stdin to a home-relative file atomically, creating its directory."""
+    quoted = home_expr(path)
+    return (
+        f'f={quoted}; mkdir -p "$(dirname "$f")" && cat > "$f.tmp" && chmod {mode} "$f.tmp" '
+        '&& mv -f "$f.tmp" "$f"'
+    )
+
+
+# --- status probe -------------------------------------------------------------------------
+
+PROBE_MARK = "@@orch-probe@@"
+
+
+def probe_command(layout: NodeLayout, log_offset: int | None) -> str:
+    """One command per node and tick: the run's state, then (optionally) new bytes of node.log.
+
+    Output: `<PROBE_MARK> running|exit <code>|vanished|not-started <log size>` then the log bytes
+    from `log_offset` (at most 1 MiB) when an offset is given.
+    """
+    run_dir = home_expr(layout.run_dir)
+    status = (
+        f"cd {run_dir} 2>/dev/null || {{ echo '{PROBE_MARK} not-started 0'; exit 0; }}; "
+        "size=$(stat -c %s node.log 2>/dev/null || echo 0); "
+        f'if [ -f exit_code ]; then echo "{PROBE_MARK} exit $(cat exit_code) $size"; '
+        f'elif [ ! -f pid ]; then echo "{PROBE_MARK} not-started $size"; '
+        # A zombie (state Z) has exited, though `kill -0` still finds it.
+        'elif state=$(sed "s/.*) //" /proc/"$(cat pid)"/stat 2>/dev/null | cut -c1) && '
+        f'[ -n "$state" ] && [ "$state" != Z ]; then echo "{PROBE_MARK} running $size"; '
+        f'else echo "{PROBE_MARK} vanished $size"; fi'
+    )
+    if log_offset is None:
+        return status
+    return f"{status}; tail -c +{int(log_offset) + 1} node.log 2>/dev/null | head -c 1048576"
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """Parsed answer of `probe_command`."""
+
+    state: str  # running | exited | vanished | not-started
+    exit_code: int | None
+    log_size: int
+    new_log: str
+
+
+def parse_probe(output: str) -> NodeProbe:
+    """Parse a probe's output; an unreadable answer counts as `vanished` (the caller confirms)."""
+    head, _, rest = output.partition("\n")
+    parts = head.split()
+    if len(parts) < 3 or parts[0] != PROBE_MARK:
+        return NodeProbe("vanished", None, 0, "")
+    state = parts[1]
+    try:
+        if state == "exit":
+            return NodeProbe("exited", int(parts[2]), int(parts[3]), rest)
+        return NodeProbe(state, None, int(parts[2]), rest)
+    except (ValueError, IndexError):
+        return NodeProbe("vanished", None, 0, "")
+
+
+FREE_PORT_SCRIPT = """
+import socket, sys
+def free(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("0.0.0.0", port))
+        return s.getsockname()[1]
+    except OSError:
+        return None
+    finally:
+        s.close()
+preferred = int(sys.argv[1])
+print(free(preferred) or free(0))
+"""
+
+
+def free_port_command(preferred: int = DEFAULT_MASTER_PORT) -> str:
+    """Command printing `preferred` if it can be bound on the node, else a free port."""
+    return shlex.join(["python3", "-c", FREE_PORT_SCRIPT, str(preferred)])
+
+
+def stop_command(layout: NodeLayout, signal: str = "TERM") -> str:
+    """Send `signal` to the detached run (its whole session) on a node; no-op when not running."""
+    run_dir = home_expr(layout.run_dir)
+    return (
+        f"cd {run_dir} 2>/dev/null && [ -f pid ] && pid=$(cat pid) && "
+        f'kill -{shlex.quote(signal)} -- -"$pid" 2>/dev/null; true'
+    )

@@ -1,0 +1,83 @@
+"""Reading training progress out of a node log (pure).
+
+torchrun tees every local rank's output into the node log with a `[default<local rank>]:`
+prefix. On node 0, local rank 0 is global rank 0, whose JSON lines carry the progress:
+`{"step": 120, "epoch": 1, "loss": 0.93, "lr": 0.01, "img_s": 812.5}`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
+
+
+class LineBuffer:
+    """Turns a stream of text chunks into complete lines, holding back a trailing partial line."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def feed(self, chunk: str) -> list[str]:
+        text = self._partial + chunk
+        *lines, self._partial = text.split("\n")
+        return lines
+
+    def flush(self) -> list[str]:
+        rest, self._partial = self._partial, ""
+        return [rest] if rest else []
+
+
+def local_rank_line(line: str) -> tuple[int | None, str]:
+    """Split a node-log line into (local rank, text); lines of torchrun itself give None."""
+    match = _RANK_PREFIX.match(line)
+    if not match:
+        return None, line
+    return int(match.group(1)), match.group(2)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One progress report of rank 0."""
+
+    step: int
+    epoch: float | None = None
+    loss: float | None = None
+    lr: float | None = None
+    img_s: float | None = None
+
+
+def parse_metrics(text: str) -> Metrics | None:
+    """The metrics in a rank-0 line, or None when the line is not a progress report."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    # Event lines are not progress, except the final `{"event": "done", "step": N}`.
+    if not isinstance(data, dict) or data.get("event", "done") != "done":
+        return None
+    step = data.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+
+    def number(key: str) -> float | None:
+        value = data.get(key)
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if is_number else None
+
+    return Metrics(step, number("epoch"), number("loss"), number("lr"), number("img_s"))
+
+
+def rank_lines(log_text: str, rank: int | None) -> list[str]:
+    """Lines of one local rank from a node log (all lines, unprefixed, when rank is None)."""
+    lines = []
+    for line in log_text.splitlines():
+        local, text = local_rank_line(line)
+        if rank is None or local == rank:
+            lines.append(text if rank is not None else line)
+    return lines

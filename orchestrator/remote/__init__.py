@@ -1,0 +1,1 @@
+"""The SSH layer: keys, connections and file transfer to hosts. Knows hosts, never clouds."""

@@ -1,0 +1,81 @@
+"""Per-cluster SSH identity and pinned host keys, kept under ORCH_HOME/keys/<cluster>/.
+
+The directory is 0700 and the private key 0600. The key is generated in-process (no
+ssh-keygen), so the private key never appears in any process's arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+@dataclass(frozen=True)
+class HostAddress:
+    """Where and how to reach one host over SSH; `host_key` is the only key accepted."""
+
+    name: str  # label for messages, e.g. "node 1 (l-3f9c1a-1)"
+    host: str
+    port: int
+    user: str
+    host_key: str  # "ssh-ed25519 AAAA..." as the provider reported it
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A cluster's key pair and the known_hosts file that pins its hosts."""
+
+    private_key: Path
+    public_key: str  # OpenSSH public key line
+    known_hosts: Path
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, 0o600)
+
+
+def ensure_identity(directory: Path, comment: str) -> Identity:
+    """Return the key pair in `directory`, creating the directory (0700) and key (0600) once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    private_path = directory / "id_ed25519"
+    public_path = directory / "id_ed25519.pub"
+    if not private_path.exists():
+        key = Ed25519PrivateKey.generate()
+        private_bytes = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        public_bytes = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        _write_private(private_path, private_bytes)
+        public_path.write_text(f"{public_bytes.decode()} {comment}\n")
+    known_hosts = directory / "known_hosts"
+    known_hosts.touch(mode=0o600, exist_ok=True)
+    return Identity(private_path, public_path.read_text().strip(), known_hosts)
+
+
+def known_hosts_text(hosts: list[HostAddress]) -> str:
+    """known_hosts lines pinning each host to the key its provider reported."""
+    return "".join(f"{h.known_hosts_name} {h.host_key}\n" for h in hosts)
+
+
+def pin_hosts(identity: Identity, hosts: list[HostAddress]) -> None:
+    """Replace the cluster's known_hosts with exactly these hosts' keys."""
+    tmp = identity.known_hosts.with_suffix(".tmp")
+    tmp.write_text(known_hosts_text(hosts))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, identity.known_hosts)

@@ -1,0 +1,188 @@
+"""One persistent SSH connection per node, with a pinned host key, keepalive and timeouts.
+
+`NodeConnection` does no I/O when built; it connects on first use and keeps the connection
+open for every later command (a new connection costs ~0.4 s, a command on an open one ~0.09 s).
+A host presenting any key other than the one its provider reported is refused
+(`HostKeyMismatch`); a host that does not answer raises `NodeUnreachable`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import shlex
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import paramiko
+from fabric import Config, Connection
+from invoke.exceptions import CommandTimedOut
+
+from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
+from orchestrator.remote.keys import HostAddress, Identity
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a remote command did."""
+
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+    def tail(self, lines: int = 20) -> str:
+        text = (self.stdout + ("\n" + self.stderr if self.stderr.strip() else "")).rstrip()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def shell_command(argv: Sequence[str]) -> str:
+    """Quote an argv for the remote shell; user input never reaches it unquoted."""
+    return shlex.join(argv)
+
+
+class NodeConnection:
+    """A reusable SSH session to one host. Thread-safe: commands may run from several threads.
+
+    `connect_timeout` bounds the TCP connect and the SSH handshake; `keepalive` is the interval
+    of SSH keepalive packets, so a dead peer is noticed by the transport.
+    """
+
+    def __init__(
+        self,
+        address: HostAddress,
+        identity: Identity,
+        *,
+        connect_timeout: float = 10.0,
+        command_timeout: float = 120.0,
+        keepalive: int = 5,
+    ) -> None:
+        self.address = address
+        self.identity = identity
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.keepalive = keepalive
+        self._connection: Connection | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> Connection:
+        with self._lock:
+            if self._connection is not None and self._connection.is_connected:
+                return self._connection
+            if self._connection is not None:
+                self._connection.close()
+            config = Config(overrides={"load_ssh_configs": False, "run": {"hide": True}})
+            connection = Connection(
+                host=self.address.host,
+                port=self.address.port,
+                user=self.address.user,
+                config=config,
+                connect_timeout=int(max(1, self.connect_timeout)),
+                connect_kwargs={
+                    "key_filename": str(self.identity.private_key),
+                    "look_for_keys": False,
+                    "allow_agent": False,
+                    "banner_timeout": self.connect_timeout,
+                    "auth_timeout": self.connect_timeout,
+                },
+            )
+            client = connection.client
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            key_type, key_data = self.address.host_key.split()[:2]
+            client.get_host_keys().add(
+                self.address.known_hosts_name,
+                key_type,
+                paramiko.PKey.from_type_string(key_type, base64.b64decode(key_data)),
+            )
+            try:
+                connection.open()
+            except paramiko.BadHostKeyException as exc:
+                raise HostKeyMismatch(
+                    f"{self.address.name} at {self.address.known_hosts_name} presented a "
+                    "different host key than its provider reported; connection refused",
+                    hint="the host may have been replaced or intercepted: `orch down` the "
+                    "cluster and launch again",
+                ) from exc
+            except paramiko.SSHException as exc:
+                if "not found in known_hosts" in str(exc):
+                    raise HostKeyMismatch(
+                        f"{self.address.name} presented an unknown host key type; refused"
+                    ) from exc
+                raise self._unreachable(exc) from exc
+            except (OSError, EOFError) as exc:
+                raise self._unreachable(exc) from exc
+            transport = connection.transport
+            if transport is not None:
+                transport.set_keepalive(self.keepalive)
+            self._connection = connection
+            return connection
+
+    def _unreachable(self, exc: BaseException) -> NodeUnreachable:
+        return NodeUnreachable(
+            f"cannot reach {self.address.name} at {self.address.known_hosts_name}: {exc}",
+            hint="the node may be gone or cut off; `orch status` shows the job's nodes",
+        )
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        """The open SSH transport (connecting if needed), for long-lived channels."""
+        transport = self._open().transport
+        assert transport is not None  # set by Connection.open()
+        return transport
+
+    def is_alive(self) -> bool:
+        """True when the transport is up (keepalives still answered); never connects."""
+        connection = self._connection
+        transport = connection.transport if connection is not None else None
+        return bool(transport is not None and transport.is_active())
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        stdin: str | None = None,
+    ) -> CommandResult:
+        """Run `command` (a shell string, or an argv that gets quoted) and wait for it.
+
+        Raises `RemoteError` (carrying the result) on a non-zero exit when `check` is true,
+        `NodeUnreachable` when the host cannot be reached or the command outlives `timeout`.
+        """
+        text = command if isinstance(command, str) else shell_command(command)
+        connection = self._open()
+        limit = self.command_timeout if timeout is None else timeout
+        try:
+            if stdin is None:
+                raw = connection.run(text, warn=True, hide=True, timeout=limit, in_stream=False)
+            else:
+                raw = connection.run(
+                    text, warn=True, hide=True, timeout=limit, in_stream=io.StringIO(stdin)
+                )
+        except CommandTimedOut as exc:
+            raise NodeUnreachable(
+                f"{self.address.name}: command did not finish within {limit:.0f} s",
+                hint="the node may be overloaded or cut off",
+            ) from exc
+        except (TimeoutError, OSError, EOFError, paramiko.SSHException) as exc:
+            self.close()
+            raise self._unreachable(exc) from exc
+        result = CommandResult(text, raw.exited, raw.stdout, raw.stderr)
+        if check and not result.ok:
+            raise RemoteError(
+                f"{self.address.name}: command exited {result.exited}:\n{result.tail(10)}",
+                result=result,
+            )
+        return result
+
+    def close(self) -> None:
+        """Close the connection; the next command reconnects."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

@@ -1,0 +1,190 @@
+"""File transfer with rsync over ssh: argv builders (pure) and a parallel fan-out.
+
+Transfers use the cluster's key and pinned known_hosts; a changed host key fails the transfer.
+Remote paths given as `~/x` or relative are relative to the node's home directory.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import RemoteError
+from orchestrator.remote.keys import HostAddress, Identity
+
+# Per-directory filter files honoured when syncing a workdir: git's ignores and orch's own.
+WORKDIR_FILTERS = (
+    "--exclude=/.git",
+    "--filter=:- .gitignore",
+    "--filter=:- .orchignore",
+)
+
+
+def ssh_transport_argv(address: HostAddress, identity: Identity, connect_timeout: int) -> list[str]:
+    """The `ssh` invocation rsync uses: batch mode, pinned host key, the cluster's key only."""
+    return [
+        "ssh",
+        "-i", str(identity.private_key),
+        "-p", str(address.port),
+        "-o", "BatchMode=yes",
+        "-o", "IdentitiesOnly=yes",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={identity.known_hosts}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", f"ConnectTimeout={connect_timeout}",
+        "-o", "ServerAliveInterval=5",
+        "-o", "LogLevel=ERROR",
+    ]  # fmt: skip
+
+
+def remote_path(path: str) -> str:
+    """A node path as rsync should see it: `~/x` and relative paths live under the home."""
+    if path in ("~", "~/"):
+        return "."
+    if path.startswith("~/"):
+        return path[2:] or "."
+    return path
+
+
+def rsync_argv(
+    sources: Sequence[str],
+    destination: str,
+    *,
+    transport: Sequence[str],
+    delete: bool = False,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """argv for one rsync run. `sources`/`destination` are rsync paths (`host:path` remote)."""
+    argv = ["rsync", "-a", "--partial", "-e", shlex.join(transport)]
+    if delete:
+        argv.append("--delete")
+    argv.extend(extra)
+    argv.extend(sources)
+    argv.append(destination)
+    return argv
+
+
+def push_argv(
+    local: Path,
+    address: HostAddress,
+    identity: Identity,
+    destination: str,
+    *,
+    connect_timeout: int = 10,
+    workdir: bool = False,
+) -> list[str]:
+    """rsync argv pushing a local file or directory (its contents) to `destination` on a node.
+
+    With `workdir`, `.gitignore`/`.orchignore` are honoured and `.git` is left out; files
+    removed locally are removed on the node so the node holds exactly the synced tree.
+    """
+    source = f"{local}/" if local.is_dir() else str(local)
+    target = remote_path(destination)
+    if local.is_dir():
+        target = target.rstrip("/") + "/"
+    mkpath = ["--mkpath"]
+    return rsync_argv(
+        [source],
+        f"{address.user}@{_host(address)}:{target}",
+        transport=ssh_transport_argv(address, identity, connect_timeout),
+        delete=workdir,
+        extra=[*mkpath, *(WORKDIR_FILTERS if workdir else ())],
+    )
+
+
+def pull_argv(
+    address: HostAddress,
+    identity: Identity,
+    remote_dir: str,
+    local: Path,
+    *,
+    files_from: Path | None = None,
+    connect_timeout: int = 10,
+) -> list[str]:
+    """rsync argv pulling `remote_dir` (or just the listed files) from a node into `local`."""
+    extra = ["--mkpath"]
+    if files_from is not None:
+        extra.append(f"--files-from={files_from}")
+    source = remote_path(remote_dir).rstrip("/") + "/"
+    return rsync_argv(
+        [f"{address.user}@{_host(address)}:{source}"],
+        f"{local}/",
+        transport=ssh_transport_argv(address, identity, connect_timeout),
+        extra=extra,
+    )
+
+
+def pull_file_argv(
+    address: HostAddress,
+    identity: Identity,
+    remote_file: str,
+    local_file: Path,
+    *,
+    connect_timeout: int = 10,
+) -> list[str]:
+    """rsync argv copying one remote file to `local_file` (its directory is created)."""
+    return rsync_argv(
+        [f"{address.user}@{_host(address)}:{remote_path(remote_file)}"],
+        str(local_file),
+        transport=ssh_transport_argv(address, identity, connect_timeout),
+        extra=["--mkpath"],
+    )
+
+
+def _host(address: HostAddress) -> str:
+    return f"[{address.host}]" if ":" in address.host else address.host
+
+
+def run_rsync(argv: Sequence[str], *, what: str, timeout: float | None = None) -> None:
+    """Run one rsync; a failure raises RemoteError with rsync's own message."""
+    try:
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RemoteError(f"{what}: rsync did not finish within {timeout} s") from exc
+    except FileNotFoundError as exc:
+        raise RemoteError(
+            "rsync is not installed on this machine", hint="install it (apt-get install rsync)"
+        ) from exc
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RemoteError(f"{what}: rsync exited {proc.returncode}: " + " | ".join(detail))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One rsync to run as part of a fan-out, with a label for errors and progress."""
+
+    label: str
+    argv: list[str]
+
+
+def run_parallel(
+    transfers: Sequence[Transfer],
+    *,
+    timeout: float | None = None,
+    on_done: Callable[[Transfer], None] | None = None,
+) -> None:
+    """Run the transfers concurrently (one thread each); raise the first failure after all end."""
+    if not transfers:
+        return
+    errors: list[RemoteError] = []
+    with ThreadPoolExecutor(max_workers=min(16, len(transfers))) as pool:
+        futures = {
+            pool.submit(run_rsync, t.argv, what=t.label, timeout=timeout): t for t in transfers
+        }
+        for future, transfer in futures.items():
+            try:
+                future.result()
+            except RemoteError as exc:
+                errors.append(exc)
+            else:
+                if on_done is not None:
+                    on_done(transfer)
+    if errors:
+        raise RemoteError("; ".join(e.message for e in errors), hint=errors[0].hint)

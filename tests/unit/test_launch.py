@@ -1,0 +1,159 @@
+"""The node launch script and probes, checked by running them with a real bash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launch
+
+
+def cluster(**overrides: object) -> launch.ClusterLaunch:
+    base: dict = dict(
+        job_id="job-1",
+        run="echo run",
+        setup=None,
+        num_nodes=2,
+        procs_per_node=2,
+        master_addr="10.213.0.2",
+        master_port=29500,
+        node_ips=["10.213.0.2", "10.213.0.3"],
+        checkpoint_dir="ckpt",
+    )
+    base.update(overrides)
+    return launch.ClusterLaunch(**base)
+
+
+def test_node_paths_follow_the_spec_rules() -> None:
+    layout = launch.NodeLayout("j")
+    assert layout.node_path("~/ckpt") == "ckpt"
+    assert layout.node_path("ckpt/") == "orch-jobs/j/workdir/ckpt"
+    assert layout.node_path("/data/ckpt") == "/data/ckpt"
+    assert layout.node_path(None) == "orch-jobs/j/checkpoints"
+
+
+def test_torchrun_args_carry_the_topology() -> None:
+    args = launch.torchrun_args(cluster(), launch.NodeLaunch(1, "eth0"))
+    assert "--nnodes=2" in args and "--nproc_per_node=2" in args and "--node_rank=1" in args
+    assert "--master_addr=10.213.0.2" in args and "--master_port=29500" in args
+    assert args[-3:] == ["bash", "-c", "echo run"]
+
+
+def run_script(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """Run a launch script with HOME=tmp_path and a fake torchrun that prints its env."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "torchrun"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'while [ "$1" != "bash" ]; do shift; done; shift; shift\n'
+        'printf "%s" "$1" > "$HOME/run-arg"; env > "$HOME/env"; bash -c "$1"\n'
+    )
+    fake.chmod(0o755)
+    (tmp_path / "orch-jobs/job-1/workdir").mkdir(parents=True)
+    (tmp_path / "orch-jobs/job-1/run").mkdir(parents=True)
+    env = {"HOME": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+NASTY = 'it\'s "quoted" $HOME `id`; echo pwned\nnext line ünïcode'
+
+
+def test_user_values_reach_the_node_exactly(tmp_path: Path) -> None:
+    script = launch.launch_script(
+        cluster(run=f"printf '%s' {__import__('shlex').quote(NASTY)} > out", user_env={"X": NASTY}),
+        launch.NodeLaunch(0, "eth0"),
+    )
+    result = run_script(tmp_path, script)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "orch-jobs/job-1/workdir/out").read_text() == NASTY
+    env_text = (tmp_path / "env").read_text()
+    assert f"X={NASTY}" in env_text
+    assert f"ORCH_CHECKPOINT_DIR={tmp_path}/ckpt" in env_text
+    assert "ORCH_NODE_RANK=0" in env_text and "GLOO_SOCKET_IFNAME=eth0" in env_text
+    assert (tmp_path / "orch-jobs/job-1/run/exit_code").read_text().strip() == "0"
+
+
+def test_exit_code_and_setup_failure_are_recorded(tmp_path: Path) -> None:
+    result = run_script(
+        tmp_path, launch.launch_script(cluster(run="exit 3"), launch.NodeLaunch(0, "lo"))
+    )
+    assert result.returncode == 3
+    assert (tmp_path / "orch-jobs/job-1/run/exit_code").read_text().strip() == "3"
+
+
+def test_failed_setup_stops_before_torchrun(tmp_path: Path) -> None:
+    script = launch.launch_script(
+        cluster(setup="false", run="touch ran"), launch.NodeLaunch(0, "lo")
+    )
+    result = run_script(tmp_path, script)
+    assert result.returncode == launch.SETUP_FAILED_EXIT
+    assert not (tmp_path / "orch-jobs/job-1/workdir/ran").exists()
+
+
+def test_invalid_env_name_is_refused() -> None:
+    with pytest.raises(ValueError):
+        launch.launch_script(cluster(user_env={"A B": "x"}), launch.NodeLaunch(0, "lo"))
+
+
+@pytest.mark.parametrize(
+    ("output", "state", "code", "size", "log"),
+    [
+        (f"{launch.PROBE_MARK} running 10\nabc", "running", None, 10, "abc"),
+        (f"{launch.PROBE_MARK} exit 3 7\n", "exited", 3, 7, ""),
+        (f"{launch.PROBE_MARK} not-started 0\n", "not-started", None, 0, ""),
+        ("garbage", "vanished", None, 0, ""),
+        (f"{launch.PROBE_MARK} exit x 1\n", "vanished", None, 0, ""),
+    ],
+)
+def test_parse_probe(output: str, state: str, code: int | None, size: int, log: str) -> None:
+    probe = launch.parse_probe(output)
+    assert (probe.state, probe.exit_code, probe.log_size, probe.new_log) == (state, code, size, log)
+
+
+def test_start_and_probe_commands_against_a_real_shell(tmp_path: Path) -> None:
+    layout = launch.NodeLayout("job-1")
+    run_dir = tmp_path / layout.run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "launch.sh").write_text('echo hello; sleep 0.3; echo 0 > "$HOME/x"\n')
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+
+    def sh(command: str) -> str:
+        return subprocess.run(
+            ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=10
+        ).stdout
+
+    pid = sh(launch.start_command(layout)).strip()
+    assert pid.isdigit()
+    again = subprocess.run(["bash", "-c", launch.start_command(layout)], env=env, timeout=10)
+    assert again.returncode == 3  # never started twice
+    assert launch.parse_probe(sh(launch.probe_command(layout, 0))).state == "running"
+    import time
+
+    time.sleep(0.8)
+    probe = launch.parse_probe(sh(launch.probe_command(layout, 0)))
+    assert probe.state == "vanished"  # no exit_code file: the script is not a launch script
+    assert probe.new_log == "hello\n"
+    (run_dir / "exit_code").write_text("0\n")
+    assert launch.parse_probe(sh(launch.probe_command(layout, 6))).exit_code == 0
+
+
+def test_free_port_prefers_the_default_and_avoids_a_taken_one() -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        out = subprocess.run(
+            ["bash", "-c", launch.free_port_command(taken)], capture_output=True, text=True
+        ).stdout
+        assert int(out) != taken and int(out) > 0
+    finally:
+        holder.close()

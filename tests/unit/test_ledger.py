@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import Settings
+from orchestrator.errors import UnknownJob
+from orchestrator.ledger import Job, JobState, Lease, Ledger, make_engine
+from orchestrator.views import cost_document, job_document
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def make_job(ledger: Ledger, job_id: str = "j-1") -> Job:
+    return ledger.add_job(
+        Job(
+            id=job_id, name="j", provider="local", nodes=2, gpus_per_node=1,
+            spec_json="{}", spec_path="job.yaml", created_at=T0,
+        )
+    )  # fmt: skip
+
+
+def lease(job_id: str, instance: str, price: str, start: datetime, end: datetime | None) -> Lease:
+    return Lease(
+        job_id=job_id, cluster=job_id, provider="local", instance_id=instance, rank=0,
+        market="spot", instance_type="local-1x", price_per_hour=Decimal(price),
+        launched_at=start, ended_at=end,
+    )  # fmt: skip
+
+
+def test_spend_is_seconds_times_recorded_price_exactly(tmp_path: Path) -> None:
+    ledger = Ledger(make_engine(tmp_path / "orch.db"))
+    make_job(ledger)
+    ledger.open_lease(lease("j-1", "a", "0.36", T0, T0 + timedelta(seconds=100)))
+    ledger.open_lease(lease("j-1", "b", "1.20", T0, None))
+    now = T0 + timedelta(seconds=30)
+    # a: 100 s x 0.36 / 3600 = 0.01; b: 30 s x 1.20 / 3600 = 0.01
+    assert ledger.spend("j-1", now) == Decimal("0.02")
+    closed = ledger.close_leases(["b", "missing"], T0 + timedelta(seconds=60))
+    assert closed == 1
+    assert ledger.spend("j-1", now + timedelta(hours=5)) == Decimal("0.03")
+    again = Ledger(make_engine(tmp_path / "orch.db"))  # survives a reopen, still exact
+    assert again.leases("j-1")[0].price_per_hour == Decimal("0.36")
+    assert again.leases("j-1")[1].ended_at == T0 + timedelta(seconds=60)
+
+
+def test_unknown_job_is_a_user_error() -> None:
+    ledger = Ledger(make_engine(":memory:"))
+    with pytest.raises(UnknownJob) as info:
+        ledger.get_job("nope")
+    assert info.value.exit_code == 2
+
+
+def test_documents_carry_the_contract_fields(tmp_path: Path) -> None:
+    ledger = Ledger(make_engine(":memory:"))
+    make_job(ledger)
+    ledger.open_lease(lease("j-1", "a", "3.6", T0, T0 + timedelta(seconds=10)))
+    ledger.update_job("j-1", state=JobState.SUCCEEDED, step=40)
+    doc = job_document(ledger, Settings(home=tmp_path), ledger.get_job("j-1"))
+    for key in ("id", "state", "provider", "nodes", "gpus_per_node", "step", "spend_usd",
+                "checkpoints", "recoveries"):  # fmt: skip
+        assert key in doc
+    assert doc["state"] == "SUCCEEDED" and doc["step"] == 40
+    assert doc["spend_usd"] == pytest.approx(0.01)
+    assert doc["leases"][0]["ended_at"] is not None
+    cost = cost_document(ledger)
+    assert cost["total_usd"] == pytest.approx(0.01) and cost["jobs"][0]["running"] is False
