@@ -1,0 +1,404 @@
+"""The local provider: every node is a real OpenSSH sshd on this machine.
+
+Local nodes behave like machines booted from one image that already holds orch's venv: installed
+software is shared (the same paths on every node, the controller's venv first on PATH), while
+each node's workspace, its HOME, is a private directory (`ORCH_HOME/local/nodes/<id>/disk`).
+
+Two network modes (`local.network` in the settings, `ORCH_LOCAL_NETWORK`):
+
+- namespace (what `auto` picks as root): each node gets a network namespace `orch-<id>` with its
+  own address on a host bridge (`local.bridge`, subnet `local.subnet`), and sshd on port 22 of
+  that address. Its disk is bind-mounted on `/run/orch-node` in a mount namespace of its own, so
+  every node's HOME is `/run/orch-node` yet holds only that node's files.
+- loopback (what `auto` picks otherwise): sshd on 127.0.0.1 with a port of its own, and HOME is
+  the node's disk directory itself.
+
+In both modes every SSH session starts in HOME (so relative rsync and sftp paths land there)
+and carries `ORCH_LOCAL_NODE=<id>`, which is how `terminate` finds processes that detached.
+
+Billing of a node starts when its sshd is started and stops when `terminate` has ended every
+process of the node. A terminated node leaves nothing behind: processes, namespace, veth, record
+and disk are all removed (the controller pulls checkpoints before it terminates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.errors import CapacityError, OrchError, ProviderError
+from orchestrator.providers import local_net as net
+from orchestrator.providers.base import Instance, LaunchRequest
+from orchestrator.providers.local_host import (
+    answers_ssh,
+    live_namespace_ips,
+    netns_pids,
+    orch_namespaces,
+    pid_alive,
+    pid_runs,
+    pids_with_marker,
+    run_checked,
+    sshd_pids_on_port,
+    sweep,
+)
+from orchestrator.providers.local_net import SshdConfig
+from orchestrator.providers.local_state import NodeRecord, NodeStore, file_lock
+
+HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
+SFTP_SERVERS = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+)
+PORT_RETRIES = 3  # loopback: restarts of an sshd whose port was taken meanwhile
+
+
+class LocalProvider:
+    """Nodes on this machine, one sshd each. See the module docstring for what a node is.
+
+    Lifecycle: `launch` -> nodes reachable over SSH, billing started; `list_owned` -> the nodes
+    whose records exist under ORCH_HOME/local; `terminate` -> every process of the nodes ended,
+    their namespaces and disks removed, billing stopped.
+    """
+
+    name = "local"
+
+    def __init__(self, settings: Settings, *, ready_timeout: float = 20.0) -> None:
+        self.settings = settings
+        self.store = NodeStore(settings.home / "local")
+        self.ready_timeout = ready_timeout
+
+    # --- Provider interface ---------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        """Start `request.count` nodes, ordered by rank, each reachable over SSH.
+
+        Returns once every node's sshd answers with its SSH banner; billing of a node starts at
+        its `launched_at` (the time its sshd was started). On any failure every node started so
+        far is terminated and a `ProviderError` (a `CapacityError` when the subnet is full or
+        the price is above `request.max_price_per_hour`) says why, with the sshd log's tail.
+        """
+        self._check_request(request)
+        mode = self.network_mode()
+        sshd = self._sshd_binary()
+        ids = [net.new_instance_id() for _ in range(request.count)]
+        try:
+            records = [self._prepare_node(iid, request, rank, mode) for rank, iid in enumerate(ids)]
+            self._allocate(records)
+            for rec in records:
+                self._start(rec, sshd)
+            self._wait_ready(records, sshd)
+        except BaseException as exc:
+            try:
+                self.terminate(ids)
+            except Exception as cleanup:  # keep the launch error; say what is left
+                exc.add_note(f"cleaning up the failed launch failed too: {cleanup}")
+            if isinstance(exc, OrchError) or not isinstance(exc, Exception):
+                raise
+            raise ProviderError(f"local launch failed: {exc}") from exc
+        return [rec.to_instance() for rec in records]
+
+    def terminate(self, instance_ids: list[str]) -> datetime:
+        """End every process of the given nodes, remove them, and return when billing stopped.
+
+        Billing stops at the returned UTC time, taken once no process of any of the nodes is
+        left. Then the nodes' namespaces, veths, records and disks are removed, and the bridge
+        too when no node uses it any more. Idempotent: ids of nodes that are already gone (or
+        that this ORCH_HOME never launched) are skipped silently. Raises `ProviderError` only if a
+        process of a node survives repeated SIGKILLs.
+        """
+        ids = [
+            iid
+            for iid in dict.fromkeys(instance_ids)
+            if net.is_instance_id(iid) and self.store.node_dir(iid).exists()
+        ]
+        survivors = [iid for iid in ids if not self._kill_node(iid)]
+        stopped = datetime.now(UTC)
+        for iid in ids:
+            if os.geteuid() == 0:
+                for argv in net.node_net_teardown_argvs(iid):
+                    subprocess.run(argv, capture_output=True, check=False)
+            if iid not in survivors:
+                self.store.remove(iid)
+        if survivors:
+            raise ProviderError(f"local nodes {', '.join(survivors)} still have processes")
+        if ids and not self.store.all():
+            self.cleanup_network()
+        return stopped
+
+    def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
+        """Nodes not yet terminated, from their node.json records only.
+
+        Nodes still being launched are included (their record is written before their sshd
+        starts), so a controller restarted after a crash mid-launch can find and end them.
+        """
+        return [
+            rec.to_instance() for rec in self.store.all() if job_id is None or rec.job_id == job_id
+        ]
+
+    # --- network --------------------------------------------------------------------------------
+
+    def network_mode(self) -> str:
+        """The network mode in effect: "namespace" or "loopback" (`auto` resolved)."""
+        wanted = self.settings.local.network
+        can_namespace = os.geteuid() == 0 and shutil.which("ip") is not None
+        if wanted == "namespace" and not can_namespace:
+            raise ProviderError(
+                "local network mode 'namespace' needs root and iproute2's `ip`",
+                hint="run as root, or set ORCH_LOCAL_NETWORK=loopback",
+            )
+        if wanted == "auto":
+            return "namespace" if can_namespace else "loopback"
+        return wanted
+
+    def cleanup_network(self) -> bool:
+        """Remove the bridge if no node (of any ORCH_HOME) is attached to it.
+
+        Returns True when the bridge is gone afterwards, False when nodes still use it. Does
+        nothing (and returns True) when not root, as then no bridge can have been made.
+        """
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return True
+        bridge = self.settings.local.bridge
+        with file_lock(HOST_LOCK):
+            ports = subprocess.run(
+                net.bridge_ports_argv(bridge), capture_output=True, text=True, check=False
+            )
+            if ports.returncode != 0:  # no such bridge
+                return True
+            if ports.stdout.strip() not in ("", "[]"):
+                return False
+            run_ip(net.bridge_delete_argv(bridge))
+            if not orch_namespaces():
+                # Only when no node of any bridge is left: removing a directory that is a
+                # mount point in another mount namespace detaches that mount there.
+                with contextlib.suppress(OSError):
+                    Path(net.NODE_HOME).rmdir()
+            return True
+
+    def _ensure_bridge(self) -> None:
+        bridge, subnet = self.settings.local.bridge, self.settings.local.subnet
+        exists = subprocess.run(
+            ["ip", "link", "show", "dev", bridge], capture_output=True, check=False
+        )
+        if exists.returncode != 0:
+            for argv in net.bridge_create_argvs(bridge, subnet):
+                run_ip(argv)
+        else:
+            run_ip(net.bridge_addr_argv(bridge, subnet))
+            run_ip(["ip", "link", "set", "dev", bridge, "up"])
+
+    # --- launching ------------------------------------------------------------------------------
+
+    def _check_request(self, request: LaunchRequest) -> None:
+        if request.count < 1:
+            raise ProviderError(f"cannot launch {request.count} nodes")
+        key = request.public_key.strip()
+        if "\n" in key or "\r" in key or not key.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise ProviderError("the public key must be one OpenSSH public key line")
+        price = self.settings.local.price_per_hour
+        cap = request.max_price_per_hour
+        if cap is not None and price > cap:
+            raise CapacityError(
+                f"local nodes cost {price} USD/h, above the {cap} USD/h cap",
+                hint="raise resources.max_price_per_hour or local.price_per_hour",
+            )
+
+    def _sshd_binary(self) -> str:
+        found = "/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else shutil.which("sshd")
+        if not found:
+            raise ProviderError(
+                "the local provider needs OpenSSH's sshd", hint="install openssh-server"
+            )
+        return str(Path(found).absolute())
+
+    def _prepare_node(self, iid: str, request: LaunchRequest, rank: int, mode: str) -> NodeRecord:
+        """Create the node's directory, host key and authorized_keys; return its record."""
+        node_dir = self.store.create_dir(iid)
+        key_file = node_dir / "ssh_host_ed25519_key"
+        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", iid, "-f", str(key_file)])
+        (node_dir / "authorized_keys").write_text(request.public_key.strip() + "\n")
+        namespaced = mode == "namespace"
+        return NodeRecord(
+            instance_id=iid,
+            job_id=request.job_id,
+            cluster=request.cluster,
+            rank=rank,
+            mode=mode,
+            ip="" if namespaced else "127.0.0.1",
+            port=22 if namespaced else 0,
+            interface=net.NODE_INTERFACE if namespaced else "lo",
+            ssh_user=pwd.getpwuid(os.geteuid()).pw_name,
+            home=net.NODE_HOME if namespaced else str(node_dir / "disk"),
+            host_key=net.host_key_line(key_file.with_suffix(".pub").read_text()),
+            market="spot" if request.spot else "on-demand",
+            instance_type=f"local-{request.gpus_per_node}x",
+            price_per_hour=str(self.settings.local.price_per_hour),
+            launched_at=datetime.now(UTC).isoformat(),
+            tags={
+                "orch:job": request.job_id,
+                "orch:cluster": request.cluster,
+                "orch:rank": str(rank),
+                "orch:role": "master" if rank == 0 else "worker",
+            },
+        )
+
+    def _allocate(self, records: list[NodeRecord]) -> None:
+        """Give each node its address (and network) or port, and save its record, under lock."""
+        with file_lock(self.store.root / "alloc.lock"):
+            if records[0].mode == "namespace":
+                with file_lock(HOST_LOCK):
+                    self._allocate_namespaces(records)
+            else:
+                for rec in records:
+                    rec.port = self._free_port()
+                    self.store.save(rec)
+
+    def _allocate_namespaces(self, records: list[NodeRecord]) -> None:
+        subnet, bridge = self.settings.local.subnet, self.settings.local.bridge
+        used = {rec.ip for rec in self.store.all() if rec.mode == "namespace"}
+        used |= live_namespace_ips()
+        self._ensure_bridge()
+        for rec, ip in zip(records, net.allocate_ips(subnet, used, len(records)), strict=True):
+            rec.ip = ip
+            self.store.save(rec)  # the record first: terminate can then always find the node
+            for argv in net.node_net_setup_argvs(rec.instance_id, ip, subnet, bridge):
+                run_ip(argv)
+
+    def _free_port(self) -> int:
+        """A port on 127.0.0.1 that nothing listens on and no local node record claims."""
+        claimed = {rec.port for rec in self.store.all() if rec.mode == "loopback"}
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in claimed:
+                return port
+        raise ProviderError("found no free port on 127.0.0.1 for a local node")
+
+    def _start(self, rec: NodeRecord, sshd: str) -> int:
+        """Write the node's sshd_config, start its sshd and return its pid; billing starts now."""
+        node_dir = self.store.node_dir(rec.instance_id)
+        config, log = Path(self._config_path(rec.instance_id)), node_dir / "sshd.log"
+        venv_bin = Path(sys.prefix) / "bin"
+        config.write_text(
+            net.sshd_config_text(
+                SshdConfig(
+                    listen=f"{rec.ip}:{rec.port}" if rec.mode == "loopback" else "0.0.0.0:22",
+                    host_key=node_dir / "ssh_host_ed25519_key",
+                    authorized_keys=node_dir / "authorized_keys",
+                    pid_file=node_dir / "sshd.pid",
+                    env=net.node_session_env(rec.instance_id, rec.home, venv_bin),
+                    sftp_server=next((p for p in SFTP_SERVERS if Path(p).exists()), None),
+                )
+            )
+        )
+        if rec.mode == "namespace":
+            Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+            Path(net.NODE_HOME).mkdir(parents=True, exist_ok=True)
+            etc_dir = node_dir / "etc"
+            etc_dir.mkdir(exist_ok=True)
+            (etc_dir / "hosts").write_text(net.node_hosts_text(rec.ip, os.uname().nodename))
+            (etc_dir / "resolv.conf").write_text(net.NODE_RESOLV_CONF)
+            argv = net.namespaced_sshd_argv(
+                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir
+            )
+        else:
+            argv = net.loopback_sshd_argv(sshd, config, log)
+        env = {"PATH": ":".join(net.SYSTEM_PATH), net.NODE_MARKER: rec.instance_id}
+        out = subprocess.run(
+            net.detached_argv(argv, log), capture_output=True, text=True, env=env, cwd="/",
+            check=False,
+        )  # fmt: skip
+        if out.returncode != 0 or not out.stdout.strip().isdigit():
+            raise ProviderError(f"could not start sshd of local node {rec.instance_id}: {out}")
+        rec.sshd_pid = int(out.stdout)
+        rec.launched_at = datetime.now(UTC).isoformat()
+        self.store.save(rec)
+        return rec.sshd_pid
+
+    def _wait_ready(self, records: list[NodeRecord], sshd: str) -> None:
+        """Return when every node's sshd sends its banner; raise if one dies or time runs out."""
+        deadline = time.monotonic() + self.ready_timeout
+        pending = {rec.instance_id: rec for rec in records}
+        restarts = dict.fromkeys(pending, 0)
+        while pending:
+            for iid, rec in list(pending.items()):
+                alive = pid_alive(rec.sshd_pid or 0)  # its command line changes as it execs
+                log = self._log_tail(iid)
+                if alive and "Server listening" in log and answers_ssh(rec.ip, rec.port):
+                    del pending[iid]
+                elif not alive:
+                    port_taken = rec.mode == "loopback" and "Address already in use" in log
+                    if not port_taken or restarts[iid] >= PORT_RETRIES:
+                        raise ProviderError(f"sshd of local node {iid} exited:\n{log}")
+                    restarts[iid] += 1
+                    self._restart_on_new_port(rec, sshd)
+            if pending and time.monotonic() > deadline:
+                iid = next(iter(pending))
+                raise ProviderError(
+                    f"sshd of local node {iid} did not answer within {self.ready_timeout:.0f} s:"
+                    f"\n{self._log_tail(iid)}"
+                )
+            if pending:
+                time.sleep(0.05)
+
+    def _restart_on_new_port(self, rec: NodeRecord, sshd: str) -> int:
+        """Loopback: another program took the node's port before sshd bound it; take another."""
+        with file_lock(self.store.root / "alloc.lock"):
+            rec.port = self._free_port()
+            self.store.save(rec)
+        return self._start(rec, sshd)
+
+    def _config_path(self, instance_id: str) -> str:
+        return str(self.store.node_dir(instance_id) / "sshd_config")
+
+    def _log_tail(self, instance_id: str, lines: int = 20) -> str:
+        try:
+            text = (self.store.node_dir(instance_id) / "sshd.log").read_text(errors="replace")
+        except OSError:
+            return "(no sshd log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # --- terminating ----------------------------------------------------------------------------
+
+    def _kill_node(self, instance_id: str) -> bool:
+        """SIGKILL every process of a node until none is left; False if some survive."""
+        rec = self.store.load(instance_id)
+        config = self._config_path(instance_id)
+        namespaced = os.geteuid() == 0 and (rec is None or rec.mode == "namespace")
+        sshd_pid = rec.sshd_pid if rec is not None and rec.sshd_pid else 0
+        # The port identifies the node's sshd processes only while the node's own sshd holds
+        # it; once that sshd is gone, another ORCH_HOME's node may have taken the port.
+        by_port = rec.port if rec is not None and rec.mode == "loopback" else 0
+        if not pid_runs(sshd_pid, config):
+            sshd_pid = by_port = 0
+
+        def find() -> set[int]:
+            pids = pids_with_marker(instance_id)
+            if namespaced:
+                pids |= netns_pids(instance_id)
+            if by_port:
+                pids |= sshd_pids_on_port(by_port)
+            if sshd_pid and pid_runs(sshd_pid, config):
+                pids.add(sshd_pid)
+            return pids
+
+        return sweep(find)
+
+
+def run_ip(argv: list[str]) -> str:
+    """Run an `ip` command of the namespace mode; a failure is a `ProviderError`."""
+    return run_checked(
+        argv, hint="namespace mode needs root; ORCH_LOCAL_NETWORK=loopback avoids it"
+    )

@@ -1,0 +1,137 @@
+"""On-disk records of local nodes: `ORCH_HOME/local/nodes/<id>/node.json`, one per live node.
+
+The record is the local provider's "cloud API": `list_owned` reads these files and nothing else,
+so the provider can say what it runs without orch's database. A record is written atomically
+(temporary file, fsync, rename) and removed with its node when the node is terminated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+
+from orchestrator.providers.base import Instance, Market
+from orchestrator.providers.local_net import is_instance_id
+
+RECORD_VERSION = 1
+
+
+@dataclass
+class NodeRecord:
+    """What node.json holds about one local node."""
+
+    instance_id: str
+    job_id: str
+    cluster: str
+    rank: int
+    mode: str  # "namespace" or "loopback"
+    ip: str  # private address (127.0.0.1 on loopback)
+    port: int  # sshd port (22 in a namespace)
+    interface: str  # interface carrying `ip` on the node
+    ssh_user: str
+    home: str  # HOME of the node's sessions
+    host_key: str  # "ssh-ed25519 AAAA..."
+    market: Market
+    instance_type: str
+    price_per_hour: str  # Decimal as text
+    launched_at: str  # UTC ISO 8601; billing starts here
+    tags: dict[str, str] = field(default_factory=dict)
+    sshd_pid: int | None = None  # pid of the node's sshd once started
+    version: int = RECORD_VERSION
+
+    def to_instance(self) -> Instance:
+        """The node as the Provider interface reports it."""
+        return Instance(
+            instance_id=self.instance_id,
+            job_id=self.job_id,
+            cluster=self.cluster,
+            rank=self.rank,
+            private_ip=self.ip,
+            ssh_host=self.ip,
+            ssh_port=self.port,
+            ssh_user=self.ssh_user,
+            host_key=self.host_key,
+            interface=self.interface,
+            market=self.market,
+            instance_type=self.instance_type,
+            price_per_hour=Decimal(self.price_per_hour),
+            launched_at=datetime.fromisoformat(self.launched_at),
+            tags=dict(self.tags),
+        )
+
+
+class NodeStore:
+    """The directory of node records under `root` (ORCH_HOME/local). Does no I/O until used."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nodes_dir = root / "nodes"
+
+    def node_dir(self, instance_id: str) -> Path:
+        """Directory of a node: its record, sshd files and `disk/`."""
+        if not is_instance_id(instance_id):
+            raise ValueError(f"not a local node id: {instance_id!r}")
+        return self.nodes_dir / instance_id
+
+    def create_dir(self, instance_id: str) -> Path:
+        """Create an empty, private node directory (with its `disk/`) and return it."""
+        path = self.node_dir(instance_id)
+        (path / "disk").mkdir(mode=0o700, parents=True)
+        path.chmod(0o700)
+        return path
+
+    def save(self, record: NodeRecord) -> None:
+        """Write a node's record atomically."""
+        path = self.node_dir(record.instance_id) / "node.json"
+        tmp = path.with_suffix(".json.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(asdict(record), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load(self, instance_id: str) -> NodeRecord | None:
+        """A node's record, or None when the node has no (readable) record."""
+        if not is_instance_id(instance_id):
+            return None
+        path = self.nodes_dir / instance_id / "node.json"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return NodeRecord(**raw)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def all(self) -> list[NodeRecord]:
+        """Every readable record, ordered by cluster then rank."""
+        if not self.nodes_dir.is_dir():
+            return []
+        records = [
+            rec for entry in self.nodes_dir.iterdir() if (rec := self.load(entry.name)) is not None
+        ]
+        return sorted(records, key=lambda r: (r.cluster, r.rank, r.instance_id))
+
+    def remove(self, instance_id: str) -> None:
+        """Delete a node's directory, record and disk included. Missing directories are fine."""
+        if is_instance_id(instance_id):
+            shutil.rmtree(self.nodes_dir / instance_id, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on `path` (created if missing) for the block's duration."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
