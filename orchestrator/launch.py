@@ -163,6 +163,9 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
         if not _ENV_NAME.match(name):
             raise ValueError(f"invalid environment variable name {name!r}")
         lines.append(f"export {name}={shlex.quote(value)}")
+    # torchrun tees the ranks' output through its own stdout, a file here: unbuffered, lines
+    # reach node.log (and the controller's live view) as they are printed.
+    lines.append("export PYTHONUNBUFFERED=1")
     lines.append(f"export ORCH_CHECKPOINT_DIR={home_expr(cluster.checkpoint_dir)}")
     resume = home_expr(cluster.resume_from) if cluster.resume_from else "''"
     lines.append(f"export ORCH_RESUME_FROM={resume}")

@@ -81,3 +81,18 @@ def rank_lines(log_text: str, rank: int | None) -> list[str]:
         if rank is None or local == rank:
             lines.append(text if rank is not None else line)
     return lines
+
+
+def describe_event(text: str) -> str | None:
+    """A readable line for a trainer event (`{"event": "checkpoint", "step": 12, ...}`)."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+        return None
+    details = ", ".join(f"{k} {v}" for k, v in data.items() if k != "event")
+    return f"rank 0: {data['event']}" + (f" ({details})" if details else "")

@@ -9,15 +9,14 @@ A host presenting any key other than the one its provider reported is refused
 from __future__ import annotations
 
 import base64
-import io
 import shlex
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import paramiko
 from fabric import Config, Connection
-from invoke.exceptions import CommandTimedOut
 
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
@@ -155,24 +154,19 @@ class NodeConnection:
         `NodeUnreachable` when the host cannot be reached or the command outlives `timeout`.
         """
         text = command if isinstance(command, str) else shell_command(command)
-        connection = self._open()
         limit = self.command_timeout if timeout is None else timeout
+        transport = self.transport
         try:
-            if stdin is None:
-                raw = connection.run(text, warn=True, hide=True, timeout=limit, in_stream=False)
-            else:
-                raw = connection.run(
-                    text, warn=True, hide=True, timeout=limit, in_stream=io.StringIO(stdin)
-                )
-        except CommandTimedOut as exc:
+            exited, stdout, stderr = _exec(transport, text, stdin, limit)
+        except TimeoutError as exc:
             raise NodeUnreachable(
                 f"{self.address.name}: command did not finish within {limit:.0f} s",
                 hint="the node may be overloaded or cut off",
             ) from exc
-        except (TimeoutError, OSError, EOFError, paramiko.SSHException) as exc:
+        except (OSError, EOFError, paramiko.SSHException) as exc:
             self.close()
             raise self._unreachable(exc) from exc
-        result = CommandResult(text, raw.exited, raw.stdout, raw.stderr)
+        result = CommandResult(text, exited, stdout, stderr)
         if check and not result.ok:
             raise RemoteError(
                 f"{self.address.name}: command exited {result.exited}:\n{result.tail(10)}",
@@ -186,3 +180,46 @@ class NodeConnection:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+
+
+def _exec(
+    transport: paramiko.Transport, command: str, stdin: str | None, timeout: float
+) -> tuple[int, str, str]:
+    """Run one command on a new channel of an open transport; (exit code, stdout, stderr).
+
+    stdin, when given, is sent whole and then closed (EOF), so `cat > file` works.
+    Raises TimeoutError when the command has not finished after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    channel = transport.open_session(timeout=timeout)
+    try:
+        channel.settimeout(0.2)
+        channel.exec_command(command)
+        if stdin is not None:
+            channel.sendall(stdin.encode())
+        channel.shutdown_write()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        while True:
+            progressed = False
+            if channel.recv_ready():
+                out.append(channel.recv(65536))
+                progressed = True
+            if channel.recv_stderr_ready():
+                err.append(channel.recv_stderr(65536))
+                progressed = True
+            if (
+                channel.exit_status_ready()
+                and not channel.recv_ready()
+                and not (channel.recv_stderr_ready())
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(command)
+            if not progressed:
+                # Wake on data or exit; `status_event` is set when the exit status arrives.
+                channel.status_event.wait(0.01)
+        code = channel.recv_exit_status()
+    finally:
+        channel.close()
+    return code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")

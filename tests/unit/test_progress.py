@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from orchestrator.progress import LineBuffer, local_rank_line, parse_metrics, rank_lines
+from orchestrator.progress import (
+    LineBuffer,
+    describe_event,
+    local_rank_line,
+    parse_metrics,
+    rank_lines,
+)
 
 
 def test_line_buffer_holds_partial_lines() -> None:
@@ -36,3 +42,10 @@ def test_rank_lines_filters_one_local_rank() -> None:
     assert rank_lines(log, 0) == ["a", "c"]
     assert rank_lines(log, 1) == ["b"]
     assert rank_lines(log, None) == log.splitlines()
+
+
+def test_events_are_described_for_humans() -> None:
+    line = describe_event('{"event": "checkpoint", "step": 12, "path": "/x/step-000012"}')
+    assert line == "rank 0: checkpoint (step 12, path /x/step-000012)"
+    assert describe_event('{"step": 1}') is None
+    assert describe_event("not json") is None

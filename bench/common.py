@@ -1,0 +1,73 @@
+"""Shared set-up of the benchmarks: a private ORCH_HOME with local nodes, and timing helpers."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.cluster import Cluster
+from orchestrator.config import LocalSettings, Settings
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.local import LocalProvider
+from orchestrator.remote.keys import ensure_identity
+
+
+@dataclass
+class Nodes:
+    provider: LocalProvider
+    cluster: Cluster
+    ids: list[str]
+
+
+@contextmanager
+def local_nodes(count: int, *, network: str = "auto") -> Iterator[Nodes]:
+    """`count` fresh local nodes in a throw-away ORCH_HOME; always terminated afterwards."""
+    with tempfile.TemporaryDirectory(prefix="orch-bench-") as home:
+        settings = Settings(home=Path(home), local=LocalSettings(network=network))  # type: ignore[arg-type]
+        provider = LocalProvider(settings)
+        identity = ensure_identity(settings.keys_dir("bench"), "orch-bench")
+        instances = provider.launch(
+            LaunchRequest(
+                job_id="bench", cluster="bench", count=count, gpus_per_node=1,
+                public_key=identity.public_key,
+            )
+        )  # fmt: skip
+        cluster = Cluster(instances, identity)
+        try:
+            yield Nodes(provider, cluster, [i.instance_id for i in instances])
+        finally:
+            cluster.close()
+            provider.terminate([i.instance_id for i in instances])
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    mem = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.split("\n")[1]
+    return f"{cpu} cores, {mem.split()[1]} GiB RAM"
+
+
+def report(title: str, rows: list[tuple[str, float, float]], target: float) -> bool:
+    """Print `name: orch / baseline = ratio` rows (medians, seconds); True when all meet target."""
+    print(f"\n{title}  (machine: {machine()}; medians; target ratio <= {target})")
+    ok = True
+    for name, ours, baseline in rows:
+        ratio = ours / baseline
+        ok &= ratio <= target
+        print(f"  {name:<28} orch {ours:7.3f} s   baseline {baseline:7.3f} s   ratio {ratio:5.2f}")
+    return ok

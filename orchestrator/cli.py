@@ -1,0 +1,302 @@
+"""The `orch` command line: one function per verb; every read command has --json.
+
+Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 budget cap,
+130 cancelled. Library code raises `OrchError`s; only `main` turns them into exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from orchestrator.config import Settings, load_settings
+from orchestrator.errors import OrchError, SpecError
+from orchestrator.ledger import JobState, Ledger, make_engine
+from orchestrator.providers import get_provider
+
+app = typer.Typer(
+    name="orch",
+    help="Run distributed PyTorch training on cheap cloud nodes, and shut them down after.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+
+
+def _ledger(settings: Settings) -> Ledger:
+    return Ledger(make_engine(settings.db_path))
+
+
+def _print_json(document: object) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def _raise_interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+@app.command()
+def submit(
+    job_file: Annotated[Path, typer.Argument(help="job spec (YAML)", show_default=False)],
+    nodes: Annotated[int | None, typer.Option("--nodes", help="number of nodes")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs (processes) per node")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="local or aws")] = None,
+    spot: Annotated[bool | None, typer.Option("--spot/--no-spot", help="spot capacity")] = None,
+    max_cost: Annotated[
+        str | None, typer.Option("--max-cost", help="hard cap on the job's spend, USD")
+    ] = None,
+    idle_timeout: Annotated[
+        float | None, typer.Option("--idle-timeout", help="seconds of idleness before stopping")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="show the plan, launch nothing")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down."""
+    from orchestrator.controller import JobRunner, register_job
+    from orchestrator.plan import local_plan
+    from orchestrator.spec import load_job
+    from orchestrator.views import job_document
+
+    settings = load_settings()
+    overrides = {
+        "resources.nodes": nodes,
+        "resources.gpus_per_node": gpus,
+        "provider": provider,
+        "resources.spot": spot,
+        "budget.max_cost_usd": max_cost,
+        "budget.idle_timeout": idle_timeout,
+    }
+    loaded = load_job(job_file, overrides)
+    chosen = get_provider(loaded.spec.provider, settings)
+    if dry_run:
+        plan = local_plan(loaded.spec, settings.local.price_per_hour)
+        if json_out:
+            _print_json({"plan": plan.as_dict(), "spec": loaded.spec.model_dump(mode="json")})
+        else:
+            Console().print(
+                f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "
+                f"{plan.provider} at ${plan.price_per_node_hour}/node-hour "
+                f"(${plan.hourly_usd}/h in all)"
+            )
+        return
+    ledger = _ledger(settings)
+    job = register_job(ledger, loaded, chosen.name)
+    console = Console(stderr=json_out)
+    console.print(f"job [bold]{job.id}[/] submitted ({loaded.source.name})")
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and `orch cancel`, Ctrl-C
+    # and SIGTERM must all reach a foreground controller the same way.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    from orchestrator.console import RichReporter
+
+    with RichReporter(console, job.id) as reporter:
+        outcome = JobRunner(
+            job, loaded, settings=settings, ledger=ledger, provider=chosen, reporter=reporter
+        ).run()
+    document = job_document(ledger, settings, ledger.get_job(job.id), detail=json_out)
+    if json_out:
+        _print_json(document)
+    else:
+        style = "green" if outcome.state is JobState.SUCCEEDED else "red"
+        console.print(
+            f"[{style}]{outcome.state.value}[/] job {job.id}: step {document['step']}, "
+            f"spend ${document['spend_usd']:.4f}, "
+            f"{len(document['checkpoints'])} checkpoint(s) in "
+            f"{settings.job_dir(job.id) / 'checkpoints'}"
+        )
+        if outcome.reason and outcome.state is not JobState.SUCCEEDED:
+            console.print(outcome.reason, markup=False, highlight=False)
+        console.print(f"bill: orch cost --job {job.id}")
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def status(
+    job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Show jobs, or one job with its leases, checkpoints and events."""
+    from orchestrator.console import job_detail, jobs_table
+    from orchestrator.views import job_document
+
+    settings = load_settings()
+    ledger = _ledger(settings)
+    console = Console()
+    if job_id:
+        document = job_document(ledger, settings, ledger.get_job(job_id))
+        if json_out:
+            _print_json(document)
+        else:
+            for renderable in job_detail(document):
+                console.print(renderable)
+        return
+    documents = [job_document(ledger, settings, j, detail=False) for j in ledger.jobs(limit=50)]
+    if json_out:
+        _print_json({"jobs": documents})
+    else:
+        console.print(jobs_table(documents))
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    rank: Annotated[int | None, typer.Option("--rank", help="only this global rank")] = None,
+    node: Annotated[int | None, typer.Option("--node", help="this node's whole log")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+) -> None:
+    """Print a job's logs (rank 0 by default) as pulled from its nodes."""
+    from orchestrator.progress import rank_lines
+
+    settings = load_settings()
+    ledger = _ledger(settings)
+    job = ledger.get_job(job_id)
+    if rank is not None and node is not None:
+        raise SpecError("give --rank or --node, not both")
+    if rank is not None and not 0 <= rank < job.nodes * job.gpus_per_node:
+        raise SpecError(f"--rank must be between 0 and {job.nodes * job.gpus_per_node - 1}")
+    node_index = node if node is not None else (rank or 0) // job.gpus_per_node
+    local_rank = None if node is not None else (rank or 0) % job.gpus_per_node
+    path = settings.job_dir(job.id) / "logs" / f"node-{node_index}.log"
+    printed = 0
+    while True:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        lines = rank_lines(text, local_rank)
+        for line in lines[printed:]:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        printed = len(lines)
+        if not follow or JobState(ledger.get_job(job.id).state).is_final:
+            break
+        time.sleep(1.0)
+    if not text:
+        Console(stderr=True).print(
+            f"no log of node {node_index} yet (logs of nodes other than 0 arrive when the job ends)"
+        )
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
+    """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
+    from orchestrator.reconcile import controller_alive, end_nodes
+
+    settings = load_settings()
+    ledger = _ledger(settings)
+    job = ledger.get_job(job_id)
+    console = Console()
+    if JobState(job.state).is_final:
+        console.print(f"job {job_id} already ended: {job.state}")
+        return
+    if controller_alive(job.controller) and job.controller:
+        pid = int(job.controller.rpartition(":")[2])
+        os.kill(pid, signal.SIGTERM)
+        console.print(f"cancelling {job_id}: waiting for its controller to shut the nodes down")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if JobState(ledger.get_job(job_id).state).is_final:
+                console.print(f"job {job_id}: {ledger.get_job(job_id).state}")
+                return
+            time.sleep(0.5)
+        raise OrchError(
+            f"job {job_id} did not stop within 300 s", hint="run `orch reconcile` to force it"
+        )
+    provider = get_provider(job.provider, settings)
+    ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
+    if ids:
+        end_nodes(ledger, provider, job_id, ids)
+    ledger.update_job(job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled")
+    ledger.add_event(job_id, "CANCELLED", "cancelled with no live controller")
+    console.print(f"job {job_id}: CANCELLED ({len(ids)} node(s) terminated)")
+
+
+@app.command()
+def cost(
+    job_id: Annotated[str | None, typer.Option("--job", help="only this job")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """What jobs cost: node-seconds x the price recorded at launch."""
+    from orchestrator.console import cost_table
+    from orchestrator.views import cost_document
+
+    document = cost_document(_ledger(load_settings()), job_id)
+    if json_out:
+        _print_json(document)
+    else:
+        Console().print(cost_table(document))
+
+
+@app.command()
+def down(
+    cluster: Annotated[str | None, typer.Argument(help="cluster (job id) to shut down")] = None,
+    all_clusters: Annotated[bool, typer.Option("--all", help="every cluster orch runs")] = False,
+) -> None:
+    """Terminate a cluster's nodes now (or all of them), whatever their job is doing."""
+    from orchestrator.reconcile import controller_alive, end_nodes
+
+    if (cluster is None) == (not all_clusters):
+        raise SpecError("give a cluster name or --all (not both)")
+    settings = load_settings()
+    ledger = _ledger(settings)
+    provider = get_provider("local", settings)
+    owned = provider.list_owned()
+    chosen = [i for i in owned if all_clusters or i.cluster == cluster]
+    if cluster is not None and not chosen:
+        raise SpecError(f"no running cluster {cluster!r}", hint="`orch status` lists jobs")
+    by_job: dict[str, list[str]] = {}
+    for instance in chosen:
+        by_job.setdefault(instance.job_id, []).append(instance.instance_id)
+    for job_id, ids in by_job.items():
+        end_nodes(ledger, provider, job_id, ids)
+        job = next((j for j in ledger.jobs() if j.id == job_id), None)
+        if job and not JobState(job.state).is_final and not controller_alive(job.controller):
+            ledger.update_job(job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down")
+        Console().print(f"{job_id}: terminated {len(ids)} node(s)")
+    if not by_job:
+        Console().print("nothing to shut down")
+
+
+@app.command()
+def reconcile(json_out: JsonFlag = False) -> None:
+    """End nodes that no live job owns and mark jobs whose controller died as FAILED."""
+    from orchestrator.reconcile import reconcile as run_reconcile
+
+    settings = load_settings()
+    report = run_reconcile(_ledger(settings), [get_provider("local", settings)])
+    if json_out:
+        _print_json({"terminated": report.terminated, "orphaned_jobs": report.orphaned_jobs})
+        return
+    console = Console()
+    for job_id, ids in report.terminated.items():
+        console.print(f"{job_id}: terminated {len(ids)} node(s) no live job owns")
+    for job_id in report.orphaned_jobs:
+        console.print(f"{job_id}: controller gone, marked FAILED")
+    if not report.terminated and not report.orphaned_jobs:
+        console.print("nothing to reconcile: every node belongs to a live job")
+
+
+def main() -> None:
+    """Console-script entry: run the app and turn OrchErrors into messages and exit codes."""
+    try:
+        app()
+    except OrchError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Human output: a live progress line for a running job, tables for read commands."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.progress import Metrics
+
+
+class RichReporter:
+    """Shows the job's phase and rank 0's step/loss/img/s on one live line; log lines above it.
+
+    Use as a context manager; on a terminal that is not interactive rich prints plain lines.
+    """
+
+    def __init__(self, console: Console, job_id: str) -> None:
+        self.console = console
+        self.job_id = job_id
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[job]}[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task = self._progress.add_task("submitted", job=job_id, total=None)
+        self._phase = "submitted"
+
+    def __enter__(self) -> RichReporter:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def phase(self, text: str) -> None:
+        self._phase = text
+        self._progress.update(self._task, description=text)
+        self._progress.console.print(f"[cyan]orch[/] {self.job_id}: {text}")
+
+    def metrics(self, metrics: Metrics) -> None:
+        parts = [f"step {metrics.step}"]
+        if metrics.epoch is not None:
+            parts.append(f"epoch {metrics.epoch:g}")
+        if metrics.loss is not None:
+            parts.append(f"loss {metrics.loss:.4f}")
+        if metrics.img_s is not None:
+            parts.append(f"{metrics.img_s:,.0f} img/s")
+        text = "running | " + " | ".join(parts)
+        self._progress.update(self._task, description=text)
+        if not self.console.is_terminal:
+            self.console.print(text, highlight=False)
+
+    def line(self, text: str) -> None:
+        self._progress.console.print(Text(text, style="dim"), highlight=False)
+
+
+def jobs_table(rows: list[dict]) -> Table:
+    table = Table(title="jobs")
+    for column in ("id", "state", "provider", "nodes", "step", "spend", "created"):
+        table.add_column(
+            column, justify="right" if column in ("nodes", "step", "spend") else "left"
+        )
+    for row in rows:
+        table.add_row(
+            row["id"],
+            row["state"],
+            row["provider"],
+            f"{row['nodes']}x{row['gpus_per_node']}",
+            "" if row["step"] is None else str(row["step"]),
+            f"${row['spend_usd']:.4f}",
+            (row["created_at"] or "")[:19].replace("T", " "),
+        )
+    return table
+
+
+def job_detail(doc: dict) -> list[object]:
+    """Renderables describing one job: summary, leases, checkpoints, recent events."""
+    summary = Table.grid(padding=(0, 2))
+    for key in ("id", "state", "provider", "step", "created_at", "ended_at", "exit_code", "reason"):
+        if doc.get(key) is not None:
+            summary.add_row(f"[bold]{key}[/]", str(doc[key]))
+    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f}")
+    leases = Table(title="leases")
+    for column in ("rank", "instance", "market", "type", "$/h", "launched", "ended", "cost"):
+        leases.add_column(column)
+    for lease in doc.get("leases", []):
+        leases.add_row(
+            str(lease["rank"]),
+            lease["instance_id"],
+            lease["market"],
+            lease["instance_type"],
+            f"{lease['price_per_hour']:g}",
+            lease["launched_at"][11:19],
+            (lease["ended_at"] or "running")[11:19] if lease["ended_at"] else "running",
+            f"${lease['cost_usd']:.4f}",
+        )
+    checkpoints = Table(title="checkpoints")
+    for column in ("name", "step", "bytes", "path"):
+        checkpoints.add_column(column)
+    for item in doc["checkpoints"]:
+        checkpoints.add_row(item["name"], str(item["step"]), str(item["size_bytes"]), item["path"])
+    events = Table(title="events")
+    for column in ("at", "kind", "step", "message"):
+        events.add_column(column)
+    for item in doc.get("events", [])[-15:]:
+        events.add_row(
+            item["at"][11:19],
+            item["kind"],
+            "" if item["step"] is None else str(item["step"]),
+            item["message"].splitlines()[0] if item["message"] else "",
+        )
+    return [summary, leases, checkpoints, events]
+
+
+def cost_table(doc: dict) -> Table:
+    table = Table(title="spend")
+    for column in ("job", "state", "provider", "leases", "node-hours", "spend"):
+        table.add_column(
+            column, justify="right" if column in ("leases", "node-hours", "spend") else "left"
+        )
+    for row in doc["jobs"]:
+        table.add_row(
+            row["id"],
+            row["state"],
+            row["provider"],
+            str(row["leases"]),
+            f"{row['node_hours']:.4f}",
+            f"${row['spend_usd']:.4f}",
+        )
+    table.add_section()
+    table.add_row("total", "", "", "", "", f"${doc['total_usd']:.4f}")
+    return table

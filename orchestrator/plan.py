@@ -1,0 +1,60 @@
+"""Pure: what a submit would launch and what it may cost (`orch submit --dry-run`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from orchestrator.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    provider: str
+    nodes: int
+    gpus_per_node: int
+    market: str  # spot | on-demand
+    instance_type: str
+    price_per_node_hour: Decimal  # USD
+    max_runtime_s: float | None
+    max_cost_usd: Decimal | None
+
+    @property
+    def hourly_usd(self) -> Decimal:
+        return self.price_per_node_hour * self.nodes
+
+    @property
+    def cost_at_max_runtime(self) -> Decimal | None:
+        if self.max_runtime_s is None:
+            return None
+        return self.hourly_usd * Decimal(str(self.max_runtime_s)) / Decimal(3600)
+
+    def as_dict(self) -> dict:
+        cost = self.cost_at_max_runtime
+        return {
+            "provider": self.provider,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "market": self.market,
+            "instance_type": self.instance_type,
+            "price_per_node_hour": float(self.price_per_node_hour),
+            "hourly_usd": float(self.hourly_usd),
+            "max_runtime_s": self.max_runtime_s,
+            "cost_at_max_runtime_usd": None if cost is None else float(cost),
+            "max_cost_usd": None if self.max_cost_usd is None else float(self.max_cost_usd),
+        }
+
+
+def local_plan(spec: JobSpec, price_per_hour: Decimal) -> LaunchPlan:
+    """The local provider has one offer: its configured price per node-hour."""
+    resources = spec.resources
+    return LaunchPlan(
+        provider="local",
+        nodes=resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+        market="spot" if resources.spot is True else "on-demand",
+        instance_type=f"local-{resources.gpus_per_node}x",
+        price_per_node_hour=price_per_hour,
+        max_runtime_s=spec.budget.max_runtime,
+        max_cost_usd=spec.budget.max_cost_usd,
+    )

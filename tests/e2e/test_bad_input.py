@@ -1,0 +1,43 @@
+"""Bad input is refused with exit 2 and a clear message, before anything is provisioned."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import orch_env, processes_with_marker, run_orch
+
+GOOD = "name: ok\nworkdir: work\nrun: python train.py\nresources: {nodes: 1, gpus_per_node: 1}\n"
+
+CASES = {
+    "yaml syntax": ("name: ok\nworkdir: work\nrun: [unclosed\n", [], ["line 3"]),
+    "unknown field": (GOOD + "resources2: 1\n", [], ["resources2", "line 5"]),
+    "nodes 0": (GOOD, ["--nodes", "0"], ["--nodes", ">= 1"]),
+    "gpus -1": (GOOD, ["--gpus", "-1"], ["--gpus"]),
+    "missing workdir": ("name: ok\nrun: python train.py\n", [], ["workdir"]),
+    "workdir not there": (GOOD.replace("work\n", "nowhere\n"), [], ["workdir", "line 2"]),
+    "empty run": ("name: ok\nworkdir: work\nrun: '  '\n", [], ["run", "line 3"]),
+    "unknown provider": (GOOD, ["--provider", "mars"], ["mars"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_exit_2_nothing_provisioned(tmp_path: Path, case: str) -> None:
+    body, flags, expected = CASES[case]
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(body)
+    home = tmp_path / "orch"
+    result = run_orch(["submit", str(spec), *flags], orch_env(home), timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    for fragment in expected:
+        assert fragment in output, output
+    assert not (home / "local" / "nodes").exists() or not any((home / "local/nodes").iterdir())
+    assert processes_with_marker(str(home)) == []
+    if (home / "orch.db").exists():
+        with sqlite3.connect(home / "orch.db") as db:
+            assert db.execute("select count(*) from lease").fetchone() == (0,)

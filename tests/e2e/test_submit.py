@@ -1,0 +1,176 @@
+"""`orch submit` end to end: real sshd nodes, rsync, torchrun (gloo on CPU), SQLite."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ORCH, REPO, assert_nothing_left, job_json, orch_env, run_orch
+
+pytestmark = pytest.mark.e2e
+
+PRICE = "0.36"
+
+
+def submitted_job_id(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("job ") and " submitted" in line:
+            return line.split()[1]
+    raise AssertionError(f"no job id in output:\n{output}")
+
+
+@pytest.mark.parametrize("network", ["namespace", "loopback"])
+def test_demo_job_round_trip(tmp_path: Path, network: str) -> None:
+    env = orch_env(tmp_path / "orch", ORCH_LOCAL_PRICE_PER_HOUR=PRICE, ORCH_LOCAL_NETWORK=network)
+    result = run_orch(
+        ["submit", "templates/demo-ddp.yaml", "--nodes", "2", "--gpus", "2"], env, timeout=400
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job_id = submitted_job_id(output)
+    assert "step" in output and "loss" in output  # rank 0's progress reached the screen
+
+    job = job_json(job_id, env)
+    assert job["state"] == "SUCCEEDED"
+    assert len(job["leases"]) == 2 and all(lease["ended_at"] for lease in job["leases"])
+    assert all(lease["price_per_hour"] == float(PRICE) for lease in job["leases"])
+    assert job["spend_usd"] > 0
+
+    # All four ranks ran in one world of four.
+    logs = tmp_path / "orch" / "jobs" / job_id / "logs"
+    text = (logs / "node-0.log").read_text() + (logs / "node-1.log").read_text()
+    for rank in range(4):
+        assert f"trainer rank={rank} world_size=4" in text, text[-3000:]
+
+    # The pulled checkpoint is complete, loads, and holds the final step.
+    from trainer.checkpoint import find_latest, load_state
+
+    latest = find_latest(tmp_path / "orch" / "jobs" / job_id / "checkpoints")
+    assert latest is not None
+    state = load_state(latest)
+    assert state["progress"]["step"] == job["step"] and job["step"] > 0
+    assert job["checkpoints"] and job["checkpoints"][-1]["step"] == job["step"]
+
+    assert_nothing_left(job)
+
+    cost = run_orch(["cost", "--job", job_id, "--json"], env)
+    assert cost.returncode == 0
+    assert json.loads(cost.stdout)["total_usd"] == pytest.approx(job["spend_usd"], rel=1e-6)
+
+
+def write_job(tmp_path: Path, body: str) -> Path:
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    path = tmp_path / "job.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_failing_run_command_fails_the_job_and_shows_the_tail(tmp_path: Path) -> None:
+    spec = write_job(
+        tmp_path,
+        "name: fails\nworkdir: work\n"
+        "run: echo about to fail with a clear reason; exit 3\n"
+        "resources: {nodes: 2, gpus_per_node: 1}\n",
+    )
+    env = orch_env(tmp_path / "orch")
+    result = run_orch(["submit", str(spec)], env, timeout=200)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "about to fail with a clear reason" in output  # the node's log tail
+    job = job_json(submitted_job_id(output), env)
+    assert job["state"] == "FAILED"
+    assert_nothing_left(job)
+
+
+def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
+    # Loopback nodes share this host's ports, so holding 29500 here takes it from node 0.
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("0.0.0.0", 29500))
+    holder.listen()
+    try:
+        spec = write_job(
+            tmp_path,
+            "name: port\nworkdir: work\n"
+            "run: python -c \"import os; print('port', os.environ['MASTER_PORT'])\"\n"
+            "resources: {nodes: 2, gpus_per_node: 1}\n",
+        )
+        env = orch_env(tmp_path / "orch", ORCH_LOCAL_NETWORK="loopback")
+        result = run_orch(["submit", str(spec)], env, timeout=200)
+    finally:
+        holder.close()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job = job_json(submitted_job_id(output), env)
+    running = next(e for e in job["events"] if e["kind"] == "RUNNING")
+    port = int(running["message"].rsplit(":", 1)[1])
+    assert port != 29500
+    log = (tmp_path / "orch" / "jobs" / job["id"] / "logs" / "node-0.log").read_text()
+    assert f"port {port}" in log
+
+
+class Background:
+    """A foreground `orch submit` run in the background, its output collected by a thread."""
+
+    def __init__(self, spec: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [*ORCH, "submit", str(spec)], env=env, cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.proc.kill()
+                raise AssertionError(f"{text!r} never appeared:\n{self.output}")
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+
+@pytest.mark.parametrize("how", ["sigint", "orch-cancel"])
+def test_cancel_while_running_shuts_everything_down(tmp_path: Path, how: str) -> None:
+    spec = write_job(
+        tmp_path,
+        "name: cancel-me\nworkdir: work\n"
+        "run: python -c \"import time; print('started', flush=True); time.sleep(600)\"\n"
+        "resources: {nodes: 2, gpus_per_node: 1}\n",
+    )
+    env = orch_env(tmp_path / "orch")
+    submit = Background(spec, env)
+    submit.wait_for("started")  # rank 0's output, streamed live
+    job_id = submitted_job_id(submit.output)
+    if how == "sigint":
+        submit.proc.send_signal(signal.SIGINT)
+    else:
+        result = run_orch(["cancel", job_id], env, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "CANCELLED" in result.stdout
+    assert submit.finish() == 130, submit.output
+    job = job_json(job_id, env)
+    assert job["state"] == "CANCELLED"
+    assert_nothing_left(job)

@@ -1,0 +1,70 @@
+"""Shared helpers of the integration and e2e tests: run the real `orch`, inspect the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ORCH = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def orch_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update({"ORCH_HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "160"})
+    env.update(extra)
+    return env
+
+
+def run_orch(
+    args: Iterable[str], env: dict[str, str], *, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ORCH, *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def job_json(job_id: str, env: dict[str, str]) -> dict:
+    result = run_orch(["status", job_id, "--json"], env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """Pids whose environment or command line mentions `marker` (e.g. a node's instance id)."""
+    found = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def network_namespaces() -> set[str]:
+    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
+
+
+def assert_nothing_left(job: dict) -> None:
+    """No process, namespace or open lease of the job's nodes remains."""
+    for lease in job["leases"]:
+        instance = lease["instance_id"]
+        assert lease["ended_at"] is not None, f"lease of {instance} still open"
+        assert processes_with_marker(instance) == [], f"processes of {instance} remain"
+        assert not any(instance in ns for ns in network_namespaces()), f"netns of {instance}"
