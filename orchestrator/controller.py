@@ -267,16 +267,7 @@ class JobRunner:
             user_env=dict(self.spec.env),
         )
 
-        def start(rank: int, connection: NodeConnection) -> str:
-            node = launch.NodeLaunch(rank, self.instances[rank].interface)
-            script = launch.launch_script(cluster_launch, node)
-            connection.run(
-                launch.write_file_command(f"{self.layout.run_dir}/launch.sh", "0755"),
-                stdin=script,
-            )
-            return connection.run(launch.start_command(self.layout)).stdout.strip()
-
-        pids = self.cluster.map(start)
+        pids = start_on_nodes(self.cluster, cluster_launch)
         self._started = True
         self._set_state(
             JobState.RUNNING,
@@ -499,6 +490,24 @@ class JobRunner:
         self.ledger.close_leases(ids, ended_at)
         self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)")
         return ended_at
+
+
+def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> list[str]:
+    """Write each node's launch script and start it detached; returns the pids, by rank.
+
+    Refuses (RemoteError) to start a node whose run was already started.
+    """
+    layout = cluster_launch.layout
+
+    def start(rank: int, connection: NodeConnection) -> str:
+        node = launch.NodeLaunch(rank, cluster.instances[rank].interface)
+        script = launch.launch_script(cluster_launch, node)
+        connection.run(
+            launch.write_file_command(f"{layout.run_dir}/launch.sh", "0755"), stdin=script
+        )
+        return connection.run(launch.start_command(layout)).stdout.strip()
+
+    return cluster.map(start)
 
 
 def controller_identity() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -174,3 +175,40 @@ def test_cancel_while_running_shuts_everything_down(tmp_path: Path, how: str) ->
     job = job_json(job_id, env)
     assert job["state"] == "CANCELLED"
     assert_nothing_left(job)
+
+
+def test_data_env_and_ignores_reach_every_node(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sample.txt").write_text("payload-42\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".gitignore").write_text("*.log\n")
+    (work / "big.log").write_text("not synced")
+    (work / "check.sh").write_text(
+        'test -f "$HOME/data/sample.txt" || exit 11\n'
+        "test ! -e big.log || exit 12\n"
+        'echo "node=$ORCH_NODE_RANK of $ORCH_NUM_NODES ips=$ORCH_NODE_IPS '
+        'master=$ORCH_MASTER_ADDR:$ORCH_MASTER_PORT ckpt=$ORCH_CHECKPOINT_DIR"\n'
+        'printf "odd=%s\\n" "$ODD"\n'
+        'cat "$HOME/data/sample.txt"\n'
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: data\nworkdir: work\ndata: [{src: data, dst: ~/data}]\n"
+        "run: bash check.sh\n"
+        'env: {ODD: "it\'s $HOME; `x` \\"q\\""}\n'
+        "resources: {nodes: 2, gpus_per_node: 1}\ncheckpoint: {dir: ~/ckpt}\n"
+    )
+    env = orch_env(tmp_path / "orch")
+    result = run_orch(["submit", str(spec)], env, timeout=200)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job = job_json(submitted_job_id(output), env)
+    logs = tmp_path / "orch" / "jobs" / job["id"] / "logs"
+    for node in (0, 1):
+        text = (logs / f"node-{node}.log").read_text()
+        assert "payload-42" in text
+        assert f"node={node} of 2 ips=" in text
+        assert re.search(r"ckpt=/\S*/ckpt$", text, re.MULTILINE)  # ~/ckpt, made absolute
+        assert 'odd=it\'s $HOME; `x` "q"' in text
