@@ -49,8 +49,8 @@ class Metrics:
     img_s: float | None = None
 
 
-def parse_metrics(text: str) -> Metrics | None:
-    """The metrics in a rank-0 line, or None when the line is not a progress report."""
+def _json_object(text: str) -> dict | None:
+    """The JSON object a log line holds, or None (cheap reject of non-JSON lines first)."""
     text = text.strip()
     if not text.startswith("{"):
         return None
@@ -58,8 +58,14 @@ def parse_metrics(text: str) -> Metrics | None:
         data = json.loads(text)
     except ValueError:
         return None
+    return data if isinstance(data, dict) else None
+
+
+def parse_metrics(text: str) -> Metrics | None:
+    """The metrics in a rank-0 line, or None when the line is not a progress report."""
+    data = _json_object(text)
     # Event lines are not progress, except the final `{"event": "done", "step": N}`.
-    if not isinstance(data, dict) or data.get("event", "done") != "done":
+    if data is None or data.get("event", "done") != "done":
         return None
     step = data.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
@@ -85,14 +91,8 @@ def rank_lines(log_text: str, rank: int | None) -> list[str]:
 
 def describe_event(text: str) -> str | None:
     """A readable line for a trainer event (`{"event": "checkpoint", "step": 12, ...}`)."""
-    text = text.strip()
-    if not text.startswith("{"):
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+    data = _json_object(text)
+    if data is None or not isinstance(data.get("event"), str):
         return None
     details = ", ".join(f"{k} {v}" for k, v in data.items() if k != "event")
     return f"rank 0: {data['event']}" + (f" ({details})" if details else "")
