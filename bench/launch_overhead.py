@@ -91,11 +91,9 @@ def baseline_launch(nodes: Nodes, tmp: Path, rep: int) -> float:
     cluster = nodes.cluster
     workdir = f"by-hand-{rep}"
     for address in cluster.addresses:
-        subprocess.run(
-            ["rsync", "-a", "-e", shlex.join(ssh_transport_argv(address, cluster.identity, 10)),
-             f"{WORKDIR}/", f"{address.user}@{address.host}:{workdir}/"],
-            check=True,
-        )  # fmt: skip
+        transport = shlex.join(ssh_transport_argv(address, cluster.identity, 10, multiplex=False))
+        target = f"{address.user}@{address.host}:{workdir}/"
+        subprocess.run(["rsync", "-a", "-e", transport, f"{WORKDIR}/", target], check=True)
     master = cluster.instances[0].private_ip
     outputs = [tmp / f"out-{rep}-{rank}" for rank in range(len(cluster.addresses))]
     start = time.perf_counter()
@@ -104,10 +102,11 @@ def baseline_launch(nodes: Nodes, tmp: Path, rep: int) -> float:
         remote = (
             f"cd {workdir} && GLOO_SOCKET_IFNAME={cluster.instances[rank].interface} "
             f"torchrun --nnodes=2 --nproc_per_node={PROCS} --node_rank={rank} "
-            f"--master_addr={master} --master_port={29600 + rep} python probe.py"
+            f"--master_addr={master} --master_port={29600 + rep} probe.py"
         )
         target = f"{address.user}@{address.host}"
-        argv = [*ssh_transport_argv(address, cluster.identity, 10), target, remote]
+        transport = ssh_transport_argv(address, cluster.identity, 10, multiplex=False)
+        argv = [*transport, target, remote]
         procs.append(subprocess.Popen(argv, stdout=out.open("w"), stderr=subprocess.STDOUT))
 
     def started() -> bool:

@@ -7,6 +7,7 @@ Both go over ssh to the same local nodes. "first" is a sync into an empty direct
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def make_tree(root: Path, files: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp, local_nodes(2) as nodes:
@@ -43,7 +44,7 @@ def main() -> int:
         make_tree(tree, args.files)
         cluster = nodes.cluster
         head = cluster.addresses[0]
-        raw_transport = shlex.join(ssh_transport_argv(head, cluster.identity, 10))
+        raw_transport = shlex.join(ssh_transport_argv(head, cluster.identity, 10, multiplex=False))
 
         def raw_rsync() -> None:
             subprocess.run(
@@ -59,18 +60,25 @@ def main() -> int:
                 ]
             )
 
-        def wipe() -> None:
-            for connection in cluster.connections:
-                connection.run("rm -rf raw orch")
-
-        first_raw, first_orch, incr_raw, incr_orch = [], [], [], []
+        # Each contender syncs into its own directory; before a first sync only that directory
+        # is emptied and the disk flushed, so no run pays for another's deletes or writeback.
+        contenders = {"raw": raw_rsync, "orch": orch_sync}
+        first: dict[str, list[float]] = {name: [] for name in contenders}
+        incremental: dict[str, list[float]] = {name: [] for name in contenders}
         for i in range(args.repeats):
-            wipe()
-            first_raw.append(timed(raw_rsync))
-            first_orch.append(timed(orch_sync))
+            # Alternate which goes first, so neither always meets a cold page cache.
+            order = list(contenders) if i % 2 == 0 else list(reversed(contenders))
+            for name in order:
+                for connection in cluster.connections:
+                    connection.run(f"rm -rf {name}")
+                os.sync()
+                first[name].append(timed(contenders[name]))
             (tree / "pkg00" / "sub0" / "module_0000.py").write_text(f"# changed {i}\n")
-            incr_raw.append(timed(raw_rsync))
-            incr_orch.append(timed(orch_sync))
+            os.sync()
+            for name in order:
+                incremental[name].append(timed(contenders[name]))
+        first_raw, first_orch = first["raw"], first["orch"]
+        incr_raw, incr_orch = incremental["raw"], incremental["orch"]
         ok = report(
             f"sync of {args.files} files: orch to 2 nodes vs raw rsync to 1 node",
             [

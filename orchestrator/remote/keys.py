@@ -6,7 +6,9 @@ ssh-keygen), so the private key never appears in any process's arguments.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,7 @@ class Identity:
     private_key: Path
     public_key: str  # OpenSSH public key line
     known_hosts: Path
+    control_dir: Path  # where ssh keeps this cluster's multiplexing sockets (0700)
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -65,7 +68,23 @@ def ensure_identity(directory: Path, comment: str) -> Identity:
         public_path.write_text(f"{public_bytes.decode()} {comment}\n")
     known_hosts = directory / "known_hosts"
     known_hosts.touch(mode=0o600, exist_ok=True)
-    return Identity(private_path, public_path.read_text().strip(), known_hosts)
+    return Identity(
+        private_path, public_path.read_text().strip(), known_hosts, _control_dir(directory)
+    )
+
+
+def _control_dir(directory: Path) -> Path:
+    """A short per-cluster directory for ssh control sockets.
+
+    Unix socket paths are limited to ~100 bytes, too few under a deep ORCH_HOME, so the
+    sockets live under the temp dir, in a folder named by a hash of the cluster's key dir.
+    """
+    digest = hashlib.sha256(str(directory.absolute()).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"orch-ssh-{os.getuid()}" / digest
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    os.chmod(path, 0o700)
+    return path
 
 
 def known_hosts_text(hosts: list[HostAddress]) -> str:

@@ -110,3 +110,7 @@ def test_workdir_sync_honours_ignore_files_on_every_node(cluster: Cluster, tmp_p
     for connection in cluster.connections:
         files = connection.run("cd synced && find . -type f | sort").stdout.split()
         assert files == ["./.gitignore", "./.orchignore", "./pkg/.gitignore", "./pkg/new.py"]
+    # Transfers to a node share one multiplexed ssh connection (a socket per node).
+    sockets = list(cluster.identity.control_dir.iterdir())
+    assert len(sockets) == len(cluster.addresses)
+    assert cluster.identity.control_dir.stat().st_mode & 0o777 == 0o700
