@@ -33,6 +33,9 @@ app = typer.Typer(
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 
+# A person watches a foreground job: its log and progress are polled every second.
+FOREGROUND_WATCH_INTERVAL = 1.0
+
 
 def _ledger(settings: Settings) -> Ledger:
     return Ledger(make_engine(settings.db_path))
@@ -62,12 +65,26 @@ def submit(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="show the plan, launch nothing")
     ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="hand the job to a background controller")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down."""
-    from orchestrator.controller import JobRunner, register_job
+    """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
+
+    In the foreground this process is the job's controller (Ctrl-C cancels the job); with
+    --detach a background controller drives it and the job id is printed on the last line.
+    """
+    from orchestrator.controller import JobRunner, RunnerOptions
     from orchestrator.plan import local_plan
     from orchestrator.spec import load_job
+    from orchestrator.supervision import (
+        ControllerLock,
+        new_job_id,
+        register_job,
+        spawn_controller,
+        wait_for_controller,
+    )
     from orchestrator.views import job_document
 
     settings = load_settings()
@@ -92,8 +109,31 @@ def submit(
                 f"(${plan.hourly_usd}/h in all)"
             )
         return
+    plan = local_plan(loaded.spec, settings.local.price_per_hour)
+    max_hourly = loaded.spec.budget.max_hourly_usd
+    if max_hourly is not None and plan.hourly_usd > max_hourly:
+        raise SpecError(
+            f"the plan costs ${plan.hourly_usd}/h, above budget.max_hourly_usd ${max_hourly}/h",
+            hint="use fewer or cheaper nodes, or raise budget.max_hourly_usd",
+        )
     ledger = _ledger(settings)
-    job = register_job(ledger, loaded, chosen.name)
+    job_id = new_job_id(loaded.spec.name)
+    if detach:
+        register_job(settings, ledger, loaded, chosen.name, job_id)
+        wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
+        if json_out:
+            _print_json(job_document(ledger, settings, ledger.get_job(job_id), detail=False))
+        else:
+            Console(stderr=True).print(
+                f"job {job_id} submitted; follow it with `orch status {job_id}` or "
+                f"`orch logs {job_id} -f`, stop it with `orch cancel {job_id}`",
+                highlight=False,
+            )
+            sys.stdout.write(f"{job_id}\n")
+        return
+    lock = ControllerLock(settings, job_id)
+    lock.acquire()  # a new id: nobody else can hold it
+    job = register_job(settings, ledger, loaded, chosen.name, job_id)
     console = Console(stderr=json_out)
     console.print(f"job [bold]{job.id}[/] submitted ({loaded.source.name})")
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and `orch cancel`, Ctrl-C
@@ -102,10 +142,20 @@ def submit(
     signal.signal(signal.SIGINT, _raise_interrupt)
     from orchestrator.console import RichReporter
 
-    with RichReporter(console, job.id) as reporter:
-        outcome = JobRunner(
-            job, loaded, settings=settings, ledger=ledger, provider=chosen, reporter=reporter
-        ).run()
+    options = RunnerOptions(
+        **{
+            **settings.controller.runner_options(),
+            "watch_interval": min(settings.controller.watch_interval, FOREGROUND_WATCH_INTERVAL),
+        }
+    )
+    try:
+        with RichReporter(console, job.id) as reporter:
+            outcome = JobRunner(
+                job, loaded, settings=settings, ledger=ledger, provider=chosen,
+                reporter=reporter, options=options,
+            ).run()  # fmt: skip
+    finally:
+        lock.release()
     document = job_document(ledger, settings, ledger.get_job(job.id), detail=json_out)
     if json_out:
         _print_json(document)
@@ -190,7 +240,8 @@ def logs(
 @app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
-    from orchestrator.reconcile import controller_alive, end_nodes
+    from orchestrator.reconcile import end_nodes
+    from orchestrator.supervision import controller_pid, controller_running
 
     settings = load_settings()
     ledger = _ledger(settings)
@@ -199,18 +250,19 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     if JobState(job.state).is_final:
         console.print(f"job {job_id} already ended: {job.state}")
         return
-    if controller_alive(job.controller) and job.controller:
-        pid = int(job.controller.rpartition(":")[2])
+    pid = controller_pid(settings, job_id)
+    if controller_running(settings, job_id) and pid is not None:
         os.kill(pid, signal.SIGTERM)
-        console.print(f"cancelling {job_id}: waiting for its controller to shut the nodes down")
-        deadline = time.monotonic() + 300
+        console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if JobState(ledger.get_job(job_id).state).is_final:
-                console.print(f"job {job_id}: {ledger.get_job(job_id).state}")
+            state = JobState(ledger.get_job(job_id).state)
+            if state.is_final:
+                console.print(f"job {job_id}: {state.value}")
                 return
             time.sleep(0.5)
         raise OrchError(
-            f"job {job_id} did not stop within 300 s", hint="run `orch reconcile` to force it"
+            f"job {job_id} did not stop within 600 s", hint="`orch down` ends its nodes at once"
         )
     provider = get_provider(job.provider, settings)
     ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
@@ -243,7 +295,8 @@ def down(
     all_clusters: Annotated[bool, typer.Option("--all", help="every cluster orch runs")] = False,
 ) -> None:
     """Terminate a cluster's nodes now (or all of them), whatever their job is doing."""
-    from orchestrator.reconcile import controller_alive, end_nodes
+    from orchestrator.reconcile import end_nodes
+    from orchestrator.supervision import controller_running
 
     if (cluster is None) == (not all_clusters):
         raise SpecError("give a cluster name or --all (not both)")
@@ -260,7 +313,7 @@ def down(
     for job_id, ids in by_job.items():
         end_nodes(ledger, provider, job_id, ids)
         job = next((j for j in ledger.jobs() if j.id == job_id), None)
-        if job and not JobState(job.state).is_final and not controller_alive(job.controller):
+        if job and not JobState(job.state).is_final and not controller_running(settings, job_id):
             ledger.update_job(job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down")
         Console().print(f"{job_id}: terminated {len(ids)} node(s)")
     if not by_job:
@@ -269,21 +322,36 @@ def down(
 
 @app.command()
 def reconcile(json_out: JsonFlag = False) -> None:
-    """End nodes that no live job owns and mark jobs whose controller died as FAILED."""
+    """Give unfinished jobs whose controller died a new one; end nodes no live job owns."""
     from orchestrator.reconcile import reconcile as run_reconcile
 
     settings = load_settings()
-    report = run_reconcile(_ledger(settings), [get_provider("local", settings)])
+    report = run_reconcile(settings, _ledger(settings), [get_provider("local", settings)])
     if json_out:
-        _print_json({"terminated": report.terminated, "orphaned_jobs": report.orphaned_jobs})
+        _print_json({"terminated": report.terminated, "revived": report.revived})
         return
     console = Console()
     for job_id, ids in report.terminated.items():
         console.print(f"{job_id}: terminated {len(ids)} node(s) no live job owns")
-    for job_id in report.orphaned_jobs:
-        console.print(f"{job_id}: controller gone, marked FAILED")
-    if not report.terminated and not report.orphaned_jobs:
-        console.print("nothing to reconcile: every node belongs to a live job")
+    for job_id in report.revived:
+        console.print(f"{job_id}: its controller was gone; a new one adopted the job")
+    if not report.terminated and not report.revived:
+        console.print("nothing to reconcile: every node belongs to a job with a live controller")
+
+
+@app.callback()
+def _revive_lost_controllers(context: typer.Context) -> None:
+    """Before any command: an unfinished job whose controller died gets a new one."""
+    if context.invoked_subcommand == "reconcile":
+        return  # it revives, and reports what it did
+    from orchestrator.supervision import revive_controllers
+
+    settings = load_settings()
+    if settings.db_path.exists():
+        for job_id in revive_controllers(settings, _ledger(settings)):
+            Console(stderr=True).print(
+                f"orch: the controller of {job_id} was gone; a new one adopted the job"
+            )
 
 
 def main() -> None:

@@ -37,6 +37,28 @@ class LocalSettings(BaseModel):
     bridge: str = "orchbr0"
 
 
+class ControllerSettings(BaseModel):
+    """Timing of the controller's periodic work (seconds) and its idleness thresholds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    watch_interval: float = Field(default=5.0, gt=0)  # liveness, logs, GPU readings
+    budget_interval: float = Field(default=10.0, gt=0)  # spend against the caps
+    stop_allowance: float = Field(default=15.0, ge=0)  # how long a budget stop may take
+    stop_grace: float = Field(default=60.0, ge=0)  # trainers' time to checkpoint on SIGTERM
+    idle_util_pct: float = Field(default=5.0, ge=0, le=100)  # GPU busy threshold
+    idle_cpu_pct: float = Field(default=10.0, ge=0)  # CPU fallback: % of one core, per node
+    gpu_sample_every: float = Field(default=30.0, gt=0)  # ledger keeps one sample per window
+
+    def runner_options(self) -> dict[str, float]:
+        return {
+            "watch_interval": self.watch_interval,
+            "budget_interval": self.budget_interval,
+            "stop_allowance": self.stop_allowance,
+            "stop_grace": self.stop_grace,
+        }
+
+
 class Settings(BaseModel):
     """Everything orch reads about its environment; built once per command and passed down."""
 
@@ -44,6 +66,7 @@ class Settings(BaseModel):
 
     home: Path
     local: LocalSettings = LocalSettings()
+    controller: ControllerSettings = ControllerSettings()
 
     @property
     def db_path(self) -> Path:
@@ -60,6 +83,9 @@ _ENV_OVERRIDES = {
     "ORCH_LOCAL_PRICE_PER_HOUR": ("local", "price_per_hour"),
     "ORCH_LOCAL_NETWORK": ("local", "network"),
     "ORCH_LOCAL_SUBNET": ("local", "subnet"),
+    "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
+    "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
+    "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),
 }
 
 

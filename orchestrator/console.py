@@ -79,12 +79,31 @@ def jobs_table(rows: list[dict]) -> Table:
 
 
 def job_detail(doc: dict) -> list[object]:
-    """Renderables describing one job: summary, leases, checkpoints, recent events."""
+    """Renderables describing one job: summary, GPUs, leases, checkpoints, recent events."""
     summary = Table.grid(padding=(0, 2))
-    for key in ("id", "state", "provider", "step", "created_at", "ended_at", "exit_code", "reason"):
+    for key in ("id", "state", "provider", "step", "loss", "created_at", "ended_at", "reason"):
         if doc.get(key) is not None:
             summary.add_row(f"[bold]{key}[/]", str(doc[key]))
-    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f}")
+    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f} (now ${doc['hourly_usd']:g}/h)")
+    if doc.get("elapsed_s") is not None:
+        summary.add_row("[bold]elapsed[/]", f"{doc['elapsed_s']:.0f} s")
+    gpus = Table(title="GPU utilization (latest)")
+    for column in ("node", "gpu", "util %", "memory MiB", "at"):
+        gpus.add_column(column)
+    for item in doc.get("gpus", []):
+        known = item["known"] and item["util_pct"] is not None
+        memory = (
+            f"{item['mem_used_mib']:.0f}/{item['mem_total_mib']:.0f}"
+            if item["mem_used_mib"] is not None and item["mem_total_mib"] is not None
+            else ""
+        )
+        gpus.add_row(
+            str(item["node"]),
+            "cpu" if item["gpu"] < 0 else str(item["gpu"]),
+            f"{item['util_pct']:.0f}" if known else "unknown",
+            memory,
+            item["at"][11:19],
+        )
     leases = Table(title="leases")
     for column in ("rank", "instance", "market", "type", "$/h", "launched", "ended", "cost"):
         leases.add_column(column)
@@ -96,7 +115,7 @@ def job_detail(doc: dict) -> list[object]:
             lease["instance_type"],
             f"{lease['price_per_hour']:g}",
             lease["launched_at"][11:19],
-            (lease["ended_at"] or "running")[11:19] if lease["ended_at"] else "running",
+            lease["ended_at"][11:19] if lease["ended_at"] else "running",
             f"${lease['cost_usd']:.4f}",
         )
     checkpoints = Table(title="checkpoints")
@@ -114,7 +133,10 @@ def job_detail(doc: dict) -> list[object]:
             "" if item["step"] is None else str(item["step"]),
             item["message"].splitlines()[0] if item["message"] else "",
         )
-    return [summary, leases, checkpoints, events]
+    parts: list[object] = [summary]
+    if doc.get("gpus"):
+        parts.append(gpus)
+    return [*parts, leases, checkpoints, events]
 
 
 def cost_table(doc: dict) -> Table:

@@ -9,29 +9,34 @@ before the action it announces, so a killed controller leaves a trail to reconci
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator import launch
 from orchestrator.checkpoints import CheckpointMirror, listing_command, parse_listing
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
 from orchestrator.errors import JobCancelled, JobFailed, NodeUnreachable, OrchError
-from orchestrator.ledger import CheckpointRecord, Job, JobState, Lease, Ledger, utcnow
-from orchestrator.progress import (
-    LineBuffer,
-    Metrics,
-    describe_event,
-    local_rank_line,
-    parse_metrics,
+from orchestrator.ledger import (
+    CheckpointRecord,
+    Job,
+    JobState,
+    Lease,
+    Ledger,
+    total_cost,
+    utcnow,
 )
+from orchestrator.policies import StopOrder, budget_order, runtime_order
+from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
@@ -44,6 +49,8 @@ from orchestrator.remote.sync import (
     run_rsync,
 )
 from orchestrator.spec import LoadedJob
+from orchestrator.supervision import controller_identity
+from orchestrator.watch import RunWatch
 
 
 class Reporter(Protocol):
@@ -71,9 +78,11 @@ class SilentReporter:
 class RunnerOptions:
     """Timing knobs of the runner (seconds)."""
 
-    watch_interval: float = 1.0  # how often nodes are probed
+    watch_interval: float = 5.0  # how often nodes are probed (liveness, logs, GPUs)
+    budget_interval: float = 10.0  # how often spend is checked against the caps
+    stop_allowance: float = 15.0  # seconds a budget stop may take (SIGTERM, pull, terminate)
     lost_after: int = 3  # consecutive failed probes before a node counts as lost
-    stop_grace: float = 60.0  # how long trainers get to checkpoint after SIGTERM on cancel
+    stop_grace: float = 60.0  # how long trainers get to checkpoint after SIGTERM
     connect_timeout: float = 10.0
 
 
@@ -83,25 +92,6 @@ class JobOutcome:
     state: JobState
     exit_code: int
     reason: str | None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the probes of one tick say about the run."""
-
-    done: bool
-    failed_rank: int | None = None
-    exit_code: int | None = None
-
-
-def assess(states: list[launch.NodeProbe]) -> Verdict:
-    """Pure: finished when every node exited 0; failed as soon as one node exited non-zero."""
-    for rank, probe in enumerate(states):
-        if probe.state == "exited" and probe.exit_code != 0:
-            return Verdict(True, rank, probe.exit_code)
-    if all(p.state == "exited" for p in states):
-        return Verdict(True)
-    return Verdict(False)
 
 
 @contextlib.contextmanager
@@ -151,24 +141,43 @@ class JobRunner:
 
     # --- the whole run ----------------------------------------------------------------------
     def run(self) -> JobOutcome:
-        state, exit_code, reason = JobState.FAILED, 1, None
+        """Drive the job from its recorded state to a final one; always tears down.
+
+        PENDING starts from scratch. A job found RUNNING is adopted (its training never
+        stopped); one found PROVISIONING or SYNCING is started again on fresh nodes (nothing
+        ran yet); one found STOPPING finishes its stop.
+        """
+        order = StopOrder(JobState.FAILED, 1, "")
         try:
-            self._provision()
-            self._sync()
-            self._start()
-            self._watch()
-            state, exit_code = JobState.SUCCEEDED, 0
+            if self.job.state == JobState.STOPPING and self.job.stop_state:
+                order = StopOrder(
+                    JobState(self.job.stop_state), self.job.exit_code or 1, self.job.reason or ""
+                )
+                self._adopt(require_all=False)
+                return self._outcome(order)
+            if self.job.state == JobState.RUNNING:
+                self._adopt(require_all=True)
+            else:
+                if self.job.state != JobState.PENDING:
+                    self._restart_from_scratch()
+                self._provision()
+                self._sync()
+                self._start()
+            order = self._supervise()
         except KeyboardInterrupt:
-            state, exit_code, reason = JobState.CANCELLED, JobCancelled.exit_code, "cancelled"
+            order = StopOrder(JobState.CANCELLED, JobCancelled.exit_code, "cancelled")
         except OrchError as exc:
-            state, exit_code, reason = JobState.FAILED, exc.exit_code, str(exc)
+            order = StopOrder(JobState.FAILED, exc.exit_code, str(exc))
         except Exception as exc:
-            state, exit_code, reason = JobState.FAILED, 1, f"internal error: {exc!r}"
+            order = StopOrder(JobState.FAILED, 1, f"internal error: {exc!r}")
             raise
         finally:
             with interrupts_deferred():
-                self._teardown(state, exit_code, reason)
-        return JobOutcome(self.job.id, state, exit_code, reason)
+                self._teardown(order)
+        return self._outcome(order)
+
+    def _outcome(self, order: StopOrder) -> JobOutcome:
+        return JobOutcome(self.job.id, order.state, order.exit_code, order.reason or None)
 
     # --- phases -------------------------------------------------------------------------------
     def _set_state(self, state: JobState, message: str = "", **fields: object) -> None:
@@ -275,80 +284,145 @@ class JobRunner:
             started_at=utcnow(),
         )
 
-    def _watch(self) -> None:
-        assert self.cluster is not None
-        buffer = LineBuffer()
-        offset = 0
-        misses = [0] * len(self.instances)
-        log_copy = self.job_dir / "logs" / "node-0.log"
-        log_copy.parent.mkdir(parents=True, exist_ok=True)
-        pull_every = self.spec.checkpoint.pull_every
-        next_pull = time.monotonic() + pull_every
-        with log_copy.open("a", encoding="utf-8") as log_file:
-            while True:
-                probes = self._probe_all(offset, misses)
-                head = probes[0]
-                if head.new_log:
-                    offset += len(head.new_log.encode())
-                    log_file.write(head.new_log)
-                    log_file.flush()
-                    self._show(buffer.feed(head.new_log))
-                verdict = assess(probes)
-                if verdict.done:
-                    self._show(buffer.flush())
-                    if verdict.failed_rank is not None:
-                        self._fail_with_tail(verdict.failed_rank, verdict.exit_code)
-                    return
-                if time.monotonic() >= next_pull:
-                    self._pull_checkpoints(final=False)
-                    next_pull = time.monotonic() + pull_every
-                time.sleep(self.options.watch_interval)
+    # --- supervision: APScheduler runs the periodic work, the main thread waits --------------
+    def _supervise(self) -> StopOrder:
+        """Watch until the run ends or a policy stops it; returns how the job ends.
 
-    def _probe_all(self, offset: int, misses: list[int]) -> list[launch.NodeProbe]:
+        Each periodic task runs in the scheduler's threads; the first one that reaches a
+        decision (or fails) sets it and wakes the main thread, which is the only thread that
+        ever tears down. Ctrl-C lands in the main thread as KeyboardInterrupt.
+        """
         assert self.cluster is not None
+        self._watch = RunWatch(
+            self.cluster,
+            self.layout,
+            self.job_dir / "logs",
+            on_metrics=self._record_metrics,
+            on_line=self.reporter.line,
+            lost_after=self.options.lost_after,
+        )
+        self._decision: StopOrder | None = None
+        self._failure: BaseException | None = None
+        self._decided = threading.Event()
+        now = datetime.now(UTC)
+        scheduler = BackgroundScheduler(
+            timezone=UTC,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        scheduler.add_job(
+            self._guarded(self._tick_watch), "interval",
+            seconds=self.options.watch_interval, next_run_time=now,
+        )  # fmt: skip
+        scheduler.add_job(
+            self._guarded(self._tick_budget), "interval",
+            seconds=self.options.budget_interval, next_run_time=now,
+        )  # fmt: skip
+        scheduler.add_job(
+            self._guarded(lambda: self._pull_checkpoints(final=False)), "interval",
+            seconds=self.spec.checkpoint.pull_every,
+        )  # fmt: skip
+        scheduler.start()
+        try:
+            while not self._decided.wait(0.2):
+                pass
+        finally:
+            scheduler.shutdown(wait=True)
+        if self._failure is not None:
+            raise self._failure
+        assert self._decision is not None
+        return self._decision
 
-        def probe(rank: int, connection: NodeConnection) -> launch.NodeProbe:
-            command = launch.probe_command(self.layout, offset if rank == 0 else None)
+    def _guarded(self, task: Callable[[], None]) -> Callable[[], None]:
+        def run_task() -> None:
+            if self._decided.is_set():
+                return
             try:
-                result = connection.run(command, timeout=30, check=False)
-            except NodeUnreachable:
-                return launch.NodeProbe("unreachable", None, 0, "")
-            return launch.parse_probe(result.stdout)
+                task()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                self._failure = exc
+                self._decided.set()
 
-        probes = self.cluster.map(probe)
-        for rank, probe_result in enumerate(probes):
-            lost = probe_result.state in ("unreachable", "vanished", "not-started")
-            misses[rank] = misses[rank] + 1 if lost else 0
-            if misses[rank] >= self.options.lost_after:
-                raise JobFailed(
-                    f"node {rank} ({self.instances[rank].instance_id}) was lost: "
-                    f"{probe_result.state} on {misses[rank]} consecutive checks",
-                    hint="see `orch logs " + self.job.id + f" --rank {rank}`",
-                )
-        return probes
+        return run_task
 
-    def _show(self, lines: list[str]) -> None:
-        for line in lines:
-            local_rank, text = local_rank_line(line)
-            if local_rank is None:
-                if text.startswith("[orch]"):
-                    self.reporter.line(text)
-                continue
-            if local_rank != 0:
-                continue
-            metrics = parse_metrics(text)
-            if metrics is None:
-                self.reporter.line(describe_event(text) or text)
-                continue
-            self.reporter.metrics(metrics)
-            self._record_step(metrics.step)
+    def _decide(self, order: StopOrder) -> None:
+        if not self._decided.is_set():
+            self._decision = order
+            self._decided.set()
 
-    def _record_step(self, step: int) -> None:
-        self._last_step = step
+    def _tick_watch(self) -> None:
+        verdict = self._watch.tick()
+        if verdict.done:
+            if verdict.failed_rank is not None:
+                self._fail_with_tail(verdict.failed_rank, verdict.exit_code)
+            self._decide(StopOrder(JobState.SUCCEEDED, 0, ""))
+            return
+        started = self.job.started_at or utcnow()
+        order = runtime_order(
+            elapsed_s=(utcnow() - started).total_seconds(),
+            max_runtime_s=self.spec.budget.max_runtime,
+        )
+        if order is not None:
+            self._decide(order)
+
+    def _tick_budget(self) -> None:
+        leases = self.ledger.leases(self.job.id)
+        hourly = sum(
+            (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
+        )
+        order = budget_order(
+            spend=total_cost(leases, utcnow()),
+            hourly_rate=hourly,
+            max_cost=self.spec.budget.max_cost_usd,
+            max_hourly=self.spec.budget.max_hourly_usd,
+            horizon_s=self.options.budget_interval + self.options.stop_allowance,
+        )
+        if order is not None:
+            self._decide(order)
+
+    def _record_metrics(self, metrics: Metrics) -> None:
+        self.reporter.metrics(metrics)
+        self._last_step = metrics.step
         now = time.monotonic()
         if now - self._last_step_saved >= 2.0:
-            self.ledger.update_job(self.job.id, step=step)
+            fields: dict[str, object] = {"step": metrics.step}
+            if metrics.loss is not None:
+                fields["loss"] = metrics.loss
+            self.ledger.update_job(self.job.id, **fields)
             self._last_step_saved = now
+
+    # --- adoption -------------------------------------------------------------------------------
+    def _adopt(self, *, require_all: bool) -> None:
+        """Take over the job's running nodes after a controller died; training goes on."""
+        instances = self.provider.list_owned(job_id=self.job.id)
+        recorded = {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
+        if require_all and (not instances or {i.instance_id for i in instances} != recorded):
+            raise JobFailed(
+                f"the job's nodes changed while it had no controller: recorded {sorted(recorded)}, "
+                f"running {sorted(i.instance_id for i in instances)}",
+                hint="the job is stopped; submit it again (it resumes from its last checkpoint)",
+            )
+        self.instances = sorted(instances, key=lambda i: i.rank)
+        if not self.instances:
+            return
+        identity = ensure_identity(self.settings.keys_dir(self.job.id), f"orch-{self.job.id}")
+        self.cluster = Cluster(
+            self.instances, identity, connect_timeout=self.options.connect_timeout
+        )
+        self._started = True
+        self._last_step = self.job.step
+        self.ledger.add_event(
+            self.job.id, "ADOPTED", f"controller {controller_identity()} took over "
+            f"{len(self.instances)} node(s)", step=self.job.step,
+        )  # fmt: skip
+        self.reporter.phase(f"adopted by controller {controller_identity()}")
+
+    def _restart_from_scratch(self) -> None:
+        """The controller died before training started: end what it launched, start over."""
+        self.ledger.add_event(
+            self.job.id, "RESTARTED", f"found {self.job.state} without a controller; its "
+            "nodes are replaced",
+        )  # fmt: skip
+        self._terminate_all()
 
     def _fail_with_tail(self, rank: int, exit_code: int | None) -> None:
         assert self.cluster is not None
@@ -450,12 +524,25 @@ class JobRunner:
             time.sleep(0.5)
 
     # --- teardown ---------------------------------------------------------------------------
-    def _teardown(self, state: JobState, exit_code: int, reason: str | None) -> None:
-        """Salvage what can be salvaged, then end every node of the job and close its leases."""
-        self.ledger.update_job(self.job.id, state=JobState.STOPPING)
-        self.reporter.phase("stopping: pulling checkpoints and logs, shutting nodes down")
+    def _teardown(self, order: StopOrder) -> None:
+        """Salvage what can be salvaged, then end every node of the job and close its leases.
+
+        The final state is written first (as `stop_state`, with the job STOPPING), so a
+        controller that adopts a half-finished stop knows how the job must end.
+        """
+        reason = order.reason or None
+        self.ledger.update_job(
+            self.job.id,
+            state=JobState.STOPPING,
+            stop_state=order.state.value,
+            exit_code=order.exit_code,
+            reason=reason,
+        )
+        self.reporter.phase(
+            f"stopping ({order.state.value}): pulling checkpoints and logs, shutting nodes down"
+        )
         if self.cluster is not None and self._started:
-            if state is not JobState.SUCCEEDED:
+            if order.state is not JobState.SUCCEEDED:
                 self._stop_trainers()
             for salvage in (lambda: self._pull_checkpoints(final=True), self._pull_logs):
                 try:
@@ -467,14 +554,14 @@ class JobRunner:
             self.cluster.close()
         self.ledger.update_job(
             self.job.id,
-            state=state,
+            state=order.state,
             ended_at=ended_at,
-            exit_code=exit_code,
+            exit_code=order.exit_code,
             reason=reason,
             step=self._last_step if self._last_step is not None else self.job.step,
         )
-        self.ledger.add_event(self.job.id, state.value, reason or "", step=self._last_step)
-        self.reporter.phase(state.value.lower())
+        self.ledger.add_event(self.job.id, order.state.value, reason or "", step=self._last_step)
+        self.reporter.phase(order.state.value.lower())
 
     def _terminate_all(self) -> datetime:
         """Terminate the recorded nodes and anything else the provider runs for this job."""
@@ -508,31 +595,3 @@ def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> li
         return connection.run(launch.start_command(layout)).stdout.strip()
 
     return cluster.map(start)
-
-
-def controller_identity() -> str:
-    """Who runs a job's controller (host:pid), recorded so `reconcile` can tell if it lives."""
-    return f"{os.uname().nodename}:{os.getpid()}"
-
-
-def new_job_id(name: str) -> str:
-    return f"{name}-{os.urandom(3).hex()}"
-
-
-def register_job(ledger: Ledger, loaded: LoadedJob, provider_name: str) -> Job:
-    """Write the job to the ledger (state PENDING) before anything is provisioned."""
-    spec = loaded.spec
-    return ledger.add_job(
-        Job(
-            id=new_job_id(spec.name),
-            name=spec.name,
-            state=JobState.PENDING,
-            provider=provider_name,
-            nodes=spec.resources.nodes,
-            gpus_per_node=spec.resources.gpus_per_node,
-            spec_json=spec.model_dump_json(),
-            spec_path=str(loaded.source),
-            created_at=utcnow(),
-            controller=controller_identity(),
-        )
-    )

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from sqlalchemy import String, event
+from sqlalchemy import String, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
@@ -67,13 +67,25 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    IDLE_STOPPED = "IDLE_STOPPED"
+    TIMED_OUT = "TIMED_OUT"
+    BUDGET_STOPPED = "BUDGET_STOPPED"
 
     @property
     def is_final(self) -> bool:
         return self in FINAL_STATES
 
 
-FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+FINAL_STATES = frozenset(
+    {
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.IDLE_STOPPED,
+        JobState.TIMED_OUT,
+        JobState.BUDGET_STOPPED,
+    }
+)
 
 
 def _utc_column(nullable: bool = True) -> Column:
@@ -93,10 +105,13 @@ class Job(SQLModel, table=True):
     started_at: datetime | None = Field(default=None, sa_column=_utc_column())
     ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
     step: int | None = None  # last step reported by rank 0
+    loss: float | None = None  # last loss reported by rank 0
     exit_code: int | None = None  # orch's exit code for the job once final
     reason: str | None = None  # why it ended (failure message, cancel, ...)
     recoveries: int = 0
     controller: str | None = None  # "host:pid" of the process driving the job
+    # While STOPPING: the final state the stop leads to, so an adopting controller can finish it.
+    stop_state: str | None = None
 
 
 class Lease(SQLModel, table=True):
@@ -122,6 +137,22 @@ class Event(SQLModel, table=True):
     kind: str  # PROVISIONING, LAUNCHED, SYNCED, STARTED, CHECKPOINT, SUCCEEDED, FAILED, ...
     message: str = ""
     step: int | None = None
+
+
+class GpuSampleRecord(SQLModel, table=True):
+    """One (downsampled) GPU reading of a node; `ok` False means the reading was unknown."""
+
+    __tablename__ = "gpu_sample"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, foreign_key="job.id")
+    rank: int  # node rank
+    gpu: int  # GPU index on the node; -1 for the CPU fallback (job processes' CPU %)
+    at: datetime = Field(sa_column=_utc_column(nullable=False))
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    ok: bool = True
 
 
 class CheckpointRecord(SQLModel, table=True):
@@ -157,7 +188,25 @@ def make_engine(path: Path | str) -> Engine:
         cursor.close()
 
     SQLModel.metadata.create_all(engine)
+    _add_missing_columns(engine)
     return engine
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Bring a ledger written by an older orch up to date: columns are only ever added."""
+    inspector = inspect(engine)
+    with engine.begin() as connection:
+        for table in SQLModel.metadata.sorted_tables:
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in present:
+                    continue
+                kind = column.type.compile(dialect=engine.dialect)
+                default = column.default.arg if column.default is not None else None
+                clause = f" DEFAULT {default!r}" if isinstance(default, int | float) else ""
+                connection.execute(
+                    text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}')
+                )
 
 
 def lease_cost(lease: Lease, now: datetime) -> Decimal:
@@ -263,6 +312,25 @@ class Ledger:
             session.add(record)
             session.commit()
             return record
+
+    def add_gpu_samples(self, records: Iterable[GpuSampleRecord]) -> None:
+        with Session(self.engine) as session:
+            session.add_all(list(records))
+            session.commit()
+
+    def latest_gpu_samples(self, job_id: str) -> list[GpuSampleRecord]:
+        """The newest sample of each (node, GPU) of a job."""
+        with Session(self.engine) as session:
+            query = (
+                select(GpuSampleRecord)
+                .where(GpuSampleRecord.job_id == job_id)
+                .order_by(GpuSampleRecord.id.desc())  # type: ignore[union-attr]
+                .limit(512)
+            )
+            newest: dict[tuple[int, int], GpuSampleRecord] = {}
+            for record in session.exec(query):
+                newest.setdefault((record.rank, record.gpu), record)
+        return [newest[key] for key in sorted(newest)]
 
     def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
         with Session(self.engine) as session:

@@ -1,45 +1,25 @@
-"""Find and end what no live job owns: nodes of finished, unknown or orphaned jobs.
+"""Make the world match the ledger: every unfinished job driven, no node left unowned.
 
-A job is orphaned when it is not final but the process recorded as its controller is gone
-(killed, machine rebooted). Its nodes are terminated, its open leases closed at the time the
-provider acknowledged, and the job is marked FAILED with the reason.
+An unfinished job whose controller died gets a new, detached controller that adopts it (its
+training never stopped). Nodes of finished or unknown jobs are terminated and their leases
+closed at the time the provider acknowledged.
 """
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from orchestrator.ledger import Job, JobState, Ledger, utcnow
+from orchestrator.config import Settings
+from orchestrator.ledger import JobState, Ledger
 from orchestrator.providers.base import Provider
-
-
-def controller_alive(controller: str | None) -> bool:
-    """Whether the `host:pid` recorded for a job still runs (on this host). Unknown -> False."""
-    if not controller or ":" not in controller:
-        return False
-    host, _, pid_text = controller.rpartition(":")
-    if host != os.uname().nodename:
-        return True  # another machine's controller: not ours to judge
-    try:
-        pid = int(pid_text)
-        os.kill(pid, 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def job_is_live(job: Job | None) -> bool:
-    return job is not None and not JobState(job.state).is_final and controller_alive(job.controller)
+from orchestrator.supervision import controller_running, revive_controllers
 
 
 @dataclass
 class ReconcileReport:
     terminated: dict[str, list[str]] = field(default_factory=dict)  # job id -> instance ids
-    orphaned_jobs: list[str] = field(default_factory=list)  # marked FAILED
+    revived: list[str] = field(default_factory=list)  # jobs given a new controller
 
 
 def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: list[str]) -> None:
@@ -50,31 +30,19 @@ def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: lis
         ledger.add_event(job_id, "TERMINATED", f"{len(instance_ids)} node(s) by reconcile")
 
 
-def reconcile(ledger: Ledger, providers: list[Provider]) -> ReconcileReport:
-    """End every node whose job is not live; mark orphaned jobs FAILED. Idempotent."""
-    report = ReconcileReport()
+def reconcile(settings: Settings, ledger: Ledger, providers: list[Provider]) -> ReconcileReport:
+    """Revive lost controllers, then end every node no driven job owns. Idempotent."""
+    report = ReconcileReport(revived=revive_controllers(settings, ledger))
     jobs = {job.id: job for job in ledger.jobs()}
     for provider in providers:
         by_job: dict[str, list[str]] = defaultdict(list)
         for instance in provider.list_owned():
             by_job[instance.job_id].append(instance.instance_id)
         for job_id, ids in by_job.items():
-            if job_is_live(jobs.get(job_id)):
+            job = jobs.get(job_id)
+            driven = job_id in report.revived or controller_running(settings, job_id)
+            if job is not None and not JobState(job.state).is_final and driven:
                 continue
             end_nodes(ledger, provider, job_id, ids)
             report.terminated[job_id] = sorted(ids)
-    for job in jobs.values():
-        if JobState(job.state).is_final or controller_alive(job.controller):
-            continue
-        open_ids = [lease.instance_id for lease in ledger.leases(job.id, open_only=True)]
-        ledger.close_leases(open_ids, utcnow())
-        ledger.update_job(
-            job.id,
-            state=JobState.FAILED,
-            ended_at=utcnow(),
-            exit_code=1,
-            reason="its controller stopped without finishing the job (nodes ended by reconcile)",
-        )
-        ledger.add_event(job.id, "FAILED", "controller lost; reconciled")
-        report.orphaned_jobs.append(job.id)
     return report

@@ -14,6 +14,12 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _elapsed(job: Job, now: datetime) -> float | None:
+    if job.started_at is None:
+        return None
+    return ((job.ended_at or now) - job.started_at).total_seconds()
+
+
 def money(value: Decimal) -> float:
     """USD for JSON: exact decimals become numbers only at the edge, for readers' convenience."""
     return float(value)
@@ -34,7 +40,12 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         "nodes": job.nodes,
         "gpus_per_node": job.gpus_per_node,
         "step": job.step,
+        "loss": job.loss,
         "spend_usd": money(total_cost(leases, now)),
+        "hourly_usd": money(
+            sum((lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0))
+        ),
+        "elapsed_s": _elapsed(job, now),
         "recoveries": job.recoveries,
         "created_at": _time(job.created_at),
         "started_at": _time(job.started_at),
@@ -53,6 +64,18 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         ],
     }
     if detail:
+        doc["gpus"] = [
+            {
+                "node": sample.rank,
+                "gpu": sample.gpu,  # -1: no GPU on the node, CPU % of the job's processes
+                "util_pct": sample.util_pct,
+                "mem_used_mib": sample.mem_used_mib,
+                "mem_total_mib": sample.mem_total_mib,
+                "known": sample.ok,
+                "at": _time(sample.at),
+            }
+            for sample in ledger.latest_gpu_samples(job.id)
+        ]
         doc["leases"] = [
             {
                 "instance_id": lease.instance_id,

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -68,3 +70,58 @@ def assert_nothing_left(job: dict) -> None:
         assert lease["ended_at"] is not None, f"lease of {instance} still open"
         assert processes_with_marker(instance) == [], f"processes of {instance} remain"
         assert not any(instance in ns for ns in network_namespaces()), f"netns of {instance}"
+
+
+def submitted_job_id(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("job ") and " submitted" in line:
+            return line.split()[1]
+    raise AssertionError(f"no job id in output:\n{output}")
+
+
+def wait_for_state(
+    job_id: str, env: dict[str, str], states: set[str], timeout: float = 180
+) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_json(job_id, env)
+        if job["state"] in states:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{job_id} stayed {job['state']}, wanted {states}")
+        time.sleep(0.5)
+
+
+class Background:
+    """An orch command run in the background, its output collected by a thread."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [*ORCH, *args], env=env, cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.proc.kill()
+                raise AssertionError(f"{text!r} never appeared:\n{self.output}")
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code

@@ -6,25 +6,22 @@ import json
 import re
 import signal
 import socket
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ORCH, REPO, assert_nothing_left, job_json, orch_env, run_orch
+from tests.helpers import (
+    Background,
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    run_orch,
+    submitted_job_id,
+)
 
 pytestmark = pytest.mark.e2e
 
 PRICE = "0.36"
-
-
-def submitted_job_id(output: str) -> str:
-    for line in output.splitlines():
-        if line.startswith("job ") and " submitted" in line:
-            return line.split()[1]
-    raise AssertionError(f"no job id in output:\n{output}")
 
 
 @pytest.mark.parametrize("network", ["namespace", "loopback"])
@@ -118,41 +115,6 @@ def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
     assert f"port {port}" in log
 
 
-class Background:
-    """A foreground `orch submit` run in the background, its output collected by a thread."""
-
-    def __init__(self, spec: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [*ORCH, "submit", str(spec)], env=env, cwd=REPO, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.proc.kill()
-                raise AssertionError(f"{text!r} never appeared:\n{self.output}")
-            time.sleep(0.2)
-
-    def finish(self, timeout: float = 120) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-
 @pytest.mark.parametrize("how", ["sigint", "orch-cancel"])
 def test_cancel_while_running_shuts_everything_down(tmp_path: Path, how: str) -> None:
     spec = write_job(
@@ -162,7 +124,7 @@ def test_cancel_while_running_shuts_everything_down(tmp_path: Path, how: str) ->
         "resources: {nodes: 2, gpus_per_node: 1}\n",
     )
     env = orch_env(tmp_path / "orch")
-    submit = Background(spec, env)
+    submit = Background(["submit", str(spec)], env)
     submit.wait_for("started")  # rank 0's output, streamed live
     job_id = submitted_job_id(submit.output)
     if how == "sigint":

@@ -68,3 +68,26 @@ def test_documents_carry_the_contract_fields(tmp_path: Path) -> None:
     assert doc["leases"][0]["ended_at"] is not None
     cost = cost_document(ledger)
     assert cost["total_usd"] == pytest.approx(0.01) and cost["jobs"][0]["running"] is False
+
+
+def test_an_older_ledger_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "orch.db"
+    with sqlite3.connect(path) as db:  # a job table from before `loss` and `stop_state`
+        db.execute(
+            "CREATE TABLE job (id VARCHAR PRIMARY KEY, name VARCHAR, state VARCHAR, "
+            "provider VARCHAR, nodes INTEGER, gpus_per_node INTEGER, spec_json VARCHAR, "
+            "spec_path VARCHAR, created_at VARCHAR, started_at VARCHAR, ended_at VARCHAR, "
+            "step INTEGER, exit_code INTEGER, reason VARCHAR, recoveries INTEGER, "
+            "controller VARCHAR)"
+        )
+        db.execute(
+            "INSERT INTO job VALUES ('old', 'old', 'SUCCEEDED', 'local', 1, 1, '{}', 'x', "
+            "'2026-01-01T00:00:00+00:00', NULL, NULL, 5, 0, NULL, 0, NULL)"
+        )
+    ledger = Ledger(make_engine(path))
+    job = ledger.get_job("old")
+    assert job.step == 5 and job.loss is None and job.stop_state is None
+    ledger.update_job("old", loss=0.5)
+    assert ledger.get_job("old").loss == 0.5

@@ -1,0 +1,100 @@
+"""One look at a running job: is every node alive, what did they print, what did rank 0 say.
+
+`RunWatch.tick()` probes every node over its open connection (one command each), appends new
+log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
+terminal while the job runs), reports rank 0's progress, and returns the verdict. A node that
+fails `lost_after` probes in a row is lost (`JobFailed`): one missed probe is not enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator import launch
+from orchestrator.cluster import Cluster
+from orchestrator.errors import JobFailed, NodeUnreachable
+from orchestrator.policies import Verdict, assess
+from orchestrator.progress import (
+    LineBuffer,
+    Metrics,
+    describe_event,
+    local_rank_line,
+    parse_metrics,
+)
+from orchestrator.remote.ssh import NodeConnection
+
+
+class RunWatch:
+    """Watches the detached run of one job on its cluster. Resumable: log offsets continue
+    from the local copies, so an adopting controller neither repeats nor skips log lines."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        layout: launch.NodeLayout,
+        logs_dir: Path,
+        *,
+        on_metrics: Callable[[Metrics], None],
+        on_line: Callable[[str], None],
+        lost_after: int = 3,
+    ) -> None:
+        self.cluster = cluster
+        self.layout = layout
+        self.logs_dir = logs_dir
+        self.on_metrics = on_metrics
+        self.on_line = on_line
+        self.lost_after = lost_after
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        count = len(cluster.instances)
+        self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
+        self.offsets = [p.stat().st_size if p.exists() else 0 for p in self.paths]
+        self.misses = [0] * count
+        self._rank0 = LineBuffer()
+
+    def tick(self) -> Verdict:
+        probes = self.cluster.map(self._probe)
+        for rank, probe in enumerate(probes):
+            if probe.new_log:
+                data = probe.new_log.encode()
+                with self.paths[rank].open("ab") as handle:
+                    handle.write(data)
+                self.offsets[rank] += len(data)
+                if rank == 0:
+                    self._show(self._rank0.feed(probe.new_log))
+            lost = probe.state in ("unreachable", "vanished", "not-started")
+            self.misses[rank] = self.misses[rank] + 1 if lost else 0
+            if self.misses[rank] >= self.lost_after:
+                instance = self.cluster.instances[rank]
+                raise JobFailed(
+                    f"node {rank} ({instance.instance_id}) was lost: {probe.state} on "
+                    f"{self.misses[rank]} consecutive checks",
+                    hint=f"see `orch logs {self.layout.job_id} --node {rank}`",
+                )
+        verdict = assess(probes)
+        if verdict.done:
+            self._show(self._rank0.flush())
+        return verdict
+
+    def _probe(self, rank: int, connection: NodeConnection) -> launch.NodeProbe:
+        command = launch.probe_command(self.layout, self.offsets[rank])
+        try:
+            result = connection.run(command, timeout=30, check=False)
+        except NodeUnreachable:
+            return launch.NodeProbe("unreachable", None, 0, "")
+        return launch.parse_probe(result.stdout)
+
+    def _show(self, lines: list[str]) -> None:
+        for line in lines:
+            local_rank, text = local_rank_line(line)
+            if local_rank is None:
+                if text.startswith("[orch]"):
+                    self.on_line(text)
+                continue
+            if local_rank != 0:
+                continue
+            metrics = parse_metrics(text)
+            if metrics is None:
+                self.on_line(describe_event(text) or text)
+            else:
+                self.on_metrics(metrics)

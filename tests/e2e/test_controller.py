@@ -1,0 +1,167 @@
+"""The controller: detached jobs, adoption after kill -9, budget and runtime caps, a busy ledger.
+
+Real sshd nodes and real torchrun; short intervals (ORCH_WATCH_INTERVAL and friends) keep the
+tests quick while exercising the same code paths as the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    run_orch,
+    wait_for_state,
+)
+
+pytestmark = pytest.mark.e2e
+
+TICKS = (
+    "python -c \"import time; [print('tick', i, flush=True) or time.sleep(1) for i in range({n})]\""
+)
+
+
+def write_job(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    path = tmp_path / "job.yaml"
+    path.write_text("workdir: work\nresources: {nodes: 2, gpus_per_node: 1}\n" + body)
+    return path
+
+
+def fast_env(home: Path, **extra: str) -> dict[str, str]:
+    return orch_env(home, ORCH_WATCH_INTERVAL="1", ORCH_BUDGET_INTERVAL="2", **extra)
+
+
+def detach(spec: Path, env: dict[str, str]) -> str:
+    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = result.stdout.strip().splitlines()[-1]  # the id alone on the last line
+    assert " " not in job_id and job_id.startswith(spec.read_text().split("name: ")[1][:4])
+    return job_id
+
+
+def test_detached_job_is_watched_from_other_commands_and_cancelled(tmp_path: Path) -> None:
+    spec = write_job(tmp_path, f"name: detached\nrun: {TICKS.format(n=600)}\n")
+    env = fast_env(tmp_path / "orch")
+    job_id = detach(spec, env)
+    wait_for_state(job_id, env, {"RUNNING"})
+    deadline = time.monotonic() + 60
+    while "tick 2" not in (logs := run_orch(["logs", job_id], env).stdout):
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.5)
+    node1 = run_orch(["logs", job_id, "--rank", "1"], env).stdout  # rank 1 lives on node 1
+    assert "tick 0" in node1
+    status = run_orch(["status", job_id], env)
+    assert status.returncode == 0 and "RUNNING" in status.stdout
+
+    cancelled = run_orch(["cancel", job_id], env, timeout=180)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    job = job_json(job_id, env)
+    assert job["state"] == "CANCELLED" and job["exit_code"] == 130
+    assert_nothing_left(job)
+    assert not (tmp_path / "orch" / "jobs" / job_id / "controller.pid").exists()
+
+
+def test_a_killed_controller_is_replaced_and_the_job_finishes(tmp_path: Path) -> None:
+    spec = write_job(tmp_path, f"name: adopted\nrun: {TICKS.format(n=15)}\n")
+    env = fast_env(tmp_path / "orch")
+    job_id = detach(spec, env)
+    wait_for_state(job_id, env, {"RUNNING"})
+    time.sleep(3)
+    pid_file = tmp_path / "orch" / "jobs" / job_id / "controller.pid"
+    old_pid = int(pid_file.read_text())
+    os.kill(old_pid, signal.SIGKILL)
+    time.sleep(0.5)
+
+    status = run_orch(["status", job_id, "--json"], env)  # any command revives the controller
+    assert "a new one adopted the job" in status.stderr
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    kinds = [e["kind"] for e in job["events"]]
+    assert "ADOPTED" in kinds and kinds.count("RUNNING") == 1  # training was never restarted
+    log = run_orch(["logs", job_id], env).stdout
+    assert [line for line in log.splitlines() if line.startswith("tick")] == [
+        f"tick {i}" for i in range(15)
+    ]  # nothing lost or repeated across the change of controller
+    assert_nothing_left(job)
+
+
+def test_budget_cap_stops_before_the_cap_with_a_checkpoint(tmp_path: Path) -> None:
+    cap = Decimal("0.05")
+    price = Decimal("3")  # per node: 2 nodes reach the cap in 30 s
+    spec = write_job(
+        tmp_path,
+        "name: capped\n"
+        "run: python -m trainer.train --model tiny --data fake --fake-size 200000 --epochs 1 "
+        "--batch-size 16 --workers 0 --checkpoint-every 5 --log-every 5\n"
+        "checkpoint: {dir: ~/ckpt, pull_every: 5}\n"
+        f"budget: {{max_cost_usd: {cap}}}\n",
+    )
+    # The trainer package comes from the repository.
+    (tmp_path / "work" / "trainer").symlink_to(Path(__file__).resolve().parents[2] / "trainer")
+    env = fast_env(tmp_path / "orch", ORCH_LOCAL_PRICE_PER_HOUR=str(price), ORCH_STOP_ALLOWANCE="6")
+    result = run_orch(["submit", str(spec), "--json"], env, timeout=300)
+    assert result.returncode == 4, result.stdout + result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "BUDGET_STOPPED"
+    one_tick = price * 2 * Decimal(2) / Decimal(3600)  # the cost of one budget interval
+    assert Decimal(str(job["spend_usd"])) <= cap + one_tick
+    assert job["checkpoints"], "the emergency checkpoint was not pulled"
+    assert_nothing_left(job)
+
+
+def test_max_runtime_times_the_job_out(tmp_path: Path) -> None:
+    spec = write_job(
+        tmp_path, f"name: slow\nrun: {TICKS.format(n=600)}\nbudget: {{max_runtime: 6s}}\n"
+    )
+    env = fast_env(tmp_path / "orch")
+    started = time.monotonic()
+    result = run_orch(["submit", str(spec), "--json"], env, timeout=200)
+    assert result.returncode == 1, result.stdout + result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "TIMED_OUT" and "max_runtime" in job["reason"]
+    assert time.monotonic() - started < 90
+    assert_nothing_left(job)
+
+
+def test_plan_above_max_hourly_is_refused_before_launch(tmp_path: Path) -> None:
+    spec = write_job(tmp_path, "name: pricey\nrun: echo hi\nbudget: {max_hourly_usd: 1}\n")
+    env = orch_env(tmp_path / "orch", ORCH_LOCAL_PRICE_PER_HOUR="0.75")
+    result = run_orch(["submit", str(spec)], env)
+    assert result.returncode == 2
+    assert "max_hourly_usd" in result.stderr and "$1.50/h" in result.stderr
+
+
+def test_status_in_a_loop_while_a_job_runs_never_hits_a_locked_database(tmp_path: Path) -> None:
+    spec = write_job(tmp_path, f"name: busy\nrun: {TICKS.format(n=600)}\n")
+    env = fast_env(tmp_path / "orch")
+    job_id = detach(spec, env)
+    wait_for_state(job_id, env, {"RUNNING"})
+    failures: list[str] = []
+
+    def hammer() -> None:
+        for _ in range(8):
+            result = run_orch(["status", job_id, "--json"], env, timeout=60)
+            if result.returncode != 0 or "locked" in result.stderr:
+                failures.append(result.stderr)
+            else:
+                json.loads(result.stdout)
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    run_orch(["cancel", job_id], env, timeout=180)
+    assert failures == []
+    assert_nothing_left(job_json(job_id, env))
