@@ -77,7 +77,7 @@ def submit(
     """
     from orchestrator.controller import JobRunner, RunnerOptions
     from orchestrator.plan import local_plan
-    from orchestrator.spec import load_job
+    from orchestrator.spec_loading import load_job
     from orchestrator.supervision import (
         ControllerLock,
         new_job_id,

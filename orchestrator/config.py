@@ -56,6 +56,9 @@ class ControllerSettings(BaseModel):
             "budget_interval": self.budget_interval,
             "stop_allowance": self.stop_allowance,
             "stop_grace": self.stop_grace,
+            "idle_util_pct": self.idle_util_pct,
+            "idle_cpu_pct": self.idle_cpu_pct,
+            "gpu_sample_every": self.gpu_sample_every,
         }
 
 
@@ -86,6 +89,7 @@ _ENV_OVERRIDES = {
     "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
     "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),
+    "ORCH_GPU_SAMPLE_EVERY": ("controller", "gpu_sample_every"),
 }
 
 

@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator import launch
-from orchestrator.checkpoints import CheckpointMirror, listing_command, parse_listing
+from orchestrator.activity import ActivityThresholds, JobActivity
+from orchestrator.checkpoints import CheckpointMirror
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.errors import JobCancelled, JobFailed, NodeUnreachable, OrchError
+from orchestrator.errors import JobCancelled, JobFailed, OrchError
 from orchestrator.ledger import (
     CheckpointRecord,
     Job,
@@ -35,19 +35,13 @@ from orchestrator.ledger import (
     total_cost,
     utcnow,
 )
-from orchestrator.policies import StopOrder, budget_order, runtime_order
+from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
+from orchestrator.pulls import pull_checkpoints, pull_logs
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
-from orchestrator.remote.sync import (
-    Transfer,
-    pull_argv,
-    pull_file_argv,
-    push_argv,
-    run_parallel,
-    run_rsync,
-)
+from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec import LoadedJob
 from orchestrator.supervision import controller_identity
 from orchestrator.watch import RunWatch
@@ -84,6 +78,9 @@ class RunnerOptions:
     lost_after: int = 3  # consecutive failed probes before a node counts as lost
     stop_grace: float = 60.0  # how long trainers get to checkpoint after SIGTERM
     connect_timeout: float = 10.0
+    idle_util_pct: float = 5.0  # GPU utilization below which a GPU is idle
+    idle_cpu_pct: float = 10.0  # without GPUs: job CPU (% of one core) below which it is idle
+    gpu_sample_every: float = 30.0  # the ledger keeps one averaged GPU sample per window
 
 
 @dataclass(frozen=True)
@@ -301,6 +298,21 @@ class JobRunner:
             on_line=self.reporter.line,
             lost_after=self.options.lost_after,
         )
+        self._activity = JobActivity(
+            self.job.id,
+            self.cluster,
+            self.layout,
+            interval_s=self.options.watch_interval,
+            gpus_per_node=self.spec.resources.gpus_per_node,
+            idle_timeout_s=self.spec.budget.idle_timeout,
+            thresholds=ActivityThresholds(
+                self.options.idle_util_pct,
+                self.options.idle_cpu_pct,
+                self.options.gpu_sample_every,
+            ),
+            record=self.ledger.add_gpu_samples,
+        )
+        self._activity.start()
         self._decision: StopOrder | None = None
         self._failure: BaseException | None = None
         self._decided = threading.Event()
@@ -327,6 +339,7 @@ class JobRunner:
                 pass
         finally:
             scheduler.shutdown(wait=True)
+            self._activity.stop()
         if self._failure is not None:
             raise self._failure
         assert self._decision is not None
@@ -357,9 +370,14 @@ class JobRunner:
             self._decide(StopOrder(JobState.SUCCEEDED, 0, ""))
             return
         started = self.job.started_at or utcnow()
+        idle_for = self._activity.tick()
         order = runtime_order(
             elapsed_s=(utcnow() - started).total_seconds(),
             max_runtime_s=self.spec.budget.max_runtime,
+        ) or idle_order(
+            idle_for_s=idle_for,
+            idle_timeout_s=self.spec.budget.idle_timeout,
+            what=self._activity.what,
         )
         if order is not None:
             self._decide(order)
@@ -446,31 +464,9 @@ class JobRunner:
     # --- checkpoints and logs --------------------------------------------------------------
     def _pull_checkpoints(self, *, final: bool) -> None:
         assert self.cluster is not None
-        checkpoint_dir = self.layout.node_path(self.spec.checkpoint.dir)
-        head = self.cluster.head
-        try:
-            listing = parse_listing(
-                head.run(
-                    listing_command(launch.home_expr(checkpoint_dir)), timeout=60, check=False
-                ).stdout
-            )
-        except NodeUnreachable:
-            return
-
-        def fetch(files_from: Path, staging: Path) -> None:
-            assert self.cluster is not None
-            argv = pull_argv(
-                self.cluster.addresses[0],
-                self.cluster.identity,
-                checkpoint_dir,
-                staging,
-                files_from=files_from,
-            )
-            run_rsync(argv, what="checkpoint pull", timeout=3600)
-
-        for pulled in self.mirror.pull(listing, fetch, final=final):
-            if pulled.name == "latest":
-                continue  # the trainer's pointer to its newest checkpoint, not one itself
+        for pulled in pull_checkpoints(
+            self.cluster, self.mirror, self.layout.node_path(self.spec.checkpoint.dir), final=final
+        ):
             self.ledger.add_checkpoint(
                 CheckpointRecord(
                     job_id=self.job.id,
@@ -487,17 +483,7 @@ class JobRunner:
 
     def _pull_logs(self) -> None:
         assert self.cluster is not None
-        logs_dir = self.job_dir / "logs"
-        transfers = [
-            Transfer(
-                f"log of {address.name}",
-                pull_file_argv(
-                    address, self.cluster.identity, self.layout.log, logs_dir / f"node-{rank}.log"
-                ),
-            )
-            for rank, address in enumerate(self.cluster.addresses)
-        ]
-        run_parallel(transfers, timeout=300)
+        pull_logs(self.cluster, self.layout, self.job_dir / "logs")
 
     def _stop_trainers(self) -> None:
         """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit."""
@@ -538,6 +524,10 @@ class JobRunner:
             exit_code=order.exit_code,
             reason=reason,
         )
+        self.ledger.add_event(
+            self.job.id, "STOPPING", f"{order.state.value}: {reason or 'finished'}",
+            step=self._last_step,
+        )  # fmt: skip
         self.reporter.phase(
             f"stopping ({order.state.value}): pulling checkpoints and logs, shutting nodes down"
         )

@@ -21,9 +21,9 @@ from orchestrator.spec import (
     DataMount,
     JobSpec,
     LoadedJob,
-    load_job,
     parse_duration,
 )
+from orchestrator.spec_loading import load_job
 
 # The example of DESIGN.md ("Job spec"), verbatim.
 FULL_EXAMPLE = """\

@@ -1,0 +1,59 @@
+"""Bringing a job's results home from its nodes: rank 0's checkpoints and every node's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator import launch
+from orchestrator.checkpoints import (
+    CheckpointMirror,
+    PulledCheckpoint,
+    listing_command,
+    parse_listing,
+)
+from orchestrator.cluster import Cluster
+from orchestrator.errors import NodeUnreachable
+from orchestrator.remote.sync import Transfer, pull_argv, pull_file_argv, run_parallel, run_rsync
+
+LATEST_POINTER = "latest"  # the trainer's pointer to its newest checkpoint, not one itself
+
+
+def pull_checkpoints(
+    cluster: Cluster, mirror: CheckpointMirror, checkpoint_dir: str, *, final: bool
+) -> list[PulledCheckpoint]:
+    """Mirror what is complete (or stable) in node 0's `checkpoint_dir` (home-relative or
+    absolute); returns the checkpoints that became available. An unreachable node 0 pulls
+    nothing this time (the caller decides whether the node is lost)."""
+    try:
+        listing = parse_listing(
+            cluster.head.run(
+                listing_command(launch.home_expr(checkpoint_dir)), timeout=60, check=False
+            ).stdout
+        )
+    except NodeUnreachable:
+        return []
+
+    def fetch(files_from: Path, staging: Path) -> None:
+        argv = pull_argv(
+            cluster.addresses[0], cluster.identity, checkpoint_dir, staging, files_from=files_from
+        )
+        run_rsync(argv, what="checkpoint pull", timeout=3600)
+
+    pulled = mirror.pull(listing, fetch, final=final)
+    return [p for p in pulled if p.name != LATEST_POINTER]
+
+
+def pull_logs(cluster: Cluster, layout: launch.NodeLayout, logs_dir: Path) -> None:
+    """Copy every node's complete log to `logs_dir/node-<rank>.log`, in parallel."""
+    run_parallel(
+        [
+            Transfer(
+                f"log of {address.name}",
+                pull_file_argv(
+                    address, cluster.identity, layout.log, logs_dir / f"node-{rank}.log"
+                ),
+            )
+            for rank, address in enumerate(cluster.addresses)
+        ],
+        timeout=300,
+    )

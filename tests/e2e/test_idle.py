@@ -1,0 +1,127 @@
+"""Idle shutdown: real nodes whose nvidia-smi is a stand-in replaying a trace this test writes.
+
+The stand-in and its trace reach each node's ~/bin as a `data:` entry; the test then rewrites
+the trace on the nodes' disks while the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    REPO,
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    run_orch,
+    wait_for_state,
+)
+
+pytestmark = pytest.mark.e2e
+
+IDLE_TIMEOUT = 4
+WATCH = 1
+SLEEP_RUN = 'python -c "import time; time.sleep({s})"'
+BUSY_RUN = (  # computes for {s} seconds (no ": " in it, which YAML would read as a mapping)
+    'python -c "import time; end = time.time() + {s}; '
+    'any(time.time() > end for _ in iter(int, 1))"'
+)
+
+
+def trace(mode: str, utils: list[float]) -> str:
+    return json.dumps({"mode": mode, "gpus": [[u, 1000, 81559] for u in utils]})
+
+
+def prepare(tmp_path: Path, run: str, *, gpus: list[float] | None, mode: str = "normal") -> Path:
+    (tmp_path / "work").mkdir()
+    node_bin = tmp_path / "node-bin"
+    node_bin.mkdir()
+    (node_bin / "placeholder").write_text("")
+    if gpus is not None:
+        shutil.copy(REPO / "tests" / "fixtures" / "nvidia_smi_replay.py", node_bin / "nvidia-smi")
+        (node_bin / "nvidia-smi").chmod(0o755)
+        (node_bin / "nvidia-smi.trace").write_text(trace(mode, gpus))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: idle\nworkdir: work\nrun: {run}\n"
+        "data: [{src: node-bin, dst: ~/bin}]\n"
+        "resources: {nodes: 2, gpus_per_node: 1}\n"
+        f"budget: {{idle_timeout: {IDLE_TIMEOUT}}}\n"
+    )
+    return spec
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return orch_env(tmp_path / "orch", ORCH_WATCH_INTERVAL=str(WATCH), ORCH_GPU_SAMPLE_EVERY="1")
+
+
+def set_trace(tmp_path: Path, job: dict, text: str) -> None:
+    """Rewrite the trace on every node's disk (atomically, as the stand-in re-reads it)."""
+    for lease in job["leases"]:
+        disk = tmp_path / "orch" / "local" / "nodes" / lease["instance_id"] / "disk"
+        tmp = disk / "bin" / "nvidia-smi.trace.tmp"
+        tmp.write_text(text)
+        tmp.replace(disk / "bin" / "nvidia-smi.trace")
+
+
+def test_busy_gpus_are_never_stopped(tmp_path: Path) -> None:
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=12), gpus=[90.0])
+    result = run_orch(["submit", str(spec), "--json"], env_for(tmp_path), timeout=200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["state"] == "SUCCEEDED"
+
+
+def test_one_busy_gpu_keeps_the_job_alive(tmp_path: Path) -> None:
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=12), gpus=[0.0, 85.0])
+    result = run_orch(["submit", str(spec), "--json"], env_for(tmp_path), timeout=200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["state"] == "SUCCEEDED"
+
+
+def test_gpus_going_idle_stop_the_job_after_the_timeout(tmp_path: Path) -> None:
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=600), gpus=[95.0])
+    env = env_for(tmp_path)
+    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+    job_id = result.stdout.split()[-1]
+    job = wait_for_state(job_id, env, {"RUNNING"})
+    time.sleep(3 * WATCH)  # busy readings are flowing
+    dropped = time.time()
+    set_trace(tmp_path, job, trace("normal", [0.0]))
+    job = wait_for_state(job_id, env, {"IDLE_STOPPED", "FAILED", "SUCCEEDED"}, timeout=120)
+    assert job["state"] == "IDLE_STOPPED", job["reason"]
+    stop = next(e for e in job["events"] if e["kind"] == "STOPPING")
+    latency = datetime.fromisoformat(stop["at"]).timestamp() - dropped
+    # The stand-in re-reads its trace every interval, so the drop shows within one interval.
+    assert IDLE_TIMEOUT <= latency <= IDLE_TIMEOUT + 2 * WATCH + WATCH, latency
+    assert_nothing_left(job)
+
+
+@pytest.mark.parametrize("mode", ["garbage", "fail", "hang"])
+def test_a_broken_nvidia_smi_never_stops_the_job(tmp_path: Path, mode: str) -> None:
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=600), gpus=[0.0], mode=mode)
+    env = env_for(tmp_path)
+    job_id = run_orch(["submit", str(spec), "--detach"], env, timeout=60).stdout.split()[-1]
+    wait_for_state(job_id, env, {"RUNNING"})
+    time.sleep(IDLE_TIMEOUT + 4 * WATCH)
+    job = job_json(job_id, env)
+    assert job["state"] == "RUNNING"  # unknown readings never count as idle
+    assert job["gpus"] and not any(g["known"] for g in job["gpus"]), job["gpus"]
+    assert "unknown" in run_orch(["status", job_id], env).stdout
+    run_orch(["cancel", job_id], env, timeout=180)
+    assert_nothing_left(job_json(job_id, env))
+
+
+@pytest.mark.parametrize(("run", "stopped"), [(SLEEP_RUN, True), (BUSY_RUN, False)])
+def test_without_gpus_cpu_use_decides(tmp_path: Path, run: str, stopped: bool) -> None:
+    spec = prepare(tmp_path, run.format(s=14), gpus=None)
+    result = run_orch(["submit", str(spec), "--json"], env_for(tmp_path), timeout=200)
+    job = json.loads(result.stdout)
+    assert job["state"] == ("IDLE_STOPPED" if stopped else "SUCCEEDED"), job["reason"]
+    if stopped:
+        assert "no GPU" in job["reason"]
