@@ -29,8 +29,7 @@ IDLE_TIMEOUT = 4
 WATCH = 1
 SLEEP_RUN = 'python -c "import time; time.sleep({s})"'
 BUSY_RUN = (  # computes for {s} seconds (no ": " in it, which YAML would read as a mapping)
-    'python -c "import time; end = time.time() + {s}; '
-    'any(time.time() > end for _ in iter(int, 1))"'
+    'python -c "import time; end = time.time() + {s}; any(time.time() > end for _ in iter(int, 1))"'
 )
 
 
