@@ -342,8 +342,8 @@ def reconcile(json_out: JsonFlag = False) -> None:
 @app.callback()
 def _revive_lost_controllers(context: typer.Context) -> None:
     """Before any command: an unfinished job whose controller died gets a new one."""
-    if context.invoked_subcommand == "reconcile":
-        return  # it revives, and reports what it did
+    if context.invoked_subcommand in ("reconcile", "down"):
+        return  # reconcile revives and reports it; down ends nodes, whatever drives them
     from orchestrator.supervision import revive_controllers
 
     settings = load_settings()

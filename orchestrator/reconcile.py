@@ -7,10 +7,12 @@ closed at the time the provider acknowledged.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from orchestrator.config import Settings
+from orchestrator.errors import UnknownJob
 from orchestrator.ledger import JobState, Ledger
 from orchestrator.providers.base import Provider
 from orchestrator.supervision import controller_running, revive_controllers
@@ -26,8 +28,8 @@ def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: lis
     """Terminate nodes and close their leases at the provider's acknowledged end time."""
     ended_at = provider.terminate(sorted(instance_ids))
     ledger.close_leases(instance_ids, ended_at)
-    if any(j.id == job_id for j in ledger.jobs()):
-        ledger.add_event(job_id, "TERMINATED", f"{len(instance_ids)} node(s) by reconcile")
+    with contextlib.suppress(UnknownJob):  # nodes of a job the ledger never knew
+        ledger.add_event(ledger.get_job(job_id).id, "TERMINATED", f"{len(instance_ids)} node(s)")
 
 
 def reconcile(settings: Settings, ledger: Ledger, providers: list[Provider]) -> ReconcileReport:

@@ -165,3 +165,29 @@ def test_status_in_a_loop_while_a_job_runs_never_hits_a_locked_database(tmp_path
     run_orch(["cancel", job_id], env, timeout=180)
     assert failures == []
     assert_nothing_left(job_json(job_id, env))
+
+
+def test_reconcile_ends_nodes_no_job_owns(tmp_path: Path) -> None:
+    from orchestrator.config import LocalSettings, Settings
+    from orchestrator.providers.base import LaunchRequest
+    from orchestrator.providers.local import LocalProvider
+    from orchestrator.remote.keys import ensure_identity
+
+    home = tmp_path / "orch"
+    provider = LocalProvider(Settings(home=home, local=LocalSettings()))
+    key = ensure_identity(home / "keys" / "ghost", "ghost").public_key
+    ghosts = provider.launch(
+        LaunchRequest(job_id="ghost", cluster="ghost", count=2, gpus_per_node=1, public_key=key)
+    )
+    env = orch_env(home)
+    result = run_orch(["reconcile", "--json"], env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["terminated"] == {
+        "ghost": sorted(g.instance_id for g in ghosts)
+    }
+    assert provider.list_owned() == []
+    assert_nothing_left(
+        {"leases": [{"instance_id": g.instance_id, "ended_at": "n/a"} for g in ghosts]}
+    )
+    again = run_orch(["reconcile"], env)
+    assert "nothing to reconcile" in again.stdout
