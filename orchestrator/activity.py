@@ -67,10 +67,16 @@ class JobActivity:
         now = time.monotonic() if now is None else now
         readings: list[NodeReading] = []
         finished = []
+        # When the readings were taken: the newest GPU record, not this tick. The idle clock
+        # then starts when the GPUs went idle, not up to one tick later.
+        observed_at: float | None = None
         for rank, (gpu, cpu) in enumerate(zip(self.gpus, self.cpus, strict=True)):
             state = gpu.latest(now)
+            if state.updated_at is not None and state.available is not False:
+                observed_at = max(observed_at or state.updated_at, state.updated_at)
             if state.available is False:
                 self.on_cpu = True
+                observed_at = now  # a CPU reading is taken now
                 percent = cpu.sample()
                 readings.append(percent)
                 sample = GpuSample(CPU_KEY, None, percent, None, None, percent is not None)
@@ -84,7 +90,7 @@ class JobActivity:
             ]
             for sample in samples:
                 finished += self._downsample((rank, sample.index or 0), now, sample)
-        self.policy.update(now, readings)
+        self.policy.update(min(now, observed_at if observed_at is not None else now), readings)
         if finished:
             self.record(finished)
         return self.policy.idle_for(now)
