@@ -12,16 +12,21 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.errors import OrchError, SpecError
+from orchestrator.errors import CapacityError, OrchError, SpecError
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.providers import get_provider
+
+if TYPE_CHECKING:
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.providers.base import Provider
+    from orchestrator.spec import JobSpec
 
 app = typer.Typer(
     name="orch",
@@ -43,6 +48,26 @@ def _ledger(settings: Settings) -> Ledger:
 
 def _print_json(document: object) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[LaunchPlan, dict]:
+    """The plan a submit follows (cheapest fitting offer first) and its dry-run document."""
+    from orchestrator.plan import local_plan, offers_dry_run
+
+    if provider.name != "aws":
+        plan = local_plan(spec, settings.local.price_per_hour)
+        return plan, {"provider": provider.name, "plan": plan.as_dict()}
+    from orchestrator.offers import OfferQuery
+
+    offers = provider.offers(OfferQuery.from_resources(spec.resources))  # type: ignore[attr-defined]
+    if not offers:
+        raise CapacityError(
+            "no AWS offer fits the job's resources (GPU type, count, memory, max price)",
+            hint="`orch catalog` lists the instance types; relax resources or max_price_per_hour",
+        )
+    from orchestrator.plan import offer_plan
+
+    return offer_plan(spec, offers[0]), offers_dry_run(spec, offers)
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -76,7 +101,6 @@ def submit(
     --detach a background controller drives it and the job id is printed on the last line.
     """
     from orchestrator.controller import JobRunner, RunnerOptions
-    from orchestrator.plan import local_plan
     from orchestrator.spec_loading import load_job
     from orchestrator.supervision import (
         ControllerLock,
@@ -98,18 +122,22 @@ def submit(
     }
     loaded = load_job(job_file, overrides)
     chosen = get_provider(loaded.spec.provider, settings)
+    plan, dry_run_document = _plan(loaded.spec, chosen, settings)
     if dry_run:
-        plan = local_plan(loaded.spec, settings.local.price_per_hour)
         if json_out:
-            _print_json({"plan": plan.as_dict(), "spec": loaded.spec.model_dump(mode="json")})
+            _print_json({**dry_run_document, "spec": loaded.spec.model_dump(mode="json")})
         else:
             Console().print(
                 f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "
                 f"{plan.provider} at ${plan.price_per_node_hour}/node-hour "
-                f"(${plan.hourly_usd}/h in all)"
+                f"(${plan.hourly_usd}/h in all"
+                + (
+                    f", ${plan.cost_at_max_runtime:.2f} for max_runtime)"
+                    if plan.cost_at_max_runtime is not None
+                    else ")"
+                )
             )
         return
-    plan = local_plan(loaded.spec, settings.local.price_per_hour)
     max_hourly = loaded.spec.budget.max_hourly_usd
     if max_hourly is not None and plan.hourly_usd > max_hourly:
         raise SpecError(
@@ -321,20 +349,67 @@ def down(
 
 
 @app.command()
-def reconcile(json_out: JsonFlag = False) -> None:
+def catalog(
+    gpu: Annotated[str | None, typer.Option("--gpu", help="only this GPU, e.g. A10G")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """AWS GPU instance types with their GPUs and on-demand prices per region."""
+    from rich.table import Table
+
+    from orchestrator.catalog import catalog_document, catalog_rows, load_catalog
+
+    data = load_catalog()
+    if json_out:
+        _print_json(catalog_document(data, gpu=gpu))
+        return
+    rows = catalog_rows(data, gpu=gpu)
+    if not rows:
+        raise SpecError(f"no instance type with GPU {gpu!r}", hint="`orch catalog` lists all")
+    regions = sorted({region for row in rows for region in row["on_demand_usd_per_hour"]})
+    table = Table(title=f"AWS GPU instance types, on-demand $/h (catalog {data.date})")
+    for column in ("type", "GPU", "GPUs", "GiB/GPU", "vCPU", "RAM GiB", *regions):
+        table.add_column(column, justify="left" if column in ("type", "GPU") else "right")
+    for row in rows:
+        table.add_row(
+            row["instance_type"], row["gpu"], str(row["gpus"]), f"{row['gpu_memory_gib']:g}",
+            str(row["vcpus"]), f"{row['memory_gib']:g}",
+            *(row["on_demand_usd_per_hour"].get(region, "-") for region in regions),
+        )  # fmt: skip
+    Console().print(table)
+
+
+def _providers_in_use(settings: Settings, ledger: Ledger) -> list[Provider]:
+    """The local provider, plus AWS when a job used it or an endpoint is configured."""
+    names = {"local"} | {job.provider for job in ledger.jobs()}
+    if settings.aws.endpoint_url:
+        names.add("aws")
+    return [get_provider(name, settings) for name in sorted(names)]
+
+
+@app.command()
+def reconcile(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="only list what would be revived or ended")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
     """Give unfinished jobs whose controller died a new one; end nodes no live job owns."""
     from orchestrator.reconcile import reconcile as run_reconcile
 
     settings = load_settings()
-    report = run_reconcile(settings, _ledger(settings), [get_provider("local", settings)])
+    ledger = _ledger(settings)
+    report = run_reconcile(settings, ledger, _providers_in_use(settings, ledger), dry_run=dry_run)
     if json_out:
-        _print_json({"terminated": report.terminated, "revived": report.revived})
+        _print_json(
+            {"terminated": report.terminated, "revived": report.revived, "dry_run": dry_run}
+        )
         return
     console = Console()
+    ended, adopted = ("would terminate", "would get") if dry_run else ("terminated", "got")
     for job_id, ids in report.terminated.items():
-        console.print(f"{job_id}: terminated {len(ids)} node(s) no live job owns")
+        console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
     for job_id in report.revived:
-        console.print(f"{job_id}: its controller was gone; a new one adopted the job")
+        console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
     if not report.terminated and not report.revived:
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 

@@ -3,7 +3,8 @@
 Layout of ORCH_HOME (default ~/.orch):
 
     orch.db                  the ledger (SQLite)
-    config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}}
+    config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
+                             {aws: {regions: [us-east-1], ami_id: ami-...}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
     jobs/<job id>/           pulled checkpoints, logs
     local/                   the local provider's nodes and network state
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError
 
@@ -35,6 +36,45 @@ class LocalSettings(BaseModel):
     network: LocalNetworkMode = "auto"
     subnet: IPv4Network = IPv4Network("10.213.0.0/24")
     bridge: str = "orchbr0"
+
+
+class AwsSettings(BaseModel):
+    """Settings of the AWS provider. Nothing here is read from AWS at load time.
+
+    Network ids (key pair, security group, subnets) come from, in order: these fields, the
+    Terraform outputs file `tf_outputs` (`terraform output -json`: `key_name`,
+    `security_group_id`, `subnet_ids` = {zone: subnet id}, optional `region`), or else the
+    provider creates a key pair and an `orch` security group in the region's default VPC.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    regions: list[str] = Field(
+        default_factory=lambda: ["us-east-1", "us-east-2", "us-west-2"], min_length=1
+    )
+    endpoint_url: str | None = None  # EC2 endpoint override (tests: the moto server)
+    ami_id: str | None = None  # used as is when set
+    ami_name: str = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
+    ami_owners: list[str] = Field(default_factory=lambda: ["amazon"])  # [] = any owner
+    ssh_user: str = "ubuntu"
+    interface: str = "ens5"  # NIC carrying the private IP on the node (GLOO/NCCL_SOCKET_IFNAME)
+    owner: str | None = None  # value of the orch-owner tag; None: the login name
+    key_name: str | None = None
+    security_group_id: str | None = None
+    subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
+    tf_outputs: Path | None = None  # `terraform output -json` file of infra/
+    ssh_cidr: str = "0.0.0.0/0"  # who may reach port 22 of a security group orch creates
+    spot_price_cache_s: float = Field(default=300.0, ge=0)
+    ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running`
+    poll_interval_s: float = Field(default=5.0, gt=0)
+    max_api_attempts: int = Field(default=8, ge=1)  # botocore retries for throttling and 5xx
+
+    @field_validator("regions", "ami_owners", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
 
 class ControllerSettings(BaseModel):
@@ -69,6 +109,7 @@ class Settings(BaseModel):
 
     home: Path
     local: LocalSettings = LocalSettings()
+    aws: AwsSettings = AwsSettings()
     controller: ControllerSettings = ControllerSettings()
 
     @property
@@ -86,6 +127,10 @@ _ENV_OVERRIDES = {
     "ORCH_LOCAL_PRICE_PER_HOUR": ("local", "price_per_hour"),
     "ORCH_LOCAL_NETWORK": ("local", "network"),
     "ORCH_LOCAL_SUBNET": ("local", "subnet"),
+    "ORCH_AWS_REGIONS": ("aws", "regions"),
+    "ORCH_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
+    "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
+    "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
     "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
     "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),

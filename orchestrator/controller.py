@@ -195,9 +195,11 @@ class JobRunner:
             count=resources.nodes,
             gpus_per_node=resources.gpus_per_node,
             public_key=identity.public_key,
-            spot=resources.spot is True,
+            spot=resources.spot,
             accelerator=resources.accelerator,
             max_price_per_hour=resources.max_price_per_hour,
+            min_gpu_memory_gb=resources.min_gpu_memory_gb,
+            attempt=self.job.recoveries,
         )
         self.instances = self.provider.launch(request)
         for instance in self.instances:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
+from orchestrator.offers import Offer
 from orchestrator.spec import JobSpec
 
 
@@ -58,3 +59,49 @@ def local_plan(spec: JobSpec, price_per_hour: Decimal) -> LaunchPlan:
         max_runtime_s=spec.budget.max_runtime,
         max_cost_usd=spec.budget.max_cost_usd,
     )
+
+
+def offer_plan(spec: JobSpec, offer: Offer, *, provider: str = "aws") -> LaunchPlan:
+    """The plan a submit would follow with `offer` (the first offer it would try)."""
+    resources = spec.resources
+    return LaunchPlan(
+        provider=provider,
+        nodes=resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+        market=offer.market,
+        instance_type=offer.instance_type,
+        price_per_node_hour=offer.price_per_hour,
+        max_runtime_s=spec.budget.max_runtime,
+        max_cost_usd=spec.budget.max_cost_usd,
+    )
+
+
+def offers_dry_run(
+    spec: JobSpec, offers: list[Offer], *, provider: str = "aws", top: int | None = 10
+) -> dict:
+    """The `orch submit --dry-run --provider aws --json` document. Pure.
+
+    `offers` are ranked (cheapest first, `orchestrator.offers.rank_offers`); the plan is built
+    from the first one, or is None when nothing fits. `top` limits the offers listed (None: all);
+    `offers_total` says how many there were. Each offer row carries its per-node and cluster
+    hourly price and its cost for `budget.max_runtime` (None without one).
+    """
+    nodes = spec.resources.nodes
+    runtime = spec.budget.max_runtime
+    rows = []
+    for offer in offers if top is None else offers[:top]:
+        hourly = offer.price_per_hour * nodes
+        row = offer.as_dict()
+        row["cluster_usd_per_hour"] = str(hourly)
+        row["cost_at_max_runtime_usd"] = (
+            None if runtime is None else str(hourly * Decimal(str(runtime)) / Decimal(3600))
+        )
+        rows.append(row)
+    plan = offer_plan(spec, offers[0], provider=provider) if offers else None
+    return {
+        "provider": provider,
+        "plan": None if plan is None else plan.as_dict(),
+        "chosen": rows[0] if rows else None,
+        "offers": rows,
+        "offers_total": len(offers),
+    }

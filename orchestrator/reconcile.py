@@ -32,9 +32,22 @@ def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: lis
         ledger.add_event(ledger.get_job(job_id).id, "TERMINATED", f"{len(instance_ids)} node(s)")
 
 
-def reconcile(settings: Settings, ledger: Ledger, providers: list[Provider]) -> ReconcileReport:
-    """Revive lost controllers, then end every node no driven job owns. Idempotent."""
-    report = ReconcileReport(revived=revive_controllers(settings, ledger))
+def reconcile(
+    settings: Settings, ledger: Ledger, providers: list[Provider], *, dry_run: bool = False
+) -> ReconcileReport:
+    """Revive lost controllers, then end every node no driven job owns. Idempotent.
+
+    With `dry_run`, nothing is revived or terminated: the report says what would be.
+    """
+    if dry_run:
+        revived = [
+            job.id
+            for job in ledger.jobs()
+            if not JobState(job.state).is_final and not controller_running(settings, job.id)
+        ]
+    else:
+        revived = revive_controllers(settings, ledger)
+    report = ReconcileReport(revived=revived)
     jobs = {job.id: job for job in ledger.jobs()}
     for provider in providers:
         by_job: dict[str, list[str]] = defaultdict(list)
@@ -45,6 +58,7 @@ def reconcile(settings: Settings, ledger: Ledger, providers: list[Provider]) -> 
             driven = job_id in report.revived or controller_running(settings, job_id)
             if job is not None and not JobState(job.state).is_final and driven:
                 continue
-            end_nodes(ledger, provider, job_id, ids)
+            if not dry_run:
+                end_nodes(ledger, provider, job_id, ids)
             report.terminated[job_id] = sorted(ids)
     return report

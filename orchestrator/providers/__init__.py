@@ -20,10 +20,9 @@ def get_provider(name: str, settings: Settings) -> Provider:
 
         return LocalProvider(settings)
     if name == "aws":
-        raise SpecError(
-            "the aws provider is not available in this version",
-            hint="use --provider local",
-        )
+        from orchestrator.providers.aws import AwsProvider
+
+        return AwsProvider(settings)
     raise SpecError(
         f"unknown provider {name!r}", hint=f"choose one of: {', '.join(PROVIDER_NAMES)}"
     )

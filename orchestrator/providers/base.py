@@ -33,9 +33,13 @@ class LaunchRequest:
     count: int  # number of nodes, ranks 0..count-1
     gpus_per_node: int  # GPUs (or, on CPU-only local nodes, trainer processes) per node
     public_key: str  # OpenSSH public key line that must be authorized on every node
-    spot: bool = False  # ask for interruptible capacity
+    spot: bool | Literal["auto"] = False  # spot only / on-demand only / "auto": cheapest of both
     accelerator: str | None = None  # GPU model wanted (None: any)
     max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
+    min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
+    attempt: int = 0  # launch attempt of the job (0 first, +1 per recovery); part of the
+    #                   idempotency token, so a retried call never launches twice while a new
+    #                   attempt always launches new nodes
 
 
 @dataclass(frozen=True)

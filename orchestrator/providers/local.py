@@ -241,7 +241,7 @@ class LocalProvider:
             ssh_user=pwd.getpwuid(os.geteuid()).pw_name,
             home=net.NODE_HOME if namespaced else str(node_dir / "disk"),
             host_key=net.host_key_line(key_file.with_suffix(".pub").read_text()),
-            market="spot" if request.spot else "on-demand",
+            market="spot" if request.spot is True else "on-demand",
             instance_type=f"local-{request.gpus_per_node}x",
             price_per_hour=str(self.settings.local.price_per_hour),
             launched_at=datetime.now(UTC).isoformat(),

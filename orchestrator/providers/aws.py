@@ -1,0 +1,383 @@
+"""The AWS provider: EC2 GPU instances, spot or on-demand, cheapest offer that fits first.
+
+Lifecycle:
+
+    launch(request)   rank offers (type x zone x market, `orchestrator.offers`), then for each
+                      offer in turn start every node in that ONE zone, one `run_instances` call
+                      per node (each node has its own host key and rank tag), and wait until all
+                      are `running`. A capacity refusal (`aws_launch.CAPACITY_CODES`) moves on to
+                      the next offer (the next zone, then the next type) after terminating the
+                      nodes that did start in the refused zone. Billing of a node starts at its
+                      `LaunchTime` (`Instance.launched_at`); its price is the offer's price.
+    list_owned(...)   instances tagged `orch-job` (and `orch-owner` = this owner, or none) that are
+                      not shutting down or terminated, in every region in use.
+    terminate(ids)    `terminate_instances`, then wait until EC2 reports every one as
+                      `shutting-down` or `terminated`: billing stops then (the returned time).
+                      Ids that are gone or unknown are skipped.
+    preempted(ids)    the ids EC2 reclaimed (state reason `Server.SpotInstanceTermination`): the
+                      controller treats those as spot interruptions, not failures.
+
+Idempotency: each node's call carries a ClientToken derived from job, cluster, attempt, rank and
+offer, and the node is tagged with it; before launching, a live instance with that tag is adopted
+instead, so a retried launch (same request) never starts a node twice. Throttling
+(RequestLimitExceeded) and 5xx answers are retried by botocore's "standard" retry mode, with
+exponential backoff, at most `aws.max_api_attempts` tries per call.
+
+Host keys are generated here and passed in user data; see `aws_launch`. The provider never
+connects to a node.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from orchestrator.catalog import Catalog, load_catalog
+from orchestrator.config import Settings
+from orchestrator.errors import CapacityError, OrchError, ProviderError
+from orchestrator.offers import Offer, OfferQuery, SpotPriceSource, collect_offers
+from orchestrator.providers import aws_network
+from orchestrator.providers.aws_launch import (
+    CAPACITY_CODES,
+    GONE_STATES,
+    LIVE_STATES,
+    SPOT_RECLAIM_CODE,
+    TAG_JOB,
+    TAG_OWNER,
+    TAG_TOKEN,
+    client_token,
+    error_code,
+    instance_from_description,
+    new_host_key,
+    node_tags,
+    run_instances_args,
+    user_data,
+)
+from orchestrator.providers.base import Instance, LaunchRequest
+
+_CHUNK = 200  # ids per describe/terminate call
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One offer tried by `launch`, and why it was refused."""
+
+    offer: Offer
+    code: str  # AWS error code, or "NoSubnet" / "NotRunning"
+    message: str
+
+    def line(self) -> str:
+        o = self.offer
+        return f"{o.instance_type} {o.market} in {o.zone} at ${o.price_per_hour}/h: {self.code}"
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AwsProvider:
+    """EC2 nodes for orch. See the module docstring for the lifecycle and its guarantees.
+
+    The constructor does no I/O; boto3 clients are built on first use, one per region, from
+    `settings.aws` (`endpoint_url` set: every call goes there, as the tests do with moto).
+    """
+
+    name = "aws"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        catalog: Catalog | None = None,
+        spot_source: SpotPriceSource | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.aws = settings.aws
+        self._catalog = catalog
+        self._clients: dict[str, Any] = {}
+        self._networks: dict[tuple[str, str], aws_network.Network] = {}
+        self._sleep = sleep
+        self.spot_source = spot_source or SpotPriceSource(
+            self.client, ttl_s=self.aws.spot_price_cache_s
+        )
+
+    # --- clients, offers ------------------------------------------------------------------------
+
+    def client(self, region: str) -> Any:
+        """The EC2 client of `region` (built once; retries throttling and 5xx with backoff)."""
+        if region not in self._clients:
+            self._clients[region] = boto3.client(
+                "ec2",
+                region_name=region,
+                endpoint_url=self.aws.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "max_attempts": self.aws.max_api_attempts},
+                    connect_timeout=10,
+                    read_timeout=60,
+                ),
+            )
+        return self._clients[region]
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog()
+        return self._catalog
+
+    @property
+    def owner(self) -> str:
+        """Value of the orch-owner tag this provider writes and lists."""
+        return self.aws.owner or getpass.getuser()
+
+    def regions(self) -> list[str]:
+        return aws_network.regions(self.aws)
+
+    def offers(self, query: OfferQuery) -> list[Offer]:
+        """Ranked offers for `query` in the regions in use (asks EC2 for zones and spot prices)."""
+        return self._api(
+            "list offers",
+            lambda: collect_offers(
+                self.catalog, query, regions=self.regions(), source=self.spot_source
+            ),
+        )
+
+    # --- Provider interface ---------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        """Start `request.count` nodes in one zone of the cheapest offer that has capacity.
+
+        Returns them ordered by rank once all are `running`. Raises `CapacityError` listing every
+        offer tried when none could be launched (or none fits), and `ProviderError` on any other
+        AWS error; either way no node of this launch is left running.
+        """
+        offers = self.offers(OfferQuery.from_resources(request))
+        if not offers:
+            raise CapacityError(
+                f"no AWS offer fits {request.gpus_per_node} x {request.accelerator or 'any GPU'}"
+                f" (spot={request.spot}, max ${request.max_price_per_hour}/h)"
+                f" in {', '.join(self.regions())}",
+                hint="relax resources (accelerator, max_price_per_hour, spot) or add regions",
+            )
+        tried: list[Attempt] = []
+        for offer in offers:
+            try:
+                return self._launch_offer(request, offer)
+            except _Refused as refused:
+                tried.append(Attempt(offer, refused.code, refused.message))
+        raise CapacityError(
+            "no AWS capacity for the job; tried:\n    " + "\n    ".join(a.line() for a in tried),
+            hint="retry later, allow on-demand (spot: auto), or another accelerator or region",
+        )
+
+    def terminate(self, instance_ids: list[str]) -> datetime:
+        """Terminate the nodes and wait until EC2 acknowledges each (shutting-down/terminated).
+
+        Returns the UTC time of that acknowledgement: billing of the nodes stops there. Ids that
+        are already gone, or that no region in use knows, are skipped. Raises `ProviderError` if
+        EC2 has not acknowledged within `aws.ready_timeout_s`.
+        """
+        ids = list(dict.fromkeys(instance_ids))
+        for region in self.regions() if ids else []:
+            ec2 = self.client(region)
+            live = [
+                d["InstanceId"]
+                for d in self._describe(region, ids)
+                if d["State"]["Name"] not in GONE_STATES
+            ]
+            for i in range(0, len(live), _CHUNK):
+                self._api(
+                    "terminate instances",
+                    lambda ec2=ec2, chunk=live[i : i + _CHUNK]: ec2.terminate_instances(
+                        InstanceIds=chunk
+                    ),
+                )
+            self._wait(region, live, GONE_STATES, "shutting-down")
+        return datetime.now(UTC)
+
+    def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
+        """Live (pending, running, stopping, stopped) instances tagged by orch, from EC2's tags.
+
+        An instance counts when it has an `orch-job` tag (equal to `job_id` when given) and its
+        `orch-owner` tag is this provider's owner or is missing. Ordered by job, cluster, rank.
+        """
+        job_filter = (
+            {"Name": f"tag:{TAG_JOB}", "Values": [job_id]}
+            if job_id is not None
+            else {"Name": "tag-key", "Values": [TAG_JOB]}
+        )
+        filters = [job_filter, {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]
+        found: list[Instance] = []
+        for region in self.regions():
+            for desc in self._describe_filtered(region, filters):
+                node = self._instance(desc)
+                owner = node.tags.get(TAG_OWNER) if node else None
+                if node is not None and owner in (None, self.owner):
+                    found.append(node)
+        return sorted(found, key=lambda n: (n.job_id, n.cluster, n.rank, n.instance_id))
+
+    # --- beyond the protocol --------------------------------------------------------------------
+
+    def preempted(self, instance_ids: list[str]) -> set[str]:
+        """The ids EC2 reclaimed as spot capacity (state reason `Server.SpotInstanceTermination`).
+
+        For the controller: such a node was interrupted, not crashed; a recovery follows. A node
+        stopped or terminated by anything else (the user, orch, a failure) is not in the set.
+        """
+        ids = list(dict.fromkeys(instance_ids))
+        reclaimed: set[str] = set()
+        for region in self.regions() if ids else []:
+            for desc in self._describe(region, ids):
+                reason = desc.get("StateReason") or {}
+                code, message = reason.get("Code", ""), reason.get("Message", "")
+                if SPOT_RECLAIM_CODE in (code, message.split(":")[0]):
+                    reclaimed.add(desc["InstanceId"])
+        return reclaimed
+
+    # --- launch internals -----------------------------------------------------------------------
+
+    def _network(self, region: str, public_key: str) -> aws_network.Network:
+        key = (region, public_key.strip())
+        if key not in self._networks:
+            self._networks[key] = self._api(
+                f"prepare the network in {region}",
+                lambda: aws_network.resolve_network(
+                    self.client(region), region, self.aws, public_key
+                ),
+            )
+        return self._networks[key]
+
+    def _launch_offer(self, request: LaunchRequest, offer: Offer) -> list[Instance]:
+        """All nodes on `offer`, or `_Refused` (capacity) with none of them left running."""
+        network = self._network(offer.region, request.public_key)
+        subnet = network.subnets.get(offer.zone)
+        if subnet is None:
+            raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
+        ec2 = self.client(offer.region)
+        ids: list[str] = []
+        try:
+            for rank in range(request.count):
+                ids.append(self._launch_node(ec2, request, rank, offer, network, subnet))
+            self._wait(offer.region, ids, frozenset({"running"}), "running")
+            by_id = {d["InstanceId"]: d for d in self._describe(offer.region, ids)}
+            nodes = [self._instance(by_id[i]) for i in ids]
+            return [n for n in nodes if n is not None]
+        except BaseException as exc:
+            if ids:
+                try:
+                    self.terminate(ids)
+                except Exception as cleanup:
+                    exc.add_note(f"terminating the partial launch {ids} failed too: {cleanup}")
+            raise
+
+    def _launch_node(
+        self,
+        ec2: Any,
+        request: LaunchRequest,
+        rank: int,
+        offer: Offer,
+        network: aws_network.Network,
+        subnet: str,
+    ) -> str:
+        token = client_token(request, rank, offer)
+        adopted = self._describe_filtered(
+            offer.region,
+            [
+                {"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ],
+        )
+        if adopted:  # a retried launch: that node already exists
+            return adopted[0]["InstanceId"]
+        host_key = new_host_key()
+        args = run_instances_args(
+            offer,
+            image_id=network.image_id,
+            subnet_id=subnet,
+            security_group_id=network.security_group_id,
+            key_name=network.key_name,
+            tags=node_tags(
+                request, rank, offer, owner=self.owner, host_key=host_key.public_line, token=token
+            ),
+            token=token,
+            user_data_text=user_data(request.public_key, host_key),
+            max_price=request.max_price_per_hour if offer.market == "spot" else None,
+        )
+        try:
+            reply = ec2.run_instances(**args)
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in CAPACITY_CODES:
+                raise _Refused(code, str(exc)) from exc
+            raise ProviderError(f"EC2 refused to launch {offer.instance_type}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
+        return reply["Instances"][0]["InstanceId"]
+
+    def _wait(self, region: str, ids: list[str], wanted: frozenset[str], label: str) -> None:
+        """Poll until every id is in a `wanted` state. A node that is gone while waiting for
+        `running` is a refusal (e.g. spot capacity vanished); a timeout is a `ProviderError`."""
+        if not ids:
+            return
+        deadline = time.monotonic() + self.aws.ready_timeout_s
+        while True:
+            states = {d["InstanceId"]: d["State"]["Name"] for d in self._describe(region, ids)}
+            if all(states.get(i) in wanted for i in ids):
+                return
+            if "running" in wanted and any(states.get(i, "terminated") in GONE_STATES for i in ids):
+                raise _Refused("NotRunning", f"nodes ended while starting: {states}")
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"EC2 nodes in {region} not {label} after {self.aws.ready_timeout_s:.0f} s:"
+                    f" {states}"
+                )
+            self._sleep(self.aws.poll_interval_s)
+
+    # --- describe helpers -----------------------------------------------------------------------
+
+    def _instance(self, desc: dict[str, Any]) -> Instance | None:
+        return instance_from_description(
+            desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface
+        )
+
+    def _describe(self, region: str, ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Descriptions of the ids EC2 knows in `region` (unknown ids are left out, not errors)."""
+        ids = list(ids)
+        found: list[dict[str, Any]] = []
+        for i in range(0, len(ids), _CHUNK):
+            found += self._describe_filtered(
+                region, [{"Name": "instance-id", "Values": ids[i : i + _CHUNK]}]
+            )
+        return found
+
+    def _describe_filtered(self, region: str, filters: list[dict]) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            pages = (
+                self.client(region).get_paginator("describe_instances").paginate(Filters=filters)
+            )
+            return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+        return self._api(f"describe instances in {region}", call)
+
+    def _api(self, what: str, call: Callable[[], Any]) -> Any:
+        """Run `call`, turning AWS failures (after botocore's retries) into `ProviderError`."""
+        try:
+            return call()
+        except (OrchError, _Refused):
+            raise
+        except (ClientError, BotoCoreError) as exc:
+            raise ProviderError(
+                f"AWS failed to {what}: {exc}",
+                hint="check credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the region",
+            ) from exc

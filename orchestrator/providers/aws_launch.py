@@ -1,0 +1,265 @@
+"""Pure parts of the AWS provider: tags, idempotency tokens, host keys, cloud-init user data, the
+exact `run_instances` arguments, error classes, and reading instances back from descriptions.
+
+Host key pinning: EC2 never reports an instance's SSH host key (only in the console output, late
+and unauthenticated). So the provider generates an ed25519 host key pair per node here, hands
+the private half to cloud-init in the user data (`ssh_keys`, with `ssh_deletekeys: true` and no
+other key types generated, so the node presents exactly that key), and reports the public half
+as `Instance.host_key` (it is also tagged on the instance as `orch-host-key`, so `list_owned` can
+report it after a controller restart). Anyone allowed `ec2:DescribeInstanceAttribute` on the
+account can read user data, hence the host private key: the pin protects against the network,
+not against the account's own administrators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from orchestrator.errors import ConfigError
+from orchestrator.offers import Offer
+from orchestrator.providers.base import Instance, LaunchRequest
+
+TAG_JOB = "orch-job"
+TAG_CLUSTER = "orch-cluster"
+TAG_RANK = "orch-node-rank"
+TAG_OWNER = "orch-owner"
+TAG_HOST_KEY = "orch-host-key"  # the node's public ed25519 host key line
+TAG_PRICE = "orch-price"  # USD per hour at launch (the offer's price)
+TAG_MARKET = "orch-market"
+TAG_TOKEN = "orch-launch-token"  # the ClientToken of the call that launched it
+
+# Refusals that mean "not here, not now": try the next zone, then the next type.
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "Unsupported",
+    }
+)
+# States after which a node no longer runs (nor bills for compute).
+GONE_STATES = frozenset({"shutting-down", "terminated"})
+LIVE_STATES = ("pending", "running", "stopping", "stopped")  # what list_owned reports
+SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """An ed25519 host key pair for one node."""
+
+    private_openssh: str  # "-----BEGIN OPENSSH PRIVATE KEY-----..." (unencrypted)
+    public_line: str  # "ssh-ed25519 AAAA..."
+
+
+def new_host_key() -> HostKey:
+    """A fresh ed25519 host key pair (cryptography; no files written)."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return HostKey(private_openssh=private, public_line=public)
+
+
+def user_data(public_key: str, host_key: HostKey) -> str:
+    """cloud-config that authorizes `public_key` for the default user and installs `host_key`.
+
+    JSON is valid YAML, so the document is `#cloud-config` + JSON (no YAML quoting pitfalls).
+    """
+    doc = {
+        "ssh_authorized_keys": [public_key.strip()],
+        "ssh_deletekeys": True,
+        "ssh_genkeytypes": [],
+        "ssh_keys": {
+            "ed25519_private": host_key.private_openssh,
+            "ed25519_public": host_key.public_line,
+        },
+    }
+    return "#cloud-config\n" + json.dumps(doc, indent=1) + "\n"
+
+
+def client_token(request: LaunchRequest, rank: int, offer: Offer) -> str:
+    """The idempotency token of one node's `run_instances` call (<= 64 ASCII characters).
+
+    Derived from job, cluster, attempt and rank, and from the offer (type, zone, market): a
+    retried call for the same node in the same place returns the node already launched; another
+    zone or type is another request, and a new attempt always launches new nodes.
+    """
+    parts = (
+        request.job_id,
+        request.cluster,
+        str(request.attempt),
+        str(rank),
+        offer.instance_type,
+        offer.zone,
+        offer.market,
+    )
+    return "orch-" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:48]
+
+
+def node_tags(
+    request: LaunchRequest, rank: int, offer: Offer, *, owner: str, host_key: str, token: str
+) -> dict[str, str]:
+    """Tags of one node (its instance and its volumes)."""
+    return {
+        TAG_JOB: request.job_id,
+        TAG_CLUSTER: request.cluster,
+        TAG_RANK: str(rank),
+        TAG_OWNER: owner,
+        TAG_HOST_KEY: host_key,
+        TAG_PRICE: str(offer.price_per_hour),
+        TAG_MARKET: offer.market,
+        TAG_TOKEN: token,
+        "Name": f"orch-{request.cluster}-{rank}",
+    }
+
+
+def run_instances_args(
+    offer: Offer,
+    *,
+    image_id: str,
+    subnet_id: str,
+    security_group_id: str,
+    key_name: str | None,
+    tags: dict[str, str],
+    token: str,
+    user_data_text: str,
+    max_price: Decimal | None,
+) -> dict[str, Any]:
+    """The exact keyword arguments of one node's `run_instances` call. Pure."""
+    tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+    args: dict[str, Any] = {
+        "ImageId": image_id,
+        "InstanceType": offer.instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "ClientToken": token,
+        "UserData": user_data_text,
+        "SubnetId": subnet_id,
+        "SecurityGroupIds": [security_group_id],
+        "Placement": {"AvailabilityZone": offer.zone},
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": tag_list},
+            {"ResourceType": "volume", "Tags": tag_list},
+        ],
+        "InstanceInitiatedShutdownBehavior": "terminate",
+    }
+    if key_name:
+        args["KeyName"] = key_name
+    if offer.market == "spot":
+        spot: dict[str, Any] = {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        }
+        if max_price is not None:
+            spot["MaxPrice"] = str(max_price)
+        args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+    return args
+
+
+def tags_of(description: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in description.get("Tags") or []}
+
+
+def instance_from_description(
+    desc: dict[str, Any], *, ssh_user: str, interface: str
+) -> Instance | None:
+    """The `Instance` an EC2 description stands for; None when it carries no orch-job tag.
+
+    `ssh_host` is the public IP when there is one, else the private IP. Price and host key come
+    from the tags written at launch (0 and "" when missing, e.g. on an instance orch did not
+    launch but that carries an orch-job tag).
+    """
+    tags = tags_of(desc)
+    if TAG_JOB not in tags:
+        return None
+    private_ip = desc.get("PrivateIpAddress") or ""
+    public_ip = desc.get("PublicIpAddress") or ""
+    market = tags.get(TAG_MARKET) or (
+        "spot" if desc.get("InstanceLifecycle") == "spot" else "on-demand"
+    )
+    try:
+        price = Decimal(tags.get(TAG_PRICE, "0"))
+    except InvalidOperation:
+        price = Decimal(0)
+    try:
+        rank = int(tags.get(TAG_RANK, "0"))
+    except ValueError:
+        rank = 0
+    launched = desc.get("LaunchTime")
+    launched_at = launched.astimezone(UTC) if isinstance(launched, datetime) else datetime.now(UTC)
+    return Instance(
+        instance_id=desc["InstanceId"],
+        job_id=tags[TAG_JOB],
+        cluster=tags.get(TAG_CLUSTER, tags[TAG_JOB]),
+        rank=rank,
+        private_ip=private_ip,
+        ssh_host=public_ip or private_ip,
+        ssh_port=22,
+        ssh_user=ssh_user,
+        host_key=tags.get(TAG_HOST_KEY, ""),
+        interface=interface,
+        market="spot" if market == "spot" else "on-demand",
+        instance_type=desc.get("InstanceType", ""),
+        price_per_hour=price,
+        launched_at=launched_at,
+        tags=tags,
+    )
+
+
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a botocore ClientError ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+@dataclass(frozen=True)
+class TerraformOutputs:
+    """What orch reads from `terraform output -json` of infra/ (every field optional)."""
+
+    region: str | None = None
+    key_name: str | None = None
+    security_group_id: str | None = None
+    subnet_ids: dict[str, str] | None = None  # zone -> subnet id
+
+
+def read_tf_outputs(path: Path) -> TerraformOutputs:
+    """Parse a `terraform output -json` file; plain {name: value} files are accepted too."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot read Terraform outputs {path}: {exc}",
+            hint="run `terraform output -json > FILE` in infra/, or unset ORCH_AWS_TF_OUTPUTS",
+        ) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"Terraform outputs {path} must hold a JSON object")
+    values = {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in raw.items()}
+    subnets = values.get("subnet_ids")
+    if subnets is not None and not isinstance(subnets, dict):
+        raise ConfigError(f"Terraform output subnet_ids in {path} must map zone -> subnet id")
+    return TerraformOutputs(
+        region=values.get("region"),
+        key_name=values.get("key_name"),
+        security_group_id=values.get("security_group_id"),
+        subnet_ids={str(k): str(v) for k, v in subnets.items()} if subnets else None,
+    )

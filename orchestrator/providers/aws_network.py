@@ -1,0 +1,154 @@
+"""Where AWS nodes go: key pair, security group, subnet per zone, and the image, per region.
+
+Taken, in order, from the settings (`aws.key_name`, `aws.security_group_id`, `aws.subnet_ids`,
+`aws.ami_id`), from the Terraform outputs file of infra/ (`aws.tf_outputs`), or else found or
+created in the region's default VPC: a key pair named after the cluster key's fingerprint
+(imported from `LaunchRequest.public_key`), a security group `orch` (SSH from `aws.ssh_cidr`,
+all traffic between members of the group for NCCL/gloo) and the default subnet of each zone.
+Created key pairs and groups are left in place for the next launch (they cost nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from orchestrator.config import AwsSettings
+from orchestrator.errors import ProviderError
+from orchestrator.providers.aws_launch import TerraformOutputs, error_code, read_tf_outputs
+
+SECURITY_GROUP_NAME = "orch"
+
+
+@dataclass(frozen=True)
+class Network:
+    """Ids to launch with in one region."""
+
+    region: str
+    image_id: str
+    key_name: str | None
+    security_group_id: str
+    subnets: dict[str, str]  # zone -> subnet id; a zone not listed cannot be used
+
+
+def tf_outputs(settings: AwsSettings) -> TerraformOutputs:
+    """The Terraform outputs named by the settings, or empty ones."""
+    return read_tf_outputs(settings.tf_outputs) if settings.tf_outputs else TerraformOutputs()
+
+
+def regions(settings: AwsSettings) -> list[str]:
+    """Regions to use: the Terraform outputs' region when it names one, else `aws.regions`."""
+    region = tf_outputs(settings).region
+    return [region] if region else list(settings.regions)
+
+
+def resolve_network(ec2: Any, region: str, settings: AwsSettings, public_key: str) -> Network:
+    """Find (or create) everything a launch in `region` needs. Does I/O; idempotent."""
+    tf = tf_outputs(settings)
+    key_name = settings.key_name or tf.key_name or ensure_key_pair(ec2, public_key)
+    group = settings.security_group_id or tf.security_group_id
+    subnets = dict(settings.subnet_ids or tf.subnet_ids or {})
+    if group is None or not subnets:
+        vpc = default_vpc(ec2, region)
+        group = group or ensure_security_group(ec2, vpc, settings.ssh_cidr)
+        subnets = subnets or default_subnets(ec2, vpc)
+    return Network(
+        region=region,
+        image_id=settings.ami_id or find_image(ec2, region, settings),
+        key_name=key_name,
+        security_group_id=group,
+        subnets=subnets,
+    )
+
+
+def ensure_key_pair(ec2: Any, public_key: str) -> str:
+    """Import `public_key` as a key pair named after its hash unless it exists; return the name."""
+    name = "orch-" + hashlib.sha256(public_key.strip().encode()).hexdigest()[:16]
+    try:
+        ec2.describe_key_pairs(KeyNames=[name])
+        return name
+    except ClientError as exc:
+        if error_code(exc) != "InvalidKeyPair.NotFound":
+            raise
+    try:
+        ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public_key.strip().encode())
+    except ClientError as exc:
+        if error_code(exc) != "InvalidKeyPair.Duplicate":  # created meanwhile
+            raise
+    return name
+
+
+def default_vpc(ec2: Any, region: str) -> str:
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise ProviderError(
+            f"region {region} has no default VPC and no network was configured",
+            hint="apply infra/ and set ORCH_AWS_TF_OUTPUTS to its `terraform output -json` file",
+        )
+    return vpcs[0]["VpcId"]
+
+
+def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
+    """The `orch` group of the VPC, created with its two rules when missing."""
+    found = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [SECURITY_GROUP_NAME]},
+            {"Name": "vpc-id", "Values": [vpc_id]},
+        ]
+    )["SecurityGroups"]
+    if found:
+        return found[0]["GroupId"]
+    group_id = ec2.create_security_group(
+        GroupName=SECURITY_GROUP_NAME,
+        Description="orch nodes: SSH in, all traffic between nodes",
+        VpcId=vpc_id,
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [{"Key": "orch-owner", "Value": "orch"}]}
+        ],
+    )["GroupId"]
+    ec2.authorize_security_group_ingress(
+        GroupId=group_id,
+        IpPermissions=[
+            {
+                "IpProtocol": "tcp",
+                "FromPort": 22,
+                "ToPort": 22,
+                "IpRanges": [{"CidrIp": ssh_cidr, "Description": "SSH from the controller"}],
+            },
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]},
+        ],
+    )
+    return group_id
+
+
+def default_subnets(ec2: Any, vpc_id: str) -> dict[str, str]:
+    subnets = ec2.describe_subnets(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpc_id]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )["Subnets"]
+    return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
+
+
+def find_image(ec2: Any, region: str, settings: AwsSettings) -> str:
+    """Newest available x86_64 image named like `aws.ami_name` (owners `aws.ami_owners`)."""
+    args: dict[str, Any] = {
+        "Filters": [
+            {"Name": "name", "Values": [settings.ami_name]},
+            {"Name": "state", "Values": ["available"]},
+        ]
+    }
+    if settings.ami_owners:
+        args["Owners"] = list(settings.ami_owners)
+    found = ec2.describe_images(**args)["Images"]
+    images = [i for i in found if i.get("Architecture", "x86_64") == "x86_64"]
+    if not images:
+        raise ProviderError(
+            f"no image named {settings.ami_name!r} in {region}",
+            hint="set aws.ami_id (ORCH_AWS_AMI_ID) or aws.ami_name in ORCH_HOME/config.yaml",
+        )
+    return max(images, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))["ImageId"]

@@ -1,0 +1,51 @@
+"""Fixtures of the integration tests: a moto EC2 server on 127.0.0.1 for the AWS provider.
+
+One `ThreadedMotoServer` per session (it starts in well under a second); each test that asks
+for `moto_endpoint` gets it reset (`POST /moto-api/reset`) and fake credentials set in its own
+environment only. Nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """Base URL of a moto server running in this process."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def moto_endpoint(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The moto server, reset, with fake AWS credentials for this test only."""
+    request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+    for var in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    return moto_server

@@ -1,0 +1,315 @@
+"""The AWS provider against a moto EC2 server on 127.0.0.1, through a real boto3 client.
+
+Facts about moto 5 these tests rely on: instances are `running` as soon as they are described,
+terminated at once, spot prices are a fixed 0.00001, and ClientToken is not deduplicated by moto
+(the provider's own token tag is what makes a retried launch adopt its node).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ClientError
+
+from orchestrator.config import AwsSettings, Settings
+from orchestrator.errors import CapacityError
+from orchestrator.providers import get_provider
+from orchestrator.providers.aws import AwsProvider
+from orchestrator.providers.aws_launch import new_host_key
+from orchestrator.providers.base import LaunchRequest, Provider
+
+pytestmark = pytest.mark.timeout(60)
+
+REGION = "us-east-1"
+PUBLIC_KEY = new_host_key().public_line + " orch-test"  # any valid OpenSSH public key
+
+
+def make_provider(home: Path, endpoint: str, **aws: Any) -> AwsProvider:
+    options: dict[str, Any] = {
+        "regions": [REGION],
+        "endpoint_url": endpoint,
+        "ami_name": "ubuntu/images/*",
+        "ami_owners": [],
+        "owner": "tester",
+        "poll_interval_s": 0.01,
+        "ready_timeout_s": 10,
+        "max_api_attempts": 3,
+    }
+    options.update(aws)
+    return AwsProvider(Settings(home=home, aws=AwsSettings(**options)))
+
+
+def request(job: str = "job1", count: int = 2, spot: bool | str = True, **kw: Any) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=job,
+        cluster=job,
+        count=count,
+        gpus_per_node=1,
+        public_key=PUBLIC_KEY,
+        spot=spot,  # type: ignore[arg-type]
+        accelerator="A10G",
+        **kw,
+    )
+
+
+def running(provider: AwsProvider, **filters: str) -> list[dict]:
+    flt = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    flt += [{"Name": k, "Values": [v]} for k, v in filters.items()]
+    pages = provider.client(REGION).get_paginator("describe_instances").paginate(Filters=flt)
+    return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+def refuse(code: str, when: Any) -> Any:
+    """A botocore hook that fails RunInstances with `code` whenever `when(params)` holds."""
+
+    def hook(params: dict, **_: Any) -> None:
+        if when(params):
+            raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "RunInstances")
+
+    return hook
+
+
+@pytest.fixture
+def provider(tmp_path: Path, moto_endpoint: str) -> AwsProvider:
+    return make_provider(tmp_path, moto_endpoint)
+
+
+def test_registry_builds_aws_provider_without_io(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, aws=AwsSettings(endpoint_url="http://127.0.0.1:9"))
+    provider = get_provider("aws", settings)
+    assert isinstance(provider, Provider) and provider.name == "aws"
+
+
+@pytest.mark.parametrize("spot", [True, False])
+def test_launch_tags_market_ips_one_zone_then_terminate(provider: AwsProvider, spot: bool) -> None:
+    nodes = provider.launch(request(spot=spot))
+    assert [n.rank for n in nodes] == [0, 1]
+    market = "spot" if spot else "on-demand"
+    descs = {d["InstanceId"]: d for d in running(provider)}
+    assert set(descs) == {n.instance_id for n in nodes}
+    zones = {d["Placement"]["AvailabilityZone"] for d in descs.values()}
+    assert len(zones) == 1
+    for node in nodes:
+        desc = descs[node.instance_id]
+        tags = {t["Key"]: t["Value"] for t in desc["Tags"]}
+        assert tags["orch-job"] == "job1" and tags["orch-cluster"] == "job1"
+        assert tags["orch-node-rank"] == str(node.rank) and tags["orch-owner"] == "tester"
+        assert node.market == market and tags["orch-market"] == market
+        assert (desc.get("InstanceLifecycle") == "spot") is spot
+        assert node.instance_type == desc["InstanceType"] == "g5.xlarge"
+        assert node.private_ip == desc["PrivateIpAddress"]
+        assert node.ssh_host == desc["PublicIpAddress"]
+        assert node.host_key.startswith("ssh-ed25519 ")
+        assert node.ssh_user == "ubuntu" and node.interface == "ens5"
+        expected = "0.00001" if spot else "1.006"
+        assert str(node.price_per_hour) == expected
+        volumes = provider.client(REGION).describe_volumes(
+            Filters=[{"Name": "attachment.instance-id", "Values": [node.instance_id]}]
+        )["Volumes"]
+        assert volumes and all(
+            {"Key": "orch-job", "Value": "job1"} in v.get("Tags", []) for v in volumes
+        )
+    assert {n.instance_id for n in provider.list_owned(job_id="job1")} == set(descs)
+    ended = provider.terminate([n.instance_id for n in nodes] + ["i-0000000000000dead"])
+    assert ended.tzinfo is not None
+    assert running(provider) == [] and provider.list_owned() == []
+    provider.terminate([n.instance_id for n in nodes])  # idempotent
+
+
+def test_user_data_carries_host_key_and_client_key(provider: AwsProvider) -> None:
+    import base64
+    import json
+
+    (node,) = provider.launch(request(count=1))
+    raw = provider.client(REGION).describe_instance_attribute(
+        InstanceId=node.instance_id, Attribute="userData"
+    )["UserData"]["Value"]
+    text = base64.b64decode(raw).decode()
+    assert text.startswith("#cloud-config\n")
+    doc = json.loads(text.split("\n", 1)[1])
+    assert doc["ssh_keys"]["ed25519_public"] == node.host_key
+    assert "OPENSSH PRIVATE KEY" in doc["ssh_keys"]["ed25519_private"]
+    assert doc["ssh_authorized_keys"] == [PUBLIC_KEY] and doc["ssh_deletekeys"] is True
+
+
+def test_capacity_error_fails_over_to_next_zone(provider: AwsProvider) -> None:
+    first_zone = provider.offers(provider_query())[0].zone
+    provider.client(REGION).meta.events.register(
+        "before-parameter-build.ec2.RunInstances",
+        refuse(
+            "InsufficientInstanceCapacity",
+            lambda p: p["Placement"]["AvailabilityZone"] == first_zone,
+        ),
+    )
+    nodes = provider.launch(request())
+    zones = {d["Placement"]["AvailabilityZone"] for d in running(provider)}
+    assert len(nodes) == 2 and len(zones) == 1 and first_zone not in zones
+
+
+def test_partial_launch_is_terminated_before_failover(provider: AwsProvider) -> None:
+    first_zone = provider.offers(provider_query())[0].zone
+    calls: list[str] = []
+
+    def second_node_in_first_zone(params: dict) -> bool:
+        zone = params["Placement"]["AvailabilityZone"]
+        calls.append(zone)
+        return zone == first_zone and calls.count(first_zone) == 2
+
+    provider.client(REGION).meta.events.register(
+        "before-parameter-build.ec2.RunInstances",
+        refuse("InsufficientInstanceCapacity", second_node_in_first_zone),
+    )
+    nodes = provider.launch(request())
+    assert running(provider, **{"availability-zone": first_zone}) == []
+    assert {d["InstanceId"] for d in running(provider)} == {n.instance_id for n in nodes}
+    assert len(calls) == 4  # node 0 and 1 in the first zone, then both in the next
+
+
+def test_everything_refused_is_a_capacity_error_listing_tries(provider: AwsProvider) -> None:
+    provider.client(REGION).meta.events.register(
+        "before-parameter-build.ec2.RunInstances", refuse("SpotMaxPriceTooLow", lambda p: True)
+    )
+    with pytest.raises(CapacityError) as caught:
+        provider.launch(request(count=1))
+    message = str(caught.value)
+    offers = provider.offers(provider_query())
+    assert message.count("SpotMaxPriceTooLow") == len(offers) > 1
+    assert all(o.zone in message for o in offers)
+    assert running(provider) == []
+    assert caught.value.exit_code == 3
+
+
+def test_nothing_fits_is_a_capacity_error(provider: AwsProvider) -> None:
+    from decimal import Decimal
+
+    with pytest.raises(CapacityError, match="no AWS offer fits"):
+        provider.launch(request(spot=False, max_price_per_hour=Decimal("0.5")))
+
+
+def test_retried_launch_does_not_launch_twice(provider: AwsProvider) -> None:
+    first = provider.launch(request())
+    again = provider.launch(request())
+    assert [n.instance_id for n in again] == [n.instance_id for n in first]
+    assert len(running(provider)) == 2
+    tokens = {
+        t["Value"] for d in running(provider) for t in d["Tags"] if t["Key"] == "orch-launch-token"
+    }
+    assert len(tokens) == 2
+    retry = provider.launch(request(attempt=1))  # a new attempt is new nodes
+    assert not {n.instance_id for n in retry} & {n.instance_id for n in first}
+
+
+def test_throttling_is_retried(provider: AwsProvider) -> None:
+    failures = []
+
+    class _Raw:
+        def stream(self, **_: Any) -> Any:
+            yield (
+                b"<Response><Errors><Error><Code>RequestLimitExceeded</Code>"
+                b"<Message>slow down</Message></Error></Errors><RequestID>x</RequestID></Response>"
+            )
+
+    def throttle_once(request: Any, **_: Any) -> AWSResponse | None:
+        if not failures:
+            failures.append(request.url)
+            return AWSResponse(request.url, 503, {}, _Raw())
+        return None
+
+    provider.client(REGION).meta.events.register("before-send.ec2.RunInstances", throttle_once)
+    nodes = provider.launch(request(count=1))
+    assert len(failures) == 1 and len(nodes) == 1
+
+
+def test_spot_reclaim_is_reported_as_preemption(provider: AwsProvider) -> None:
+    from moto.core.models import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    reclaimed, kept = provider.launch(request())
+    instance = ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(reclaimed.instance_id)
+    instance.terminate()
+    instance.state_reason = StateReason(
+        "Server.SpotInstanceTermination: Spot instance termination",
+        "Server.SpotInstanceTermination",
+    )
+    ids = [reclaimed.instance_id, kept.instance_id]
+    assert provider.preempted(ids) == {reclaimed.instance_id}
+    provider.terminate([kept.instance_id])  # ended by orch: not a preemption
+    assert provider.preempted(ids) == {reclaimed.instance_id}
+    assert provider.list_owned() == []
+
+
+def test_list_owned_finds_orphans_and_ignores_untagged(provider: AwsProvider) -> None:
+    ec2 = provider.client(REGION)
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+
+    def start(tags: dict[str, str]) -> str:
+        args: dict[str, Any] = {"ImageId": image, "MinCount": 1, "MaxCount": 1}
+        if tags:
+            args["TagSpecifications"] = [
+                {
+                    "ResourceType": "instance",
+                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+                }
+            ]
+        return ec2.run_instances(**args)["Instances"][0]["InstanceId"]
+
+    ghost = start({"orch-job": "ghost"})
+    untagged = start({})
+    foreign = start({"orch-job": "theirs", "orch-owner": "someone-else"})
+    owned = provider.list_owned()
+    assert [n.instance_id for n in owned] == [ghost]
+    assert owned[0].job_id == "ghost"
+    provider.terminate([n.instance_id for n in owned])
+    assert {d["InstanceId"] for d in running(provider)} == {untagged, foreign}
+
+
+def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -> None:
+    from orchestrator.ledger import Ledger, make_engine
+    from orchestrator.reconcile import reconcile
+
+    ec2 = provider.client(REGION)
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": "orch-job", "Value": "ghost"}]}]
+    ghost = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, TagSpecifications=tags)
+    untagged = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)
+    ledger = Ledger(make_engine(provider.settings.db_path))
+    report = reconcile(provider.settings, ledger, [provider])
+    assert report.terminated == {"ghost": [ghost["Instances"][0]["InstanceId"]]}
+    assert [d["InstanceId"] for d in running(provider)] == [untagged["Instances"][0]["InstanceId"]]
+
+
+def test_terraform_outputs_pick_the_network(provider: AwsProvider, tmp_path: Path) -> None:
+    import json
+
+    ec2 = provider.client(REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
+    zone = "us-east-1b"
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.77.1.0/24", AvailabilityZone=zone)
+    group = ec2.create_security_group(GroupName="tf-orch", Description="tf", VpcId=vpc)
+    ec2.import_key_pair(KeyName="tf-key", PublicKeyMaterial=PUBLIC_KEY.encode())
+    outputs = {
+        "region": {"value": REGION},
+        "key_name": {"value": "tf-key"},
+        "security_group_id": {"value": group["GroupId"]},
+        "subnet_ids": {"value": {zone: subnet["Subnet"]["SubnetId"]}},
+    }
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(outputs))
+    tf_provider = make_provider(
+        tmp_path, provider.aws.endpoint_url or "", tf_outputs=path, regions=["us-west-2"]
+    )
+    nodes = tf_provider.launch(request())
+    descs = running(tf_provider)
+    assert {d["SubnetId"] for d in descs} == {subnet["Subnet"]["SubnetId"]}
+    assert {d["KeyName"] for d in descs} == {"tf-key"}
+    assert all(n.private_ip.startswith("10.77.1.") for n in nodes)
+
+
+def provider_query() -> Any:
+    from orchestrator.offers import OfferQuery
+
+    return OfferQuery.from_resources(request())
