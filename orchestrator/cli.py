@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.errors import CapacityError, OrchError, SpecError
+from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.providers import get_provider
 
@@ -330,21 +331,25 @@ def down(
         raise SpecError("give a cluster name or --all (not both)")
     settings = load_settings()
     ledger = _ledger(settings)
-    provider = get_provider("local", settings)
-    owned = provider.list_owned()
-    chosen = [i for i in owned if all_clusters or i.cluster == cluster]
-    if cluster is not None and not chosen:
+    ended = 0
+    for provider in _providers_in_use(settings, ledger):
+        by_job: dict[str, list[str]] = {}
+        for instance in provider.list_owned():
+            if all_clusters or instance.cluster == cluster:
+                by_job.setdefault(instance.job_id, []).append(instance.instance_id)
+        for job_id, ids in by_job.items():
+            end_nodes(ledger, provider, job_id, ids)
+            ended += len(ids)
+            with contextlib.suppress(UnknownJob):
+                job = ledger.get_job(job_id)
+                if not JobState(job.state).is_final and not controller_running(settings, job_id):
+                    ledger.update_job(
+                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down"
+                    )
+            Console().print(f"{job_id}: terminated {len(ids)} {provider.name} node(s)")
+    if cluster is not None and not ended:
         raise SpecError(f"no running cluster {cluster!r}", hint="`orch status` lists jobs")
-    by_job: dict[str, list[str]] = {}
-    for instance in chosen:
-        by_job.setdefault(instance.job_id, []).append(instance.instance_id)
-    for job_id, ids in by_job.items():
-        end_nodes(ledger, provider, job_id, ids)
-        job = next((j for j in ledger.jobs() if j.id == job_id), None)
-        if job and not JobState(job.state).is_final and not controller_running(settings, job_id):
-            ledger.update_job(job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down")
-        Console().print(f"{job_id}: terminated {len(ids)} node(s)")
-    if not by_job:
+    if not ended:
         Console().print("nothing to shut down")
 
 

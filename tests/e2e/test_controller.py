@@ -191,3 +191,16 @@ def test_reconcile_ends_nodes_no_job_owns(tmp_path: Path) -> None:
     )
     again = run_orch(["reconcile"], env)
     assert "nothing to reconcile" in again.stdout
+
+
+def test_down_ends_a_running_cluster_at_once(tmp_path: Path) -> None:
+    spec = write_job(tmp_path, f"name: downed\nrun: {TICKS.format(n=600)}\n")
+    env = fast_env(tmp_path / "orch")
+    job_id = detach(spec, env)
+    wait_for_state(job_id, env, {"RUNNING"})
+    result = run_orch(["down", job_id], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "terminated 2 local node(s)" in result.stdout
+    job = wait_for_state(job_id, env, {"FAILED", "CANCELLED"}, timeout=120)
+    assert_nothing_left(job)
+    assert run_orch(["down", "no-such-cluster"], env).returncode == 2
