@@ -3,7 +3,7 @@ SHELL := /bin/bash
 ORCH := .venv/bin/orch
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup demo test test-fast lint bench clean-nodes
+.PHONY: setup demo test test-fast lint bench clean-nodes infra-test
 
 setup:
 	@bash scripts/setup.sh
@@ -29,3 +29,6 @@ bench: setup
 
 clean-nodes: setup
 	$(ORCH) reconcile
+
+infra-test: setup
+	bash scripts/infra_test.sh

@@ -1,0 +1,26 @@
+# orch reads these (`terraform output -json`); keep the names stable.
+
+output "region" {
+  description = "Region the network is in."
+  value       = var.region
+}
+
+output "vpc_id" {
+  description = "ID of the VPC."
+  value       = aws_vpc.this.id
+}
+
+output "subnet_ids" {
+  description = "Public subnet ID per availability zone: { \"us-east-1a\" = \"subnet-...\", ... }."
+  value       = { for zone, subnet in aws_subnet.zone : zone => subnet.id }
+}
+
+output "security_group_id" {
+  description = "ID of the security group to put every node in."
+  value       = aws_security_group.nodes.id
+}
+
+output "key_name" {
+  description = "Name of the EC2 key pair to launch nodes with."
+  value       = aws_key_pair.orch.key_name
+}
