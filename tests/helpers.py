@@ -8,7 +8,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,3 +126,27 @@ class Background:
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=10)
         return code
+
+
+@contextmanager
+def loopback_cluster(home: Path, job: str, *, count: int, gpus_per_node: int = 1) -> Iterator:
+    """`count` real local nodes on 127.0.0.1 with their connections; always terminated."""
+    from orchestrator.cluster import Cluster
+    from orchestrator.config import LocalSettings, Settings
+    from orchestrator.providers.base import LaunchRequest
+    from orchestrator.providers.local import LocalProvider
+    from orchestrator.remote.keys import ensure_identity
+
+    settings = Settings(home=home, local=LocalSettings(network="loopback"))
+    provider = LocalProvider(settings)
+    identity = ensure_identity(settings.keys_dir(job), "test")
+    instances = provider.launch(
+        LaunchRequest(job_id=job, cluster=job, count=count, gpus_per_node=gpus_per_node,
+                      public_key=identity.public_key)
+    )  # fmt: skip
+    cluster = Cluster(instances, identity, connect_timeout=5)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        provider.terminate([i.instance_id for i in instances])

@@ -11,7 +11,7 @@ Lifecycle of a cluster, for every provider:
                         node that is already gone is not an error.
 
 A provider never opens an SSH connection: it reports addresses and host keys, and the SSH layer
-(`orchestrator.remote`) does the talking.
+does the talking.
 """
 
 from __future__ import annotations

@@ -16,15 +16,11 @@ from typing import TypeVar
 import pytest
 
 from orchestrator.cluster import Cluster
-from orchestrator.config import LocalSettings, Settings
 from orchestrator.gpu import IdlePolicy, NodeGpuState, node_busy
 from orchestrator.gpu_watch import CpuWatcher, GpuWatcher
 from orchestrator.launch import NodeLayout, home_expr, write_file_command
-from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
-from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
-from tests.helpers import processes_with_marker
+from tests.helpers import loopback_cluster, processes_with_marker
 
 STAND_IN = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi_replay.py"
 INTERVAL = 1
@@ -36,20 +32,10 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    home = tmp_path_factory.mktemp("orch")
-    settings = Settings(home=home, local=LocalSettings(network="loopback"))
-    provider = LocalProvider(settings)
-    identity = ensure_identity(settings.keys_dir("gpu"), "test")
-    instances = provider.launch(
-        LaunchRequest(job_id="gpu", cluster="gpu", count=1, gpus_per_node=2,
-                      public_key=identity.public_key)
-    )  # fmt: skip
-    built = Cluster(instances, identity, connect_timeout=5)
-    try:
+    with loopback_cluster(
+        tmp_path_factory.mktemp("orch"), "gpu", count=1, gpus_per_node=2
+    ) as built:
         yield built
-    finally:
-        built.close()
-        provider.terminate([i.instance_id for i in instances])
 
 
 @pytest.fixture

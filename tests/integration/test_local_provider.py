@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,11 +31,7 @@ from orchestrator.providers.base import Instance, LaunchRequest, Provider
 from orchestrator.providers.local import LocalProvider
 from orchestrator.providers.local_host import pid_runs, pids_with_marker
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
-                       reason="needs OpenSSH's sshd"),
-    pytest.mark.timeout(120),
-]  # fmt: skip
+pytestmark = [pytest.mark.timeout(120)]
 
 MODES = [
     pytest.param(

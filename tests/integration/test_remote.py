@@ -10,31 +10,17 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster import Cluster
-from orchestrator.config import LocalSettings, Settings
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
-from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
+from tests.helpers import loopback_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    home = tmp_path_factory.mktemp("orch")
-    settings = Settings(home=home, local=LocalSettings(network="loopback"))
-    provider = LocalProvider(settings)
-    identity = ensure_identity(settings.keys_dir("t"), "test")
-    instances = provider.launch(
-        LaunchRequest(job_id="t", cluster="t", count=2, gpus_per_node=1,
-                      public_key=identity.public_key)
-    )  # fmt: skip
-    built = Cluster(instances, identity, connect_timeout=5)
-    try:
+    with loopback_cluster(tmp_path_factory.mktemp("orch"), "t", count=2, gpus_per_node=1) as built:
         yield built
-    finally:
-        built.close()
-        provider.terminate([i.instance_id for i in instances])
 
 
 def test_keys_are_private(cluster: Cluster) -> None:
