@@ -106,7 +106,10 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 class JobRunner:
-    """Runs one job in the foreground, start to finish. Build it, then call `run()` once."""
+    """Drives one job to a final state, in a foreground submit or a detached controller.
+
+    Build it (no I/O), then call `run()` once, holding the job's controller lock.
+    """
 
     def __init__(
         self,
