@@ -8,8 +8,12 @@ PYTEST := .venv/bin/pytest
 setup:
 	@bash scripts/setup.sh
 
+# Local nodes cost nothing; the demo prices them so that the bill has something to show.
+DEMO_PRICE ?= 0.50
+
 demo: setup
-	$(ORCH) submit templates/demo-ddp.yaml --nodes 2 --gpus 2
+	ORCH_LOCAL_PRICE_PER_HOUR=$${ORCH_LOCAL_PRICE_PER_HOUR:-$(DEMO_PRICE)} \
+		$(ORCH) submit templates/demo-ddp.yaml --nodes 2 --gpus 2
 	$(ORCH) cost
 
 test: setup
