@@ -8,6 +8,7 @@ of the run (pytest later deletes the directory that would have let anyone find t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -26,10 +27,8 @@ def _end_what_the_test_left(tmp_path: Path) -> Iterator[None]:
     if not home.exists():
         return
     for pid_file in home.glob("jobs/*/controller.pid"):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # already gone
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
     provider = LocalProvider(Settings(home=home))
     leftovers = [node.instance_id for node in provider.list_owned()]
     if leftovers:
