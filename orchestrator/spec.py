@@ -298,7 +298,7 @@ class CheckpointSpec(_Model):
     dir: str | None = Field(
         default=None,
         description="path on node 0; relative = under the workdir on the node; '~/' = node home;"
-        " None: no checkpoints are pulled",
+        " None: the job's own directory on the node (ORCH_CHECKPOINT_DIR points there)",
     )
     pull_every: Seconds = Field(default=60.0, description="seconds between checkpoint pulls")
 
