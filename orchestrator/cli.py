@@ -262,7 +262,7 @@ def logs(
         time.sleep(1.0)
     if not text:
         Console(stderr=True).print(
-            f"no log of node {node_index} yet (logs of nodes other than 0 arrive when the job ends)"
+            f"no log of node {node_index} yet (logs arrive with the controller's next watch tick)"
         )
 
 
