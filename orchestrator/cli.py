@@ -369,7 +369,10 @@ def catalog(
         return
     rows = catalog_rows(data, gpu=gpu)
     if not rows:
-        raise SpecError(f"no instance type with GPU {gpu!r}", hint="`orch catalog` lists all")
+        raise SpecError(
+            f"no instance type with GPU {gpu!r}",
+            hint=f"GPUs in the catalog: {', '.join(data.accelerators())}",
+        )
     regions = sorted({region for row in rows for region in row["on_demand_usd_per_hour"]})
     table = Table(title=f"AWS GPU instance types, on-demand $/h (catalog {data.date})")
     for column in ("type", "GPU", "GPUs", "GiB/GPU", "vCPU", "RAM GiB", *regions):

@@ -20,7 +20,7 @@ Rules (the issue's contract):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -203,6 +203,12 @@ class SpotPriceSource:
         self._cache[key] = (now, value)
         return value
 
+    def _records(self, region: str, operation: str, key: str, **params: Any) -> Iterator[dict]:
+        """Every record of a paginated EC2 call, across its pages."""
+        pages = self._client_for(region).get_paginator(operation).paginate(**params)
+        for page in pages:
+            yield from page.get(key, [])
+
     def spot_prices(self, region: str, instance_types: Iterable[str]) -> dict:
         """{(region, zone, type): Decimal} for the types, newest price per zone (paginated)."""
         types = frozenset(instance_types)
@@ -210,18 +216,15 @@ class SpotPriceSource:
             return {}
 
         def fetch() -> dict:
-            pages = (
-                self._client_for(region)
-                .get_paginator("describe_spot_price_history")
-                .paginate(
-                    InstanceTypes=sorted(types),
-                    ProductDescriptions=["Linux/UNIX"],
-                    StartTime=datetime.now(UTC),
-                )
+            records = self._records(
+                region,
+                "describe_spot_price_history",
+                "SpotPriceHistory",
+                InstanceTypes=sorted(types),
+                ProductDescriptions=["Linux/UNIX"],
+                StartTime=datetime.now(UTC),
             )
-            return newest_spot_prices(
-                region, (rec for page in pages for rec in page.get("SpotPriceHistory", []))
-            )
+            return newest_spot_prices(region, records)
 
         return self._cached(("spot", region, types), fetch)
 
@@ -232,18 +235,15 @@ class SpotPriceSource:
             return {}
 
         def fetch() -> dict:
-            pages = (
-                self._client_for(region)
-                .get_paginator("describe_instance_type_offerings")
-                .paginate(
-                    LocationType="availability-zone",
-                    Filters=[{"Name": "instance-type", "Values": sorted(types)}],
-                )
-            )
             found: dict[tuple[str, str], list[str]] = {}
-            for page in pages:
-                for rec in page.get("InstanceTypeOfferings", []):
-                    found.setdefault((region, rec["InstanceType"]), []).append(rec["Location"])
+            for rec in self._records(
+                region,
+                "describe_instance_type_offerings",
+                "InstanceTypeOfferings",
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": sorted(types)}],
+            ):
+                found.setdefault((region, rec["InstanceType"]), []).append(rec["Location"])
             return {key: sorted(set(zs)) for key, zs in found.items()}
 
         return self._cached(("zones", region, types), fetch)
