@@ -1,0 +1,64 @@
+"""The node metadata endpoint answers like IMDSv2: token first, 404 without a notice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.imds_server import MetadataState, serve
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    notice = tmp_path / "notice.json"
+    server = serve("127.0.0.1", 0, MetadataState("l-abc", notice))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", notice
+    server.shutdown()
+    server.server_close()
+
+
+def _request(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def _token(base: str) -> str:
+    code, token = _request(
+        base + "/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+    )
+    assert code == 200 and token
+    return token
+
+
+def test_gets_need_a_token(endpoint: tuple[str, Path]) -> None:
+    base, _ = endpoint
+    assert _request(base + "/latest/meta-data/instance-id")[0] == 401
+    assert _request(base + "/latest/meta-data/instance-id", headers={
+        "X-aws-ec2-metadata-token": "forged"})[0] == 401  # fmt: skip
+    assert _request(base + "/latest/api/token", "PUT")[0] == 400  # no TTL header
+
+
+def test_instance_action_is_404_until_a_notice_is_written(endpoint: tuple[str, Path]) -> None:
+    base, notice = endpoint
+    headers = {"X-aws-ec2-metadata-token": _token(base)}
+    assert _request(base + "/latest/meta-data/instance-id", headers=headers) == (200, "l-abc")
+    action = base + "/latest/meta-data/spot/instance-action"
+    assert _request(action, headers=headers)[0] == 404
+    notice.write_text(json.dumps({"action": "terminate", "time": "2026-11-30T10:00:00Z"}))
+    code, body = _request(action, headers=headers)
+    assert code == 200
+    assert json.loads(body) == {"action": "terminate", "time": "2026-11-30T10:00:00Z"}
