@@ -63,6 +63,7 @@ class JobState(enum.StrEnum):
     PROVISIONING = "PROVISIONING"
     SYNCING = "SYNCING"
     RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"  # nodes were lost (spot reclaim): replacing them, then resuming
     STOPPING = "STOPPING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -331,6 +332,16 @@ class Ledger:
             for record in session.exec(query):
                 newest.setdefault((record.rank, record.gpu), record)
         return [newest[key] for key in sorted(newest)]
+
+    def gpu_samples(self, job_id: str) -> list[GpuSampleRecord]:
+        """Every recorded sample of a job, oldest first (the history pictures are drawn from)."""
+        with Session(self.engine) as session:
+            query = (
+                select(GpuSampleRecord)
+                .where(GpuSampleRecord.job_id == job_id)
+                .order_by(GpuSampleRecord.id)  # type: ignore[arg-type]
+            )
+            return list(session.exec(query))
 
     def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
         with Session(self.engine) as session:
