@@ -422,6 +422,15 @@ def reconcile(
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 
 
+def _add_sub_apps() -> None:
+    from orchestrator.cli_local import app as local_app
+
+    app.add_typer(local_app, name="local")
+
+
+_add_sub_apps()
+
+
 @app.callback()
 def _revive_lost_controllers(context: typer.Context) -> None:
     """Before any command: an unfinished job whose controller died gets a new one."""

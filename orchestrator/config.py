@@ -31,11 +31,20 @@ class LocalSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    price_per_hour: Decimal = Field(default=Decimal("0"), ge=0)  # USD per node-hour
+    price_per_hour: Decimal = Field(default=Decimal("0"), ge=0)  # USD per on-demand node-hour
+    # USD per spot node-hour; None: a third of price_per_hour (spot's usual discount)
+    spot_price_per_hour: Decimal | None = Field(default=None, ge=0)
     # auto: namespace hosts when running as root, else sshd on 127.0.0.1
     network: LocalNetworkMode = "auto"
     subnet: IPv4Network = IPv4Network("10.213.0.0/24")
     bridge: str = "orchbr0"
+
+    @property
+    def spot_price(self) -> Decimal:
+        """USD per spot node-hour in effect (see `spot_price_per_hour`)."""
+        if self.spot_price_per_hour is not None:
+            return self.spot_price_per_hour
+        return (self.price_per_hour / 3).quantize(Decimal("0.000001"))
 
 
 class AwsSettings(BaseModel):
@@ -89,8 +98,11 @@ class ControllerSettings(BaseModel):
     idle_util_pct: float = Field(default=5.0, ge=0, le=100)  # GPU busy threshold
     idle_cpu_pct: float = Field(default=10.0, ge=0)  # CPU fallback: % of one core, per node
     gpu_sample_every: float = Field(default=30.0, gt=0)  # ledger keeps one sample per window
+    notice_poll_interval: float = Field(default=5.0, gt=0)  # nodes poll for spot notices
+    launch_retries: int = Field(default=5, ge=0)  # spot-only launches refused before failing
+    launch_backoff: float = Field(default=10.0, ge=0)  # first wait between them (doubles)
 
-    def runner_options(self) -> dict[str, float]:
+    def runner_options(self) -> dict[str, float | int]:
         return {
             "watch_interval": self.watch_interval,
             "budget_interval": self.budget_interval,
@@ -99,6 +111,9 @@ class ControllerSettings(BaseModel):
             "idle_util_pct": self.idle_util_pct,
             "idle_cpu_pct": self.idle_cpu_pct,
             "gpu_sample_every": self.gpu_sample_every,
+            "notice_poll_interval": self.notice_poll_interval,
+            "launch_retries": self.launch_retries,
+            "launch_backoff": self.launch_backoff,
         }
 
 
@@ -135,6 +150,10 @@ _ENV_OVERRIDES = {
     "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),
     "ORCH_GPU_SAMPLE_EVERY": ("controller", "gpu_sample_every"),
+    "ORCH_NOTICE_POLL_INTERVAL": ("controller", "notice_poll_interval"),
+    "ORCH_LAUNCH_RETRIES": ("controller", "launch_retries"),
+    "ORCH_LAUNCH_BACKOFF": ("controller", "launch_backoff"),
+    "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
 }
 
 

@@ -22,10 +22,18 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator import launch
 from orchestrator.activity import ActivityThresholds, JobActivity
-from orchestrator.checkpoints import CheckpointMirror
+from orchestrator.checkpoints import CheckpointMirror, step_of
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
-from orchestrator.errors import JobCancelled, JobFailed, OrchError
+from orchestrator.errors import (
+    CapacityError,
+    JobCancelled,
+    JobFailed,
+    NodeLost,
+    OrchError,
+    ProviderError,
+    RemoteError,
+)
 from orchestrator.ledger import (
     CheckpointRecord,
     Job,
@@ -35,14 +43,17 @@ from orchestrator.ledger import (
     total_cost,
     utcnow,
 )
+from orchestrator.notice_watch import NoticeWatcher
 from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
-from orchestrator.pulls import pull_checkpoints, pull_logs
+from orchestrator.pulls import pull_checkpoints
+from orchestrator.recovery import Interruption, backoff_seconds, may_recover, salvage_seconds
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec import LoadedJob
+from orchestrator.spot_notice import SpotNotice
 from orchestrator.supervision import controller_identity
 from orchestrator.watch import RunWatch
 
@@ -81,6 +92,9 @@ class RunnerOptions:
     idle_util_pct: float = 5.0  # GPU utilization below which a GPU is idle
     idle_cpu_pct: float = 10.0  # without GPUs: job CPU (% of one core) below which it is idle
     gpu_sample_every: float = 30.0  # the ledger keeps one averaged GPU sample per window
+    notice_poll_interval: float = 5.0  # how often each node polls for a spot notice
+    launch_retries: int = 5  # refused spot-only launches retried before the job fails
+    launch_backoff: float = 10.0  # first wait before such a retry; doubles each time
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,7 @@ class JobRunner:
         self.cluster: Cluster | None = None
         self.instances: list[Instance] = []
         self._started = False
+        self._watch: RunWatch | None = None
         self._last_step: int | None = None
         self._last_step_saved = 0.0
 
@@ -144,8 +159,10 @@ class JobRunner:
         """Drive the job from its recorded state to a final one; always tears down.
 
         PENDING starts from scratch. A job found RUNNING is adopted (its training never
-        stopped); one found PROVISIONING or SYNCING is started again on fresh nodes (nothing
-        ran yet); one found STOPPING finishes its stop.
+        stopped; nodes lost meanwhile are replaced); one found PROVISIONING, SYNCING or
+        RECOVERING is started again on fresh nodes, from its newest pulled checkpoint; one
+        found STOPPING finishes its stop. Interrupted nodes (spot notice, reclaim, loss) are
+        replaced and the run resumed, at most `recovery.max_recoveries` times.
         """
         order = StopOrder(JobState.FAILED, 1, "")
         try:
@@ -156,14 +173,22 @@ class JobRunner:
                 self._adopt(require_all=False)
                 return self._outcome(order)
             if self.job.state == JobState.RUNNING:
-                self._adopt(require_all=True)
+                gone = self._adopt(require_all=True)
+                if gone is not None:
+                    self._replace_nodes(gone)
+                    self._bring_up()
             else:
                 if self.job.state != JobState.PENDING:
                     self._restart_from_scratch()
-                self._provision()
-                self._sync()
-                self._start()
-            order = self._supervise()
+                self._bring_up()
+            while True:
+                outcome = self._supervise()
+                if isinstance(outcome, StopOrder):
+                    order = outcome
+                    break
+                self._salvage(outcome)
+                self._replace_nodes(outcome)
+                self._bring_up()
         except KeyboardInterrupt:
             order = StopOrder(JobState.CANCELLED, JobCancelled.exit_code, "cancelled")
         except OrchError as exc:
@@ -204,7 +229,7 @@ class JobRunner:
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
             attempt=self.job.recoveries,
         )
-        self.instances = self.provider.launch(request)
+        self.instances = self._launch(request)
         for instance in self.instances:
             self.ledger.open_lease(
                 Lease(
@@ -228,6 +253,56 @@ class JobRunner:
         self.cluster = Cluster(
             self.instances, identity, connect_timeout=self.options.connect_timeout
         )
+
+    def _launch(self, request: LaunchRequest) -> list[Instance]:
+        """Launch the nodes; spot-only launches refused for capacity are retried with backoff."""
+        attempt = 0
+        while True:
+            try:
+                return self.provider.launch(request)
+            except CapacityError as exc:
+                if request.spot is not True:
+                    raise
+                if attempt >= self.options.launch_retries:
+                    raise CapacityError(
+                        f"spot capacity was refused {attempt + 1} time(s) in a row; last "
+                        f"answer: {exc.message}",
+                        hint="set resources.spot to auto (falls back on on-demand) or retry later",
+                    ) from exc
+                attempt += 1
+                wait = backoff_seconds(attempt, self.options.launch_backoff)
+                self.ledger.add_event(
+                    self.job.id, "WAITING", f"spot launch refused ({exc.message}); retry "
+                    f"{attempt} of {self.options.launch_retries} in {wait:.0f} s",
+                )  # fmt: skip
+                self.reporter.phase(f"no spot capacity; retrying in {wait:.0f} s")
+                time.sleep(wait)
+
+    def _bring_up(self) -> None:
+        """Provision, sync and start the run; nodes the cloud takes on the way are replaced
+        (each time counting as a recovery)."""
+        while True:
+            try:
+                self._provision()
+                self._sync()
+                self._start()
+                return
+            except (RemoteError, ProviderError) as exc:
+                if isinstance(exc, CapacityError) or not self.instances:
+                    raise
+                taken = self.provider.preempted([i.instance_id for i in self.instances])
+                if not taken:
+                    raise
+                ranks = tuple(i.rank for i in self.instances if i.instance_id in taken)
+                self._replace_nodes(
+                    Interruption(
+                        ranks,
+                        tuple(sorted(taken)),
+                        "preempted",
+                        f"taken by the provider while the job started ({exc.message})",
+                        utcnow(),
+                    )  # fmt: skip
+                )
 
     def _sync(self) -> None:
         assert self.cluster is not None
@@ -264,6 +339,7 @@ class JobRunner:
         assert self.cluster is not None
         head = self.cluster.head
         port = int(head.run(launch.free_port_command()).stdout.strip())
+        resume_from, resume_step = self._push_checkpoints()
         resources = self.spec.resources
         cluster_launch = launch.ClusterLaunch(
             job_id=self.job.id,
@@ -275,6 +351,7 @@ class JobRunner:
             master_port=port,
             node_ips=[i.private_ip for i in self.instances],
             checkpoint_dir=self.layout.node_path(self.spec.checkpoint.dir),
+            resume_from=resume_from,
             user_env=dict(self.spec.env),
         )
 
@@ -283,25 +360,59 @@ class JobRunner:
         self._set_state(
             JobState.RUNNING,
             f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
-            started_at=utcnow(),
+            started_at=self.job.started_at or utcnow(),
         )
+        if self.job.recoveries or resume_from:
+            self.ledger.add_event(
+                self.job.id, "RESUMED", f"from {resume_from}" if resume_from else
+                "from the checkpoint files pulled so far (no complete step-* directory)",
+                step=resume_step,
+            )  # fmt: skip
+
+    def _push_checkpoints(self) -> tuple[str, int | None]:
+        """Push the mirror of pulled checkpoints to every node's checkpoint dir.
+
+        Returns what to resume from (the node path of the newest complete `step-*` dir, or ""
+        when there is none: a script with its own checkpoint files finds them in place) and
+        its step. Does nothing on a first start, when nothing was pulled yet.
+        """
+        assert self.cluster is not None
+        root = self.mirror.root
+        if not root.is_dir() or not any(p.is_file() for p in root.rglob("*")):
+            return "", None
+        node_dir = self.layout.node_path(self.spec.checkpoint.dir)
+        started = time.monotonic()
+        run_parallel(
+            [
+                Transfer(
+                    f"checkpoints -> {address.name}",
+                    push_argv(root, address, self.cluster.identity, node_dir),
+                )
+                for address in self.cluster.addresses
+            ]
+        )
+        latest = self.mirror.latest_complete()
+        self.ledger.add_event(
+            self.job.id, "PUSHED", f"checkpoints to {len(self.cluster.addresses)} node(s) in "
+            f"{time.monotonic() - started:.1f} s",
+        )  # fmt: skip
+        if latest is None:
+            return "", None
+        return f"{node_dir}/{latest.name}", step_of(latest.name)
 
     # --- supervision: APScheduler runs the periodic work, the main thread waits --------------
-    def _supervise(self) -> StopOrder:
-        """Watch until the run ends or a policy stops it; returns how the job ends.
+    def _supervise(self) -> StopOrder | Interruption:
+        """Watch until the run ends, a policy stops it, or nodes are interrupted; returns how
+        the job ends, or the interruption to recover from.
 
         Each periodic task runs in the scheduler's threads; the first one that reaches a
         decision (or fails) sets it and wakes the main thread, which is the only thread that
         ever tears down. Ctrl-C lands in the main thread as KeyboardInterrupt.
         """
         assert self.cluster is not None
-        self._watch = RunWatch(
-            self.cluster,
-            self.layout,
-            self.job_dir / "logs",
-            on_metrics=self._record_metrics,
-            on_line=self.reporter.line,
-            lost_after=self.options.lost_after,
+        self._watch = self._run_watch()
+        notices = NoticeWatcher(
+            self.cluster, self._on_notice, interval_s=self.options.notice_poll_interval
         )
         self._activity = JobActivity(
             self.job.id,
@@ -318,7 +429,8 @@ class JobRunner:
             record=self.ledger.add_gpu_samples,
         )
         self._activity.start()
-        self._decision: StopOrder | None = None
+        notices.start()
+        self._decision: StopOrder | Interruption | None = None
         self._failure: BaseException | None = None
         self._decided = threading.Event()
         now = datetime.now(UTC)
@@ -344,6 +456,7 @@ class JobRunner:
                 pass
         finally:
             scheduler.shutdown(wait=True)
+            notices.stop()
             self._activity.stop()
         if self._failure is not None:
             raise self._failure
@@ -362,15 +475,55 @@ class JobRunner:
 
         return run_task
 
-    def _decide(self, order: StopOrder) -> None:
+    def _run_watch(self) -> RunWatch:
+        assert self.cluster is not None
+        return RunWatch(
+            self.cluster,
+            self.layout,
+            self.job_dir / "logs",
+            on_metrics=self._record_metrics,
+            on_line=self.reporter.line,
+            lost_after=self.options.lost_after,
+        )
+
+    def _decide(self, order: StopOrder | Interruption) -> None:
         if not self._decided.is_set():
             self._decision = order
             self._decided.set()
 
+    def _on_notice(self, rank: int, notice: SpotNotice) -> None:
+        instance = self.instances[rank]
+        when = notice.time.isoformat() if notice.time else "an unstated time"
+        self._decide(
+            Interruption(
+                (rank,),
+                (instance.instance_id,),
+                "notice",
+                f"spot interruption notice ({notice.action} at {when})",
+                utcnow(),
+                notice.time,
+            )  # fmt: skip
+        )
+
     def _tick_watch(self) -> None:
-        verdict = self._watch.tick()
+        assert self._watch is not None
+        try:
+            verdict = self._watch.tick()
+        except NodeLost as lost:
+            self._decide(self._gone((lost.rank,), str(lost.message)))
+            return
+        missing = tuple(rank for rank, misses in enumerate(self._watch.misses) if misses)
+        if missing:
+            # One missed probe is not a loss, unless the provider says it took the node.
+            taken = self.provider.preempted([self.instances[r].instance_id for r in missing])
+            if taken:
+                ranks = tuple(r for r in missing if self.instances[r].instance_id in taken)
+                self._decide(self._gone(ranks, "reclaimed by the provider"))
+                return
         if verdict.done:
             if verdict.failed_rank is not None:
+                if missing:
+                    return  # a peer stopped answering: wait until it is back or confirmed lost
                 self._fail_with_tail(verdict.failed_rank, verdict.exit_code)
             self._decide(StopOrder(JobState.SUCCEEDED, 0, ""))
             return
@@ -386,6 +539,13 @@ class JobRunner:
         )
         if order is not None:
             self._decide(order)
+
+    def _gone(self, ranks: tuple[int, ...], detail: str) -> Interruption:
+        """The interruption for nodes found gone, labelled by what the provider says."""
+        ids = tuple(self.instances[rank].instance_id for rank in ranks)
+        taken = self.provider.preempted(list(ids))
+        cause = "preempted" if taken else "lost"
+        return Interruption(ranks, ids, cause, detail, utcnow())
 
     def _tick_budget(self) -> None:
         leases = self.ledger.leases(self.job.id)
@@ -414,19 +574,30 @@ class JobRunner:
             self._last_step_saved = now
 
     # --- adoption -------------------------------------------------------------------------------
-    def _adopt(self, *, require_all: bool) -> None:
-        """Take over the job's running nodes after a controller died; training goes on."""
+    def _adopt(self, *, require_all: bool) -> Interruption | None:
+        """Take over the job's running nodes after a controller died; training goes on.
+
+        With `require_all`, recorded nodes that are gone (reclaimed or lost while the job had
+        no controller) come back as the interruption to recover from.
+        """
         instances = self.provider.list_owned(job_id=self.job.id)
-        recorded = {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
-        if require_all and (not instances or {i.instance_id for i in instances} != recorded):
-            raise JobFailed(
-                f"the job's nodes changed while it had no controller: recorded {sorted(recorded)}, "
-                f"running {sorted(i.instance_id for i in instances)}",
-                hint="the job is stopped; submit it again (it resumes from its last checkpoint)",
-            )
+        running = {i.instance_id for i in instances}
+        missing = [
+            lease
+            for lease in self.ledger.leases(self.job.id, open_only=True)
+            if lease.instance_id not in running
+        ]
         self.instances = sorted(instances, key=lambda i: i.rank)
+        if require_all and (missing or not instances):
+            ids = tuple(lease.instance_id for lease in missing)
+            taken = self.provider.preempted(list(ids)) if ids else set()
+            return Interruption(
+                tuple(lease.rank for lease in missing), ids,
+                "preempted" if taken else "lost",
+                "found gone when a new controller took the job over", utcnow(),
+            )  # fmt: skip
         if not self.instances:
-            return
+            return None
         identity = ensure_identity(self.settings.keys_dir(self.job.id), f"orch-{self.job.id}")
         self.cluster = Cluster(
             self.instances, identity, connect_timeout=self.options.connect_timeout
@@ -438,6 +609,63 @@ class JobRunner:
             f"{len(self.instances)} node(s)", step=self.job.step,
         )  # fmt: skip
         self.reporter.phase(f"adopted by controller {controller_identity()}")
+        return None
+
+    # --- recovery -------------------------------------------------------------------------------
+    def _salvage(self, interruption: Interruption) -> None:
+        """Keep what the interrupted run can still give before its nodes go.
+
+        After a notice the nodes still run: every trainer gets SIGTERM (rank 0 writes its
+        emergency checkpoint), and the checkpoint is pulled before the reclaim. Without a
+        notice, whatever node 0 still holds is pulled if node 0 is not among the lost.
+        """
+        self.ledger.add_event(
+            self.job.id, "PREEMPTED", f"{interruption.cause}: {interruption.describe()}",
+            step=self._last_step,
+        )  # fmt: skip
+        self.reporter.phase(f"interrupted: {interruption.describe()}")
+        started = time.monotonic()
+        grace = salvage_seconds(interruption, utcnow(), self.options.stop_grace)
+        if grace > 0:
+            self._stop_trainers(grace)
+        if interruption.cause == "notice" or 0 not in interruption.ranks:
+            try:
+                self._pull_checkpoints(final=True)
+            except OrchError as exc:
+                self.ledger.add_event(self.job.id, "WARNING", f"salvage pull failed: {exc}")
+        if interruption.cause == "notice" and self._watch is not None:
+            with contextlib.suppress(OrchError):
+                self._watch.catch_up()
+        latest = self.mirror.latest_complete()
+        self.ledger.add_event(
+            self.job.id, "SALVAGED", f"newest checkpoint {latest.name if latest else 'none'}, "
+            f"{time.monotonic() - started:.1f} s after detection",
+            step=step_of(latest.name) if latest else None,
+        )  # fmt: skip
+
+    def _replace_nodes(self, interruption: Interruption) -> None:
+        """End every node of the interrupted run, so `_bring_up` can start over on new ones.
+
+        Raises `JobFailed` (nothing is replaced) once `recovery.max_recoveries` are used up.
+        """
+        limit = self.spec.recovery.max_recoveries
+        done = self.job.recoveries
+        if not may_recover(done, limit):
+            raise JobFailed(
+                f"{interruption.cause}: {interruption.describe()}; no recovery left "
+                f"(recovery.max_recoveries is {limit}, {done} used)",
+                hint="raise recovery.max_recoveries, or run on on-demand nodes (--no-spot); the "
+                "newest checkpoint is in the job's directory",
+            )
+        self._set_state(
+            JobState.RECOVERING,
+            f"recovery {done + 1} of {limit}: replacing {len(self.instances) or 'the'} node(s)",
+            recoveries=done + 1,
+        )
+        self._terminate_all()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.cluster, self.instances, self._started, self._watch = None, [], False, None
 
     def _restart_from_scratch(self) -> None:
         """The controller died before training started: end what it launched, start over."""
@@ -486,11 +714,12 @@ class JobRunner:
             )
             self.reporter.line(f"[orch] checkpoint pulled: {pulled.name}")
 
-    def _pull_logs(self) -> None:
-        assert self.cluster is not None
-        pull_logs(self.cluster, self.layout, self.job_dir / "logs")
+    def _catch_up_logs(self) -> None:
+        if self._watch is None:
+            self._watch = self._run_watch()
+        self._watch.catch_up()
 
-    def _stop_trainers(self) -> None:
+    def _stop_trainers(self, grace_s: float) -> None:
         """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit."""
         assert self.cluster is not None
 
@@ -504,7 +733,7 @@ class JobRunner:
             command = launch.probe_command(self.layout, None)
             return launch.parse_probe(connection.run(command, timeout=15, check=False).stdout)
 
-        deadline = time.monotonic() + self.options.stop_grace
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             try:
                 probes = self.cluster.map(probe)
@@ -538,8 +767,8 @@ class JobRunner:
         )
         if self.cluster is not None and self._started:
             if order.state is not JobState.SUCCEEDED:
-                self._stop_trainers()
-            for salvage in (lambda: self._pull_checkpoints(final=True), self._pull_logs):
+                self._stop_trainers(self.options.stop_grace)
+            for salvage in (lambda: self._pull_checkpoints(final=True), self._catch_up_logs):
                 try:
                     salvage()
                 except OrchError as exc:

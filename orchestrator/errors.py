@@ -33,6 +33,12 @@ class ConfigError(OrchError):
     exit_code = 2
 
 
+class TraceError(OrchError):
+    """A spot availability trace file is missing or not in the expected format."""
+
+    exit_code = 2
+
+
 class ProviderError(OrchError):
     """The provider could not give or take back machines (API error, missing privileges)."""
 
@@ -63,6 +69,14 @@ class JobFailed(OrchError):
     """The job's training command failed on at least one node."""
 
     exit_code = 1
+
+
+class NodeLost(JobFailed):
+    """A node of a running job stopped answering on several checks in a row."""
+
+    def __init__(self, rank: int, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.rank = rank
 
 
 class BudgetExceeded(OrchError):

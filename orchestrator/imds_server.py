@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import socketserver
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,9 +115,18 @@ def make_handler(state: MetadataState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        # HTTPServer would look its own address up in DNS (getfqdn); a node must not send
+        # DNS queries anywhere just to serve metadata.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
 def serve(bind: str, port: int, state: MetadataState) -> ThreadingHTTPServer:
     """Bind the endpoint (port 0: any free one) and return the server, not yet serving."""
-    server = ThreadingHTTPServer((bind, port), make_handler(state))
+    server = _Server((bind, port), make_handler(state))
     server.daemon_threads = True
     return server
 

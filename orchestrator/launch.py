@@ -216,6 +216,7 @@ def write_file_command(path: str, mode: str = "0644") -> str:
 # --- status probe -------------------------------------------------------------------------
 
 PROBE_MARK = "@@orch-probe@@"
+PROBE_LOG_LIMIT = 1048576  # bytes of new log one probe returns at most
 
 
 def probe_command(layout: NodeLayout, log_offset: int | None) -> str:
@@ -237,7 +238,8 @@ def probe_command(layout: NodeLayout, log_offset: int | None) -> str:
     )
     if log_offset is None:
         return status
-    return f"{status}; tail -c +{int(log_offset) + 1} node.log 2>/dev/null | head -c 1048576"
+    tail = f"tail -c +{int(log_offset) + 1} node.log 2>/dev/null | head -c {PROBE_LOG_LIMIT}"
+    return f"{status}; {tail}"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from orchestrator.checkpoints import (
 )
 from orchestrator.cluster import Cluster
 from orchestrator.errors import NodeUnreachable
-from orchestrator.remote.sync import Transfer, pull_argv, pull_file_argv, run_parallel, run_rsync
+from orchestrator.remote.sync import pull_argv, run_rsync
 
 LATEST_POINTER = "latest"  # the trainer's pointer to its newest checkpoint, not one itself
 
@@ -41,19 +41,3 @@ def pull_checkpoints(
 
     pulled = mirror.pull(listing, fetch, final=final)
     return [p for p in pulled if p.name != LATEST_POINTER]
-
-
-def pull_logs(cluster: Cluster, layout: launch.NodeLayout, logs_dir: Path) -> None:
-    """Copy every node's complete log to `logs_dir/node-<rank>.log`, in parallel."""
-    run_parallel(
-        [
-            Transfer(
-                f"log of {address.name}",
-                pull_file_argv(
-                    address, cluster.identity, layout.log, logs_dir / f"node-{rank}.log"
-                ),
-            )
-            for rank, address in enumerate(cluster.addresses)
-        ],
-        timeout=300,
-    )

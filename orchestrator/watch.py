@@ -3,7 +3,7 @@
 `RunWatch.tick()` probes every node over its open connection (one command each), appends new
 log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
 terminal while the job runs), reports rank 0's progress, and returns the verdict. A node that
-fails `lost_after` probes in a row is lost (`JobFailed`): one missed probe is not enough.
+fails `lost_after` probes in a row is lost (`NodeLost`): one missed probe is not enough.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator import launch
 from orchestrator.cluster import Cluster
-from orchestrator.errors import JobFailed, NodeUnreachable
+from orchestrator.errors import NodeLost, NodeUnreachable
 from orchestrator.policies import Verdict, assess
 from orchestrator.progress import (
     LineBuffer,
@@ -48,7 +48,10 @@ class RunWatch:
         logs_dir.mkdir(parents=True, exist_ok=True)
         count = len(cluster.instances)
         self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
-        self.offsets = [p.stat().st_size if p.exists() else 0 for p in self.paths]
+        self.offsets = [
+            self._remote_offset(path, instance.instance_id)
+            for path, instance in zip(self.paths, cluster.instances, strict=True)
+        ]
         self.misses = [0] * count
         self._rank0 = LineBuffer()
 
@@ -56,17 +59,15 @@ class RunWatch:
         probes = self.cluster.map(self._probe)
         for rank, probe in enumerate(probes):
             if probe.new_log:
-                data = probe.new_log.encode()
-                with self.paths[rank].open("ab") as handle:
-                    handle.write(data)
-                self.offsets[rank] += len(data)
+                self._append(rank, probe.new_log)
                 if rank == 0:
                     self._show(self._rank0.feed(probe.new_log))
             lost = probe.state in ("unreachable", "vanished", "not-started")
             self.misses[rank] = self.misses[rank] + 1 if lost else 0
             if self.misses[rank] >= self.lost_after:
                 instance = self.cluster.instances[rank]
-                raise JobFailed(
+                raise NodeLost(
+                    rank,
                     f"node {rank} ({instance.instance_id}) was lost: {probe.state} on "
                     f"{self.misses[rank]} consecutive checks",
                     hint=f"see `orch logs {self.layout.job_id} --node {rank}`",
@@ -75,6 +76,40 @@ class RunWatch:
         if verdict.done:
             self._show(self._rank0.flush())
         return verdict
+
+    def catch_up(self) -> None:
+        """Copy the log bytes the nodes printed since the last tick; nodes that do not
+        answer are skipped. For the end of a run, when no verdict is wanted any more."""
+        for _ in range(16):  # a probe returns at most 1 MiB of log
+            probes = self.cluster.map(self._probe)
+            for rank, probe in enumerate(probes):
+                if probe.new_log:
+                    self._append(rank, probe.new_log)
+            if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
+                return
+
+    def _append(self, rank: int, text: str) -> None:
+        data = text.encode()
+        with self.paths[rank].open("ab") as handle:
+            handle.write(data)
+        self.offsets[rank] += len(data)
+
+    def _remote_offset(self, path: Path, instance_id: str) -> int:
+        """How much of the node's log the local copy already holds.
+
+        A local log may hold the logs of earlier nodes of the same rank (replaced after a
+        spot reclaim) before this node's; where this node's part starts is kept in
+        `.starts/<instance id>`, written when the node is first watched.
+        """
+        size = path.stat().st_size if path.exists() else 0
+        start_file = self.logs_dir / ".starts" / instance_id
+        try:
+            start = int(start_file.read_text())
+        except (OSError, ValueError):
+            start_file.parent.mkdir(parents=True, exist_ok=True)
+            start_file.write_text(str(size))
+            start = size
+        return max(0, size - start)
 
     def _probe(self, rank: int, connection: NodeConnection) -> launch.NodeProbe:
         command = launch.probe_command(self.layout, self.offsets[rank])

@@ -61,6 +61,8 @@ class Instance:
     price_per_hour: Decimal  # USD per hour at launch time; recorded in the ledger, never re-read
     launched_at: datetime  # UTC; billing starts here
     tags: dict[str, str] = field(default_factory=dict)  # everything the provider tags it with
+    metadata_url: str | None = None  # where the node reads its instance metadata (spot
+    #                                  notices); None: EC2's http://169.254.169.254
 
 
 @runtime_checkable
@@ -86,4 +88,12 @@ class Provider(Protocol):
 
     def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
         """Nodes this provider runs for orch (optionally only those of one job)."""
+        ...
+
+    def preempted(self, instance_ids: list[str]) -> set[str]:
+        """Those of the given nodes that the cloud took back (a spot reclaim), as it says.
+
+        A node ended by anything else (the user, orch, a crash) is not in the set; neither is
+        a node the provider knows nothing about.
+        """
         ...

@@ -32,12 +32,14 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, OrchError, ProviderError
 from orchestrator.providers import local_net as net
-from orchestrator.providers.base import Instance, LaunchRequest
+from orchestrator.providers import local_spot
+from orchestrator.providers.base import Instance, LaunchRequest, Market
 from orchestrator.providers.local_host import (
     answers_ssh,
     live_namespace_ips,
@@ -88,14 +90,20 @@ class LocalProvider:
         far is terminated and a `ProviderError` (a `CapacityError` when the subnet is full or
         the price is above `request.max_price_per_hour`) says why, with the sshd log's tail.
         """
-        self._check_request(request)
+        market = self._market(request)
+        self._check_request(request, market)
         mode = self.network_mode()
         sshd = self._sshd_binary()
         ids = [net.new_instance_id() for _ in range(request.count)]
         try:
-            records = [self._prepare_node(iid, request, rank, mode) for rank, iid in enumerate(ids)]
+            records = [
+                self._prepare_node(iid, request, rank, mode, market) for rank, iid in enumerate(ids)
+            ]
             self._allocate(records)
             for rec in records:
+                local_spot.start_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
+            for rec in records:
+                local_spot.wait_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
                 self._start(rec, sshd)
             self._wait_ready(records, sshd)
         except BaseException as exc:
@@ -137,14 +145,34 @@ class LocalProvider:
         return stopped
 
     def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
-        """Nodes not yet terminated, from their node.json records only.
+        """Nodes not yet terminated nor reclaimed, from their node.json records only.
 
         Nodes still being launched are included (their record is written before their sshd
         starts), so a controller restarted after a crash mid-launch can find and end them.
         """
         return [
-            rec.to_instance() for rec in self.store.all() if job_id is None or rec.job_id == job_id
+            rec.to_instance()
+            for rec in self.store.all()
+            if (job_id is None or rec.job_id == job_id) and rec.reclaimed_at is None
         ]
+
+    def preempted(self, instance_ids: list[str]) -> set[str]:
+        """Those of the given nodes that a reclaim (`orch local preempt`) took."""
+        return {
+            iid
+            for iid in instance_ids
+            if (rec := self.store.load(iid)) is not None and rec.reclaimed_at is not None
+        }
+
+    # --- spot rehearsal ---------------------------------------------------------------------
+
+    def reclaim(self, instance_id: str, notice_s: float = 0.0) -> datetime | None:
+        """Take a running node the way a spot reclaim does; see `local_spot.reclaim`."""
+        return local_spot.reclaim(self.store, instance_id, notice_s, self._kill_node)
+
+    def set_spot_available(self, available: bool) -> None:
+        """Grant (True) or refuse spot launches from now on, for every job of this ORCH_HOME."""
+        local_spot.set_spot_available(self.store, available)
 
     # --- network --------------------------------------------------------------------------------
 
@@ -200,13 +228,35 @@ class LocalProvider:
 
     # --- launching ------------------------------------------------------------------------------
 
-    def _check_request(self, request: LaunchRequest) -> None:
+    def _market(self, request: LaunchRequest) -> Market:
+        """Spot when asked for (or cheaper under "auto") and granted; refused spot-only
+        launches are a `CapacityError`."""
+        if request.spot is False:
+            return "on-demand"
+        if local_spot.spot_available(self.store):
+            local = self.settings.local
+            if request.spot is True or local.spot_price <= local.price_per_hour:
+                return "spot"
+            return "on-demand"
+        if request.spot == "auto":
+            return "on-demand"
+        raise CapacityError(
+            "no spot capacity for local nodes right now",
+            hint="retry later, use spot: auto to fall back on on-demand, or "
+            "`orch local spot on` to grant spot launches again",
+        )
+
+    def _price(self, market: Market) -> Decimal:
+        local = self.settings.local
+        return local.spot_price if market == "spot" else local.price_per_hour
+
+    def _check_request(self, request: LaunchRequest, market: Market) -> None:
         if request.count < 1:
             raise ProviderError(f"cannot launch {request.count} nodes")
         key = request.public_key.strip()
         if "\n" in key or "\r" in key or not key.startswith(("ssh-", "ecdsa-", "sk-")):
             raise ProviderError("the public key must be one OpenSSH public key line")
-        price = self.settings.local.price_per_hour
+        price = self._price(market)
         cap = request.max_price_per_hour
         if cap is not None and price > cap:
             raise CapacityError(
@@ -222,7 +272,9 @@ class LocalProvider:
             )
         return str(Path(found).absolute())
 
-    def _prepare_node(self, iid: str, request: LaunchRequest, rank: int, mode: str) -> NodeRecord:
+    def _prepare_node(
+        self, iid: str, request: LaunchRequest, rank: int, mode: str, market: Market
+    ) -> NodeRecord:
         """Create the node's directory, host key and authorized_keys; return its record."""
         node_dir = self.store.create_dir(iid)
         key_file = node_dir / "ssh_host_ed25519_key"
@@ -241,9 +293,9 @@ class LocalProvider:
             ssh_user=pwd.getpwuid(os.geteuid()).pw_name,
             home=net.NODE_HOME if namespaced else str(node_dir / "disk"),
             host_key=net.host_key_line(key_file.with_suffix(".pub").read_text()),
-            market="spot" if request.spot is True else "on-demand",
+            market=market,
             instance_type=f"local-{request.gpus_per_node}x",
-            price_per_hour=str(self.settings.local.price_per_hour),
+            price_per_hour=str(self._price(market)),
             launched_at=datetime.now(UTC).isoformat(),
             tags={
                 "orch:job": request.job_id,

@@ -45,6 +45,8 @@ class NodeRecord:
     launched_at: str  # UTC ISO 8601; billing starts here
     tags: dict[str, str] = field(default_factory=dict)
     sshd_pid: int | None = None  # pid of the node's sshd once started
+    metadata_port: int | None = None  # port of the node's metadata endpoint once started
+    reclaimed_at: str | None = None  # UTC ISO 8601 when a spot reclaim took the node
     version: int = RECORD_VERSION
 
     def to_instance(self) -> Instance:
@@ -65,6 +67,11 @@ class NodeRecord:
             price_per_hour=Decimal(self.price_per_hour),
             launched_at=datetime.fromisoformat(self.launched_at),
             tags=dict(self.tags),
+            metadata_url=(
+                None
+                if self.mode == "namespace" or self.metadata_port is None
+                else f"http://127.0.0.1:{self.metadata_port}"
+            ),
         )
 
 
