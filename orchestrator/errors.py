@@ -39,12 +39,6 @@ class TraceError(OrchError):
     exit_code = 2
 
 
-class TraceError(OrchError):
-    """A spot availability trace file is missing or not in the expected format."""
-
-    exit_code = 2
-
-
 class ProviderError(OrchError):
     """The provider could not give or take back machines (API error, missing privileges)."""
 
