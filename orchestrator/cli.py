@@ -23,6 +23,7 @@ from orchestrator.config import Settings, load_settings
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.providers import get_provider
+from orchestrator.simulate_cli import simulate_command
 
 if TYPE_CHECKING:
     from orchestrator.plan import LaunchPlan
@@ -384,6 +385,9 @@ def catalog(
             *(row["on_demand_usd_per_hour"].get(region, "-") for region in regions),
         )  # fmt: skip
     Console().print(table)
+
+
+app.command(name="simulate")(simulate_command)
 
 
 def _providers_in_use(settings: Settings, ledger: Ledger) -> list[Provider]:
