@@ -12,6 +12,8 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
     recovery: {max_recoveries: 5}
     env: {NCCL_DEBUG: WARN}
+    deadline: 36h                   # or an absolute time: 2025-07-01T18:00:00Z
+    spot_policy: uniform-progress   # greedy, on-demand, spot-only; unset: resources.spot decides
 
 Contract of `orchestrator.spec_loading.load_job(path, overrides)`:
 
@@ -35,8 +37,10 @@ node's home, an absolute path is used as is, and a relative path is under the no
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -47,6 +51,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -61,6 +66,7 @@ __all__ = [
     "LoadedJob",
     "Recovery",
     "Resources",
+    "SpotPolicyName",
     "parse_duration",
 ]
 
@@ -129,6 +135,37 @@ def parse_duration(value: object) -> float:
     return total
 
 
+_DATE_RE = re.compile(r"\s*\d{4}-\d{2}-\d{2}")
+_DEADLINE_HELP = "a UTC time such as 2025-07-01T18:00:00Z, or a duration after submit (36h, 2d)"
+
+
+def _deadline_value(value: object) -> datetime | float:
+    """An absolute time (a YAML timestamp or an ISO 8601 string, with its timezone) becomes an
+    aware UTC datetime; anything else is read as a positive duration in seconds."""
+    if isinstance(value, str) and _DATE_RE.match(value):
+        text = value.strip()
+        try:
+            value = date.fromisoformat(text) if len(text) == 10 else datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"invalid deadline {_show(value)}: use {_DEADLINE_HELP}") from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                f"deadline {value.isoformat()} has no timezone: end it with Z for UTC "
+                "(2025-07-01T18:00:00Z) or give an offset (+02:00)"
+            )
+        return value.astimezone(UTC)
+    if isinstance(value, date):
+        raise ValueError(f"deadline {value.isoformat()} needs a time: use {_DEADLINE_HELP}")
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise ValueError(f"invalid deadline {_show(value)}: use {_DEADLINE_HELP}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"deadline must be a positive duration, got {_show(value)}")
+    return seconds
+
+
 def _not_bool(value: object) -> object:
     """Refuse YAML true/false where a number is expected (pydantic would read it as 1/0)."""
     if isinstance(value, bool):
@@ -179,6 +216,14 @@ Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_in
 
 Usd = Annotated[Decimal, Field(gt=0, allow_inf_nan=False)]
 """A positive amount of US dollars (exact decimal; "5", 5 and 5.0 all read as 5)."""
+
+Deadline = Annotated[datetime | float, BeforeValidator(_deadline_value)]
+"""An aware UTC datetime, or seconds after submit (> 0)."""
+
+SpotPolicyName = Literal["uniform-progress", "greedy", "on-demand", "spot-only"]
+"""The policies of `orchestrator.spot_policy`."""
+
+_DEADLINE_POLICIES = ("uniform-progress", "greedy")
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
@@ -358,6 +403,15 @@ class JobSpec(_Model):
         default_factory=dict, description="extra environment variables for setup and run"
     )
     provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
+    deadline: Deadline | None = Field(
+        default=None,
+        description="finish by this UTC time, or this long after submit (a duration like 36h)",
+    )
+    spot_policy: SpotPolicyName | None = Field(
+        default=None,
+        description="who picks spot or on-demand as the job runs: uniform-progress, greedy "
+        "(both need a deadline), on-demand, spot-only; None: resources.spot, fixed at launch",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -401,6 +455,18 @@ class JobSpec(_Model):
             raise ValueError(f"invalid provider {_show(value)}: use a name such as local or aws")
         return value
 
+    @field_validator("spot_policy")
+    @classmethod
+    def _policy_has_deadline(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value in _DEADLINE_POLICIES and info.data.get("deadline") is None:
+            if "deadline" not in info.data:
+                return value  # the deadline itself is invalid and reported on its own
+            raise ValueError(
+                f"spot_policy {value} needs a deadline: add deadline: 36h (after submit) "
+                "or deadline: 2025-07-01T18:00:00Z"
+            )
+        return value
+
     @field_validator("data")
     @classmethod
     def _distinct_destinations(cls, value: list[DataMount]) -> list[DataMount]:
@@ -412,6 +478,14 @@ class JobSpec(_Model):
                 raise ValueError(f"data[{first[dst]}] and data[{i}] have the same dst {mount.dst}")
             first[dst] = i
         return value
+
+    def deadline_at(self, submitted_at: datetime) -> datetime | None:
+        """The deadline as a UTC time, for a job submitted at `submitted_at` (aware)."""
+        if self.deadline is None:
+            return None
+        if isinstance(self.deadline, datetime):
+            return self.deadline
+        return submitted_at.astimezone(UTC) + timedelta(seconds=self.deadline)
 
     def workdir_path(self, base_dir: Path) -> Path:
         """The absolute local workdir, given the spec file's directory (`~` expanded)."""
