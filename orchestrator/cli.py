@@ -320,6 +320,28 @@ def cost(
 
 
 @app.command()
+def report(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="file to write [ORCH_HOME/jobs/<id>/report.png]")
+    ] = None,
+    html: Annotated[
+        bool, typer.Option("--html", help="an HTML page with the picture and the job's tables")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Draw a job: GPU use per node, spend and budget, events; prints the file written."""
+    from orchestrator.report import write_report
+
+    settings = load_settings()
+    result = write_report(settings, _ledger(settings), job_id, out=out, html=html)
+    if json_out:
+        _print_json(result.as_dict())
+    else:
+        sys.stdout.write(f"{result.path}\n")
+
+
+@app.command()
 def down(
     cluster: Annotated[str | None, typer.Argument(help="cluster (job id) to shut down")] = None,
     all_clusters: Annotated[bool, typer.Option("--all", help="every cluster orch runs")] = False,

@@ -28,6 +28,7 @@ MARKED_EVENTS: dict[str, str] = {
     "RUNNING": "start",
     "CHECKPOINT": "checkpoint",
     "PREEMPTED": "interruption",
+    "SALVAGED": "recovery",  # the emergency checkpoint pulled after an interruption
     "RECOVERING": "recovery",
     "RESUMED": "recovery",
     "ADOPTED": "controller",
