@@ -207,14 +207,25 @@ def submit(
 def status(
     job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
     json_out: JsonFlag = False,
+    watch: Annotated[bool, typer.Option("--watch", help="live view until the job ends")] = False,
+    interval: Annotated[
+        float | None, typer.Option("--interval", help="seconds between --watch refreshes [2]")
+    ] = None,
 ) -> None:
-    """Show jobs, or one job with its leases, checkpoints and events."""
+    """Show jobs, or one job with its leases, checkpoints and events (--watch: live)."""
     from orchestrator.console import job_detail, jobs_table
     from orchestrator.views import job_document
 
     settings = load_settings()
     ledger = _ledger(settings)
     console = Console()
+    if watch or interval is not None:
+        from orchestrator.live import watch_command
+
+        watch_command(
+            settings, ledger, console, job_id, watch=watch, json_out=json_out, interval=interval
+        )
+        return
     if job_id:
         document = job_document(ledger, settings, ledger.get_job(job_id))
         if json_out:

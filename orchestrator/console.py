@@ -78,15 +78,8 @@ def jobs_table(rows: list[dict]) -> Table:
     return table
 
 
-def job_detail(doc: dict) -> list[object]:
-    """Renderables describing one job: summary, GPUs, leases, checkpoints, recent events."""
-    summary = Table.grid(padding=(0, 2))
-    for key in ("id", "state", "provider", "step", "loss", "created_at", "ended_at", "reason"):
-        if doc.get(key) is not None:
-            summary.add_row(f"[bold]{key}[/]", str(doc[key]))
-    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f} (now ${doc['hourly_usd']:g}/h)")
-    if doc.get("elapsed_s") is not None:
-        summary.add_row("[bold]elapsed[/]", f"{doc['elapsed_s']:.0f} s")
+def gpu_table(doc: dict) -> Table:
+    """The latest reading of every GPU of a job (its CPU use on nodes without GPUs)."""
     gpus = Table(title="GPU utilization (latest)")
     for column in ("node", "gpu", "util %", "memory MiB", "at"):
         gpus.add_column(column)
@@ -104,6 +97,34 @@ def job_detail(doc: dict) -> list[object]:
             memory,
             item["at"][11:19],
         )
+    return gpus
+
+
+def events_table(doc: dict, *, limit: int) -> Table:
+    """The job's last `limit` events, first line of each message."""
+    events = Table(title="events")
+    for column in ("at", "kind", "step", "message"):
+        events.add_column(column)
+    for item in doc.get("events", [])[-limit:]:
+        events.add_row(
+            item["at"][11:19],
+            item["kind"],
+            "" if item["step"] is None else str(item["step"]),
+            item["message"].splitlines()[0] if item["message"] else "",
+        )
+    return events
+
+
+def job_detail(doc: dict) -> list[object]:
+    """Renderables describing one job: summary, GPUs, leases, checkpoints, recent events."""
+    summary = Table.grid(padding=(0, 2))
+    for key in ("id", "state", "provider", "step", "loss", "created_at", "ended_at", "reason"):
+        if doc.get(key) is not None:
+            summary.add_row(f"[bold]{key}[/]", str(doc[key]))
+    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f} (now ${doc['hourly_usd']:g}/h)")
+    if doc.get("elapsed_s") is not None:
+        summary.add_row("[bold]elapsed[/]", f"{doc['elapsed_s']:.0f} s")
+    gpus = gpu_table(doc)
     leases = Table(title="leases")
     for column in ("rank", "instance", "market", "type", "$/h", "launched", "ended", "cost"):
         leases.add_column(column)
@@ -123,16 +144,7 @@ def job_detail(doc: dict) -> list[object]:
         checkpoints.add_column(column)
     for item in doc["checkpoints"]:
         checkpoints.add_row(item["name"], str(item["step"]), str(item["size_bytes"]), item["path"])
-    events = Table(title="events")
-    for column in ("at", "kind", "step", "message"):
-        events.add_column(column)
-    for item in doc.get("events", [])[-15:]:
-        events.add_row(
-            item["at"][11:19],
-            item["kind"],
-            "" if item["step"] is None else str(item["step"]),
-            item["message"].splitlines()[0] if item["message"] else "",
-        )
+    events = events_table(doc, limit=15)
     parts: list[object] = [summary]
     if doc.get("gpus"):
         parts.append(gpus)
