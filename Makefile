@@ -3,7 +3,7 @@ SHELL := /bin/bash
 ORCH := .venv/bin/orch
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup demo test test-fast lint bench clean-nodes infra-test
+.PHONY: setup demo test test-fast lint bench clean-nodes infra-test docs-simulate
 
 setup:
 	@bash scripts/setup.sh
@@ -36,3 +36,10 @@ clean-nodes: setup
 
 infra-test: setup
 	bash scripts/infra_test.sh
+
+# The spot deadline sweep: the generated part of docs/spot-deadlines.md and its PNG.
+SPOT_TRACES ?= ../shared/spot-traces
+
+docs-simulate: setup
+	.venv/bin/python -m orchestrator.cli simulate --sweep --out-dir docs --overhead-minutes 12 --job-hours 10 --job-hours 40 \
+		$(addprefix --trace ,$(sort $(wildcard $(SPOT_TRACES)/*.json)))
