@@ -113,6 +113,11 @@ def submit(
     )
     from orchestrator.views import job_document
 
+    if dry_run and detach:
+        raise SpecError(
+            "give --dry-run or --detach, not both",
+            hint="--dry-run shows the plan and launches nothing; --detach launches the job",
+        )
     settings = load_settings()
     overrides = {
         "resources.nodes": nodes,

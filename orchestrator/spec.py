@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -55,6 +56,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from orchestrator.providers import PROVIDER_NAMES
 
 __all__ = [
     "MAX_SPEC_BYTES",
@@ -211,10 +214,20 @@ def _env_value(value: object) -> object:
 Count = Annotated[int, BeforeValidator(_not_bool)]
 """A whole number; YAML true/false refused."""
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+MAX_DURATION_S = 366 * 86400.0
+"""Longest duration accepted (366 days): longer ones overflow the scheduler's clock."""
+
+MAX_USD = Decimal(1_000_000_000)
+"""Largest amount of money accepted, so every amount stays finite wherever it is shown."""
+
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False),
+]
 """A positive duration in seconds, written as a number or "90s", "30m", "4h", "1h30m", "2d"."""
 
-Usd = Annotated[Decimal, Field(gt=0, allow_inf_nan=False)]
+Usd = Annotated[Decimal, Field(gt=0, le=MAX_USD, allow_inf_nan=False)]
 """A positive amount of US dollars (exact decimal; "5", 5 and 5.0 all read as 5)."""
 
 Deadline = Annotated[datetime | float, BeforeValidator(_deadline_value)]
@@ -262,7 +275,10 @@ def _local_path(raw: str, base_dir: Path) -> Path:
         path = path.expanduser()
     if not path.is_absolute():
         path = base_dir / path
-    return path.resolve()
+    try:
+        return path.resolve()
+    except RuntimeError:  # a symlink loop: keep the path as written; checks report it
+        return Path(os.path.abspath(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,8 +467,10 @@ class JobSpec(_Model):
     @field_validator("provider")
     @classmethod
     def _provider_ok(cls, value: str) -> str:
-        if not _PROVIDER_RE.fullmatch(value):
-            raise ValueError(f"invalid provider {_show(value)}: use a name such as local or aws")
+        if not _PROVIDER_RE.fullmatch(value) or value not in PROVIDER_NAMES:
+            raise ValueError(
+                f"unknown provider {_show(value)}: choose one of {', '.join(PROVIDER_NAMES)}"
+            )
         return value
 
     @field_validator("spot_policy")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from pydantic_core import ErrorDetails
 from orchestrator.errors import SpecError
 from orchestrator.spec import (
     _MERGE_TAG,
+    MAX_DURATION_S,
     MAX_NESTING,
     MAX_SPEC_BYTES,
     MAX_VALUES,
@@ -46,6 +49,8 @@ from orchestrator.spec import (
 
 
 Loc = tuple[str | int, ...]
+
+MAX_SHOWN_PROBLEMS = 50  # a message lists at most this many problems, then says how many more
 
 
 def _fields_of(model: type[BaseModel]) -> list[str]:
@@ -117,8 +122,7 @@ def load_job(
 def _read_text(source: Path) -> str:
     """The file's text, at most MAX_SPEC_BYTES, decoded as UTF-8 (a BOM is allowed)."""
     try:
-        with source.open("rb") as fh:
-            data = fh.read(MAX_SPEC_BYTES + 1)
+        data = _read_regular_file(source, MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"job spec {source} does not exist") from None
     except IsADirectoryError:
@@ -142,11 +146,43 @@ def _read_text(source: Path) -> str:
         raise SpecError(f"job spec {source} is not UTF-8 text (line {line})") from None
 
 
+def _read_regular_file(source: Path, limit: int) -> bytes:
+    """Up to `limit` bytes of `source`; a FIFO, socket or device is refused, never waited on.
+
+    The file is opened without blocking (a FIFO with no writer would otherwise hang here) and
+    checked on the open descriptor, so it cannot be swapped between the check and the read.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(source))
+        if not stat.S_ISREG(mode):
+            raise SpecError(
+                f"job spec {source} is not a regular file ({_file_kind(mode)})",
+                hint="give the path of the job's YAML file",
+            )
+        os.set_blocking(fd, True)
+        return fh.read(limit)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def _parse_yaml(text: str, source: Path) -> tuple[object, yaml.Node | None]:
     """Parse one YAML document with safe constructors; return the data and its node tree."""
     loader: yaml.SafeLoader | None = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
         root = loader.get_single_node()
         if root is None:
             return None, None
@@ -175,6 +211,25 @@ def _parse_yaml(text: str, source: Path) -> tuple[object, yaml.Node | None]:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with a value that cannot be built (`!!int abc`, an int of 5000 digits)
+    reported as a YAML error at its line instead of escaping as some other exception."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - PyYAML's constructors fail in many ways
+            # (`!!timestamp ''` raises AttributeError); each is a value it cannot build.
+            kind = node.tag.rsplit(":", 1)[-1]
+            shown = _show(node.value) if isinstance(node.value, str) else "this value"
+            why = " (too many digits)" if "digits" in str(exc) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown} is not a valid {kind}{why}", node.start_mark
+            ) from None
 
 
 def _check_shape(root: yaml.Node, source: Path) -> None:
@@ -268,12 +323,13 @@ def _check_local(raw: str, base_dir: Path, *, want_dir: bool) -> str | None:
         return None  # reported by validation
     path = _local_path(raw, base_dir)
     try:
-        if not path.exists():
-            return f"{'directory ' if want_dir else ''}{path} does not exist"
-        if want_dir and not path.is_dir():
-            return f"{path} is not a directory"
-    except OSError as exc:
-        return f"cannot access {path}: {exc.strerror or exc}"
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{'directory ' if want_dir else ''}{path} does not exist"
+    except (OSError, ValueError) as exc:
+        return f"cannot access {path}: {getattr(exc, 'strerror', None) or exc}"
+    if want_dir and not stat.S_ISDIR(mode):
+        return f"{path} is not a directory"
     return None
 
 
@@ -291,7 +347,9 @@ def _problem_from_error(err: ErrorDetails) -> _Problem:
         else:
             loc.append(part)
     kind = err["type"]
-    if (is_key or kind == "invalid_key") and loc:
+    if kind == "invalid_key" and loc:
+        loc[-1] = _show(err["input"])  # the key as written: `true`, not pydantic's `1`
+    elif is_key and loc:
         loc[-1] = str(loc[-1])  # a mapping key, not a list index
     if kind == "extra_forbidden":
         return _Problem(tuple(loc), _unknown_hint(tuple(loc)), unknown=True)
@@ -339,12 +397,21 @@ def _describe(err: ErrorDetails) -> str:
         return _one_line(str(ctx["error"]))
     if kind in _BOUND_MESSAGES:
         name, template = _BOUND_MESSAGES[kind]
-        message = template.format(ctx.get(name, "?"))
+        message = template.format(_bound(ctx.get(name, "?")))
     else:
         message = _PLAIN_MESSAGES.get(kind) or _one_line(err["msg"])
     if kind == "missing":
         return message
     return f"{message}, got {_show(err['input'])}"
+
+
+def _bound(value: object) -> str:
+    """A limit as a person writes it: 31622400.0 -> '31622400 s (366 days)', 1.0 -> '1'."""
+    if isinstance(value, float) and value.is_integer():
+        if value == MAX_DURATION_S:
+            return f"{int(value)} s ({int(value) // 86400} days)"
+        return str(int(value))
+    return str(value)
 
 
 def _unknown_hint(loc: Loc) -> str:
@@ -389,10 +456,12 @@ def _render(
         problems,
         key=lambda p: (_override_for(p.loc, applied) is not None, _line_of(root, p.loc) or 0),
     )
-    lines = [_render_one(p, root, applied) for p in ranked]
-    if len(lines) == 1:
+    lines = [_render_one(p, root, applied) for p in ranked[:MAX_SHOWN_PROBLEMS]]
+    if len(ranked) > MAX_SHOWN_PROBLEMS:
+        lines.append(f"... and {len(ranked) - MAX_SHOWN_PROBLEMS} more")
+    if len(ranked) == 1:
         return f"invalid job spec {source}: {lines[0]}"
-    return f"invalid job spec {source} ({len(lines)} problems):\n" + "\n".join(
+    return f"invalid job spec {source} ({len(ranked)} problems):\n" + "\n".join(
         f"  {line}" for line in lines
     )
 
@@ -467,11 +536,13 @@ def _key_matches(key: yaml.Node, part: str | int) -> bool:
         return False
     if key.value == str(part):
         return True
+    if key.tag == "tag:yaml.org,2002:str":
+        return False  # a string key is its own text; only other scalars need building
     try:
         loaded = yaml.constructor.SafeConstructor().construct_object(key)
-    except (yaml.YAMLError, ValueError, TypeError):
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
         return False
-    return str(loaded) == str(part)
+    return str(part) in (str(loaded), _show(loaded))
 
 
 def _dotted(loc: Loc) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -19,7 +20,14 @@ CASES = {
     "missing workdir": ("name: ok\nrun: python train.py\n", [], ["workdir"]),
     "workdir not there": (GOOD.replace("work\n", "nowhere\n"), [], ["workdir", "line 2"]),
     "empty run": ("name: ok\nworkdir: work\nrun: '  '\n", [], ["run", "line 3"]),
-    "unknown provider": (GOOD, ["--provider", "mars"], ["mars"]),
+    "unknown provider": (GOOD, ["--provider", "mars"], ["--provider", "mars", "local, aws"]),
+    "unknown provider in the spec": (GOOD + "provider: mars\n", [], ["provider (line 5)"]),
+    "wrong type": (GOOD.replace("nodes: 1", "nodes: [1]"), [], ["resources.nodes (line 4)"]),
+    "bad flag value": (GOOD, ["--nodes", "two"], ["--nodes"]),
+    "conflicting flags": (GOOD, ["--dry-run", "--detach"], ["--dry-run or --detach"]),
+    "huge file": (GOOD + "#" * (1 << 20) + "\n", [], ["1 MiB"]),
+    "deep nesting": (GOOD + "x: " + "[" * 5000 + "]" * 5000 + "\n", [], ["nested"]),
+    "bad tag": (GOOD + "setup: !!int abc\n", [], ["line 5", "not a valid int"]),
 }
 
 
@@ -41,3 +49,24 @@ def test_bad_input_exit_2_nothing_provisioned(tmp_path: Path, case: str) -> None
     if (home / "orch.db").exists():
         with sqlite3.connect(home / "orch.db") as db:
             assert db.execute("select count(*) from lease").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("kind", ["named pipe", "directory", "not utf-8"])
+def test_unreadable_spec_files_exit_2(tmp_path: Path, kind: str) -> None:
+    spec = tmp_path / "job.yaml"
+    if kind == "named pipe":
+        os.mkfifo(spec)  # no writer: reading it would wait forever
+    elif kind == "directory":
+        spec.mkdir()
+    else:
+        spec.write_bytes(GOOD.encode() + b"setup: \xff\xfe\n")
+    result = run_orch(["submit", str(spec)], orch_env(tmp_path / "orch"), timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    expected = {
+        "named pipe": "is not a regular file (a named pipe)",
+        "directory": "is a directory",
+        "not utf-8": "is not UTF-8 text (line 5)",
+    }[kind]
+    assert expected in " ".join(output.split()), output

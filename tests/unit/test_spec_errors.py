@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -270,20 +272,39 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
     assert "is a directory" in message
 
 
-def test_unreadable_file(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tests run as root, who reads any file whatever its mode, so the refusal is simulated.
+def test_unreadable_file(project: Path) -> None:
+    # Root reads any file whatever its mode, so the load runs in a child that gave root up.
     path = write(project, MINIMAL)
-    real_open = Path.open
-
-    def refuse(self: Path, *args: object, **kwargs: object) -> object:
-        if self == path:
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Path, "open", refuse)
-    message = spec_error(path)
+    path.chmod(0o600)
+    message = _as_nobody(lambda: spec_error(path))
     assert str(path) in message
     assert "permission denied" in message
+
+
+def _as_nobody(load: Callable[[], str]) -> str:
+    """Run `load` in a forked child as user nobody; return what it returned (or raise)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, load, report, exit without running pytest's atexit
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            text = load()
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            text = f"{type(exc).__name__}: {exc}"
+        with os.fdopen(write_end, "w") as out:
+            out.write(text)
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as reply:
+        text = reply.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
 
 
 def test_not_utf8(project: Path) -> None:
