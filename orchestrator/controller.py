@@ -151,6 +151,7 @@ class JobRunner:
         self.instances: list[Instance] = []
         self._started = False
         self._watch: RunWatch | None = None
+        self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._last_step: int | None = None
         self._last_step_saved = 0.0
 
@@ -227,6 +228,7 @@ class JobRunner:
             accelerator=resources.accelerator,
             max_price_per_hour=resources.max_price_per_hour,
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
+            avoid_zones=self._avoid_zones,
             attempt=self.job.recoveries,
         )
         self.instances = self._launch(request)
@@ -661,6 +663,10 @@ class JobRunner:
             JobState.RECOVERING,
             f"recovery {done + 1} of {limit}: replacing {len(self.instances) or 'the'} node(s)",
             recoveries=done + 1,
+        )
+        taken = set(interruption.instance_ids)
+        self._avoid_zones = tuple(
+            {i.zone for i in self.instances if i.instance_id in taken} - {None}
         )
         self._terminate_all()
         if self.cluster is not None:

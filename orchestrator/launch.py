@@ -158,6 +158,10 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
         '  exit "$1"',
         "}",
         f"cd {home_expr(layout.workdir)} || finish {SETUP_FAILED_EXIT}",
+        # SIGTERM reaches the whole session; this script must outlive it to record torchrun's
+        # exit once the trainers have checkpointed (a trap, unlike ignoring the signal, is
+        # not inherited by torchrun).
+        "trap 'true' TERM",
     ]
     for name, value in {**dict(cluster.user_env), **orch_environment(cluster, node)}.items():
         if not _ENV_NAME.match(name):

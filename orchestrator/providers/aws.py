@@ -156,7 +156,8 @@ class AwsProvider:
     # --- Provider interface ---------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
-        """Start `request.count` nodes in one zone of the cheapest offer that has capacity.
+        """Start `request.count` nodes in one zone of the cheapest offer that has capacity;
+        offers in `request.avoid_zones` come last.
 
         Returns them ordered by rank once all are `running`. Raises `CapacityError` listing every
         offer tried when none could be launched (or none fits), and `ProviderError` on any other
@@ -170,6 +171,9 @@ class AwsProvider:
                 f" in {', '.join(self.regions())}",
                 hint="relax resources (accelerator, max_price_per_hour, spot) or add regions",
             )
+        # After an interruption, the zone that took the nodes back is tried last (stable sort:
+        # the price ranking holds within each group).
+        offers = sorted(offers, key=lambda offer: offer.zone in request.avoid_zones)
         tried: list[Attempt] = []
         for offer in offers:
             try:

@@ -221,6 +221,7 @@ def instance_from_description(
         price_per_hour=price,
         launched_at=launched_at,
         tags=tags,
+        zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
     )
 
 

@@ -37,6 +37,7 @@ class LaunchRequest:
     accelerator: str | None = None  # GPU model wanted (None: any)
     max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
     min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
+    avoid_zones: tuple[str, ...] = ()  # zones where the job was just interrupted: tried last
     attempt: int = 0  # launch attempt of the job (0 first, +1 per recovery); part of the
     #                   idempotency token, so a retried call never launches twice while a new
     #                   attempt always launches new nodes
@@ -61,6 +62,7 @@ class Instance:
     price_per_hour: Decimal  # USD per hour at launch time; recorded in the ledger, never re-read
     launched_at: datetime  # UTC; billing starts here
     tags: dict[str, str] = field(default_factory=dict)  # everything the provider tags it with
+    zone: str | None = None  # availability zone (None: the provider has none)
     metadata_url: str | None = None  # where the node reads its instance metadata (spot
     #                                  notices); None: EC2's http://169.254.169.254
 

@@ -149,6 +149,14 @@ def test_capacity_error_fails_over_to_next_zone(provider: AwsProvider) -> None:
     assert len(nodes) == 2 and len(zones) == 1 and first_zone not in zones
 
 
+def test_a_recovery_launch_tries_the_interrupted_zone_last(provider: AwsProvider) -> None:
+    first_zone = provider.offers(provider_query())[0].zone
+    nodes = provider.launch(request(avoid_zones=(first_zone,), attempt=1))
+    zones = {d["Placement"]["AvailabilityZone"] for d in running(provider)}
+    assert len(zones) == 1 and first_zone not in zones
+    assert {n.zone for n in nodes} == zones
+
+
 def test_partial_launch_is_terminated_before_failover(provider: AwsProvider) -> None:
     first_zone = provider.offers(provider_query())[0].zone
     calls: list[str] = []

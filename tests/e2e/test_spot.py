@@ -1,0 +1,288 @@
+"""Spot interruptions on real local nodes with real torchrun: notice, reclaim, recovery.
+
+Nodes are reclaimed with `orch local preempt` (a notice on the node's metadata endpoint, then
+link down and every process killed at once), and the job must finish its target step count
+without losing work beyond what the acceptance allows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    REPO,
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    run_orch,
+    wait_for_state,
+)
+
+pytestmark = pytest.mark.e2e
+
+CHECKPOINT_EVERY = 6
+FAKE_SIZE = 3072  # 2 nodes x 2 ranks x batch 32: 24 steps per epoch
+EPOCHS = 2
+TARGET_STEPS = FAKE_SIZE // (2 * 2 * 32) * EPOCHS
+
+
+def trainer_job(tmp_path: Path, *, name: str = "spot", extra: str = "") -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"name: {name}\n"
+        f"workdir: {REPO}\n"
+        "run: >-\n"
+        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
+        f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
+        "  --log-every 2\n"
+        "resources: {nodes: 2, gpus_per_node: 2, spot: true}\n"
+        "checkpoint: {dir: ~/ckpt, pull_every: 2}\n"
+        "env: {OMP_NUM_THREADS: '1'}\n" + extra
+    )
+    return path
+
+
+def spot_env(home: Path, **extra: str) -> dict[str, str]:
+    return orch_env(
+        home,
+        ORCH_WATCH_INTERVAL="1",
+        ORCH_NOTICE_POLL_INTERVAL="1",
+        ORCH_LOCAL_PRICE_PER_HOUR="0.90",
+        **extra,
+    )
+
+
+def detach(spec: Path, env: dict[str, str]) -> str:
+    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def wait_for(job_id: str, env: dict[str, str], predicate, what: str, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_json(job_id, env)
+        if predicate(job):
+            return job
+        assert job["state"] not in ("FAILED", "SUCCEEDED"), f"{job_id} ended while {what}: {job}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
+        time.sleep(0.3)
+
+
+def preempt(job_id: str, env: dict[str, str], node: int, notice: float) -> dict:
+    result = run_orch(
+        ["local", "preempt", job_id, "--node", str(node), "--notice", str(notice), "--json"],
+        env,
+        timeout=notice + 60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def events(job: dict, kind: str) -> list[dict]:
+    return [e for e in job["events"] if e["kind"] == kind]
+
+
+def assert_spend_is_leases(job: dict) -> None:
+    """Spend is node-seconds x recorded price over every lease, replaced ones included."""
+    total = Decimal(0)
+    for lease in job["leases"]:
+        seconds = Decimal(
+            str(
+                (
+                    _utc(lease["ended_at"]) - _utc(lease["launched_at"])  # type: ignore[operator]
+                ).total_seconds()
+            )
+        )
+        total += seconds * Decimal(str(lease["price_per_hour"])) / 3600
+    assert abs(Decimal(str(job["spend_usd"])) - total) < Decimal("0.000001"), (job, total)
+
+
+def _utc(text: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def test_notice_on_node_1_resumes_from_the_emergency_checkpoint(tmp_path: Path) -> None:
+    env = spot_env(tmp_path / "orch")
+    job_id = detach(trainer_job(tmp_path), env)
+    before = wait_for(job_id, env, lambda j: (j["step"] or 0) >= 8, "step 8")
+    step_at_notice = before["step"]
+    preempt(job_id, env, node=1, notice=10)
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["step"] == TARGET_STEPS
+    assert job["recoveries"] == 1
+    assert len(job["leases"]) == 4 and all(lease["market"] == "spot" for lease in job["leases"])
+    assert_spend_is_leases(job)
+    (preempted,) = events(job, "PREEMPTED")
+    assert preempted["message"].startswith("notice: node 1")
+    (resumed,) = events(job, "RESUMED")
+    # No work lost: the emergency checkpoint was written at or after the step of the notice.
+    assert resumed["step"] is not None and resumed["step"] >= step_at_notice, job["events"]
+    assert_nothing_left(job)
+    log = (tmp_path / "orch" / "jobs" / job_id / "logs" / "node-0.log").read_text()
+    assert '"event": "resume"' in log or '"event":"resume"' in log, log[-2000:]
+
+
+def test_master_killed_without_notice_resumes_from_the_last_pulled_checkpoint(
+    tmp_path: Path,
+) -> None:
+    env = spot_env(tmp_path / "orch")
+    job_id = detach(trainer_job(tmp_path, name="master"), env)
+    before = wait_for(
+        job_id, env, lambda j: any((c["step"] or 0) >= 12 for c in j["checkpoints"]), "a pull"
+    )
+    pulled = max(c["step"] for c in before["checkpoints"] if c["step"] is not None)
+    preempt(job_id, env, node=0, notice=0)
+    after_kill = job_json(job_id, env)
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["step"] == TARGET_STEPS and job["recoveries"] == 1
+    (preempted,) = events(job, "PREEMPTED")
+    assert "node 0" in preempted["message"] and preempted["message"].startswith("preempted")
+    (resumed,) = events(job, "RESUMED")
+    assert resumed["step"] >= pulled
+    lost = (after_kill["step"] or 0) - resumed["step"]
+    assert lost <= CHECKPOINT_EVERY + 4, (after_kill["step"], resumed["step"])  # + one log gap
+    assert len(job["leases"]) == 4
+    assert_spend_is_leases(job)
+    assert_nothing_left(job)
+
+
+def test_a_half_written_checkpoint_on_node_0_is_never_pulled(tmp_path: Path) -> None:
+    home = tmp_path / "orch"
+    env = spot_env(home)
+    job_id = detach(trainer_job(tmp_path, name="halfwritten"), env)
+    wait_for(job_id, env, lambda j: any((c["step"] or 0) >= 6 for c in j["checkpoints"]), "pull")
+    node0 = next(i for i in job_json(job_id, env)["leases"] if i["rank"] == 0)
+    ckpt = home / "local" / "nodes" / node0["instance_id"] / "disk" / "ckpt"
+    bogus = ckpt / "step-009999"
+    bogus.mkdir()
+    (bogus / "state.pt").write_bytes(b"\x80half a pickle")  # no COMPLETE marker
+    (ckpt / "latest").write_text("step-009999\n")
+    time.sleep(3)  # at least one pull interval sees the bogus directory
+    preempt(job_id, env, node=0, notice=0)
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["step"] == TARGET_STEPS
+    assert all(c["name"] != "step-009999" for c in job["checkpoints"])
+    (resumed,) = events(job, "RESUMED")
+    assert resumed["step"] < 9999 and "step-009999" not in resumed["message"]
+    assert not (home / "jobs" / job_id / "checkpoints" / "step-009999" / "COMPLETE").exists()
+
+
+def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> None:
+    """A node taken during the sync is replaced; beyond max_recoveries the job FAILS."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for index in range(6):  # slow enough a sync to be caught in the act
+        (data / f"blob-{index}.bin").write_bytes(bytes(64 * 1024 * 1024))
+    env = spot_env(tmp_path / "orch")
+    spec = trainer_job(
+        tmp_path,
+        name="fragile",
+        extra=f"data: [{{src: {data}, dst: ~/data}}]\nrecovery: {{max_recoveries: 1}}\n",
+    )
+    job_id = detach(spec, env)
+    wait_for(job_id, env, lambda j: j["state"] == "SYNCING", "SYNCING", timeout=60)
+    syncing = job_json(job_id, env)
+    preempt(job_id, env, node=1, notice=0)
+    wait_for(job_id, env, lambda j: j["recoveries"] == 1 and j["state"] == "RUNNING", "recovery")
+    job = job_json(job_id, env)
+    first = {lease["instance_id"] for lease in syncing["leases"]}
+    assert len(first) == 2 and all(
+        lease["ended_at"] for lease in job["leases"] if lease["instance_id"] in first
+    )
+    preempted = events(job, "PREEMPTED")
+    assert len(preempted) == 1 and "while the job started" in preempted[0]["message"]
+    # The second reclaim is one more than recovery.max_recoveries allows.
+    preempt(job_id, env, node=1, notice=0)
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=120)
+    assert job["state"] == "FAILED", job
+    assert "no recovery left (recovery.max_recoveries is 1, 1 used)" in job["reason"]
+    assert job["exit_code"] == 1 and len(job["leases"]) == 4
+    assert_nothing_left(job)
+
+
+PLAIN_SCRIPT = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+start = 0
+if os.path.exists("snapshot.pt"):
+    start = torch.load("snapshot.pt")["epoch"] + 1
+    print(f"resuming from snapshot.pt at epoch {start}", flush=True)
+for epoch in range(start, 40):
+    time.sleep(0.5)
+    dist.barrier()
+    if rank == 0:
+        torch.save({"epoch": epoch}, "snapshot.pt")  # in place, not atomic
+    print(f"epoch {epoch} done", flush=True)
+dist.destroy_process_group()
+print("finished all epochs", flush=True)
+"""
+
+
+def test_a_plain_script_resumes_from_its_pulled_snapshot(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(PLAIN_SCRIPT)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: plain\nworkdir: work\nrun: python train.py\n"
+        "resources: {nodes: 2, gpus_per_node: 1, spot: true}\n"
+        "checkpoint: {dir: ., pull_every: 1}\n"
+    )
+    env = spot_env(tmp_path / "orch")
+    job_id = detach(spec, env)
+    mirror = tmp_path / "orch" / "jobs" / job_id / "checkpoints" / "snapshot.pt"
+    deadline = time.monotonic() + 120
+    while not mirror.exists():
+        assert time.monotonic() < deadline, job_json(job_id, env)
+        time.sleep(0.3)
+    time.sleep(3)
+    preempt(job_id, env, node=0, notice=0)
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["recoveries"] == 1
+    log = (tmp_path / "orch" / "jobs" / job_id / "logs" / "node-0.log").read_text()
+    resumed = [line for line in log.splitlines() if "resuming from snapshot.pt at epoch" in line]
+    assert resumed, log[-3000:]
+    assert int(resumed[-1].rsplit(" ", 1)[1]) >= 2
+    assert "finished all epochs" in log
+    assert_nothing_left(job)
+
+
+def test_soak_seeded_random_reclaims(tmp_path: Path) -> None:
+    """At least 5 seeded random reclaims during one run; it still ends at the target step."""
+    env = spot_env(tmp_path / "orch")
+    spec = trainer_job(tmp_path, name="soak", extra="recovery: {max_recoveries: 8}\n")
+    job_id = detach(spec, env)
+    chaos = run_orch_background(
+        ["local", "chaos", job_id, "--seed", "7", "--rate", "12", "--count", "5"], env
+    )
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=600)
+    chaos.join(30)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["step"] == TARGET_STEPS
+    assert job["recoveries"] >= 5, job["events"]
+    assert len(events(job, "PREEMPTED")) == job["recoveries"]
+    assert_spend_is_leases(job)
+    assert_nothing_left(job)
+
+
+def run_orch_background(args: list[str], env: dict[str, str]) -> threading.Thread:
+    thread = threading.Thread(target=run_orch, args=(args, env), kwargs={"timeout": 600})
+    thread.start()
+    return thread

@@ -1,0 +1,97 @@
+"""Spot rehearsal on real local nodes: metadata endpoint, notice watcher, reclaim, capacity."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cluster import Cluster
+from orchestrator.errors import CapacityError, ProviderError
+from orchestrator.notice_watch import NoticeWatcher
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local_host import pids_with_marker
+from orchestrator.providers.local_spot import post_notice
+from orchestrator.remote.keys import Identity, ensure_identity
+from orchestrator.spot_notice import SpotNotice
+from tests.integration.test_local_provider import MODES, make_settings, providers
+
+__all__ = ["providers"]  # the fixture, imported for pytest
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def spot_request(identity: Identity, count: int, spot: bool | str) -> LaunchRequest:
+    return LaunchRequest(
+        job_id="job-1", cluster="job-1", count=count, gpus_per_node=1,
+        public_key=identity.public_key, spot=spot,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
+    tmp_path: Path, mode: str, providers: list[LocalProvider]
+) -> None:
+    provider = LocalProvider(make_settings(tmp_path / "orch", mode, price="0.90"))
+    providers.append(provider)
+    identity = ensure_identity(tmp_path / "keys", "test")
+    nodes = provider.launch(spot_request(identity, 2, True))
+    assert all(n.market == "spot" and n.price_per_hour == Decimal("0.300000") for n in nodes)
+    cluster = Cluster(nodes, identity)
+    heard: list[tuple[int, SpotNotice, float]] = []
+    got = threading.Event()
+
+    def on_notice(rank: int, notice: SpotNotice) -> None:
+        heard.append((rank, notice, time.monotonic()))
+        got.set()
+
+    watcher = NoticeWatcher(cluster, on_notice, interval_s=0.5)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 30
+        while watcher.status != ["watching", "watching"]:
+            assert time.monotonic() < deadline, watcher.status
+            time.sleep(0.1)
+        reclaim_at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=30)
+        posted = time.monotonic()
+        post_notice(provider.store, nodes[1].instance_id, reclaim_at)
+        assert got.wait(10), watcher.status
+        rank, notice, when = heard[0]
+        assert rank == 1 and notice.action == "terminate" and notice.time == reclaim_at
+        assert when - posted < 2.0  # one poll interval and a little
+        time.sleep(1.5)
+        assert len(heard) == 1  # once per node and notice
+    finally:
+        watcher.stop()
+        cluster.close()
+    taken = provider.reclaim(nodes[1].instance_id)
+    assert taken is not None and taken.tzinfo is not None
+    assert pids_with_marker(nodes[1].instance_id) == set()
+    assert provider.preempted([n.instance_id for n in nodes]) == {nodes[1].instance_id}
+    assert [n.instance_id for n in provider.list_owned()] == [nodes[0].instance_id]
+    with pytest.raises(ProviderError, match="not running"):
+        provider.reclaim(nodes[1].instance_id)
+    provider.terminate([n.instance_id for n in nodes])
+    assert provider.preempted([n.instance_id for n in nodes]) == set()
+
+
+def test_spot_capacity_refused_and_auto_falls_back_to_on_demand(
+    tmp_path: Path, providers: list[LocalProvider]
+) -> None:
+    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
+    providers.append(provider)
+    identity = ensure_identity(tmp_path / "keys", "test")
+    provider.set_spot_available(False)
+    with pytest.raises(CapacityError, match="no spot capacity"):
+        provider.launch(spot_request(identity, 1, True))
+    assert provider.list_owned() == []
+    (node,) = provider.launch(spot_request(identity, 1, "auto"))
+    assert node.market == "on-demand" and node.price_per_hour == Decimal("0.90")
+    provider.set_spot_available(True)
+    (spot,) = provider.launch(spot_request(identity, 1, "auto"))
+    assert spot.market == "spot" and spot.price_per_hour == Decimal("0.300000")
