@@ -466,8 +466,10 @@ def reconcile(
 
 def _add_sub_apps() -> None:
     from orchestrator.cli_local import app as local_app
+    from orchestrator.sandbox.cli import sandbox_app
 
     app.add_typer(local_app, name="local")
+    app.add_typer(sandbox_app, name="sandbox")
 
 
 _add_sub_apps()
@@ -476,7 +478,7 @@ _add_sub_apps()
 @app.callback()
 def _revive_lost_controllers(context: typer.Context) -> None:
     """Before any command: an unfinished job whose controller died gets a new one."""
-    if context.invoked_subcommand in ("reconcile", "down"):
+    if context.invoked_subcommand in ("reconcile", "down", "sandbox"):
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
     from orchestrator.supervision import revive_controllers
 

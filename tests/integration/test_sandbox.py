@@ -1,0 +1,282 @@
+"""`orch sandbox aws` as orch's AWS provider sees it: a real sandbox process on 127.0.0.1, its
+hosts reached over the sandbox bridge, its metadata read from inside a host's namespace."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from orchestrator.cluster import Cluster
+from orchestrator.config import AwsSettings, Settings
+from orchestrator.providers.aws import AwsProvider
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.remote.keys import Identity, ensure_identity
+from orchestrator.sandbox.client import SandboxClient
+from tests.helpers import Background, orch_env, processes_with_marker, run_orch
+from tests.sandbox_run import SandboxProcess, aws_env, in_host, sandbox_namespaces
+
+pytestmark = pytest.mark.timeout(180)
+
+IMDS_READ = """
+import json, urllib.error, urllib.request
+open_url = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
+base = "http://169.254.169.254/latest/"
+put = urllib.request.Request(base + "api/token", method="PUT",
+                             headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+token = open_url(put, timeout=3).read().decode()
+out = {}
+for name in ("instance-id", "spot/instance-action"):
+    get = urllib.request.Request(base + "meta-data/" + name,
+                                 headers={"X-aws-ec2-metadata-token": token})
+    try:
+        with open_url(get, timeout=3) as reply:
+            out[name] = [reply.status, reply.read().decode()]
+    except urllib.error.HTTPError as exc:
+        out[name] = [exc.code, ""]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    running = SandboxProcess(tmp_path_factory.mktemp("sandbox")).start()
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output
+
+
+@pytest.fixture
+def aws(sandbox: SandboxProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The sandbox's environment for this test; every instance it launched ends after it."""
+    env = aws_env(sandbox.endpoint)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    yield env
+    ec2 = sandbox.ec2()
+    live = [
+        i["InstanceId"]
+        for r in ec2.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] in ("pending", "running")
+    ]
+    if live:
+        ec2.terminate_instances(InstanceIds=live)
+    wait_until(lambda: not SandboxClient(sandbox.endpoint).status()["hosts"], "hosts ended")
+
+
+def make_provider(home: Path, endpoint: str, **options: Any) -> AwsProvider:
+    settings = {"endpoint_url": endpoint, "poll_interval_s": 0.2, "ready_timeout_s": 60}
+    settings.update(options)
+    return AwsProvider(Settings(home=home, aws=AwsSettings(**settings)))
+
+
+def launch(
+    provider: AwsProvider, identity: Identity, count: int, *, spot: bool = True
+) -> list[Any]:
+    return provider.launch(
+        LaunchRequest(job_id="sbx", cluster="sbx", count=count, gpus_per_node=1,
+                      public_key=identity.public_key, spot=spot, accelerator="A10G")
+    )  # fmt: skip
+
+
+def describe(sandbox: SandboxProcess, instance_id: str) -> dict:
+    reply = sandbox.ec2().describe_instances(InstanceIds=[instance_id])
+    return reply["Reservations"][0]["Instances"][0]
+
+
+def wait_until(check: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def host_gone(sandbox: SandboxProcess, instance_id: str) -> bool:
+    return (
+        "osbx-" + instance_id not in sandbox_namespaces()
+        and processes_with_marker(instance_id) == []
+        and not (sandbox.state_dir / "hosts" / instance_id).exists()
+    )
+
+
+def test_its_ec2_sells_the_price_table_on_its_own_network(
+    sandbox: SandboxProcess, aws: dict[str, str]
+) -> None:
+    status = SandboxClient(sandbox.endpoint).status()
+    assert status["zones"] == ["us-east-1a", "us-east-1b", "us-east-1c"]
+    table = {(row["zone"], row["instance_type"]): row for row in status["prices"]}
+    ec2 = sandbox.ec2()
+    history = ec2.describe_spot_price_history(
+        InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"]
+    )["SpotPriceHistory"]
+    assert {(h["AvailabilityZone"], h["SpotPrice"]) for h in history} == {
+        (zone, table[(zone, "g5.xlarge")]["spot"]) for zone in status["zones"]
+    }
+    on_demand = Decimal(table[("us-east-1a", "g5.xlarge")]["on_demand"])
+    assert Decimal(table[("us-east-1a", "g5.xlarge")]["spot"]) == on_demand * Decimal("0.30")
+    offered = ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["g5.xlarge", "p5.48xlarge"]}],
+    )["InstanceTypeOfferings"]
+    assert {o["Location"] for o in offered} == set(status["zones"])
+    assert len(offered) == 6
+    elsewhere = provider_in(sandbox, "us-east-2").client("us-east-2")
+    assert (
+        elsewhere.describe_spot_price_history(InstanceTypes=["g5.xlarge"])["SpotPriceHistory"] == []
+    )
+    # The default VPC is the sandbox network; its subnets give no public IP.
+    (vpc,) = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    assert vpc["CidrBlock"] == "10.214.0.0/16"
+    subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])
+    assert {(s["AvailabilityZone"], s["CidrBlock"], s["MapPublicIpOnLaunch"])
+            for s in subnets["Subnets"]} == {
+        (zone, info["cidr"], False) for zone, info in status["subnets"].items()
+    }  # fmt: skip
+    # orch finds the image by its default name pattern, owned by Amazon.
+    images = ec2.describe_images(
+        Owners=["amazon"], Filters=[{"Name": "name", "Values": [AwsSettings().ami_name]}]
+    )["Images"]
+    assert len(images) == 1
+
+
+def provider_in(sandbox: SandboxProcess, region: str) -> AwsProvider:
+    return make_provider(Path("/nonexistent"), sandbox.endpoint, regions=[region])
+
+
+def test_a_launched_node_is_a_host_orch_logs_into(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    provider = make_provider(tmp_path, sandbox.endpoint)
+    identity = ensure_identity(tmp_path / "keys", "sbx")
+    nodes = launch(provider, identity, 2)
+    descs = [describe(sandbox, n.instance_id) for n in nodes]
+    assert [d["State"]["Name"] for d in descs] == ["running", "running"]
+    assert all("PublicIpAddress" not in d for d in descs)
+    assert {d["Placement"]["AvailabilityZone"] for d in descs} == {"us-east-1a"}
+    for node in nodes:
+        assert node.ssh_host == node.private_ip and node.private_ip.startswith("10.214.1.")
+        assert node.ssh_user == "ubuntu" and node.interface == "ens5"
+        assert node.price_per_hour == Decimal("0.3018")  # g5.xlarge, spot, first zone
+    cluster = Cluster(nodes, identity, connect_timeout=5)  # pins the user data's host keys
+    try:
+        for node, connection in zip(nodes, cluster.connections, strict=True):
+            out = connection.run(
+                'echo "$USER $HOME"; ip -4 -o addr show dev ens5; cat /proc/self/net/route'
+            ).stdout
+            assert f"ubuntu {sandbox.state_dir / 'home'}" in out
+            assert f"inet {node.private_ip}/16" in out
+        cluster.connections[0].run("echo only-here > private.txt")
+        assert cluster.connections[0].run("cat private.txt").stdout == "only-here\n"
+        assert not cluster.connections[1].run("test -e private.txt", check=False).ok
+        peer = nodes[1].private_ip
+        reach = cluster.connections[0].run(
+            f"python -c \"import socket; socket.create_connection(('{peer}', 22), 3)\"",
+            check=False,
+        )
+        assert reach.ok, reach.tail()
+    finally:
+        cluster.close()
+    ended_at = provider.terminate([n.instance_id for n in nodes])
+    assert ended_at.tzinfo is not None
+    for node in nodes:
+        wait_until(lambda node=node: host_gone(sandbox, node.instance_id), "host gone")
+        reason = describe(sandbox, node.instance_id)["StateReason"]["Code"]
+        assert reason == "Client.UserInitiatedShutdown"
+    assert provider.preempted([n.instance_id for n in nodes]) == set()
+
+
+def test_preempt_serves_the_notice_then_reclaims_the_node(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    provider = make_provider(tmp_path, sandbox.endpoint)
+    (node,) = launch(provider, ensure_identity(tmp_path / "keys", "sbx"), 1)
+    iid = node.instance_id
+    before = json.loads(in_host(iid, IMDS_READ).stdout)
+    assert before == {"instance-id": [200, iid], "spot/instance-action": [404, ""]}
+
+    env = orch_env(tmp_path / "orch", **aws)
+    notice_s = 4
+    preempt = Background(["sandbox", "preempt", iid, "--notice", str(notice_s)], env)
+    preempt.wait_for("notice served", timeout=30)
+    noticed = time.monotonic()
+    during = json.loads(in_host(iid, IMDS_READ).stdout)
+    assert during["instance-id"] == [200, iid]
+    code, body = during["spot/instance-action"]
+    assert code == 200
+    notice = json.loads(body)
+    assert notice["action"] == "terminate"
+    left = (datetime.fromisoformat(notice["time"]) - datetime.now(UTC)).total_seconds()
+    assert 0 < left <= notice_s + 1
+    assert describe(sandbox, iid)["State"]["Name"] == "running"  # still up during the notice
+
+    assert preempt.finish(timeout=60) == 0, preempt.output
+    assert time.monotonic() - noticed >= notice_s - 1.5
+    assert "reclaimed" in preempt.output
+    desc = describe(sandbox, iid)
+    assert desc["State"]["Name"] == "terminated"
+    assert desc["StateReason"]["Code"] == "Server.SpotInstanceTermination"
+    assert provider.preempted([iid]) == {iid}
+    assert host_gone(sandbox, iid)
+    reclaim = next(r for r in SandboxClient(sandbox.endpoint).status()["reclaims"]
+                   if r["instance_id"] == iid)  # fmt: skip
+    assert reclaim["done"] and reclaim["notice"] == notice
+
+
+def test_a_zone_without_spot_capacity_sends_the_launch_to_the_next_zone(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    env = orch_env(tmp_path / "orch", **aws)
+    refused = run_orch(["sandbox", "capacity", "us-east-1a"], env, timeout=60)
+    assert refused.returncode == 0, refused.stderr
+    assert "no spot capacity in us-east-1a" in refused.stdout
+    subnet = SandboxClient(sandbox.endpoint).status()["subnets"]["us-east-1a"]["id"]
+    ec2 = sandbox.ec2()
+    spot = {"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}}
+    with pytest.raises(ClientError) as caught:
+        ec2.run_instances(ImageId="ami-0a1b2c3d4e5f60718", InstanceType="g5.xlarge", MinCount=1,
+                          MaxCount=1, SubnetId=subnet, InstanceMarketOptions=spot)  # fmt: skip
+    assert caught.value.response["Error"]["Code"] == "InsufficientInstanceCapacity"
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500  # as EC2 answers
+
+    # One attempt per call: EC2's 500 would otherwise be retried with backoff before failover.
+    provider = make_provider(tmp_path, sandbox.endpoint, max_api_attempts=1)
+    identity = ensure_identity(tmp_path / "keys", "sbx")
+    (node,) = launch(provider, identity, 1)
+    assert describe(sandbox, node.instance_id)["Placement"]["AvailabilityZone"] == "us-east-1b"
+    assert node.price_per_hour == Decimal("0.3320")  # g5.xlarge spot in the second zone
+    (on_demand,) = launch(provider, identity, 1, spot=False)  # on-demand still has room
+    assert describe(sandbox, on_demand.instance_id)["Placement"]["AvailabilityZone"] == (
+        "us-east-1a"
+    )
+
+    restored = run_orch(["sandbox", "capacity", "us-east-1a", "--restore"], env, timeout=60)
+    assert restored.returncode == 0 and "every zone has capacity" in restored.stdout
+    provider.terminate([node.instance_id, on_demand.instance_id])
+    (again,) = launch(provider, identity, 1)
+    assert describe(sandbox, again.instance_id)["Placement"]["AvailabilityZone"] == "us-east-1a"
+
+
+def test_mistakes_are_refused_with_a_reason(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    env = orch_env(tmp_path / "orch", **aws)
+    unknown = run_orch(["sandbox", "preempt", "i-0000000000000dead", "--notice", "1"], env)
+    assert unknown.returncode == 3 and "no running sandbox instance" in unknown.stderr
+    zone = run_orch(["sandbox", "capacity", "eu-west-1a"], env)
+    assert zone.returncode == 3 and "unknown zone" in zone.stderr
+    no_endpoint = run_orch(["sandbox", "status"], orch_env(tmp_path / "orch"))
+    assert no_endpoint.returncode == 2 and "ORCH_AWS_ENDPOINT_URL" in no_endpoint.stderr
+    second = run_orch(["sandbox", "aws", "--port", "0"], orch_env(tmp_path / "other"), timeout=60)
+    assert second.returncode == 3 and "another orch sandbox runs" in second.stderr
+    assert SandboxClient(sandbox.endpoint).status()["endpoint"] == sandbox.endpoint  # unharmed
