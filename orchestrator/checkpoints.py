@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -27,7 +28,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 
 @dataclass(frozen=True)
 class RemoteEntry:
-    """One entry of a remote listing (`find -printf '%P\\t%y\\t%s\\t%T@\\n'`)."""
+    """One entry of a remote listing (`find -printf '%P\\t%y\\t%s\\t%T@\\0'`)."""
 
     path: str  # relative to the checkpoint directory, '/'-separated
     kind: str  # 'f' file, 'd' directory, 'l' symlink, ...
@@ -36,18 +37,22 @@ class RemoteEntry:
 
 
 def listing_command(checkpoint_dir_expr: str) -> str:
-    """Shell command listing a checkpoint dir (a quoted shell expression); empty if missing."""
+    """Shell command listing a checkpoint dir (a quoted shell expression); empty if missing.
+
+    Records end with NUL, the one byte a file name cannot hold, so names with newlines or
+    tabs cannot forge entries.
+    """
     return (
         f'd={checkpoint_dir_expr}; [ -d "$d" ] || exit 0; '
-        "find \"$d\" -mindepth 1 -printf '%P\\t%y\\t%s\\t%T@\\n'"
+        "find \"$d\" -mindepth 1 -printf '%P\\t%y\\t%s\\t%T@\\0'"
     )
 
 
 def parse_listing(text: str) -> dict[str, RemoteEntry]:
-    """Parse `listing_command` output; malformed lines are skipped."""
+    """Parse `listing_command` output; malformed records are skipped."""
     entries: dict[str, RemoteEntry] = {}
-    for line in text.splitlines():
-        parts = line.split("\t")
+    for record in text.split("\0"):
+        parts = record.rsplit("\t", 3)  # the name may hold tabs; the other fields cannot
         if len(parts) != 4:
             continue
         path, kind, size, mtime = parts
@@ -59,8 +64,41 @@ def parse_listing(text: str) -> dict[str, RemoteEntry]:
 
 
 def _is_safe(path: str) -> bool:
-    parts = PurePosixPath(path).parts
-    return bool(parts) and not path.startswith("/") and all(p not in ("..", ".", "") for p in parts)
+    """A relative, canonical name (no empty, `.` or `..` parts, so not absolute either) that
+    survived decoding: a name that was not UTF-8 on the node reads with U+FFFD and could not
+    be asked for by name."""
+    parts = path.split("/")  # not PurePosixPath: it would quietly drop `.` and `//`
+    return "\ufffd" not in path and all(p not in ("..", ".", "") for p in parts)
+
+
+def _plain_file(base: Path, rel: str) -> bool:
+    """Whether `base/rel` is a regular file reached through real directories only.
+
+    Checked with lstat component by component: a symlink anywhere below `base` (planted by a
+    transfer or by anyone else) would make a later move read or write outside `base`.
+    """
+    path = base
+    parts = PurePosixPath(rel).parts
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            return False
+        last = i == len(parts) - 1
+        if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+            return False
+    return True
+
+
+def _safe_destination(root: Path, rel: str) -> bool:
+    """Whether writing `root/rel` stays under `root`: no existing part of it is a symlink."""
+    path = root
+    for part in PurePosixPath(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            return False
+    return not root.is_symlink()
 
 
 def _hidden_temp(path: str) -> bool:
@@ -153,10 +191,12 @@ class PulledCheckpoint:
 class CheckpointMirror:
     """The local mirror of one job's rank-0 checkpoint directory.
 
-    `fetch(files_from, staging)` must copy the listed remote files (relative paths, one per
-    line in the file `files_from`) into `staging`, preserving relative paths and mtimes; it is
-    rsync in production. Nothing outside `root` is ever written: remote names with `..`,
-    absolute paths and symlinks are refused before the fetch.
+    `fetch(files_from, staging)` must copy the listed remote files (relative paths, each
+    ended by NUL in the file `files_from`) into `staging`, preserving relative paths and
+    mtimes; it is rsync in production. Nothing outside `root` is ever written (nor moved in
+    from outside): remote names with `..`, absolute paths and symlinks are refused before the
+    fetch, and what the fetch delivered is installed only when it is a regular file reached
+    through real directories, to a destination with no symlink on the way.
     """
 
     def __init__(self, root: Path) -> None:
@@ -178,8 +218,8 @@ class CheckpointMirror:
             if self.staging.exists():
                 shutil.rmtree(self.staging)
             self.staging.mkdir(parents=True)
-            list_file = self.root.parent / ".incoming.list"
-            list_file.write_text("".join(f"{p}\n" for p in plan.files))
+            list_file = self.root.parent / ".incoming.list"  # NUL-separated: rsync --from0
+            list_file.write_text("".join(f"{p}\0" for p in plan.files))
             fetch(list_file, self.staging)
             pulled = self._install(plan, listing)
             shutil.rmtree(self.staging, ignore_errors=True)
@@ -195,9 +235,11 @@ class CheckpointMirror:
         new_units: dict[str, int] = {}
         for rel in plan.files:
             src = self.staging / rel
-            if not src.is_file() or src.is_symlink():
-                continue  # vanished between listing and fetch; the next pull retries
+            if not _plain_file(self.staging, rel):
+                continue  # vanished (or became a link) since the listing; the next pull retries
             dst = self.root / rel
+            if not _safe_destination(self.root, rel):
+                continue
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
             unit = PurePosixPath(rel).parts[0] if "/" in rel else rel
@@ -216,6 +258,8 @@ class CheckpointMirror:
         if not self.root.is_dir():
             return None
         for child in self.root.iterdir():
+            if child.is_symlink():
+                continue
             step = step_of(child.name)
             complete = step is not None and (child / COMPLETE_MARKER).exists()
             if complete and (best is None or step > best[0]):  # type: ignore[operator]

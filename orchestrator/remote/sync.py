@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import RemoteError
+from orchestrator.errors import ConfigError, HostKeyMismatch, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
 
 # Per-directory filter files honoured when syncing a workdir: git's ignores and orch's own.
@@ -34,12 +34,12 @@ def ssh_transport_argv(
     """
     argv = [
         "ssh",
-        "-i", str(identity.private_key),
+        "-o", f"IdentityFile={ssh_option_path(identity.private_key)}",
         "-p", str(address.port),
         "-o", "BatchMode=yes",
         "-o", "IdentitiesOnly=yes",
         "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={identity.known_hosts}",
+        "-o", f"UserKnownHostsFile={ssh_option_path(identity.known_hosts)}",
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", f"ConnectTimeout={connect_timeout}",
         "-o", "ServerAliveInterval=5",
@@ -48,10 +48,32 @@ def ssh_transport_argv(
     if multiplex:
         argv += [
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={identity.control_dir}/%C",
+            "-o", f"ControlPath={ssh_option_path(identity.control_dir, '/%C')}",
             "-o", "ControlPersist=60",
         ]  # fmt: skip
     return argv
+
+
+def ssh_path_token(path: Path | str) -> str:
+    """A file path as ssh reads it in `-i` and path options: `%` escaped (ssh expands `%x`).
+
+    ssh also expands `${NAME}` there and has no escape for it; such a path is refused.
+    """
+    text = str(path)
+    if "${" in text:
+        raise ConfigError(
+            f"path {text!r} contains '${{', which ssh would expand",
+            hint="choose an ORCH_HOME without '${'",
+        )
+    return text.replace("%", "%%")
+
+
+def ssh_option_path(path: Path | str, suffix: str = "") -> str:
+    """A path as the value of an `ssh -o` option: escaped and double-quoted, so spaces and
+    quotes in ORCH_HOME survive ssh's own splitting of option values. `suffix` is appended
+    as is (for ssh's `%C` token)."""
+    token = ssh_path_token(path).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{token}{suffix}"'
 
 
 def remote_path(path: str) -> str:
@@ -72,7 +94,9 @@ def rsync_argv(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """argv for one rsync run. `sources`/`destination` are rsync paths (`host:path` remote)."""
-    argv = ["rsync", "-a", "--partial", "-e", shlex.join(transport)]
+    # --protect-args: file names travel inside rsync's protocol, never through the node's
+    # shell, whatever the local rsync's default (older ones pass them to the remote shell).
+    argv = ["rsync", "-a", "--partial", "--protect-args", "-e", shlex.join(transport)]
     if delete:
         argv.append("--delete")
     argv.extend(extra)
@@ -118,10 +142,11 @@ def pull_argv(
     files_from: Path | None = None,
     connect_timeout: int = 10,
 ) -> list[str]:
-    """rsync argv pulling `remote_dir` (or just the listed files) from a node into `local`."""
+    """rsync argv pulling `remote_dir` (or just the files listed, each ended by NUL, in the
+    local file `files_from`) from a node into `local`."""
     extra = ["--mkpath"]
     if files_from is not None:
-        extra.append(f"--files-from={files_from}")
+        extra += [f"--files-from={files_from}", "--from0"]
     source = remote_path(remote_dir).rstrip("/") + "/"
     return rsync_argv(
         [f"{address.user}@{_host(address)}:{source}"],
@@ -152,8 +177,15 @@ def _host(address: HostAddress) -> str:
     return f"[{address.host}]" if ":" in address.host else address.host
 
 
-def run_rsync(argv: Sequence[str], *, what: str, timeout: float | None = None) -> None:
-    """Run one rsync; a failure raises RemoteError with rsync's own message."""
+def run_rsync(
+    argv: Sequence[str],
+    *,
+    what: str,
+    timeout: float | None = None,
+    ok_codes: Collection[int] = (0,),
+) -> None:
+    """Run one rsync; an exit code not in `ok_codes` raises RemoteError with rsync's own
+    message (HostKeyMismatch when the node's host key is not the pinned one)."""
     try:
         proc = subprocess.run(
             list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
@@ -164,8 +196,16 @@ def run_rsync(argv: Sequence[str], *, what: str, timeout: float | None = None) -
         raise RemoteError(
             "rsync is not installed on this machine", hint="install it (apt-get install rsync)"
         ) from exc
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    if proc.returncode not in ok_codes:
+        said = proc.stderr or proc.stdout
+        if "Host key verification failed" in said:
+            raise HostKeyMismatch(
+                f"{what}: the node presented a different host key than the one pinned for it; "
+                "connection refused",
+                hint="the host may have been replaced or intercepted: `orch down` the cluster "
+                "and launch again",
+            )
+        detail = said.strip().splitlines()[-5:]
         raise RemoteError(f"{what}: rsync exited {proc.returncode}: " + " | ".join(detail))
 
 

@@ -19,11 +19,19 @@ def entries(*items: tuple[str, str, int, float]) -> dict[str, RemoteEntry]:
 
 def test_parse_listing_skips_garbage() -> None:
     text = (
-        "step-000010\td\t4096\t1.5\nstep-000010/state.pt\tf\t12\t2.0\nbroken line\nx\tf\tNaN?\t1\n"
+        "step-000010\td\t4096\t1.5\0step-000010/state.pt\tf\t12\t2.0\0broken line\0x\tf\tNaN?\t1\0"
     )
     listing = parse_listing(text)
     assert set(listing) == {"step-000010", "step-000010/state.pt"}
     assert listing["step-000010/state.pt"].size == 12
+
+
+def test_names_with_newlines_or_tabs_cannot_forge_entries() -> None:
+    forged = "a\nstep-000099/COMPLETE\tf\t0\t1.0"  # one file's name, meant to look like two
+    text = f"{forged}\tf\t5\t3.0\0tab\there\tf\t7\t4.0\0"
+    listing = parse_listing(text)
+    assert set(listing) == {forged, "tab\there"}
+    assert listing[forged].size == 5 and listing["tab\there"].size == 7
 
 
 def test_complete_step_dir_is_pulled_at_once_marker_last() -> None:
@@ -78,7 +86,7 @@ def test_mirror_installs_atomically_and_drops_dirs_gone_on_the_node(tmp_path: Pa
         return found
 
     def fetch(files_from: Path, staging: Path) -> None:
-        for rel in files_from.read_text().split():
+        for rel in filter(None, files_from.read_text().split("\0")):
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(node / rel, staging / rel)
 

@@ -1,0 +1,127 @@
+"""Real checkpoint pulls (rsync over ssh from a local node) stay inside ORCH_HOME/jobs/<id>/.
+
+The node's checkpoint directory holds what a buggy or hostile script could leave there:
+symlinks to /etc, to `..` and to a complete checkpoint elsewhere, a `latest` pointer naming
+../../x (as a file and as a link), names with newlines, tabs, quotes, `$`, backticks, unicode,
+leading dots and bytes that are not UTF-8. Only regular files of the directory arrive, byte
+for byte, and nothing outside the job's own directory changes on this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from pathlib import Path
+
+from orchestrator.checkpoints import CheckpointMirror, listing_command, parse_listing
+from orchestrator.launch import home_expr
+from orchestrator.pulls import pull_checkpoints
+from orchestrator.remote.sync import pull_argv, run_rsync
+from tests.helpers import loopback_cluster
+
+JOB = "paths-1"
+HOSTILE = "we ird $x;`id`\n\"q'\tt ü"
+
+SETUP = f"""
+set -e
+mkdir -p ckpt outside/step
+printf node-secret > outside/secret
+printf state > outside/step/state.pt
+: > outside/step/COMPLETE
+ln -s /etc ckpt/etc
+ln -s .. ckpt/up
+ln -s ../../.. ckpt/far
+ln -s "$HOME/outside/step" ckpt/step-000002
+ln -s ../../x ckpt/latest-link
+printf '../../x' > ckpt/latest
+mkdir ckpt/step-000001
+printf weights > ckpt/step-000001/state.pt
+: > ckpt/step-000001/COMPLETE
+printf hostile > ckpt/{shlex.quote(HOSTILE)}
+printf dots > ckpt/..dots
+printf bytes > "ckpt/$(printf 'bad\\377name')"
+"""
+
+
+def _tree(root: Path, skip: list[Path]) -> dict[str, str]:
+    """Every path under `root` (not following links) with a digest of what it is."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d not in skip]
+        for name in dirnames + filenames:
+            path = here / name
+            if path in skip:
+                continue
+            if path.is_symlink():
+                found[str(path)] = "link:" + os.readlink(path)
+            elif path.is_file():
+                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[str(path)] = "dir"
+    return found
+
+
+def test_pulls_take_only_regular_files_and_write_only_inside_the_job(tmp_path: Path) -> None:
+    home = tmp_path / "orch"
+    job_dir = home / "jobs" / JOB
+    mirror = CheckpointMirror(job_dir / "checkpoints")
+    job_dir.mkdir(parents=True)  # as the controller makes it before any pull
+    with loopback_cluster(home, JOB, count=1) as cluster:
+        cluster.head.run(["bash", "-c", SETUP])
+        skip = [job_dir, home / "local"]  # the job's own dir; the node's disk
+        before = _tree(tmp_path, skip)
+
+        pulled = pull_checkpoints(cluster, mirror, "ckpt", final=True)
+
+        assert _tree(tmp_path, skip) == before
+        assert not (tmp_path / "x").exists() and not (home / "x").exists()
+        assert sorted(p.name for p in pulled) == sorted(["step-000001", HOSTILE, "..dots"])
+        files = {
+            p.relative_to(mirror.root).as_posix(): p.read_bytes()
+            for p in mirror.root.rglob("*")
+            if p.is_file() or p.is_symlink()
+        }
+        assert files == {
+            "step-000001/state.pt": b"weights",
+            "step-000001/COMPLETE": b"",
+            "latest": b"../../x",  # the pointer is data, never a path to follow
+            HOSTILE: b"hostile",
+            "..dots": b"dots",
+        }
+        assert not any(p.is_symlink() for p in job_dir.rglob("*"))
+        assert mirror.latest_complete() == mirror.root / "step-000001"
+
+
+def test_a_step_dir_swapped_for_a_link_during_the_pull(tmp_path: Path) -> None:
+    """Listing first, then the directory becomes a link to elsewhere on the node, then the
+    transfer: whatever arrives lands inside the mirror and nothing else changes here."""
+    home = tmp_path / "orch"
+    job_dir = home / "jobs" / JOB
+    mirror = CheckpointMirror(job_dir / "checkpoints")
+    job_dir.mkdir(parents=True)  # as the controller makes it before any pull
+    with loopback_cluster(home, JOB, count=1) as cluster:
+        cluster.head.run(["bash", "-c", SETUP])
+        listing = parse_listing(
+            cluster.head.run(listing_command(home_expr("ckpt")), check=False).stdout
+        )
+        assert "step-000001/state.pt" in listing
+        skip = [job_dir, home / "local"]
+        before = _tree(tmp_path, skip)
+
+        def swap_then_fetch(files_from: Path, staging: Path) -> None:
+            cluster.head.run(
+                ["bash", "-c", 'cd ckpt; rm -r step-000001; ln -s "$HOME/outside/step" step-000001']
+            )
+            argv = pull_argv(
+                cluster.addresses[0], cluster.identity, "ckpt", staging, files_from=files_from
+            )
+            run_rsync(argv, what="checkpoint pull", ok_codes=(0, 23, 24))
+
+        mirror.pull(listing, swap_then_fetch, final=True)
+
+        assert _tree(tmp_path, skip) == before
+        assert not any(p.is_symlink() for p in job_dir.rglob("*"))
+        for path in job_dir.rglob("*"):
+            assert path.resolve().is_relative_to(job_dir.resolve()), path
