@@ -38,7 +38,9 @@ class Hooks(Protocol):
 
     def zone_of_subnet(self, subnet_id: str) -> str | None: ...
 
-    def launched(self, instance_ids: list[str]) -> None: ...
+    def launched(self, instance_ids: list[str]) -> None:
+        """Instances moto just launched; must not raise (the launch happened)."""
+        ...
 
     def status(self) -> dict: ...
 
@@ -178,7 +180,13 @@ class Gateway:
             captured["status"], captured["headers"] = status, headers
             return lambda _chunk: None
 
-        body = b"".join(self.inner(environ, capture))
+        answer = self.inner(environ, capture)
+        try:
+            body = b"".join(answer)
+        finally:
+            close = getattr(answer, "close", None)
+            if close is not None:
+                close()
         if captured.get("status", "").startswith("200"):
             self.hooks.launched(wire.launched_instance_ids(body))
         start_response(captured["status"], captured["headers"])

@@ -192,7 +192,10 @@ class Sandbox:
         return self.cloud.zone_of_subnet(subnet_id)
 
     def launched(self, instance_ids: list[str]) -> None:
-        self.cloud.mark_booting(instance_ids)
+        try:
+            self.cloud.mark_booting(instance_ids)
+        except Exception as exc:  # noqa: BLE001 - the launch stands; say what went wrong
+            self.log(f"could not hold {', '.join(instance_ids)} pending while they boot: {exc}")
 
     def status(self) -> dict:
         """The control API's status document (JSON-ready)."""
