@@ -56,11 +56,11 @@ class SandboxProcess:
     def state_dir(self) -> Path:
         return self.home / "sandbox"
 
-    def ec2(self) -> Any:
+    def ec2(self, region: str = REGION) -> Any:
         """A boto3 EC2 client of the sandbox (explicit fake credentials)."""
         return boto3.client(
             "ec2",
-            region_name=REGION,
+            region_name=region,
             endpoint_url=self.endpoint,
             aws_access_key_id="sandbox",
             aws_secret_access_key="sandbox",
