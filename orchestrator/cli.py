@@ -132,7 +132,7 @@ def submit(
     plan, dry_run_document = _plan(loaded.spec, chosen, settings)
     if dry_run:
         if json_out:
-            _print_json({**dry_run_document, "spec": loaded.spec.model_dump(mode="json")})
+            _print_json({**dry_run_document, "spec": loaded.spec.public_document()})
         else:
             Console().print(
                 f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "

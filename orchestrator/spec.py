@@ -394,6 +394,9 @@ class Recovery(_Model):
     max_recoveries: Count = Field(default=3, ge=0, description="0 disables recovery")
 
 
+ENV_HIDDEN = "(hidden)"
+"""What `JobSpec.public_document` shows instead of an `env` value."""
+
 _SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env")
 
 
@@ -416,7 +419,9 @@ class JobSpec(_Model):
     budget: Budget = Field(default_factory=Budget, description="spend and time limits")
     recovery: Recovery = Field(default_factory=Recovery, description="spot/node-loss recovery")
     env: dict[EnvName, EnvValue] = Field(
-        default_factory=dict, description="extra environment variables for setup and run"
+        default_factory=dict,
+        description="extra environment variables for setup and run; the values are treated as "
+        "secrets (see `public_document`)",
     )
     provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
     deadline: Deadline | None = Field(
@@ -504,6 +509,14 @@ class JobSpec(_Model):
         if isinstance(self.deadline, datetime):
             return self.deadline
         return submitted_at.astimezone(UTC) + timedelta(seconds=self.deadline)
+
+    def public_document(self) -> dict[str, Any]:
+        """The spec as JSON data for places other people or programs read (the ledger, the
+        job record, dry-run output): `env` values may be tokens, so each is replaced by
+        `ENV_HIDDEN`; the names stay. `model_dump` still holds the values."""
+        document = self.model_dump(mode="json")
+        document["env"] = dict.fromkeys(document["env"], ENV_HIDDEN)
+        return document
 
     def workdir_path(self, base_dir: Path) -> Path:
         """The absolute local workdir, given the spec file's directory (`~` expanded)."""

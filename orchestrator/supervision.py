@@ -129,28 +129,51 @@ def revive_controllers(settings: Settings, ledger: Ledger) -> list[str]:
 # --- what a controller needs to drive a job without the original command line -------------
 
 JOB_RECORD = "job.json"
+JOB_SECRETS = "env.json"  # the spec's env values: the one copy orch keeps, 0600
 
 
 def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
-    """Keep the loaded spec (flags applied, paths resolved) for detached and adopting runs."""
+    """Keep the loaded spec (flags applied, paths resolved) for detached and adopting runs.
+
+    The spec's `env` values may be secrets: job.json shows only their names, and the values
+    go to env.json beside it, readable by the owner only (written 0600 from the start).
+    """
+    directory = settings.job_dir(job_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_private_json(directory / JOB_SECRETS, {"env": dict(loaded.spec.env)})
     record = {
-        "spec": loaded.spec.model_dump(mode="json"),
+        "spec": loaded.spec.public_document(),
         "source": str(loaded.source),
         "base_dir": str(loaded.base_dir),
         "workdir": str(loaded.workdir),
         "data_sources": [str(p) for p in loaded.data_sources],
     }
-    path = settings.job_dir(job_id) / JOB_RECORD
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = directory / JOB_RECORD
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     os.replace(tmp, path)
 
 
+def _write_private_json(path: Path, document: object) -> None:
+    """Write `document` to `path` atomically; the file is never readable by others."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(document, handle)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
 def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
-    record = json.loads((settings.job_dir(job_id) / JOB_RECORD).read_text())
+    """The job as `save_job_record` kept it, env values included."""
+    directory = settings.job_dir(job_id)
+    record = json.loads((directory / JOB_RECORD).read_text())
+    spec = record["spec"]
+    secrets = directory / JOB_SECRETS
+    if secrets.exists():  # records written before env.json existed hold the values inline
+        spec["env"] = json.loads(secrets.read_text())["env"]
     return LoadedJob(
-        spec=JobSpec.model_validate(record["spec"]),
+        spec=JobSpec.model_validate(spec),
         source=Path(record["source"]),
         base_dir=Path(record["base_dir"]),
         workdir=Path(record["workdir"]),
@@ -184,7 +207,7 @@ def register_job(
             provider=provider_name,
             nodes=spec.resources.nodes,
             gpus_per_node=spec.resources.gpus_per_node,
-            spec_json=spec.model_dump_json(),
+            spec_json=json.dumps(spec.public_document()),
             spec_path=str(loaded.source),
             created_at=utcnow(),
             controller=controller_identity(),
