@@ -176,6 +176,7 @@ class JobRunner:
             if self.job.state == JobState.RUNNING:
                 gone = self._adopt(require_all=True)
                 if gone is not None:
+                    self._note_interruption(gone)
                     self._replace_nodes(gone)
                     self._bring_up()
             else:
@@ -296,15 +297,12 @@ class JobRunner:
                 if not taken:
                     raise
                 ranks = tuple(i.rank for i in self.instances if i.instance_id in taken)
-                self._replace_nodes(
-                    Interruption(
-                        ranks,
-                        tuple(sorted(taken)),
-                        "preempted",
-                        f"taken by the provider while the job started ({exc.message})",
-                        utcnow(),
-                    )  # fmt: skip
-                )
+                interruption = Interruption(
+                    ranks, tuple(sorted(taken)), "preempted",
+                    f"taken by the provider while the job started ({exc.message})", utcnow(),
+                )  # fmt: skip
+                self._note_interruption(interruption)
+                self._replace_nodes(interruption)
 
     def _sync(self) -> None:
         assert self.cluster is not None
@@ -621,11 +619,7 @@ class JobRunner:
         emergency checkpoint), and the checkpoint is pulled before the reclaim. Without a
         notice, whatever node 0 still holds is pulled if node 0 is not among the lost.
         """
-        self.ledger.add_event(
-            self.job.id, "PREEMPTED", f"{interruption.cause}: {interruption.describe()}",
-            step=self._last_step,
-        )  # fmt: skip
-        self.reporter.phase(f"interrupted: {interruption.describe()}")
+        self._note_interruption(interruption)
         started = time.monotonic()
         grace = salvage_seconds(interruption, utcnow(), self.options.stop_grace)
         if grace > 0:
@@ -644,6 +638,13 @@ class JobRunner:
             f"{time.monotonic() - started:.1f} s after detection",
             step=step_of(latest.name) if latest else None,
         )  # fmt: skip
+
+    def _note_interruption(self, interruption: Interruption) -> None:
+        self.ledger.add_event(
+            self.job.id, "PREEMPTED", f"{interruption.cause}: {interruption.describe()}",
+            step=self._last_step,
+        )  # fmt: skip
+        self.reporter.phase(f"interrupted: {interruption.describe()}")
 
     def _replace_nodes(self, interruption: Interruption) -> None:
         """End every node of the interrupted run, so `_bring_up` can start over on new ones.

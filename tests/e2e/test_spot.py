@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config import load_settings
+from orchestrator.ledger import Ledger, make_engine
+from orchestrator.providers.local import LocalProvider
 from tests.helpers import (
     REPO,
     assert_nothing_left,
@@ -183,26 +186,31 @@ def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> No
     """A node taken during the sync is replaced; beyond max_recoveries the job FAILS."""
     data = tmp_path / "data"
     data.mkdir()
-    for index in range(6):  # slow enough a sync to be caught in the act
-        (data / f"blob-{index}.bin").write_bytes(bytes(64 * 1024 * 1024))
-    env = spot_env(tmp_path / "orch")
+    with open(data / "blob.bin", "wb") as blob:  # sparse: instant here, slow to send
+        blob.truncate(768 * 1024 * 1024)
+    home = tmp_path / "orch"
+    env = spot_env(home)
     spec = trainer_job(
         tmp_path,
         name="fragile",
         extra=f"data: [{{src: {data}, dst: ~/data}}]\nrecovery: {{max_recoveries: 1}}\n",
     )
     job_id = detach(spec, env)
-    wait_for(job_id, env, lambda j: j["state"] == "SYNCING", "SYNCING", timeout=60)
-    syncing = job_json(job_id, env)
-    preempt(job_id, env, node=1, notice=0)
+    ledger = Ledger(make_engine(home / "orch.db"))
+    deadline = time.monotonic() + 60
+    while ledger.get_job(job_id).state != "SYNCING":
+        assert time.monotonic() < deadline, ledger.get_job(job_id)
+        time.sleep(0.05)
+    first = ledger.leases(job_id)
+    provider = LocalProvider(load_settings(env))
+    assert provider.reclaim(next(lease.instance_id for lease in first if lease.rank == 1))
     wait_for(job_id, env, lambda j: j["recoveries"] == 1 and j["state"] == "RUNNING", "recovery")
     job = job_json(job_id, env)
-    first = {lease["instance_id"] for lease in syncing["leases"]}
     assert len(first) == 2 and all(
-        lease["ended_at"] for lease in job["leases"] if lease["instance_id"] in first
+        lease["ended_at"] for lease in job["leases"] if lease["instance_id"] in first_ids(first)
     )
     preempted = events(job, "PREEMPTED")
-    assert len(preempted) == 1 and "while the job started" in preempted[0]["message"]
+    assert len(preempted) == 1 and "while the job started" in preempted[0]["message"], preempted
     # The second reclaim is one more than recovery.max_recoveries allows.
     preempt(job_id, env, node=1, notice=0)
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=120)
@@ -210,6 +218,10 @@ def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> No
     assert "no recovery left (recovery.max_recoveries is 1, 1 used)" in job["reason"]
     assert job["exit_code"] == 1 and len(job["leases"]) == 4
     assert_nothing_left(job)
+
+
+def first_ids(leases: list) -> set[str]:
+    return {lease.instance_id for lease in leases}
 
 
 PLAIN_SCRIPT = """\
@@ -223,10 +235,10 @@ start = 0
 if os.path.exists("snapshot.pt"):
     start = torch.load("snapshot.pt")["epoch"] + 1
     print(f"resuming from snapshot.pt at epoch {start}", flush=True)
-for epoch in range(start, 40):
+for epoch in range(start, 60):
     time.sleep(0.5)
     dist.barrier()
-    if rank == 0:
+    if rank == 0 and epoch % 6 == 5:
         torch.save({"epoch": epoch}, "snapshot.pt")  # in place, not atomic
     print(f"epoch {epoch} done", flush=True)
 dist.destroy_process_group()
@@ -259,7 +271,7 @@ def test_a_plain_script_resumes_from_its_pulled_snapshot(tmp_path: Path) -> None
     log = (tmp_path / "orch" / "jobs" / job_id / "logs" / "node-0.log").read_text()
     resumed = [line for line in log.splitlines() if "resuming from snapshot.pt at epoch" in line]
     assert resumed, log[-3000:]
-    assert int(resumed[-1].rsplit(" ", 1)[1]) >= 2
+    assert int(resumed[-1].rsplit(" ", 1)[1]) >= 6
     assert "finished all epochs" in log
     assert_nothing_left(job)
 
@@ -286,3 +298,46 @@ def run_orch_background(args: list[str], env: dict[str, str]) -> threading.Threa
     thread = threading.Thread(target=run_orch, args=(args, env), kwargs={"timeout": 600})
     thread.start()
     return thread
+
+
+def quick_job(tmp_path: Path, spot: str) -> Path:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    path = tmp_path / f"job-{spot}.yaml"
+    path.write_text(
+        f"name: capacity\nworkdir: work\nrun: python -c \"print('trained')\"\n"
+        f"resources: {{nodes: 2, gpus_per_node: 1, spot: {spot}}}\n"
+    )
+    return path
+
+
+def test_spot_auto_falls_back_to_on_demand_when_spot_is_refused(tmp_path: Path) -> None:
+    env = spot_env(tmp_path / "orch")
+    assert run_orch(["local", "spot", "off"], env).returncode == 0
+    result = run_orch(["submit", str(quick_job(tmp_path, "auto")), "--json"], env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "SUCCEEDED"
+    assert [lease["market"] for lease in job["leases"]] == ["on-demand", "on-demand"]
+    assert all(lease["price_per_hour"] == 0.9 for lease in job["leases"])
+
+
+def test_spot_only_retries_with_backoff_then_fails_with_the_reason(tmp_path: Path) -> None:
+    env = spot_env(tmp_path / "orch", ORCH_LAUNCH_RETRIES="2", ORCH_LAUNCH_BACKOFF="0.2")
+    assert run_orch(["local", "spot", "off"], env).returncode == 0
+    result = run_orch(["submit", str(quick_job(tmp_path, "true")), "--json"], env, timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "FAILED" and job["leases"] == []
+    assert "spot capacity was refused 3 time(s) in a row" in job["reason"]
+    assert len(events(job, "WAITING")) == 2
+
+
+def test_spot_only_launches_once_capacity_returns(tmp_path: Path) -> None:
+    env = spot_env(tmp_path / "orch", ORCH_LAUNCH_RETRIES="4", ORCH_LAUNCH_BACKOFF="2")
+    assert run_orch(["local", "spot", "off"], env).returncode == 0
+    job_id = detach(quick_job(tmp_path, "true"), env)
+    wait_for(job_id, env, lambda j: events(j, "WAITING"), "a refused launch", timeout=60)
+    assert run_orch(["local", "spot", "on"], env).returncode == 0
+    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=120)
+    assert job["state"] == "SUCCEEDED", job
+    assert [lease["market"] for lease in job["leases"]] == ["spot", "spot"]
