@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
-from orchestrator.ledger import JobState, Ledger, make_engine
+from orchestrator.ledger import JobState, Ledger, make_engine, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.simulate_cli import simulate_command
 
@@ -314,7 +314,9 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
     if ids:
         end_nodes(ledger, provider, job_id, ids)
-    ledger.update_job(job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled")
+    ledger.update_job(
+        job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
+    )
     ledger.add_event(job_id, "CANCELLED", "cancelled with no live controller")
     console.print(f"job {job_id}: CANCELLED ({len(ids)} node(s) terminated)")
 
@@ -383,8 +385,9 @@ def down(
                 job = ledger.get_job(job_id)
                 if not JobState(job.state).is_final and not controller_running(settings, job_id):
                     ledger.update_job(
-                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down"
-                    )
+                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down",
+                        ended_at=utcnow(),
+                    )  # fmt: skip
             Console().print(f"{job_id}: terminated {len(ids)} {provider.name} node(s)")
     if cluster is not None and not ended:
         raise SpecError(f"no running cluster {cluster!r}", hint="`orch status` lists jobs")
