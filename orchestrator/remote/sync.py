@@ -199,6 +199,12 @@ def run_rsync(
     if proc.returncode not in ok_codes:
         said = proc.stderr or proc.stdout
         if "Host key verification failed" in said:
+            if "host key is known for" in said:  # ssh found no pinned key for the host at all
+                raise HostKeyMismatch(
+                    f"{what}: no host key is pinned for the node; connection refused",
+                    hint="the cluster's known_hosts lacks the node: `orch down` the cluster "
+                    "and launch again",
+                )
             raise HostKeyMismatch(
                 f"{what}: the node presented a different host key than the one pinned for it; "
                 "connection refused",

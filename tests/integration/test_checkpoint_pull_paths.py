@@ -4,7 +4,8 @@ The node's checkpoint directory holds what a buggy or hostile script could leave
 symlinks to /etc, to `..` and to a complete checkpoint elsewhere, a `latest` pointer naming
 ../../x (as a file and as a link), names with newlines, tabs, quotes, `$`, backticks, unicode,
 leading dots and bytes that are not UTF-8. Only regular files of the directory arrive, byte
-for byte, and nothing outside the job's own directory changes on this machine.
+for byte, and nothing outside the job's own directory changes on this machine. An ORCH_HOME
+with spaces, quotes and `%` works too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from orchestrator.checkpoints import CheckpointMirror, listing_command, parse_listing
 from orchestrator.launch import home_expr
 from orchestrator.pulls import pull_checkpoints
-from orchestrator.remote.sync import pull_argv, run_rsync
+from orchestrator.remote.sync import pull_argv, push_argv, run_rsync
 from tests.helpers import loopback_cluster
 
 JOB = "paths-1"
@@ -125,3 +126,22 @@ def test_a_step_dir_swapped_for_a_link_during_the_pull(tmp_path: Path) -> None:
         assert not any(p.is_symlink() for p in job_dir.rglob("*"))
         for path in job_dir.rglob("*"):
             assert path.resolve().is_relative_to(job_dir.resolve()), path
+
+
+def test_an_orch_home_with_spaces_quotes_and_percent_signs(tmp_path: Path) -> None:
+    """Keys and known_hosts under such a home still reach ssh whole (through rsync's -e)."""
+    home = tmp_path / "my 'orch' %d $x home"  # (the local provider refuses \" there)
+    job_dir = home / "jobs" / JOB
+    job_dir.mkdir(parents=True)
+    source = tmp_path / "work dir"
+    source.mkdir()
+    (source / "train.py").write_text("print('hi')\n")
+    with loopback_cluster(home, JOB, count=1) as cluster:
+        address, identity = cluster.addresses[0], cluster.identity
+        run_rsync(push_argv(source, address, identity, "~/work", workdir=True), what="sync")
+        assert cluster.head.run(["cat", "work/train.py"]).stdout == "print('hi')\n"
+        cluster.head.run(["bash", "-c", "mkdir -p ckpt && printf w > ckpt/weights.pt"])
+        mirror = CheckpointMirror(job_dir / "checkpoints")
+        pulled = pull_checkpoints(cluster, mirror, "ckpt", final=True)
+        assert [p.name for p in pulled] == ["weights.pt"]
+        assert (mirror.root / "weights.pt").read_bytes() == b"w"

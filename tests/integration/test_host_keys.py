@@ -71,3 +71,7 @@ def test_a_swapped_host_key_refuses_ssh_and_rsync(tmp_path: Path) -> None:
         assert message.startswith("sync: the node presented a different host key")
         assert "orch down" in message
         assert not (node_dir / "disk" / "payload").exists()
+
+        identity.known_hosts.write_text("")  # nothing pinned at all
+        with pytest.raises(HostKeyMismatch, match="sync: no host key is pinned for the node"):
+            run_rsync(push_argv(source, address, identity, "~/payload"), what="sync")
