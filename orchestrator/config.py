@@ -99,6 +99,7 @@ class ControllerSettings(BaseModel):
     idle_cpu_pct: float = Field(default=10.0, ge=0)  # CPU fallback: % of one core, per node
     gpu_sample_every: float = Field(default=30.0, gt=0)  # ledger keeps one sample per window
     notice_poll_interval: float = Field(default=5.0, gt=0)  # nodes poll for spot notices
+    deadman_timeout: float = Field(default=600.0, gt=0)  # a node without controller ends itself
     launch_retries: int = Field(default=5, ge=0)  # spot-only launches refused before failing
     launch_backoff: float = Field(default=10.0, ge=0)  # first wait between them (doubles)
 
@@ -112,6 +113,7 @@ class ControllerSettings(BaseModel):
             "idle_cpu_pct": self.idle_cpu_pct,
             "gpu_sample_every": self.gpu_sample_every,
             "notice_poll_interval": self.notice_poll_interval,
+            "deadman_timeout": self.deadman_timeout,
             "launch_retries": self.launch_retries,
             "launch_backoff": self.launch_backoff,
         }
@@ -151,6 +153,7 @@ _ENV_OVERRIDES = {
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),
     "ORCH_GPU_SAMPLE_EVERY": ("controller", "gpu_sample_every"),
     "ORCH_NOTICE_POLL_INTERVAL": ("controller", "notice_poll_interval"),
+    "ORCH_DEADMAN_TIMEOUT": ("controller", "deadman_timeout"),
     "ORCH_LAUNCH_RETRIES": ("controller", "launch_retries"),
     "ORCH_LAUNCH_BACKOFF": ("controller", "launch_backoff"),
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),

@@ -25,6 +25,7 @@ from orchestrator.activity import ActivityThresholds, JobActivity
 from orchestrator.checkpoints import CheckpointMirror, step_of
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
+from orchestrator.deadman import watchdog_command
 from orchestrator.errors import (
     CapacityError,
     JobCancelled,
@@ -93,6 +94,7 @@ class RunnerOptions:
     idle_cpu_pct: float = 10.0  # without GPUs: job CPU (% of one core) below which it is idle
     gpu_sample_every: float = 30.0  # the ledger keeps one averaged GPU sample per window
     notice_poll_interval: float = 5.0  # how often each node polls for a spot notice
+    deadman_timeout: float = 600.0  # a node unheard from this long, idle, ends itself
     launch_retries: int = 5  # refused spot-only launches retried before the job fails
     launch_backoff: float = 10.0  # first wait before such a retry; doubles each time
 
@@ -355,6 +357,7 @@ class JobRunner:
             user_env=dict(self.spec.env),
         )
 
+        self._arm_deadman_switches()
         pids = start_on_nodes(self.cluster, cluster_launch)
         self._started = True
         self._set_state(
@@ -368,6 +371,19 @@ class JobRunner:
                 "from the checkpoint files pulled so far (no complete step-* directory)",
                 step=resume_step,
             )  # fmt: skip
+
+    def _arm_deadman_switches(self) -> None:
+        """Start every node's watchdog (see `orchestrator.deadman`) before its run starts."""
+        assert self.cluster is not None
+        instances = self.cluster.instances
+
+        def arm(rank: int, connection: NodeConnection) -> None:
+            poweroff = instances[rank].poweroff_command
+            connection.run(
+                watchdog_command(self.layout, self.options.deadman_timeout, poweroff), timeout=30
+            )
+
+        self.cluster.map(arm)
 
     def _push_checkpoints(self) -> tuple[str, int | None]:
         """Push the mirror of pulled checkpoints to every node's checkpoint dir.

@@ -63,6 +63,8 @@ class Instance:
     launched_at: datetime  # UTC; billing starts here
     tags: dict[str, str] = field(default_factory=dict)  # everything the provider tags it with
     zone: str | None = None  # availability zone (None: the provider has none)
+    poweroff_command: str = "sudo shutdown -h now"  # how the node ends itself (dead-man
+    #                                               switch); EC2 nodes terminate on shutdown
     metadata_url: str | None = None  # where the node reads its instance metadata (spot
     #                                  notices); None: EC2's http://169.254.169.254
 

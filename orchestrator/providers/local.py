@@ -24,6 +24,7 @@ and disk are all removed (the controller pulls checkpoints before it terminates)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pwd
 import shutil
@@ -53,6 +54,7 @@ from orchestrator.providers.local_host import (
     sweep,
 )
 from orchestrator.providers.local_net import SshdConfig
+from orchestrator.providers.local_poweroff import poweroff_command
 from orchestrator.providers.local_state import NodeRecord, NodeStore, file_lock
 
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
@@ -75,7 +77,7 @@ class LocalProvider:
 
     name = "local"
 
-    def __init__(self, settings: Settings, *, ready_timeout: float = 20.0) -> None:
+    def __init__(self, settings: Settings, *, ready_timeout: float = 60.0) -> None:
         self.settings = settings
         self.store = NodeStore(settings.home / "local")
         self.ready_timeout = ready_timeout
@@ -114,7 +116,7 @@ class LocalProvider:
             if isinstance(exc, OrchError) or not isinstance(exc, Exception):
                 raise
             raise ProviderError(f"local launch failed: {exc}") from exc
-        return [rec.to_instance() for rec in records]
+        return [self._instance(rec) for rec in records]
 
     def terminate(self, instance_ids: list[str]) -> datetime:
         """End every process of the given nodes, remove them, and return when billing stopped.
@@ -151,7 +153,7 @@ class LocalProvider:
         starts), so a controller restarted after a crash mid-launch can find and end them.
         """
         return [
-            rec.to_instance()
+            self._instance(rec)
             for rec in self.store.all()
             if (job_id is None or rec.job_id == job_id) and rec.reclaimed_at is None
         ]
@@ -163,6 +165,12 @@ class LocalProvider:
             for iid in instance_ids
             if (rec := self.store.load(iid)) is not None and rec.reclaimed_at is not None
         }
+
+    def _instance(self, rec: NodeRecord) -> Instance:
+        return dataclasses.replace(
+            rec.to_instance(),
+            poweroff_command=poweroff_command(self.settings.home, rec.instance_id),
+        )
 
     # --- spot rehearsal ---------------------------------------------------------------------
 
@@ -326,6 +334,11 @@ class LocalProvider:
             self.store.save(rec)  # the record first: terminate can then always find the node
             for argv in net.node_net_setup_argvs(rec.instance_id, ip, subnet, bridge):
                 run_ip(argv)
+            # The address may have belonged to a node that vanished a moment ago (a reclaim):
+            # forget its link-layer address rather than wait for the entry to go stale.
+            subprocess.run(
+                ["ip", "neigh", "flush", "to", ip, "dev", bridge], capture_output=True, check=False
+            )
 
     def _free_port(self) -> int:
         """A port on 127.0.0.1 that nothing listens on and no local node record claims."""

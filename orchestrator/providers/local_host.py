@@ -102,10 +102,14 @@ def pid_runs(pid: int, needle: str, proc: Path = PROC) -> bool:
 
 def netns_pids(instance_id: str) -> set[int]:
     """Pids of the processes in a node's network namespace (empty if the namespace is gone)."""
-    out = subprocess.run(netns_pids_argv(instance_id), capture_output=True, text=True, check=False)
-    if out.returncode != 0:
+    # Run from inside the namespace (a node powering itself off), `ip` lists itself: not ours.
+    with subprocess.Popen(
+        netns_pids_argv(instance_id), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as lister:
+        stdout, _ = lister.communicate()
+    if lister.returncode != 0:
         return set()
-    return {int(tok) for tok in out.stdout.split() if tok.isdigit()}
+    return {int(tok) for tok in stdout.split() if tok.isdigit()} - {lister.pid}
 
 
 def kill_all(pids: Iterable[int]) -> None:

@@ -1,0 +1,66 @@
+"""The dead-man switch: a node whose controller vanished ends itself once training is over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import Ledger, make_engine
+from tests.helpers import network_namespaces, orch_env, processes_with_marker, run_orch
+
+pytestmark = pytest.mark.e2e
+
+
+def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: orphan\nworkdir: work\n"
+        "run: python -c \"import time; time.sleep(10); print('done')\"\n"
+        "resources: {nodes: 2, gpus_per_node: 1}\n"
+    )
+    home = tmp_path / "orch"
+    env = orch_env(home, ORCH_WATCH_INTERVAL="1", ORCH_DEADMAN_TIMEOUT="3")
+    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip().splitlines()[-1]
+    ledger = Ledger(make_engine(home / "orch.db"))
+    deadline = time.monotonic() + 60
+    while ledger.get_job(job_id).state != "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ids = [lease.instance_id for lease in ledger.leases(job_id)]
+    pid = int((home / "jobs" / job_id / "controller.pid").read_text())
+    os.kill(pid, signal.SIGKILL)  # no orch command runs from here on: nobody revives it
+    killed = time.monotonic()
+    exit_files = [
+        home / "local/nodes" / iid / "disk/orch-jobs" / job_id / "run/exit_code" for iid in ids
+    ]
+    time.sleep(5)  # past the dead-man timeout, but the run still trains
+    assert not any(f.exists() for f in exit_files)
+    assert all(processes_with_marker(iid) for iid in ids), "a node ended while training"
+    while not all(f.exists() for f in exit_files):  # training ends by itself
+        assert time.monotonic() - killed < 60
+        time.sleep(0.2)
+
+    def node_left(iid: str) -> bool:
+        return bool(
+            processes_with_marker(iid)
+            or any(iid in ns for ns in network_namespaces())
+            or (home / "local/nodes" / iid).exists()
+        )
+
+    while any(node_left(iid) for iid in ids):
+        assert time.monotonic() - killed < 90, "the nodes did not power off"
+        time.sleep(0.5)
+    # The next orch command hears of it: the job gets a controller, finds its nodes gone and
+    # ends; no lease stays open.
+    run_orch(["reconcile"], env, timeout=120)
+    deadline = time.monotonic() + 120
+    while ledger.leases(job_id, open_only=True):
+        assert time.monotonic() < deadline, ledger.get_job(job_id)
+        time.sleep(0.5)
