@@ -35,13 +35,15 @@ EPOCHS = 2
 TARGET_STEPS = FAKE_SIZE // (2 * 2 * 32) * EPOCHS
 
 
-def trainer_job(tmp_path: Path, *, name: str = "spot", extra: str = "") -> Path:
+def trainer_job(
+    tmp_path: Path, *, name: str = "spot", extra: str = "", fake_size: int = FAKE_SIZE
+) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(
         f"name: {name}\n"
         f"workdir: {REPO}\n"
         "run: >-\n"
-        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
+        f"  python -m trainer.train --model tiny --data fake --fake-size {fake_size}\n"
         f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
         "  --log-every 2\n"
         "resources: {nodes: 2, gpus_per_node: 2, spot: true}\n"
@@ -279,15 +281,17 @@ def test_a_plain_script_resumes_from_its_pulled_snapshot(tmp_path: Path) -> None
 def test_soak_seeded_random_reclaims(tmp_path: Path) -> None:
     """At least 5 seeded random reclaims during one run; it still ends at the target step."""
     env = spot_env(tmp_path / "orch")
-    spec = trainer_job(tmp_path, name="soak", extra="recovery: {max_recoveries: 8}\n")
+    spec = trainer_job(
+        tmp_path, name="soak", extra="recovery: {max_recoveries: 8}\n", fake_size=3 * FAKE_SIZE
+    )
     job_id = detach(spec, env)
     chaos = run_orch_background(
-        ["local", "chaos", job_id, "--seed", "7", "--rate", "12", "--count", "5"], env
+        ["local", "chaos", job_id, "--seed", "7", "--rate", "15", "--count", "5"], env
     )
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=600)
     chaos.join(30)
     assert job["state"] == "SUCCEEDED", job
-    assert job["step"] == TARGET_STEPS
+    assert job["step"] == 3 * TARGET_STEPS
     assert job["recoveries"] >= 5, job["events"]
     assert len(events(job, "PREEMPTED")) == job["recoveries"]
     assert_spend_is_leases(job)
