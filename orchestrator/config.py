@@ -74,9 +74,12 @@ class AwsSettings(BaseModel):
     tf_outputs: Path | None = None  # `terraform output -json` file of infra/
     ssh_cidr: str = "0.0.0.0/0"  # who may reach port 22 of a security group orch creates
     spot_price_cache_s: float = Field(default=300.0, ge=0)
-    ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running`
+    ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running` and SSH
     poll_interval_s: float = Field(default=5.0, gt=0)
-    max_api_attempts: int = Field(default=8, ge=1)  # botocore retries for throttling and 5xx
+    max_api_attempts: int = Field(default=8, ge=1)  # tries per call on throttling and 5xx
+    # launch returns once each node's sshd sends its banner on ssh_host:22 (off: once `running`;
+    # for nodes this machine cannot reach directly)
+    wait_for_ssh: bool = True
 
     @field_validator("regions", "ami_owners", mode="before")
     @classmethod

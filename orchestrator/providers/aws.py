@@ -5,10 +5,13 @@ Lifecycle:
     launch(request)   rank offers (type x zone x market, `orchestrator.offers`), then for each
                       offer in turn start every node in that ONE zone, one `run_instances` call
                       per node (each node has its own host key and rank tag), and wait until all
-                      are `running`. A capacity refusal (`aws_launch.CAPACITY_CODES`) moves on to
-                      the next offer (the next zone, then the next type) after terminating the
-                      nodes that did start in the refused zone. Billing of a node starts at its
-                      `LaunchTime` (`Instance.launched_at`); its price is the offer's price.
+                      are `running` and then until each answers with an SSH banner on its
+                      ssh_host:22 (EC2 says `running` before sshd listens), both within
+                      `aws.ready_timeout_s`. A capacity refusal (`aws_launch.CAPACITY_CODES`)
+                      moves on to the next offer (the next zone, then the next type) at once,
+                      after terminating the nodes that did start in the refused zone. Billing
+                      of a node starts at its `LaunchTime` (`Instance.launched_at`); its price is
+                      the offer's price.
     list_owned(...)   instances tagged `orch-job` (and `orch-owner` = this owner, or none) that are
                       not shutting down or terminated, in every region in use.
     terminate(ids)    `terminate_instances`, then wait until EC2 reports every one as
@@ -21,7 +24,11 @@ Idempotency: each node's call carries a ClientToken derived from job, cluster, a
 offer, and the node is tagged with it; before launching, a live instance with that tag is adopted
 instead, so a retried launch (same request) never starts a node twice. Throttling
 (RequestLimitExceeded) and 5xx answers are retried by botocore's "standard" retry mode, with
-exponential backoff, at most `aws.max_api_attempts` tries per call.
+exponential backoff, at most `aws.max_api_attempts` tries per call; except RunInstances: EC2
+refuses capacity with HTTP 500, which botocore would retry for half a minute before orch could
+try the next zone, so its calls go through a client that makes one try, and the provider
+repeats throttled and other 5xx answers itself (same backoff and limit, looking for the node by
+its token before each repeat), while a capacity code moves on at once.
 
 Host keys are generated here and passed in user data; see `aws_launch`. The provider never
 connects to a node.
@@ -30,6 +37,7 @@ connects to a node.
 from __future__ import annotations
 
 import getpass
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,7 +46,8 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
@@ -55,13 +64,17 @@ from orchestrator.providers.aws_launch import (
     TAG_TOKEN,
     client_token,
     error_code,
+    http_status,
     instance_from_description,
+    launch_backoff_s,
+    launch_retryable,
     new_host_key,
     node_tags,
     run_instances_args,
     user_data,
 )
 from orchestrator.providers.base import Instance, LaunchRequest
+from orchestrator.providers.ssh_banner import answers_ssh
 
 _CHUNK = 200  # ids per describe/terminate call
 
@@ -107,6 +120,7 @@ class AwsProvider:
         self.aws = settings.aws
         self._catalog = catalog
         self._clients: dict[str, Any] = {}
+        self._launch_clients: dict[str, Any] = {}
         self._networks: dict[tuple[str, str], aws_network.Network] = {}
         self._sleep = sleep
         self.spot_source = spot_source or SpotPriceSource(
@@ -123,12 +137,29 @@ class AwsProvider:
                 region_name=region,
                 endpoint_url=self.aws.endpoint_url,
                 config=Config(
-                    retries={"mode": "standard", "max_attempts": self.aws.max_api_attempts},
+                    # total: tries, the first one included ("max_attempts" counts retries)
+                    retries={"mode": "standard", "total_max_attempts": self.aws.max_api_attempts},
                     connect_timeout=10,
                     read_timeout=60,
                 ),
             )
         return self._clients[region]
+
+    def launch_client(self, region: str) -> Any:
+        """The EC2 client of `region` that RunInstances goes through: one try per call, so a
+        capacity refusal (HTTP 500) reaches the provider at once; see `_run_instances`."""
+        if region not in self._launch_clients:
+            self._launch_clients[region] = boto3.client(
+                "ec2",
+                region_name=region,
+                endpoint_url=self.aws.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "total_max_attempts": 1},
+                    connect_timeout=10,
+                    read_timeout=60,
+                ),
+            )
+        return self._launch_clients[region]
 
     @property
     def catalog(self) -> Catalog:
@@ -159,9 +190,11 @@ class AwsProvider:
         """Start `request.count` nodes in one zone of the cheapest offer that has capacity;
         offers in `request.avoid_zones` come last.
 
-        Returns them ordered by rank once all are `running`. Raises `CapacityError` listing every
-        offer tried when none could be launched (or none fits), and `ProviderError` on any other
-        AWS error; either way no node of this launch is left running.
+        Returns them ordered by rank once all are `running` and answer SSH (unless
+        `aws.wait_for_ssh` is off). Raises `CapacityError` listing every offer tried when none
+        could be launched (or none fits), and `ProviderError` on any other AWS error or when
+        the nodes are not up within `aws.ready_timeout_s`; either way no node of this launch is
+        left running.
         """
         offers = self.offers(OfferQuery.from_resources(request))
         if not offers:
@@ -268,15 +301,17 @@ class AwsProvider:
         subnet = network.subnets.get(offer.zone)
         if subnet is None:
             raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
-        ec2 = self.client(offer.region)
         ids: list[str] = []
         try:
             for rank in range(request.count):
-                ids.append(self._launch_node(ec2, request, rank, offer, network, subnet))
-            self._wait(offer.region, ids, frozenset({"running"}), "running")
+                ids.append(self._launch_node(request, rank, offer, network, subnet))
+            deadline = time.monotonic() + self.aws.ready_timeout_s
+            self._wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
             by_id = {d["InstanceId"]: d for d in self._describe(offer.region, ids)}
-            nodes = [self._instance(by_id[i]) for i in ids]
-            return [n for n in nodes if n is not None]
+            nodes = [n for n in (self._instance(by_id[i]) for i in ids) if n is not None]
+            if self.aws.wait_for_ssh:
+                self._wait_ssh(offer.region, nodes, deadline)
+            return nodes
         except BaseException as exc:
             if ids:
                 try:
@@ -287,23 +322,44 @@ class AwsProvider:
 
     def _launch_node(
         self,
-        ec2: Any,
         request: LaunchRequest,
         rank: int,
         offer: Offer,
         network: aws_network.Network,
         subnet: str,
     ) -> str:
+        """Start one node (or find it started by an earlier try of the same request)."""
         token = client_token(request, rank, offer)
-        adopted = self._describe_filtered(
-            offer.region,
-            [
-                {"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
-                {"Name": "instance-state-name", "Values": ["pending", "running"]},
-            ],
-        )
-        if adopted:  # a retried launch: that node already exists
-            return adopted[0]["InstanceId"]
+        tries = 0
+        while True:
+            adopted = self._describe_filtered(
+                offer.region,
+                [
+                    {"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
+                    {"Name": "instance-state-name", "Values": ["pending", "running"]},
+                ],
+            )
+            if adopted:  # a retried launch: that node already exists
+                return adopted[0]["InstanceId"]
+            tries += 1
+            launched = self._run_instances(request, rank, offer, network, subnet, token, tries)
+            if launched is not None:
+                return launched
+            self._sleep(launch_backoff_s(tries, random.random()))
+
+    def _run_instances(
+        self,
+        request: LaunchRequest,
+        rank: int,
+        offer: Offer,
+        network: aws_network.Network,
+        subnet: str,
+        token: str,
+        tries: int,
+    ) -> str | None:
+        """One RunInstances call: the new instance's id, or None when the call may be repeated
+        (throttled, a 5xx other than capacity, no answer) and `tries` < `aws.max_api_attempts`.
+        Capacity refusals raise `_Refused` at once; anything else `ProviderError`."""
         host_key = new_host_key()
         args = run_instances_args(
             offer,
@@ -318,23 +374,40 @@ class AwsProvider:
             user_data_text=user_data(request.public_key, host_key),
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
         )
+        repeat = tries < self.aws.max_api_attempts
         try:
-            reply = ec2.run_instances(**args)
+            reply = self.launch_client(offer.region).run_instances(**args)
         except ClientError as exc:
             code = error_code(exc)
             if code in CAPACITY_CODES:
                 raise _Refused(code, str(exc)) from exc
+            if repeat and launch_retryable(code, http_status(exc)):
+                return None
             raise ProviderError(f"EC2 refused to launch {offer.instance_type}: {exc}") from exc
+        except (BotoConnectionError, HTTPClientError) as exc:
+            if repeat:  # the call may have gone through: the token lookup finds its node
+                return None
+            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
         except BotoCoreError as exc:
             raise ProviderError(f"EC2 could not be reached: {exc}") from exc
         return reply["Instances"][0]["InstanceId"]
 
-    def _wait(self, region: str, ids: list[str], wanted: frozenset[str], label: str) -> None:
+    def _wait(
+        self,
+        region: str,
+        ids: list[str],
+        wanted: frozenset[str],
+        label: str,
+        *,
+        deadline: float | None = None,
+    ) -> None:
         """Poll until every id is in a `wanted` state. A node that is gone while waiting for
-        `running` is a refusal (e.g. spot capacity vanished); a timeout is a `ProviderError`."""
+        `running` is a refusal (e.g. spot capacity vanished); passing `deadline` (monotonic;
+        default `aws.ready_timeout_s` from now) is a `ProviderError`."""
         if not ids:
             return
-        deadline = time.monotonic() + self.aws.ready_timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + self.aws.ready_timeout_s
         while True:
             states = {d["InstanceId"]: d["State"]["Name"] for d in self._describe(region, ids)}
             if all(states.get(i) in wanted for i in ids):
@@ -345,6 +418,32 @@ class AwsProvider:
                 raise ProviderError(
                     f"EC2 nodes in {region} not {label} after {self.aws.ready_timeout_s:.0f} s:"
                     f" {states}"
+                )
+            self._sleep(self.aws.poll_interval_s)
+
+    def _wait_ssh(self, region: str, nodes: list[Instance], deadline: float) -> None:
+        """Poll until every node's sshd sends its banner on ssh_host:ssh_port (a TCP connect
+        and one read, no SSH). A node gone meanwhile is a refusal; `deadline` passing is a
+        `ProviderError` that names the nodes still silent."""
+        silent = list(nodes)
+        while True:
+            silent = [n for n in silent if not answers_ssh(n.ssh_host, n.ssh_port)]
+            if not silent:
+                return
+            states = {
+                d["InstanceId"]: d["State"]["Name"]
+                for d in self._describe(region, [n.instance_id for n in silent])
+            }
+            if any(states.get(n.instance_id, "terminated") in GONE_STATES for n in silent):
+                raise _Refused("NotRunning", f"nodes ended before SSH answered: {states}")
+            if time.monotonic() > deadline:
+                waiting = ", ".join(f"{n.instance_id} at {n.ssh_host}:{n.ssh_port}" for n in silent)
+                raise ProviderError(
+                    f"EC2 nodes in {region} are running but their SSH did not answer within "
+                    f"{self.aws.ready_timeout_s:.0f} s: {waiting}",
+                    hint="port 22 must be reachable from this machine (security group, "
+                    "aws.ssh_cidr, a public IP or a route to the private one) and the image must "
+                    "start sshd; a slow image needs a larger aws.ready_timeout_s",
                 )
             self._sleep(self.aws.poll_interval_s)
 

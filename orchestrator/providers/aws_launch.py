@@ -41,12 +41,30 @@ TAG_TOKEN = "orch-launch-token"  # the ClientToken of the call that launched it
 CAPACITY_CODES = frozenset(
     {
         "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "UnfulfillableCapacity",
         "SpotMaxPriceTooLow",
         "MaxSpotInstanceCountExceeded",
         "InstanceLimitExceeded",
         "VcpuLimitExceeded",
         "Unsupported",
     }
+)
+# Answers to RunInstances that mean "try the same call again later" (with backoff): throttling,
+# and server errors that are not a capacity refusal (EC2 sends InsufficientInstanceCapacity
+# with HTTP 500 too, which a plain 5xx rule would retry instead of moving on).
+THROTTLING_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "EC2ThrottledException",
+    }
+)
+SERVER_ERROR_CODES = frozenset(
+    {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"}
 )
 # States after which a node no longer runs (nor bills for compute).
 GONE_STATES = frozenset({"shutting-down", "terminated"})
@@ -223,6 +241,33 @@ def instance_from_description(
         tags=tags,
         zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
     )
+
+
+def launch_retryable(code: str, http_status: int | None) -> bool:
+    """Whether a refused RunInstances is worth repeating as is: throttled, or a server error
+    that is not a capacity refusal (those move on to the next offer at once). Pure."""
+    if code in CAPACITY_CODES:
+        return False
+    if code in THROTTLING_CODES or code in SERVER_ERROR_CODES:
+        return True
+    return http_status is not None and 500 <= http_status <= 599
+
+
+def launch_backoff_s(
+    attempt: int, jitter: float, *, first_s: float = 1.0, cap_s: float = 20.0
+) -> float:
+    """Wait before repeating a RunInstances for the `attempt`-th time (1-based): exponential,
+    capped, with full jitter (`jitter` in [0, 1)), as botocore's standard retry mode does."""
+    return jitter * min(cap_s, first_s * 2 ** max(0, attempt - 1))
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a botocore ClientError (None for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    return None
 
 
 def error_code(exc: BaseException) -> str:

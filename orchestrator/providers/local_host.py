@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -28,6 +27,7 @@ from orchestrator.providers.local_net import (
     netns_pids_argv,
     parse_addr_json,
 )
+from orchestrator.providers.ssh_banner import answers_ssh as answers_ssh  # re-exported
 
 PROC = Path("/proc")
 
@@ -146,16 +146,6 @@ def run_checked(argv: list[str], *, hint: str | None = None) -> str:
             f"`{' '.join(argv)}` failed ({out.returncode}): {out.stderr.strip()}", hint=hint
         )
     return out.stdout
-
-
-def answers_ssh(host: str, port: int) -> bool:
-    """Whether an SSH server accepts a TCP connection at host:port and sends its banner."""
-    try:
-        with socket.create_connection((host, port), timeout=1.0) as sock:
-            sock.settimeout(1.0)
-            return sock.recv(4).startswith(b"SSH-")
-    except OSError:
-        return False
 
 
 def orch_namespaces() -> list[str]:

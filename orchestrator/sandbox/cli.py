@@ -4,6 +4,7 @@
     orch sandbox status [--json]                      zones, prices, capacity, hosts, reclaims
     orch sandbox preempt INSTANCE [--notice S]        spot-reclaim an instance after S s of notice
     orch sandbox capacity ZONE... [--market M] [--restore]   no capacity in a zone (or back)
+    orch sandbox boot --ssh-delay S                   `running` S seconds before sshd answers
 
 The steering commands find the sandbox at `--endpoint` or `ORCH_AWS_ENDPOINT_URL`.
 """
@@ -117,6 +118,8 @@ def status(
         refused = [r["market"] for r in document["refused"] if r["zone"] == zone]
         note = f"  no capacity: {', '.join(refused)}" if refused else ""
         _say(f"  {zone}  {subnet['id']}  {subnet['cidr']}{note}")
+    if document.get("ssh_delay_s"):
+        _say(f"  boot: instances turn running {document['ssh_delay_s']:g} s before sshd answers")
     for host in document["hosts"]:
         _say(f"  host {host['instance_id']}  {host['private_ip']}  {host['zone']}")
     for reclaim in document["reclaims"]:
@@ -161,3 +164,26 @@ def capacity(
         _say("every zone has capacity")
     for row in refused:
         _say(f"no {row['market']} capacity in {row['zone']}")
+
+
+@sandbox_app.command("boot")
+def boot(
+    ssh_delay: Annotated[
+        float,
+        typer.Option("--ssh-delay", help="seconds from `running` until sshd starts (0: none)"),
+    ] = 0.0,
+    endpoint: EndpointOption = None,
+) -> None:
+    """How instances launched from now on boot: with --ssh-delay S they turn `running` S
+    seconds before their sshd answers, as a slow image does on EC2 (default 0: `running` only
+    once SSH answers)."""
+    from orchestrator.sandbox.gateway import MAX_SSH_DELAY_S
+
+    if not 0 <= ssh_delay <= MAX_SSH_DELAY_S:
+        raise SpecError(f"--ssh-delay {ssh_delay} must be between 0 and {MAX_SSH_DELAY_S} seconds")
+    document = _client(endpoint).set_boot(ssh_delay)
+    delay = document["ssh_delay_s"]
+    if delay:
+        _say(f"new instances turn running {delay:g} s before their sshd answers")
+    else:
+        _say("new instances turn running once their sshd answers")

@@ -72,6 +72,11 @@ class SandboxClient:
         """Start reclaiming a spot instance; returns the reclaim's record at once."""
         return self._call("POST", "preempt", {"instance_id": instance_id, "notice_s": notice_s})
 
+    def set_boot(self, ssh_delay_s: float) -> dict:
+        """Instances launched from now on turn `running` `ssh_delay_s` seconds before their
+        sshd starts (0: the default, `running` once SSH answers)."""
+        return self._call("POST", "boot", {"ssh_delay_s": ssh_delay_s})
+
     def wait_reclaimed(self, instance_id: str, timeout_s: float) -> dict:
         """Wait until the reclaim of `instance_id` is done; returns its record."""
         deadline = time.monotonic() + timeout_s

@@ -10,8 +10,8 @@ EC2 calls pass through to moto except these, answered as EC2 would for the sandb
   and the gateway reports the new ids (`Hooks.launched`) before answering.
 
 `/_sandbox/...` is the control API (JSON): GET `/_sandbox/status`, POST `/_sandbox/capacity`
-{zone, market, available}, POST `/_sandbox/preempt` {instance_id, notice_s}. It serves on the
-same 127.0.0.1 port as the EC2 endpoint.
+{zone, market, available}, POST `/_sandbox/preempt` {instance_id, notice_s}, POST
+`/_sandbox/boot` {ssh_delay_s}. It serves on the same 127.0.0.1 port as the EC2 endpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from orchestrator.sandbox.capacity import Capacity
 from orchestrator.sandbox.pricing import PriceTable
 
 CONTROL_PREFIX = "/_sandbox/"
+MAX_SSH_DELAY_S = 120  # a host being built holds its instance's end back that long
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict, StartResponse], Iterable[bytes]]
 
@@ -45,6 +46,8 @@ class Hooks(Protocol):
     def status(self) -> dict: ...
 
     def preempt(self, instance_id: str, notice_s: float) -> dict: ...
+
+    def boot(self, ssh_delay_s: float) -> dict: ...
 
 
 class ControlError(OrchError):
@@ -222,6 +225,13 @@ class Gateway:
                 if not 0 <= notice_s <= 3600:
                     raise ControlError("notice_s must be between 0 and 3600 seconds")
                 document = self.hooks.preempt(str(request.get("instance_id", "")), notice_s)
+            elif method == "POST" and route == "boot":
+                ssh_delay_s = float(_json_body(environ).get("ssh_delay_s", 0))
+                if not 0 <= ssh_delay_s <= MAX_SSH_DELAY_S:
+                    raise ControlError(
+                        f"ssh_delay_s must be between 0 and {MAX_SSH_DELAY_S} seconds"
+                    )
+                document = self.hooks.boot(ssh_delay_s)
             else:
                 raise ControlError(f"no control route {method} {CONTROL_PREFIX}{route}", 404)
         except ControlError as exc:

@@ -121,10 +121,19 @@ class HostFleet:
 
     # --- build ----------------------------------------------------------------------------------
 
-    def build(self, spec: HostSpec) -> Host:
+    def build(
+        self,
+        spec: HostSpec,
+        *,
+        ssh_delay_s: float = 0.0,
+        on_network: Callable[[], None] | None = None,
+    ) -> Host:
         """Bring the host of `spec` up; returns once its sshd and metadata endpoint answer.
 
-        On failure whatever was made is removed again and `SandboxError` says why.
+        `on_network` is called once the host's network is up, before anything runs in it;
+        its programs (sshd, the metadata endpoint) start `ssh_delay_s` seconds later, like an
+        image that boots slowly. On failure whatever was made is removed again and
+        `SandboxError` says why.
         """
         iid = spec.instance_id
         if not hostnet.is_instance_id(iid) or not self.network.holds(spec.private_ip):
@@ -143,6 +152,9 @@ class HostFleet:
                 self._prepare_files(spec, directory)
                 for argv in hostnet.host_net_setup_argvs(iid, spec.private_ip, self.network):
                     run_checked(argv)
+                if on_network is not None:
+                    on_network()
+                time.sleep(max(0.0, ssh_delay_s))
                 self._start(host)
                 self._wait_ready(host)
             except BaseException as exc:

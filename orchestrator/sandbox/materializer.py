@@ -8,6 +8,10 @@ Every `interval_s` it describes the region's instances and, in this order:
    launch of many nodes comes up together); once built the instance turns `running`. A host
    that cannot be built makes its instance `terminated` with `Server.InternalError`, as EC2
    does with an instance that fails to launch.
+
+With an SSH delay (`orch sandbox boot --ssh-delay S`), an instance turns `running` as soon as
+its host's network is up, and its sshd starts S seconds later: what EC2 does with an image
+that takes S seconds to boot, and what a client that takes `running` for "can log in" trips on.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ class Materializer:
         fleet: HostFleet,
         *,
         interval_s: float = 0.3,
+        ssh_delay_s: Callable[[], float] = lambda: 0.0,
         log: Callable[[str], None],
     ) -> None:
         self.cloud = cloud
         self.fleet = fleet
         self.interval_s = interval_s
+        self.ssh_delay_s = ssh_delay_s
         self.log = log
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=BUILDERS, thread_name_prefix="host-build")
@@ -90,8 +96,16 @@ class Materializer:
                 user_data=self.cloud.user_data(iid),
                 key_pair_public=self.cloud.key_pair_public(desc.get("KeyName")),
             )
-            host = self.fleet.build(spec)
-            if self.cloud.mark_running(iid):
+            delay = self.ssh_delay_s()
+
+            def running_before_ssh() -> None:
+                if self.cloud.mark_running(iid):
+                    self.log(f"host {iid} running at {spec.private_ip}, sshd in {delay:g} s")
+
+            host = self.fleet.build(
+                spec, ssh_delay_s=delay, on_network=running_before_ssh if delay > 0 else None
+            )
+            if self.cloud.mark_running(iid) or delay > 0:
                 self.log(f"host {iid} up at {host.private_ip} in {host.zone}")
         except Exception as exc:  # noqa: BLE001 - any failure fails this instance's launch
             with self._lock:

@@ -70,6 +70,7 @@ class Sandbox:
         self._reclaims: dict[str, dict[str, Any]] = {}
         self._reclaim_threads: list[threading.Thread] = []
         self._reclaims_lock = threading.Lock()
+        self._ssh_delay_s = 0.0  # seconds from `running` to sshd, for hosts built from now on
 
     # --- start / stop ---------------------------------------------------------------------------
 
@@ -91,7 +92,9 @@ class Sandbox:
         self.cloud.attach(self.endpoint)
         self.cloud.prepare_network(zones)
         self.fleet = HostFleet(self.state_dir, self.network, log=self.log)
-        self._materializer = Materializer(self.cloud, self.fleet, log=self.log)
+        self._materializer = Materializer(
+            self.cloud, self.fleet, ssh_delay_s=lambda: self._ssh_delay_s, log=self.log
+        )
         self._materializer.start()
         return self.endpoint
 
@@ -217,7 +220,15 @@ class Sandbox:
             "refused": self.capacity.refused(),
             "hosts": [host.as_dict() for host in self.fleet.all()],
             "reclaims": reclaims,
+            "ssh_delay_s": self._ssh_delay_s,
         }
+
+    def boot(self, ssh_delay_s: float) -> dict:
+        """From now on, instances turn `running` `ssh_delay_s` seconds before their sshd
+        starts (0: only once it answers, the default)."""
+        self._ssh_delay_s = ssh_delay_s
+        self.log(f"boot: sshd starts {ssh_delay_s:g} s after an instance turns running")
+        return {"ssh_delay_s": ssh_delay_s}
 
     def preempt(self, instance_id: str, notice_s: float) -> dict:
         """Reclaim a spot instance like EC2: serve the notice in its metadata for `notice_s`

@@ -2,20 +2,24 @@
 
 Facts about moto 5 these tests rely on: instances are `running` as soon as they are described,
 terminated at once, spot prices are a fixed 0.00001, and ClientToken is not deduplicated by moto
-(the provider's own token tag is what makes a retried launch adopt its node).
+(the provider's own token tag is what makes a retried launch adopt its node). Its instances'
+addresses lead nowhere, so these providers do not wait for SSH (`wait_for_ssh` is tested on
+`orch sandbox aws`, whose instances are real hosts). Faults are injected at botocore's
+`before-send` of RunInstances, on the client the provider sends it with (`launch_client`).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.awsrequest import AWSResponse
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.exceptions import ClientError
 
 from orchestrator.config import AwsSettings, Settings
-from orchestrator.errors import CapacityError
+from orchestrator.errors import CapacityError, ProviderError
 from orchestrator.providers import get_provider
 from orchestrator.providers.aws import AwsProvider
 from orchestrator.providers.aws_launch import new_host_key
@@ -37,6 +41,7 @@ def make_provider(home: Path, endpoint: str, **aws: Any) -> AwsProvider:
         "poll_interval_s": 0.01,
         "ready_timeout_s": 10,
         "max_api_attempts": 3,
+        "wait_for_ssh": False,
     }
     options.update(aws)
     return AwsProvider(Settings(home=home, aws=AwsSettings(**options)))
@@ -70,6 +75,30 @@ def refuse(code: str, when: Any) -> Any:
             raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "RunInstances")
 
     return hook
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, **_: Any) -> Any:
+        yield self.data
+
+
+def ec2_error(url: str, status: int, code: str) -> AWSResponse:
+    """An EC2 error answer, as EC2 words it on the wire."""
+    body = (
+        f"<Response><Errors><Error><Code>{code}</Code><Message>injected</Message></Error>"
+        "</Errors><RequestID>x</RequestID></Response>"
+    ).encode()
+    return AWSResponse(url, status, {}, _Body(body))
+
+
+def zone_of(request: AWSPreparedRequest) -> str:
+    from urllib.parse import parse_qs
+
+    body = request.body.decode() if isinstance(request.body, bytes) else str(request.body)
+    return parse_qs(body)["Placement.AvailabilityZone"][0]
 
 
 @pytest.fixture
@@ -137,7 +166,7 @@ def test_user_data_carries_host_key_and_client_key(provider: AwsProvider) -> Non
 
 def test_capacity_error_fails_over_to_next_zone(provider: AwsProvider) -> None:
     first_zone = provider.offers(provider_query())[0].zone
-    provider.client(REGION).meta.events.register(
+    provider.launch_client(REGION).meta.events.register(
         "before-parameter-build.ec2.RunInstances",
         refuse(
             "InsufficientInstanceCapacity",
@@ -166,7 +195,7 @@ def test_partial_launch_is_terminated_before_failover(provider: AwsProvider) -> 
         calls.append(zone)
         return zone == first_zone and calls.count(first_zone) == 2
 
-    provider.client(REGION).meta.events.register(
+    provider.launch_client(REGION).meta.events.register(
         "before-parameter-build.ec2.RunInstances",
         refuse("InsufficientInstanceCapacity", second_node_in_first_zone),
     )
@@ -177,7 +206,7 @@ def test_partial_launch_is_terminated_before_failover(provider: AwsProvider) -> 
 
 
 def test_everything_refused_is_a_capacity_error_listing_tries(provider: AwsProvider) -> None:
-    provider.client(REGION).meta.events.register(
+    provider.launch_client(REGION).meta.events.register(
         "before-parameter-build.ec2.RunInstances", refuse("SpotMaxPriceTooLow", lambda p: True)
     )
     with pytest.raises(CapacityError) as caught:
@@ -213,22 +242,119 @@ def test_retried_launch_does_not_launch_twice(provider: AwsProvider) -> None:
 def test_throttling_is_retried(provider: AwsProvider) -> None:
     failures = []
 
-    class _Raw:
-        def stream(self, **_: Any) -> Any:
-            yield (
-                b"<Response><Errors><Error><Code>RequestLimitExceeded</Code>"
-                b"<Message>slow down</Message></Error></Errors><RequestID>x</RequestID></Response>"
-            )
-
     def throttle_once(request: Any, **_: Any) -> AWSResponse | None:
         if not failures:
             failures.append(request.url)
-            return AWSResponse(request.url, 503, {}, _Raw())
+            return ec2_error(request.url, 503, "RequestLimitExceeded")
         return None
 
-    provider.client(REGION).meta.events.register("before-send.ec2.RunInstances", throttle_once)
+    provider.launch_client(REGION).meta.events.register(
+        "before-send.ec2.RunInstances", throttle_once
+    )
     nodes = provider.launch(request(count=1))
     assert len(failures) == 1 and len(nodes) == 1
+
+
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "InsufficientCapacity",
+                                  "UnfulfillableCapacity"])  # fmt: skip
+def test_a_capacity_500_moves_on_at_once_without_retries(
+    tmp_path: Path, moto_endpoint: str, code: str
+) -> None:
+    provider = make_provider(tmp_path, moto_endpoint, max_api_attempts=8)
+    first_zone = provider.offers(provider_query())[0].zone
+    sent: list[str] = []
+
+    def no_capacity_in_first_zone(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        sent.append(zone_of(request))
+        if sent[-1] == first_zone:
+            return ec2_error(request.url, 500, code)  # EC2 refuses capacity with HTTP 500
+        return None
+
+    provider.launch_client(REGION).meta.events.register(
+        "before-send.ec2.RunInstances", no_capacity_in_first_zone
+    )
+    began = time.monotonic()
+    nodes = provider.launch(request())
+    took = time.monotonic() - began
+    assert sent.count(first_zone) == 1, sent  # one try, then the next zone
+    assert len(sent) == 3 and len({n.zone for n in nodes}) == 1 and nodes[0].zone != first_zone
+    assert took < 5, f"failover took {took:.1f} s"
+
+
+def test_run_instances_repeats_throttling_and_server_errors_then_launches_once(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    waits: list[float] = []
+    provider = AwsProvider(
+        make_provider(tmp_path, moto_endpoint, max_api_attempts=4).settings, sleep=waits.append
+    )
+    answers = iter([(503, "RequestLimitExceeded"), (500, "InternalError"), (502, "BadGateway")])
+    sent: list[str] = []
+
+    def flaky(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        sent.append(zone_of(request))
+        answer = next(answers, None)
+        return ec2_error(request.url, *answer) if answer else None
+
+    provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", flaky)
+    (node,) = provider.launch(request(count=1))
+    assert len(sent) == 4 and len(set(sent)) == 1  # repeated in place, not failed over
+    backoffs = [w for w in waits if w != provider.aws.poll_interval_s]
+    assert len(backoffs) <= 3 and all(0 <= w < 8 for w in backoffs)
+    assert [d["InstanceId"] for d in running(provider)] == [node.instance_id]
+
+
+def test_run_instances_gives_up_after_max_api_attempts(tmp_path: Path, moto_endpoint: str) -> None:
+    provider = AwsProvider(
+        make_provider(tmp_path, moto_endpoint, max_api_attempts=3).settings, sleep=lambda s: None
+    )
+    sent: list[str] = []
+
+    def broken(request: AWSPreparedRequest, **_: Any) -> AWSResponse:
+        sent.append(zone_of(request))
+        return ec2_error(request.url, 500, "InternalError")
+
+    provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", broken)
+    with pytest.raises(ProviderError, match="InternalError") as caught:
+        provider.launch(request(count=1))
+    assert len(sent) == 3 and caught.value.exit_code == 3
+    assert running(provider) == []
+
+
+def test_a_lost_answer_is_repeated_without_launching_twice(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    from botocore.httpsession import URLLib3Session
+
+    provider = AwsProvider(make_provider(tmp_path, moto_endpoint).settings, sleep=lambda s: None)
+    session = URLLib3Session()
+    sent: list[str] = []
+
+    def answer_lost(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        sent.append(zone_of(request))
+        if len(sent) == 1:
+            session.send(request)  # EC2 launches the node, the answer never arrives
+            return ec2_error(request.url, 503, "ServiceUnavailable")
+        return None
+
+    provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", answer_lost)
+    (node,) = provider.launch(request(count=1))
+    assert len(sent) == 1  # the repeat found the node by its token and sent nothing
+    assert [d["InstanceId"] for d in running(provider)] == [node.instance_id]
+
+
+def test_other_calls_keep_botocores_retries(provider: AwsProvider) -> None:
+    sent: list[str] = []
+
+    def unavailable_once(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        sent.append(request.url)
+        return ec2_error(request.url, 503, "Unavailable") if len(sent) == 1 else None
+
+    provider.client(REGION).meta.events.register(
+        "before-send.ec2.DescribeInstances", unavailable_once
+    )
+    assert provider.list_owned() == []
+    assert len(sent) == 2
 
 
 def test_spot_reclaim_is_reported_as_preemption(provider: AwsProvider) -> None:

@@ -4,20 +4,24 @@ hosts reached over the sandbox bridge, its metadata read from inside a host's na
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 from botocore.exceptions import ClientError
 
 from orchestrator.cluster import Cluster
 from orchestrator.config import AwsSettings, Settings
+from orchestrator.errors import ProviderError
 from orchestrator.providers.aws import AwsProvider
 from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.sandbox.client import SandboxClient
 from tests.helpers import Background, orch_env, processes_with_marker, run_orch
@@ -81,10 +85,10 @@ def make_provider(home: Path, endpoint: str, **options: Any) -> AwsProvider:
 
 
 def launch(
-    provider: AwsProvider, identity: Identity, count: int, *, spot: bool = True
+    provider: AwsProvider, identity: Identity, count: int, *, spot: bool = True, job: str = "sbx"
 ) -> list[Any]:
     return provider.launch(
-        LaunchRequest(job_id="sbx", cluster="sbx", count=count, gpus_per_node=1,
+        LaunchRequest(job_id=job, cluster=job, count=count, gpus_per_node=1,
                       public_key=identity.public_key, spot=spot, accelerator="A10G")
     )  # fmt: skip
 
@@ -244,10 +248,18 @@ def test_a_zone_without_spot_capacity_sends_the_launch_to_the_next_zone(
     assert caught.value.response["Error"]["Code"] == "InsufficientInstanceCapacity"
     assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500  # as EC2 answers
 
-    # One attempt per call: EC2's 500 would otherwise be retried with backoff before failover.
-    provider = make_provider(tmp_path, sandbox.endpoint, max_api_attempts=1)
+    # EC2's 500 is a capacity refusal: one try, then the next zone (not botocore's retries).
+    provider = make_provider(tmp_path, sandbox.endpoint, max_api_attempts=8)
+    sent: list[str] = []
+    provider.launch_client("us-east-1").meta.events.register(
+        "before-send.ec2.RunInstances",
+        lambda request, **_: sent.append(
+            parse_qs(str(request.body))["Placement.AvailabilityZone"][0]
+        ),
+    )
     identity = ensure_identity(tmp_path / "keys", "sbx")
     (node,) = launch(provider, identity, 1)
+    assert sent == ["us-east-1a", "us-east-1b"]
     assert describe(sandbox, node.instance_id)["Placement"]["AvailabilityZone"] == "us-east-1b"
     assert node.price_per_hour == Decimal("0.3320")  # g5.xlarge spot in the second zone
     (on_demand,) = launch(provider, identity, 1, spot=False)  # on-demand still has room
@@ -260,6 +272,74 @@ def test_a_zone_without_spot_capacity_sends_the_launch_to_the_next_zone(
     provider.terminate([node.instance_id, on_demand.instance_id])
     (again,) = launch(provider, identity, 1)
     assert describe(sandbox, again.instance_id)["Placement"]["AvailabilityZone"] == "us-east-1a"
+
+
+class StateLog:
+    """Polls the sandbox's instances in a thread: (state, does SSH answer) as seen over time."""
+
+    def __init__(self, sandbox: SandboxProcess) -> None:
+        self.ec2 = sandbox.ec2()
+        self.seen: dict[str, set[tuple[str, bool]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> StateLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            for r in self.ec2.describe_instances()["Reservations"]:
+                for i in r["Instances"]:
+                    state, ip = i["State"]["Name"], i.get("PrivateIpAddress", "")
+                    answers = state == "running" and answers_ssh(ip, 22, timeout_s=0.5)
+                    self.seen.setdefault(i["InstanceId"], set()).add((state, answers))
+
+
+def test_launch_returns_once_ssh_answers_not_when_ec2_says_running(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    env = orch_env(tmp_path / "orch", **aws)
+    delay = 6
+    said = run_orch(["sandbox", "boot", "--ssh-delay", str(delay)], env, timeout=60)
+    assert said.returncode == 0, said.stderr
+    assert f"running {delay} s before their sshd answers" in said.stdout
+    identity = ensure_identity(tmp_path / "keys", "sbx")
+    try:
+        assert SandboxClient(sandbox.endpoint).status()["ssh_delay_s"] == delay
+        # Taking `running` for "can log in" hands back a node whose sshd is not up yet ...
+        eager = make_provider(tmp_path, sandbox.endpoint, wait_for_ssh=False)
+        (early,) = launch(eager, identity, 1)
+        assert describe(sandbox, early.instance_id)["State"]["Name"] == "running"
+        assert not answers_ssh(early.ssh_host, 22)
+        eager.terminate([early.instance_id])
+        # ... the provider waits until the banner comes, however long after `running`.
+        provider = make_provider(tmp_path, sandbox.endpoint)
+        with StateLog(sandbox) as log:
+            began = time.monotonic()
+            (node,) = launch(provider, identity, 1)
+            took = time.monotonic() - began
+        assert answers_ssh(node.ssh_host, 22)
+        assert ("running", False) in log.seen[node.instance_id], log.seen  # the knob holds sshd
+        assert took >= delay - 0.5, took
+        cluster = Cluster([node], identity, connect_timeout=5)
+        try:
+            assert cluster.connections[0].run("echo up").stdout == "up\n"
+        finally:
+            cluster.close()
+
+        # Bounded by the ready timeout: a clear error, and no node left running.
+        hurried = make_provider(tmp_path, sandbox.endpoint, ready_timeout_s=3)
+        with pytest.raises(ProviderError, match="SSH did not answer within 3 s") as caught:
+            launch(hurried, identity, 1, job="hurried")
+        assert "port 22 must be reachable" in (caught.value.hint or "")
+        assert {n.instance_id for n in hurried.list_owned()} == {node.instance_id}
+    finally:
+        SandboxClient(sandbox.endpoint).set_boot(0)
 
 
 def test_mistakes_are_refused_with_a_reason(
