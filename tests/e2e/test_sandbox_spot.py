@@ -1,0 +1,163 @@
+"""A spot reclaim with notice on `orch sandbox aws`: the job's node 1 gets EC2's two-minute
+warning (shortened) while the first zone has no spot capacity left, and the job must come back
+in another zone from its emergency checkpoint and finish with nothing lost."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import Job, Ledger, make_engine
+from orchestrator.sandbox.client import SandboxClient
+from tests.helpers import REPO, job_json, orch_env, processes_with_marker, run_orch
+from tests.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
+
+pytestmark = pytest.mark.e2e
+
+CHECKPOINT_EVERY = 6
+FAKE_SIZE = 6144  # 2 nodes x 2 ranks x batch 32: 48 steps per epoch
+EPOCHS = 2
+TARGET_STEPS = FAKE_SIZE // (2 * 2 * 32) * EPOCHS
+NOTICE_S = 20
+FIRST_ZONE, NEXT_ZONE = "us-east-1a", "us-east-1b"
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
+    running = SandboxProcess(tmp_path / "sandbox-home").start()
+    try:
+        yield running
+    finally:
+        if running.run is not None and running.run.proc.poll() is None:
+            running.stop()
+
+
+def demo_job(tmp_path: Path) -> Path:
+    """The demo job (templates/demo-ddp.yaml) with enough steps for a reclaim to land mid-run."""
+    path = tmp_path / "demo-spot.yaml"
+    path.write_text(
+        "name: demo-spot\n"
+        f"workdir: {REPO}\n"
+        "run: >-\n"
+        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
+        f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
+        "  --log-every 2\n"
+        "resources: {nodes: 2, gpus_per_node: 2}\n"
+        "checkpoint: {dir: ~/ckpt, pull_every: 2}\n"
+        "env: {OMP_NUM_THREADS: '1'}\n"
+    )
+    return path
+
+
+def wait_job(ledger: Ledger, job_id: str, predicate, what: str, timeout: float) -> Job:
+    """Poll the ledger (no orch command in between: each would take a second or two)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = ledger.get_job(job_id)
+        if predicate(job):
+            return job
+        assert job.state not in ("FAILED", "CANCELLED"), f"{job_id} ended while {what}: {job}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
+        time.sleep(0.1)
+
+
+def events(job: dict, kind: str) -> list[dict]:
+    return [e for e in job["events"] if e["kind"] == kind]
+
+
+def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
+    tmp_path: Path, sandbox: SandboxProcess
+) -> None:
+    env = orch_env(
+        tmp_path / "orch",
+        **aws_env(sandbox.endpoint),
+        ORCH_WATCH_INTERVAL="1",
+        ORCH_NOTICE_POLL_INTERVAL="1",
+    )
+    submitted = run_orch(
+        ["submit", str(demo_job(tmp_path)), "--nodes", "2", "--gpus", "2", "--provider", "aws",
+         "--spot", "--detach"],
+        env, timeout=120,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    ledger = Ledger(make_engine(tmp_path / "orch" / "orch.db"))
+    wait_job(ledger, job_id, lambda j: (j.step or 0) >= 8, "step 8", timeout=300)
+    first = {lease.rank: lease.instance_id for lease in ledger.leases(job_id)}
+    assert len(first) == 2
+    client = SandboxClient(sandbox.endpoint)
+    zone_of = {h["instance_id"]: h["zone"] for h in client.status()["hosts"]}
+    assert {zone_of[iid] for iid in first.values()} == {FIRST_ZONE}
+
+    # The first zone sells no more spot; then EC2 warns node 1.
+    assert client.set_capacity([FIRST_ZONE], "spot", available=False)["refused"]
+    step_at_notice = ledger.get_job(job_id).step or 0
+    reclaimed = first[1]
+    preempt = run_orch(
+        ["sandbox", "preempt", reclaimed, "--notice", str(NOTICE_S), "--no-wait"], env, timeout=60
+    )
+    assert preempt.returncode == 0, preempt.stdout + preempt.stderr
+
+    assert ledger.get_job(job_id).recoveries == 0  # the notice came mid-run
+    wait_job(ledger, job_id, lambda j: j.state == "SUCCEEDED", "the end", timeout=400)
+    job = job_json(job_id, env)
+    assert job["step"] == TARGET_STEPS  # nothing lost: the run reached its last step
+    assert job["recoveries"] == 1
+    (noticed,) = events(job, "PREEMPTED")
+    assert noticed["message"].startswith(f"notice: node 1 ({reclaimed})"), noticed
+    # The emergency checkpoint was written at or after the step of the notice, and pulled ...
+    (salvaged,) = events(job, "SALVAGED")
+    assert salvaged["step"] is not None and salvaged["step"] >= step_at_notice, job["events"]
+    pulled = {e["step"] for e in events(job, "CHECKPOINT")}
+    assert salvaged["step"] in pulled
+    # ... and the run resumed from it on the replacements.
+    (resumed,) = events(job, "RESUMED")
+    assert resumed["step"] == salvaged["step"], job["events"]
+    assert f"step-{salvaged['step']:06d}" in resumed["message"]
+
+    # Four leases: the first two in the first zone, the replacements in the next one, each at
+    # the sandbox's spot price of its zone.
+    status = client.status()
+    spot = {(row["zone"], row["instance_type"]): Decimal(row["spot"]) for row in status["prices"]}
+    ec2 = sandbox.ec2()
+    reservations = ec2.describe_instances(Filters=[{"Name": "tag:orch-job", "Values": [job_id]}])
+    instances = {i["InstanceId"]: i for r in reservations["Reservations"] for i in r["Instances"]}
+    leases = ledger.leases(job_id)
+    assert len(leases) == 4 and {lease.instance_id for lease in leases} == set(instances)
+    replacements = [lease for lease in leases if lease.instance_id not in first.values()]
+    assert sorted(lease.rank for lease in replacements) == [0, 1]
+    expected = Decimal(0)
+    for lease in leases:
+        desc = instances[lease.instance_id]
+        zone = desc["Placement"]["AvailabilityZone"]
+        assert zone == (NEXT_ZONE if lease in replacements else FIRST_ZONE)
+        assert lease.market == "spot" and desc["InstanceLifecycle"] == "spot"
+        assert lease.price_per_hour == spot[(zone, desc["InstanceType"])]
+        assert lease.ended_at is not None and lease.launched_at == desc["LaunchTime"]
+        expected += (
+            Decimal(str((lease.ended_at - lease.launched_at).total_seconds()))
+            * lease.price_per_hour
+            / Decimal(3600)
+        )
+    assert job["spend_usd"] == float(expected)
+
+    # moto: every instance is terminated, each launch call made one instance.
+    assert {d["State"]["Name"] for d in instances.values()} == {"terminated"}
+    tokens = Counter(
+        t["Value"] for d in instances.values() for t in d["Tags"] if t["Key"] == "orch-launch-token"
+    )
+    assert len(tokens) == 4 and set(tokens.values()) == {1}, tokens
+    reason = instances[reclaimed]["StateReason"]["Code"]
+    # orch ends the interrupted run's nodes as soon as the checkpoint is safe, which may be
+    # before the notice runs out; either way the node is gone.
+    assert reason in ("Client.UserInitiatedShutdown", "Server.SpotInstanceTermination")
+    client.wait_reclaimed(reclaimed, NOTICE_S + 30)
+    assert client.status()["hosts"] == []
+    for iid in instances:
+        assert processes_with_marker(iid) == []
+    assert not sandbox_namespaces()
