@@ -127,17 +127,33 @@ def chaos(
             time.sleep(0.2)
             if state is JobState.RUNNING:
                 waited += 0.2
-        spot = [n for n in _job_nodes(settings, job_id) if n.market == "spot"]
-        if not spot or JobState(ledger.get_job(job_id).state) is not JobState.RUNNING:
+        job = ledger.get_job(job_id)
+        leased = {lease.instance_id for lease in ledger.leases(job_id, open_only=True)}
+        spot = [
+            n
+            for n in _job_nodes(settings, job_id)
+            if n.market == "spot" and n.instance_id in leased
+        ]
+        if not spot or JobState(job.state) is not JobState.RUNNING:
             continue
         target = draws.pick(spot)
         try:
-            provider.reclaim(target.instance_id, notice)
+            taken = provider.reclaim(target.instance_id, notice)
         except OrchError as exc:  # the node went meanwhile (the job recovered or ended)
             console.print(f"skipped node {target.rank}: {exc.message}")
             continue
+        if taken is None:
+            console.print(f"skipped node {target.rank}: its job let it go first")
+            continue
         done += 1
         console.print(f"reclaim {done}/{count}: node {target.rank} ({target.instance_id})")
+        # One reclaim per run: the next wait starts once the job has taken this one in.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            now = ledger.get_job(job_id)
+            if now.recoveries > job.recoveries or JobState(now.state).is_final:
+                break
+            time.sleep(0.2)
     console.print(f"done: {done} reclaim(s) of job {job_id}")
 
 

@@ -640,7 +640,7 @@ class JobRunner:
         grace = salvage_seconds(interruption, utcnow(), self.options.stop_grace)
         if grace > 0:
             self._stop_trainers(grace)
-        if interruption.cause == "notice" or 0 not in interruption.ranks:
+        if self._node0_answers(interruption):
             try:
                 self._pull_checkpoints(final=True)
             except OrchError as exc:
@@ -654,6 +654,17 @@ class JobRunner:
             f"{time.monotonic() - started:.1f} s after detection",
             step=step_of(latest.name) if latest else None,
         )  # fmt: skip
+
+    def _node0_answers(self, interruption: Interruption) -> bool:
+        """Whether node 0 can still give its checkpoints: it was warned (a notice), or it is
+        not among the lost, answered the last probe and is not reported taken meanwhile."""
+        if interruption.cause == "notice":
+            return True
+        if 0 in interruption.ranks or not self.instances:
+            return False
+        if self._watch is not None and self._watch.misses[0]:
+            return False
+        return not self.provider.preempted([self.instances[0].instance_id])
 
     def _note_interruption(self, interruption: Interruption) -> None:
         self.ledger.add_event(

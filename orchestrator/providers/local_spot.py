@@ -158,7 +158,10 @@ def reclaim(
     if rec is None:  # terminated by its owner meanwhile
         return None
     rec.reclaimed_at = taken.isoformat()
-    store.save(rec)
+    try:
+        store.save(rec)
+    except FileNotFoundError:  # ... or right now
+        return None
     if rec.mode == "namespace":
         for argv in net.node_net_teardown_argvs(instance_id):
             subprocess.run(argv, capture_output=True, check=False)

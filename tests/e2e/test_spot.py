@@ -292,14 +292,26 @@ def test_soak_seeded_random_reclaims(tmp_path: Path) -> None:
     chaos.join(30)
     assert job["state"] == "SUCCEEDED", job
     assert job["step"] == 3 * TARGET_STEPS
-    assert job["recoveries"] >= 5, job["events"]
+    assert job["recoveries"] >= 5, (chaos.output, job["events"])
     assert len(events(job, "PREEMPTED")) == job["recoveries"]
     assert_spend_is_leases(job)
     assert_nothing_left(job)
 
 
-def run_orch_background(args: list[str], env: dict[str, str]) -> threading.Thread:
-    thread = threading.Thread(target=run_orch, args=(args, env), kwargs={"timeout": 600})
+class OrchThread(threading.Thread):
+    """An orch command run in a thread; its output is kept for failure messages."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.args, self.env, self.output = args, env, ""
+
+    def run(self) -> None:
+        result = run_orch(self.args, self.env, timeout=600)
+        self.output = f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+
+
+def run_orch_background(args: list[str], env: dict[str, str]) -> OrchThread:
+    thread = OrchThread(args, env)
     thread.start()
     return thread
 
