@@ -3,7 +3,7 @@ SHELL := /bin/bash
 ORCH := .venv/bin/orch
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup demo test test-fast lint bench clean-nodes infra-test docs-simulate
+.PHONY: setup demo test soak test-fast lint bench docs clean-nodes infra-test docs-simulate
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,10 @@ demo: setup
 test: setup
 	bash scripts/test.sh
 
+# The long trials (many reclaims, many controller kills); slow, not part of `make test`.
+soak: setup
+	bash scripts/soak.sh
+
 test-fast: setup
 	$(PYTEST) -q -m "not e2e" tests
 
@@ -26,10 +30,16 @@ lint: setup
 	.venv/bin/ruff check orchestrator trainer tests bench
 	.venv/bin/ruff format --check orchestrator trainer tests bench
 
+# Every benchmark of bench/, one after another; writes docs/benchmarks.md (a failing benchmark
+# is reported there). BENCH_ARGS=--quick: fewer repetitions, for a loaded machine.
+BENCH_ARGS ?=
+
 bench: setup
-	.venv/bin/python bench/launch_overhead.py
-	.venv/bin/python bench/sync_speed.py
-	.venv/bin/python bench/trainer_throughput.py
+	.venv/bin/python -m bench.run_all $(BENCH_ARGS)
+
+# The generated parts of the docs: the job spec field table and the command reference.
+docs: setup
+	.venv/bin/python -m orchestrator.docs_reference
 
 clean-nodes: setup
 	$(ORCH) reconcile

@@ -1,0 +1,556 @@
+"""Run every benchmark of bench/ and write docs/benchmarks.md (what `make bench` does).
+
+Each benchmark runs as its own subprocess; its printed summary is kept and its figures read
+from it: each figure with the baseline measured in the same run and their ratio. A benchmark
+that fails (non-zero exit without figures, a crash, a timeout) is reported on the page with
+the tail of its output; it does not stop the others, and the page is written either way.
+
+    .venv/bin/python -m bench.run_all [--quick] [--only NAME ...] [--out docs/benchmarks.md]
+
+`--quick` runs each benchmark with fewer repetitions (and the controller one for less time),
+for a loaded or shared machine; the page says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "docs" / "benchmarks.md"
+OUTPUT_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure, with the baseline measured in the same run (None: no baseline)."""
+
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: str = ""  # what the benchmark aims at, as it says it ("ratio <= 1.3", "< 3 %")
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline is None or self.baseline == 0:
+            return None
+        return self.value / self.baseline
+
+
+Parser = Callable[[str], list[Figure]]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark of bench/: how to run it (full and quick) and how to read its summary."""
+
+    name: str  # module name in bench/
+    title: str
+    baseline: str  # what the baseline is, in words
+    parse: Parser
+    full_args: tuple[str, ...] = ()
+    quick_args: tuple[str, ...] = ()
+    timeout_s: float = 1800.0
+    command: tuple[str, ...] | None = None  # overrides `python -m bench.<name>` (tests)
+
+    def argv(self, quick: bool) -> list[str]:
+        base = list(self.command or (sys.executable, "-m", f"bench.{self.name}"))
+        return base + list(self.quick_args if quick else self.full_args)
+
+    def shown_command(self, quick: bool) -> str:
+        args = " ".join(self.quick_args if quick else self.full_args)
+        return f".venv/bin/python -m bench.{self.name} {args}".rstrip()
+
+
+@dataclass
+class Result:
+    benchmark: Benchmark
+    command: str
+    exit_code: int | None  # None: timed out
+    seconds: float
+    stdout: str
+    stderr: str
+    figures: list[Figure] = field(default_factory=list)
+    parse_error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """No figures to show: it crashed, timed out, or printed nothing readable."""
+        return not self.figures
+
+    @property
+    def status(self) -> str:
+        if self.exit_code is None:
+            return f"failed: timed out after {self.benchmark.timeout_s:.0f} s"
+        if self.failed:
+            return f"failed: exit code {self.exit_code}, no figures"
+        if self.exit_code == 0:
+            return "ok"
+        return f"ran; exit code {self.exit_code} (a target was missed)"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the summaries (each mirrors the benchmark's own print statements)
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_REPORT_TITLE = re.compile(rf"\(machine: .*; medians; target ratio <= (?P<target>{_NUMBER})\)")
+_REPORT_ROW = re.compile(
+    rf"^\s+(?P<name>\S.*?)\s+orch\s+(?P<ours>{_NUMBER}) s\s+baseline\s+(?P<base>{_NUMBER}) s"
+    rf"\s+ratio\s+{_NUMBER}\s*$",
+    re.MULTILINE,
+)
+
+
+def report_rows(baseline_name: str) -> Parser:
+    """Rows printed by `bench.common.report` (launch overhead, sync speed)."""
+
+    def parse(text: str) -> list[Figure]:
+        title = _REPORT_TITLE.search(text)
+        target = f"ratio <= {title.group('target')}" if title else ""
+        return [
+            Figure(
+                m.group("name"),
+                float(m.group("ours")),
+                "s",
+                float(m.group("base")),
+                baseline_name,
+                target,
+            )  # fmt: skip
+            for m in _REPORT_ROW.finditer(text)
+        ]
+
+    return parse
+
+
+_CPU = re.compile(
+    rf"controller CPU watching (?P<nodes>\d+) nodes .*?: (?P<ours>{_NUMBER}) % of one core"
+    rf" \(target < (?P<target>{_NUMBER}) %\)\s*\nbaseline, (?P<bname>.*?): (?P<base>{_NUMBER}) %",
+    re.DOTALL,
+)
+
+
+def parse_controller_cpu(text: str) -> list[Figure]:
+    m = _CPU.search(text)
+    if not m:
+        return []
+    return [
+        Figure(
+            f"controller watching {m.group('nodes')} nodes",
+            float(m.group("ours")),
+            "% of one core",
+            float(m.group("base")),
+            m.group("bname"),
+            f"< {m.group('target')} %",
+        )  # fmt: skip
+    ]
+
+
+_IDLE = re.compile(
+    rf"idle-shutdown latency \(idle_timeout (?P<timeout>{_NUMBER}) s, watch interval "
+    rf"(?P<interval>{_NUMBER}) s\): median (?P<median>{_NUMBER}) s over (?P<n>\d+) trials"
+)
+
+
+def parse_idle_latency(text: str) -> list[Figure]:
+    m = _IDLE.search(text)
+    if not m:
+        return []
+    timeout, interval = float(m.group("timeout")), float(m.group("interval"))
+    return [
+        Figure(
+            "GPUs idle -> stop",
+            float(m.group("median")),
+            "s",
+            timeout,
+            "idle_timeout itself (the least any idle stop can take)",
+            f"<= idle_timeout + 2 intervals ({timeout + 2 * interval:g} s)",
+        )  # fmt: skip
+    ]
+
+
+_THROUGHPUT = re.compile(rf"^\s+(?P<model>\S+)\s+workers=(?P<w>\d+): +(?P<rate>{_NUMBER}) img/s",
+                         re.MULTILINE)  # fmt: skip
+
+
+def parse_trainer_throughput(text: str) -> list[Figure]:
+    rates: dict[str, dict[int, float]] = {}
+    for m in _THROUGHPUT.finditer(text):
+        rates.setdefault(m.group("model"), {})[int(m.group("w"))] = float(m.group("rate"))
+    return [
+        Figure(f"{model}, 2 DataLoader workers", by[2], "img/s", by[0], "0 workers (in-process)")
+        for model, by in rates.items()
+        if 0 in by and 2 in by
+    ]
+
+
+_SPOT_ROW = re.compile(rf"^\s+(?P<key>[a-z_]+_s)\s+(?P<med>{_NUMBER}) s\s+\(", re.MULTILINE)
+_SPOT_RATIO = re.compile(
+    rf"resume / cold start\s+orch (?P<ours>{_NUMBER}) s / baseline (?P<base>{_NUMBER}) s"
+)
+_SPOT_TARGETS = {"detection_s": "<= 5 s", "resume_s": "<= 20 s"}
+
+
+def parse_spot_recovery(text: str) -> list[Figure]:
+    figures = []
+    ratio = _SPOT_RATIO.search(text)
+    if ratio:
+        figures.append(
+            Figure(
+                "resume after a notice (new nodes' launch time left out)",
+                float(ratio.group("ours")),
+                "s",
+                float(ratio.group("base")),
+                "cold start of the same job on fresh nodes",
+                _SPOT_TARGETS["resume_s"],
+            )  # fmt: skip
+        )
+    for m in _SPOT_ROW.finditer(text):
+        key = m.group("key")
+        if key in ("resume_s", "cold_start_s"):
+            continue  # shown above, as the figure and its baseline
+        figures.append(
+            Figure(
+                key.removesuffix("_s").replace("_", " "),
+                float(m.group("med")),
+                "s",
+                target=_SPOT_TARGETS.get(key, ""),
+            )  # fmt: skip
+        )
+    return figures if ratio else []
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark(
+        "launch_overhead",
+        "Launch overhead: nodes up -> every rank started (2 nodes x 2 processes)",
+        "one `ssh node torchrun ...` per node by hand, in parallel",
+        report_rows("ssh + torchrun by hand"),
+        quick_args=("--repeats", "3"),
+    ),
+    Benchmark(
+        "sync_speed",
+        "Sync of a source tree to the nodes",
+        "one raw `rsync -a` over ssh to one node",
+        report_rows("raw rsync to 1 node"),
+        quick_args=("--files", "1000", "--repeats", "3"),
+    ),
+    Benchmark(
+        "trainer_throughput",
+        "Reference trainer throughput on the CPU",
+        "the same runs with 0 DataLoader workers",
+        parse_trainer_throughput,
+        quick_args=("--repeats", "2"),
+    ),
+    Benchmark(
+        "controller_cpu",
+        "CPU a detached controller spends watching a job",
+        "`orch status --json` polled at the same interval",
+        parse_controller_cpu,
+        quick_args=("--seconds", "30"),
+    ),
+    Benchmark(
+        "idle_latency",
+        "Idle shutdown latency",
+        "the idle_timeout itself (configured, not measured)",
+        parse_idle_latency,
+        quick_args=("--trials", "2"),
+    ),
+    Benchmark(
+        "spot_recovery",
+        "Spot recovery on local nodes",
+        "cold start of the same job on fresh nodes, measured in the same trial",
+        parse_spot_recovery,
+        quick_args=("--trials", "2"),
+        timeout_s=2400.0,
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+def run_benchmark(bench: Benchmark, *, quick: bool) -> Result:
+    """Run one benchmark to its end (or its timeout) and read its figures. Never raises for
+    the benchmark's own failure."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in env.items() if k != "ORCH_HOME"}  # each makes its own
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            bench.argv(quick), cwd=REPO, env=env, capture_output=True, text=True,
+            timeout=bench.timeout_s, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        code: int | None = done.returncode
+        stdout, stderr = done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = None
+        stdout = _text(exc.stdout)
+        stderr = _text(exc.stderr)
+    except OSError as exc:
+        code, stdout, stderr = 127, "", f"could not start: {exc}"
+    result = Result(
+        bench, bench.shown_command(quick), code, time.monotonic() - started, stdout, stderr
+    )
+    try:
+        result.figures = bench.parse(stdout)
+    except (ValueError, KeyError) as exc:
+        result.parse_error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+# --------------------------------------------------------------------------------------------
+# The machine
+
+
+def _meminfo_gib() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _commit() -> str:
+    found = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return "unknown"
+    return found.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def load_average() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def machine_facts() -> dict[str, str]:
+    """What the figures were measured on."""
+    return {
+        "CPU": f"{os.cpu_count()} cores ({_cpu_model()})",
+        "RAM": _meminfo_gib(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "Python": platform.python_version(),
+        "torch": _version("torch"),
+        "orch commit": _commit(),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The page
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
+    kept = text.strip("\n").splitlines()[-lines:]
+    return "\n".join(kept).replace("```", "'''") or "(nothing)"
+
+
+def render_page(
+    results: list[Result],
+    *,
+    machine: dict[str, str],
+    quick: bool,
+    started_at: datetime,
+    load_before: str,
+    load_after: str,
+) -> str:
+    """docs/benchmarks.md: the machine, a summary table, and each benchmark's own summary."""
+    cores = os.cpu_count() or 0
+    mode = (
+        "**quick** (`--quick`: fewer repetitions per benchmark; the commands are below)"
+        if quick
+        else "full (each benchmark's default repetitions)"
+    )
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- written by `make bench` (bench/run_all.py); edits here are lost -->",
+        "",
+        f"Measured on {started_at:%Y-%m-%d} ({started_at:%H:%M} UTC), mode: {mode}.",
+        "Every figure is a median over the benchmark's repetitions, and each has its baseline",
+        "measured in the same run, on the same machine, interleaved with it where the benchmark",
+        "allows: the ratio (figure / baseline) is the number to read; absolute figures depend on",
+        "the machine and its load.",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *[f"| {key} | {value} |" for key, value in machine.items()],
+        f"| load average (1, 5, 15 min) | before: {load_before}; after: {load_after} |",
+        "",
+        f"The machine is shared: other work ran on its {cores} cores during the run (see the load",
+        "average), so absolute times are slower and noisier than on an idle machine.",
+        "",
+        "## Summary",
+        "",
+        "| benchmark | figure | measured | baseline | ratio | target |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in results:
+        if result.failed:
+            lines.append(
+                f"| [{result.benchmark.name}](#{result.benchmark.name}) | **{result.status}** "
+                "| - | - | - | - |"
+            )
+            continue
+        for figure in result.figures:
+            baseline = (
+                f"{_number(figure.baseline)} {figure.unit} ({figure.baseline_name})"
+                if figure.baseline is not None
+                else "-"
+            )
+            lines.append(
+                f"| [{result.benchmark.name}](#{result.benchmark.name}) | {figure.name} "
+                f"| {_number(figure.value)} {figure.unit} | {baseline} "
+                f"| {_number(figure.ratio)} | {figure.target or '-'} |"
+            )
+    lines += ["", "## Each benchmark", ""]
+    for result in results:
+        bench = result.benchmark
+        lines += [
+            f'<a id="{bench.name}"></a>',
+            f"### {bench.title} (`bench/{bench.name}.py`)",
+            "",
+            f"Baseline: {bench.baseline}. Status: {result.status}; "
+            f"{result.seconds:.0f} s of wall time.",
+            "",
+            "```sh",
+            result.command,
+            "```",
+            "",
+            "What it printed:",
+            "",
+            "```text",
+            _tail(result.stdout),
+            "```",
+            "",
+        ]
+        if result.failed:
+            lines += ["Its error output (last lines):", "", "```text", _tail(result.stderr)]
+            lines += ["```", ""]
+        if result.parse_error:
+            lines += [f"Its summary could not be read: {result.parse_error}", ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "```sh",
+        "make bench                                      # every benchmark, full; writes this page",
+        "make bench BENCH_ARGS=--quick                   # fewer repetitions",
+        ".venv/bin/python -m bench.run_all --only sync_speed --out /tmp/bench.md",
+        ".venv/bin/python -m bench.sync_speed --help     # one benchmark and its knobs",
+        "```",
+        "",
+        "The benchmarks start real local nodes (sshd, as root: network namespaces), real rsync and",
+        "real torchrun, like the tests. Each prints its own summary; `bench/run_all.py` runs them",
+        "one after another, reads the figures from those summaries and writes this page. A",
+        "benchmark that fails is reported here and does not stop the others.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_page(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_all(
+    benchmarks: tuple[Benchmark, ...] | list[Benchmark],
+    *,
+    quick: bool,
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> list[Result]:
+    """Run the benchmarks one after another and write the page to `out`."""
+    started_at = datetime.now(UTC)
+    load_before = load_average()
+    results = []
+    for bench in benchmarks:
+        log(f"running {bench.name}: {bench.shown_command(quick)}")
+        result = run_benchmark(bench, quick=quick)
+        log(f"  {bench.name}: {result.status} ({result.seconds:.0f} s)")
+        results.append(result)
+    page = render_page(
+        results,
+        machine=machine_facts(),
+        quick=quick,
+        started_at=started_at,
+        load_before=load_before,
+        load_after=load_average(),
+    )
+    write_page(out, page)
+    log(f"wrote {out}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--only", action="append", choices=[b.name for b in BENCHMARKS], help="run only these"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the page to write")
+    args = parser.parse_args(argv)
+    chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only]
+    results = run_all(chosen, quick=args.quick, out=args.out)
+    failed = [r.benchmark.name for r in results if r.failed]
+    if failed:
+        print(f"failed (reported on the page): {', '.join(failed)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""`make bench` (bench/run_all.py): every benchmark runs as a subprocess, its figures are read
+from what it prints, and the page reports each with its baseline and ratio, the machine, the
+date and how to reproduce; a failing or hanging benchmark is reported, not fatal."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+from bench import run_all
+from bench.run_all import Benchmark, parse_controller_cpu, parse_idle_latency, report_rows
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script(tmp_path: Path, name: str, body: str) -> tuple[str, ...]:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return (sys.executable, str(path))
+
+
+def test_the_page_holds_figures_baselines_ratios_and_failures(tmp_path: Path) -> None:
+    ok = _script(
+        tmp_path,
+        "ok",
+        """
+        from bench.common import report
+        print("  rep 0: noise")
+        report("stand-in (2 nodes)", [("first", 1.5, 3.0), ("again", 0.9, 0.6)], target=1.3)
+        raise SystemExit(1)  # a target missed: still a result
+        """,
+    )
+    crash = _script(tmp_path, "crash", "import sys\nprint('half')\nsys.exit('it broke')\n")
+    hang = _script(tmp_path, "hang", "import time\nprint('waiting', flush=True)\ntime.sleep(60)\n")
+    benches = [
+        Benchmark("good", "A good one", "by hand", report_rows("by hand"), command=ok),
+        Benchmark("broken", "A broken one", "none", report_rows("x"), command=crash),
+        Benchmark("slow", "A hung one", "none", report_rows("x"), command=hang, timeout_s=3),
+    ]
+    out = tmp_path / "bench.md"
+    logged: list[str] = []
+    results = run_all.run_all(benches, quick=True, out=out, log=logged.append)
+
+    assert [r.failed for r in results] == [False, True, True]
+    page = out.read_text()
+    assert "| [good](#good) | first | 1.5 s | 3 s (by hand) | 0.5 | ratio <= 1.3 |" in page
+    assert "| [good](#good) | again | 0.9 s | 0.6 s (by hand) | 1.5 | ratio <= 1.3 |" in page
+    assert "exit code 1 (a target was missed)" in page
+    assert "| [broken](#broken) | **failed: exit code 1, no figures** |" in page
+    assert "it broke" in page  # the failure's own words are on the page
+    assert "failed: timed out after 3 s" in page and "waiting" in page
+    for fact in ("cores", "RAM", "kernel", "Python", "torch", "load average", "**quick**"):
+        assert fact in page
+    assert "make bench" in page and "## Reproduce" in page
+    assert any("wrote" in line for line in logged)
+
+
+def test_summaries_of_the_real_benchmarks_are_read() -> None:
+    cpu = (
+        "\ncontroller CPU watching 8 nodes every 5 s for 60 s: 1.20 % of one core (target < 3 %)\n"
+        "baseline, `orch status --json` every 5 s: 2.40 % (ratio 0.50)\n"
+    )
+    [figure] = parse_controller_cpu(cpu)
+    assert (figure.value, figure.baseline, figure.ratio) == (1.2, 2.4, 0.5)
+    idle = (
+        "\nidle-shutdown latency (idle_timeout 10 s, watch interval 5 s): median 14.0 s over 2 "
+        "trials [13.0, 15.0]; beyond the timeout: 0.80 intervals (bound 2)\n"
+    )
+    [figure] = parse_idle_latency(idle)
+    assert (figure.value, figure.baseline, figure.ratio) == (14.0, 10.0, 1.4)
+    throughput = (
+        "trainer throughput, CPU only (2 cores), ...\n"
+        "  tiny      workers=0:    900.0 img/s  (880.0, 920.0)\n"
+        "  tiny      workers=2:    450.0 img/s  (440.0, 460.0)\n"
+        "  tiny      ratio workers=2 / workers=0: 0.50\n"
+    )
+    [figure] = run_all.parse_trainer_throughput(throughput)
+    assert (figure.value, figure.baseline, figure.ratio) == (450.0, 900.0, 0.5)
+    spot = (
+        "\nspot recovery (machine: 2 cores, 7 GiB RAM; medians of 2 trials)\n"
+        "  detection_s                 2.0 s   (1.5, 2.5)\n"
+        "  resume_s                   12.0 s   (11.0, 13.0)\n"
+        "  cold_start_s                8.0 s   (7.0, 9.0)\n"
+        "  resume / cold start      orch 12.0 s / baseline 8.0 s = ratio 1.50\n"
+    )
+    figures = run_all.parse_spot_recovery(spot)
+    assert (figures[0].value, figures[0].baseline, figures[0].ratio) == (12.0, 8.0, 1.5)
+    assert [f.name for f in figures[1:]] == ["detection"]
+    assert run_all.parse_spot_recovery("Traceback ...") == []
+
+
+def test_every_benchmark_module_is_run() -> None:
+    modules = {p.stem for p in (REPO / "bench").glob("*.py")} - {"__init__", "common", "run_all"}
+    assert {b.name for b in run_all.BENCHMARKS} == modules
