@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The long trials: seeded random spot reclaims during one run, repeated controller kills.
+# Each has a short version in the regular suite (scripts/test.sh); these take tens of minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+set +e
+.venv/bin/pytest -q -p no:cacheprovider --durations=15 -m soak tests "$@"
+code=$?
+set -e
+if [ "$code" -eq 5 ]; then
+    echo "no soak trials were collected: that is a failure" >&2
+    exit 1
+fi
+exit "$code"
