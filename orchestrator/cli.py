@@ -283,11 +283,20 @@ def logs(
         )
 
 
+def _is_orch_process(pid: int) -> bool:
+    """Whether `pid` is a live orch process (a controller: daemon or foreground submit)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.startswith(b"orchestrator") or arg.endswith(b"/orch") for arg in args)
+
+
 @app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
     from orchestrator.reconcile import end_nodes
-    from orchestrator.supervision import controller_pid, controller_running
+    from orchestrator.supervision import ControllerLock, controller_pid
 
     settings = load_settings()
     ledger = _ledger(settings)
@@ -296,8 +305,22 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     if JobState(job.state).is_final:
         console.print(f"job {job_id} already ended: {job.state}")
         return
-    pid = controller_pid(settings, job_id)
-    if controller_running(settings, job_id) and pid is not None:
+    # Ending the nodes here is the controller's work: done only while holding its lock, so a
+    # controller that is being revived right now cannot drive the job at the same time.
+    lock = ControllerLock(settings, job_id)
+    if not lock.acquire():
+        # A controller that just took the lock writes its pid a moment later: until then the
+        # file may still name a dead one.
+        deadline = time.monotonic() + 10
+        pid = controller_pid(settings, job_id)
+        while not (pid and _is_orch_process(pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pid = controller_pid(settings, job_id)
+        if not (pid and _is_orch_process(pid)):
+            raise OrchError(
+                f"the controller of {job_id} holds its lock but names no live process",
+                hint=f"run `orch cancel {job_id}` again in a moment",
+            )
         os.kill(pid, signal.SIGTERM)
         console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
         deadline = time.monotonic() + 600
@@ -310,14 +333,21 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
         raise OrchError(
             f"job {job_id} did not stop within 600 s", hint="`orch down` ends its nodes at once"
         )
-    provider = get_provider(job.provider, settings)
-    ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
-    if ids:
-        end_nodes(ledger, provider, job_id, ids)
-    ledger.update_job(
-        job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
-    )
-    ledger.add_event(job_id, "CANCELLED", "cancelled with no live controller")
+    try:
+        job = ledger.get_job(job_id)
+        if JobState(job.state).is_final:  # its last controller finished meanwhile
+            console.print(f"job {job_id} already ended: {job.state}")
+            return
+        provider = get_provider(job.provider, settings)
+        ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
+        if ids:
+            end_nodes(ledger, provider, job_id, ids)
+        ledger.update_job(
+            job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
+        )
+        ledger.add_event(job_id, "CANCELLED", "cancelled with no live controller")
+    finally:
+        lock.release()
     console.print(f"job {job_id}: CANCELLED ({len(ids)} node(s) terminated)")
 
 

@@ -49,6 +49,7 @@ from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_o
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
 from orchestrator.pulls import pull_checkpoints
+from orchestrator.reconcile import lease_unrecorded
 from orchestrator.recovery import Interruption, backoff_seconds, may_recover, salvage_seconds
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
@@ -171,7 +172,9 @@ class JobRunner:
         try:
             if self.job.state == JobState.STOPPING and self.job.stop_state:
                 order = StopOrder(
-                    JobState(self.job.stop_state), self.job.exit_code or 1, self.job.reason or ""
+                    JobState(self.job.stop_state),
+                    1 if self.job.exit_code is None else self.job.exit_code,
+                    self.job.reason or "",
                 )
                 self._adopt(require_all=False)
                 return self._outcome(order)
@@ -232,7 +235,7 @@ class JobRunner:
             max_price_per_hour=resources.max_price_per_hour,
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
             avoid_zones=self._avoid_zones,
-            attempt=self.job.recoveries,
+            attempt=self._launch_attempt(),
         )
         self.instances = self._launch(request)
         for instance in self.instances:
@@ -258,6 +261,14 @@ class JobRunner:
         self.cluster = Cluster(
             self.instances, identity, connect_timeout=self.options.connect_timeout
         )
+
+    def _launch_attempt(self) -> int:
+        """The number of the launch about to be made, 0 first: one per PROVISIONING event (each
+        launch writes one first), whoever made them. So a controller that starts a job again
+        after another died never repeats the idempotency tokens of that one's launch (EC2 would
+        answer with the old, terminated instances, or refuse the new user data)."""
+        kind = JobState.PROVISIONING.value
+        return max(0, sum(1 for e in self.ledger.events(self.job.id) if e.kind == kind) - 1)
 
     def _launch(self, request: LaunchRequest) -> list[Instance]:
         """Launch the nodes; spot-only launches refused for capacity are retried with backoff."""
@@ -825,12 +836,19 @@ class JobRunner:
         """Terminate the recorded nodes and anything else the provider runs for this job."""
         ids = {i.instance_id for i in self.instances}
         ids |= {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
+        owned: list[Instance] = []
         try:
-            ids |= {i.instance_id for i in self.provider.list_owned(job_id=self.job.id)}
+            owned = self.provider.list_owned(job_id=self.job.id)
+            ids |= {i.instance_id for i in owned}
         except OrchError as exc:
             self.ledger.add_event(self.job.id, "WARNING", f"could not list nodes: {exc}")
         if not ids:
             return utcnow()
+        # A launch cut short (a controller killed before it wrote the leases) left nodes that
+        # bill without a lease: they get one before they end, so the bill holds their seconds.
+        lease_unrecorded(
+            self.ledger, self.provider, self.job.id, sorted(ids), known=[*self.instances, *owned]
+        )
         ended_at = self.provider.terminate(sorted(ids))
         self.ledger.close_leases(ids, ended_at)
         self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)")

@@ -2,19 +2,21 @@
 
 An unfinished job whose controller died gets a new, detached controller that adopts it (its
 training never stopped). Nodes of finished or unknown jobs are terminated and their leases
-closed at the time the provider acknowledged.
+closed at the time the provider acknowledged; a node of a known job that has no lease (its
+launch was cut short before the lease was written) gets one first, so its seconds are billed.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.config import Settings
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger import JobState, Ledger
-from orchestrator.providers.base import Provider
+from orchestrator.ledger import JobState, Lease, Ledger
+from orchestrator.providers.base import Instance, Provider
 from orchestrator.supervision import controller_running, revive_controllers
 
 
@@ -24,8 +26,58 @@ class ReconcileReport:
     revived: list[str] = field(default_factory=list)  # jobs given a new controller
 
 
+def lease_unrecorded(
+    ledger: Ledger,
+    provider: Provider,
+    job_id: str,
+    instance_ids: Iterable[str],
+    *,
+    known: Iterable[Instance] = (),
+) -> list[str]:
+    """Open a lease for each of these nodes of job `job_id` that has none; returns their ids.
+
+    Such a node was launched by a controller that died before it wrote the lease. Its lease
+    starts at the node's launch time, at the price the provider recorded at launch. Nodes are
+    described from `known`, else asked of the provider; a job the ledger does not know gets no
+    lease (there is nothing to bill it to).
+    """
+    try:
+        ledger.get_job(job_id)
+    except UnknownJob:
+        return []
+    missing = set(instance_ids) - {lease.instance_id for lease in ledger.leases(job_id)}
+    if not missing:
+        return []
+    described = {i.instance_id: i for i in known}
+    if not missing <= described.keys():
+        described.update({i.instance_id: i for i in provider.list_owned(job_id=job_id)})
+    leased = []
+    for instance in (described[iid] for iid in sorted(missing) if iid in described):
+        ledger.open_lease(
+            Lease(
+                job_id=job_id,
+                cluster=instance.cluster,
+                provider=provider.name,
+                instance_id=instance.instance_id,
+                rank=instance.rank,
+                market=instance.market,
+                instance_type=instance.instance_type,
+                price_per_hour=instance.price_per_hour,
+                launched_at=instance.launched_at,
+            )
+        )
+        ledger.add_event(
+            job_id, "LEASED", f"node {instance.rank}: {instance.instance_id} ran without a lease "
+            f"(its launch was cut short); billed from its launch at ${instance.price_per_hour}/h",
+        )  # fmt: skip
+        leased.append(instance.instance_id)
+    return leased
+
+
 def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: list[str]) -> None:
-    """Terminate nodes and close their leases at the provider's acknowledged end time."""
+    """Terminate nodes and close their leases at the provider's acknowledged end time (nodes
+    without a lease get one first: `lease_unrecorded`)."""
+    lease_unrecorded(ledger, provider, job_id, instance_ids)
     ended_at = provider.terminate(sorted(instance_ids))
     ledger.close_leases(instance_ids, ended_at)
     with contextlib.suppress(UnknownJob):  # nodes of a job the ledger never knew

@@ -38,9 +38,10 @@ class LaunchRequest:
     max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
     min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
     avoid_zones: tuple[str, ...] = ()  # zones where the job was just interrupted: tried last
-    attempt: int = 0  # launch attempt of the job (0 first, +1 per recovery); part of the
-    #                   idempotency token, so a retried call never launches twice while a new
-    #                   attempt always launches new nodes
+    attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
+    #                   restart after its controller died, ...); part of the idempotency
+    #                   token, so a retried call never launches twice while a new attempt
+    #                   always launches new nodes
 
 
 @dataclass(frozen=True)

@@ -416,6 +416,36 @@ def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -
     assert [d["InstanceId"] for d in running(provider)] == [untagged["Instances"][0]["InstanceId"]]
 
 
+def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) -> None:
+    """A controller killed between a launch and its leases leaves nodes that bill off the
+    books: reconcile ends them and puts their seconds on their job's bill."""
+    from orchestrator.ledger import Job, JobState, Ledger, make_engine, utcnow
+    from orchestrator.reconcile import reconcile
+
+    ledger = Ledger(make_engine(provider.settings.db_path))
+    ledger.add_job(
+        Job(id="job1", name="job1", state=JobState.FAILED, provider="aws", nodes=2,
+            gpus_per_node=1, spec_json="{}", spec_path="job.yaml", created_at=utcnow(),
+            ended_at=utcnow(), exit_code=1)
+    )  # fmt: skip
+    nodes = {n.instance_id: n for n in provider.launch(request())}
+    (ghost,) = provider.launch(request(job="ghost", count=1))  # a job the ledger never knew
+    report = reconcile(provider.settings, ledger, [provider])
+    assert report.terminated == {"job1": sorted(nodes), "ghost": [ghost.instance_id]}
+    assert running(provider) == []
+    leases = ledger.leases("job1")
+    assert {lease.instance_id for lease in leases} == set(nodes)
+    for lease in leases:
+        node = nodes[lease.instance_id]
+        assert lease.launched_at == node.launched_at and lease.ended_at is not None
+        assert lease.price_per_hour == node.price_per_hour and lease.rank == node.rank
+        assert lease.provider == "aws" and lease.market == "spot"
+    assert [e.kind for e in ledger.events("job1")] == ["LEASED", "LEASED", "TERMINATED"]
+    assert ledger.leases("ghost") == []
+    again = reconcile(provider.settings, ledger, [provider])  # idempotent
+    assert again.terminated == {} and len(ledger.leases("job1")) == 2
+
+
 def test_terraform_outputs_pick_the_network(provider: AwsProvider, tmp_path: Path) -> None:
     import json
 
