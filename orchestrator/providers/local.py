@@ -98,10 +98,12 @@ class LocalProvider:
         sshd = self._sshd_binary()
         ids = [net.new_instance_id() for _ in range(request.count)]
         try:
-            records = [
-                self._prepare_node(iid, request, rank, mode, market) for rank, iid in enumerate(ids)
-            ]
-            self._allocate(records)
+            with self.store.making():  # until every node has its record (see reap_unrecorded)
+                records = [
+                    self._prepare_node(iid, request, rank, mode, market)
+                    for rank, iid in enumerate(ids)
+                ]
+                self._allocate(records)
             for rec in records:
                 local_spot.start_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
             for rec in records:
@@ -151,7 +153,10 @@ class LocalProvider:
 
         Nodes still being launched are included (their record is written before their sshd
         starts), so a controller restarted after a crash mid-launch can find and end them.
+        Directories such a crash left before a node had its record are removed first (nothing
+        ever ran in them; see `NodeStore.reap_unrecorded`).
         """
+        self.store.reap_unrecorded()
         return [
             self._instance(rec)
             for rec in self.store.all()

@@ -22,6 +22,7 @@ from orchestrator.providers.base import Instance, Market
 from orchestrator.providers.local_net import is_instance_id
 
 RECORD_VERSION = 1
+LAUNCH_LOCK = "launch.lock"  # held (shared) by launches while they make node directories
 
 
 @dataclass
@@ -125,6 +126,39 @@ class NodeStore:
             rec for entry in self.nodes_dir.iterdir() if (rec := self.load(entry.name)) is not None
         ]
         return sorted(records, key=lambda r: (r.cluster, r.rank, r.instance_id))
+
+    @contextlib.contextmanager
+    def making(self) -> Iterator[None]:
+        """Hold from creating node directories until their records are saved.
+
+        A shared lock (launches run side by side) that the kernel drops when the holder dies,
+        even by SIGKILL: while anyone holds it, `reap_unrecorded` leaves directories alone.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LAUNCH_LOCK, "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_SH)
+            yield
+
+    def reap_unrecorded(self) -> list[str]:
+        """Remove the node directories that have no record, unless a launch is making nodes.
+
+        A launcher killed between creating a node's directory and saving its record leaves one
+        behind (host key, authorized_keys, an empty disk). Nothing ever ran in it: a node's
+        processes start only once its record is saved. Returns the ids removed.
+        """
+        if not self.nodes_dir.is_dir():
+            return []
+        with open(self.root / LAUNCH_LOCK, "a+") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []
+            removed = []
+            for entry in self.nodes_dir.iterdir():
+                if is_instance_id(entry.name) and not (entry / "node.json").exists():
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry.name)
+            return removed
 
     def remove(self, instance_id: str) -> None:
         """Delete a node's directory, record and disk included. Missing directories are fine."""
