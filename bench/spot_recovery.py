@@ -7,7 +7,9 @@ settings: nodes poll for notices every 5 s), lets it train, then reclaims node 1
 - detection: notice posted -> PREEMPTED event (target <= 5 s);
 - salvage: PREEMPTED -> SALVAGED (SIGTERM, emergency checkpoint by rank 0, pull);
 - resume: PREEMPTED -> every rank of the new nodes printed its start line, minus the time the
-  provider spent launching the new nodes (target <= 20 s);
+  provider spent launching the new nodes (target <= 20 s); `resume_to_torchrun` stops the
+  clock when torchrun is started on the new nodes (orch's own part, without the trainer's
+  start-up: importing torch in every rank);
 - no-notice detection: a second reclaim without notice -> PREEMPTED (missed probe, then the
   provider confirms).
 
@@ -94,6 +96,12 @@ def events(document: dict, kind: str) -> list[dict]:
     return [e for e in document["events"] if e["kind"] == kind]
 
 
+def preempt(job_id: str, env: dict[str, str], notice: float) -> dict:
+    """Reclaim node 1; the times it reports are when the notice was posted / the node taken."""
+    argv = ["local", "preempt", job_id, "--node", "1", "--notice", f"{notice:g}", "--json"]
+    return json.loads(orch(argv, env).strip().splitlines()[-1])
+
+
 def trial(notice: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="orch-spot-bench-") as tmp:
         home = Path(tmp) / "orch"
@@ -110,8 +118,8 @@ def trial(notice: float) -> dict[str, float]:
             cold = started - syncing
             wait(lambda: (job(job_id, env)["step"] or 0) >= 10, "step 10", every=0.5)
 
-            posted = time.time()
-            orch(["local", "preempt", job_id, "--node", "1", "--notice", f"{notice:g}"], env)
+            reclaim = preempt(job_id, env, notice)
+            posted = at(reclaim["notice_posted_at"])
             doc = wait(lambda: events(d := job(job_id, env), "RUNNING")[1:] and d, "resume")
             new_ids = open_ids(doc)
             wait(lambda: ranks_started(home, job_id, new_ids), "resumed ranks")
@@ -121,16 +129,17 @@ def trial(notice: float) -> dict[str, float]:
             salvaged = at(events(doc, "SALVAGED")[0]["at"])
             provisioning = at(events(doc, "PROVISIONING")[1]["at"])
             launched = max(at(e["at"]) for e in events(doc, "LAUNCHED")[2:4])
+            torchrun = at(events(doc, "RUNNING")[1]["at"])
 
             wait(lambda: (job(job_id, env)["step"] or 0) >= 60, "step 60", every=0.5)
-            killed = time.time()
-            orch(["local", "preempt", job_id, "--node", "1"], env)
+            killed = at(preempt(job_id, env, 0)["reclaimed_at"])
             doc = wait(lambda: events(d := job(job_id, env), "PREEMPTED")[1:] and d, "loss")
             lost_detected = at(events(doc, "PREEMPTED")[1]["at"])
             return {
                 "detection_s": detected - posted,
                 "salvage_s": salvaged - detected,
                 "resume_s": resumed_at - detected - (launched - provisioning),
+                "resume_to_torchrun_s": torchrun - detected - (launched - provisioning),
                 "provisioning_s": launched - provisioning,
                 "cold_start_s": cold,
                 "no_notice_detection_s": lost_detected - killed,
