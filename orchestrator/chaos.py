@@ -1,4 +1,5 @@
-"""Seeded random spot reclaims, for soak tests of recovery (pure: draws, no I/O)."""
+"""Spot reclaims for soak tests of recovery: seeded random draws, or what a trace takes back
+(pure: no I/O)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,11 @@ class ReclaimDraws:
         if not nodes:
             raise ValueError("no node to pick from")
         return nodes[self._rng.randrange(len(nodes))]
+
+
+def excess_spot_nodes(held: Sequence[T], granted: int) -> list[T]:
+    """The spot nodes a trace takes back: with `granted` spot instances available, a job
+    holding `held` (ordered by rank; nodes already being reclaimed left out, as they go
+    anyway) loses the excess, highest ranks first."""
+    excess = len(held) - max(granted, 0)
+    return list(held[len(held) - excess :]) if excess > 0 else []

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from orchestrator.chaos import ReclaimDraws, excess_spot_nodes
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.providers.base import Instance
 from orchestrator.providers.local import LocalProvider
+from orchestrator.spot_traces import TraceClock, load_trace
 
 app = typer.Typer(
     name="local",
-    help="Rehearse spot behaviour on local nodes: reclaims with notice, spot capacity.",
+    help="Rehearse spot behaviour on local nodes: reclaims with notice, spot capacity, traces.",
     no_args_is_help=True,
 )
 
@@ -97,21 +102,66 @@ def chaos(
     job_id: Annotated[str, typer.Argument(help="job id")],
     seed: Annotated[int, typer.Option("--seed", help="same seed, same reclaims")] = 0,
     rate: Annotated[
-        float, typer.Option("--rate", min=0.001, help="mean reclaims per minute of running")
-    ] = 1.0,
-    count: Annotated[int, typer.Option("--count", min=1, help="stop after this many")] = 5,
+        float | None,
+        typer.Option("--rate", min=0.001, help="mean reclaims per minute of running [1]"),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option("--count", min=1, help="stop after this many [--rate: 5; trace: no limit]"),
+    ] = None,
     notice: Annotated[float, typer.Option("--notice", min=0, help="seconds of notice")] = 0.0,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="follow this availability trace instead of a rate"),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="--trace: trace seconds per wall second")
+    ] = 1.0,
+    start_tick: Annotated[
+        int, typer.Option("--start-tick", min=0, help="--trace: the tick to start at")
+    ] = 0,
+    follow_trace: Annotated[
+        bool,
+        typer.Option(
+            "--follow-trace", help="follow the spot capacity `orch local spot` set (a trace)"
+        ),
+    ] = False,
 ) -> None:
-    """Reclaim random spot nodes of a running job at random times (seeded), for soak tests.
+    """Reclaim spot nodes of a running job, for soak tests: at random times (seeded), or
+    whenever an availability trace stops granting them.
 
-    Waits are drawn from an exponential distribution and counted while the job is RUNNING;
-    stops after --count reclaims or when the job ends.
+    --rate: waits are drawn from an exponential distribution and counted while the job is
+    RUNNING; stops after --count reclaims (5) or when the job ends. --trace FILE: replays the
+    trace as `orch local spot --trace` does (spot launches are refused while it says 0), and
+    whenever it grants fewer spot instances than the job holds, the excess nodes are reclaimed
+    (highest ranks first); --follow-trace does the same with the spot capacity already set,
+    read afresh as it goes (a trace, or `orch local spot off`: every spot node). Runs until
+    the job ends.
     """
-    from orchestrator.chaos import ReclaimDraws
-
     settings = load_settings()
-    ledger = Ledger(make_engine(settings.db_path))
     provider = LocalProvider(settings)
+    if trace is not None or follow_trace:
+        if rate is not None:
+            raise SpecError("--rate and --trace exclude each other", hint="give one of them")
+        if trace is not None and follow_trace:
+            raise SpecError("--trace and --follow-trace exclude each other")
+        if trace is not None:
+            _start_trace(provider, trace, time_scale, start_tick)
+        _reclaim_by_capacity(settings, provider, job_id, notice, count)
+        return
+    _reclaim_at_random(settings, provider, job_id, seed, rate or 1.0, count or 5, notice)
+
+
+def _reclaim_at_random(
+    settings: Settings,
+    provider: LocalProvider,
+    job_id: str,
+    seed: int,
+    rate: float,
+    count: int,
+    notice: float,
+) -> None:
+    ledger = Ledger(make_engine(settings.db_path))
     draws = ReclaimDraws(seed, rate)
     console = Console()
     done = 0
@@ -157,12 +207,124 @@ def chaos(
     console.print(f"done: {done} reclaim(s) of job {job_id}")
 
 
+def _reclaim_by_capacity(
+    settings: Settings,
+    provider: LocalProvider,
+    job_id: str,
+    notice: float,
+    count: int | None,
+) -> None:
+    """Take back the job's spot nodes that the local spot capacity (a trace replayed, or
+    `orch local spot on|off`) no longer grants, read afresh every 0.2 s, until the job ends."""
+    _job_nodes(settings, job_id)  # a local job that exists
+    ledger = Ledger(make_engine(settings.db_path))
+    console = Console()
+    in_notice: set[str] = set()
+    lock = threading.Lock()
+    done = 0
+
+    def take(node: Instance, clock: TraceClock | None) -> None:
+        nonlocal done
+        try:
+            taken = provider.reclaim(node.instance_id, notice)
+        except OrchError as exc:  # ended by its job meanwhile
+            console.print(f"skipped node {node.rank}: {exc.message}")
+            taken = None
+        with lock:
+            in_notice.discard(node.instance_id)
+            if taken is not None:
+                done += 1
+                tick = f", trace tick {clock.tick_at(taken)}" if clock is not None else ""
+                console.print(
+                    f"reclaim {done}: node {node.rank} ({node.instance_id}) at "
+                    f"{taken:%H:%M:%S}{tick}"
+                )
+
+    while True:
+        state = JobState(ledger.get_job(job_id).state)
+        if state.is_final or (count is not None and done >= count):
+            break
+        capacity = provider.spot_capacity()
+        with lock:
+            held = [
+                node
+                for node in sorted(provider.list_owned(job_id=job_id), key=lambda n: n.rank)
+                if node.market == "spot" and node.instance_id not in in_notice
+            ]
+            granted = capacity.spot_count(datetime.now(UTC))
+            if granted is None:
+                granted = len(held) if capacity.available else 0
+            targets = excess_spot_nodes(held, granted)
+            in_notice.update(node.instance_id for node in targets)
+        for node in targets:
+            threading.Thread(target=take, args=(node, capacity.clock), daemon=True).start()
+        time.sleep(0.2)
+    console.print(f"done: {done} reclaim(s) of job {job_id}")
+
+
+def _start_trace(
+    provider: LocalProvider, path: Path, time_scale: float, start_tick: int
+) -> TraceClock:
+    """Load a trace file and make local spot capacity follow it from now on."""
+    if not math.isfinite(time_scale) or time_scale <= 0:
+        raise SpecError(f"--time-scale must be a positive number, got {time_scale}")
+    loaded = load_trace(path)
+    if start_tick >= len(loaded):
+        raise SpecError(
+            f"--start-tick {start_tick} is past the end of {loaded.name} ({len(loaded)} ticks)"
+        )
+    return provider.follow_trace(loaded, time_scale=time_scale, start_tick=start_tick)
+
+
 @app.command()
 def spot(
-    state: Annotated[str, typer.Argument(help="on: grant spot launches; off: refuse them")],
+    state: Annotated[
+        str | None,
+        typer.Argument(help="on: grant spot launches; off: refuse them; nothing: show"),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="grant spot launches as this availability trace says"),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="trace seconds per wall second (e.g. 60)")
+    ] = 1.0,
+    start_tick: Annotated[
+        int, typer.Option("--start-tick", min=0, help="the trace tick in force now")
+    ] = 0,
 ) -> None:
-    """Grant or refuse spot launches of local nodes (a rehearsal of missing spot capacity)."""
+    """Grant or refuse spot launches of local nodes (a rehearsal of missing spot capacity).
+
+    With --trace FILE, spot launches follow a spot availability trace (the format of
+    `orch simulate`) replayed from now on, --time-scale times faster than wall time, starting
+    at --start-tick: a launch of N spot nodes is refused while the trace's value is below N.
+    `on` or `off` ends the replay.
+    """
+    provider = LocalProvider(load_settings())
+    console = Console()
+    if trace is not None:
+        if state is not None:
+            raise SpecError(f"give on, off or --trace, not both {state!r} and --trace")
+        clock = _start_trace(provider, trace, time_scale, start_tick)
+        gap = clock.trace.gap_s / clock.time_scale
+        console.print(
+            f"local spot capacity follows {clock.trace.name}: {len(clock.trace)} ticks of "
+            f"{gap:g} s from tick {start_tick}; now {clock.spot_count(datetime.now(UTC))} spot"
+        )
+        return
+    if state is None:
+        capacity = provider.spot_capacity()
+        now = datetime.now(UTC)
+        if capacity.clock is not None:
+            console.print(
+                f"local spot capacity follows {capacity.clock.trace.name}: tick "
+                f"{capacity.clock.tick_at(now)} of {len(capacity.clock.trace)}, "
+                f"{capacity.spot_count(now)} spot now"
+            )
+        else:
+            console.print(f"local spot capacity: {'granted' if capacity.available else 'refused'}")
+        return
     if state not in ("on", "off"):
         raise SpecError(f"expected on or off, not {state!r}")
-    LocalProvider(load_settings()).set_spot_available(state == "on")
-    Console().print(f"local spot capacity: {'granted' if state == 'on' else 'refused'}")
+    provider.set_spot_available(state == "on")
+    console.print(f"local spot capacity: {'granted' if state == 'on' else 'refused'}")

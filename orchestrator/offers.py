@@ -27,7 +27,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from orchestrator.catalog import Catalog
-from orchestrator.providers.base import Market
+from orchestrator.providers.base import Market, MarketPrices
 
 SpotPrices = Mapping[tuple[str, str, str], Decimal]  # (region, zone, type) -> USD per hour
 TypeZones = Mapping[tuple[str, str], Sequence[str]]  # (region, type) -> zones that sell it
@@ -152,6 +152,15 @@ def rank_offers(
         )
     )
     return offers
+
+
+def cheapest_prices(offers: Iterable[Offer]) -> MarketPrices:
+    """The lowest price per node-hour on each market among `offers` (None: no such offer)."""
+    best: dict[str, Decimal] = {}
+    for offer in offers:
+        if offer.market not in best or offer.price_per_hour < best[offer.market]:
+            best[offer.market] = offer.price_per_hour
+    return MarketPrices(spot=best.get("spot"), on_demand=best.get("on-demand"))
 
 
 def newest_spot_prices(region: str, history: Iterable[Mapping[str, Any]]) -> dict:

@@ -40,7 +40,7 @@ import getpass
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,7 +52,13 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, OrchError, ProviderError
-from orchestrator.offers import Offer, OfferQuery, SpotPriceSource, collect_offers
+from orchestrator.offers import (
+    Offer,
+    OfferQuery,
+    SpotPriceSource,
+    cheapest_prices,
+    collect_offers,
+)
 from orchestrator.providers import aws_network
 from orchestrator.providers.aws_launch import (
     CAPACITY_CODES,
@@ -73,7 +79,7 @@ from orchestrator.providers.aws_launch import (
     run_instances_args,
     user_data,
 )
-from orchestrator.providers.base import Instance, LaunchRequest
+from orchestrator.providers.base import Instance, LaunchRequest, MarketPrices
 from orchestrator.providers.ssh_banner import answers_ssh
 
 _CHUNK = 200  # ids per describe/terminate call
@@ -281,6 +287,17 @@ class AwsProvider:
                 if SPOT_RECLAIM_CODE in (code, message.split(":")[0]):
                     reclaimed.add(desc["InstanceId"])
         return reclaimed
+
+    # --- what the markets offer (`MarketView`) ------------------------------------------------
+
+    def spot_available(self, nodes: int = 1) -> bool | None:
+        """EC2 does not say whether a spot launch would be granted before it is tried: None."""
+        return None
+
+    def market_prices(self, request: LaunchRequest) -> MarketPrices:
+        """Prices of the cheapest offer that fits `request` on each market (asks EC2)."""
+        offers = self.offers(replace(OfferQuery.from_resources(request), spot="auto"))
+        return cheapest_prices(offers)
 
     # --- launch internals -----------------------------------------------------------------------
 

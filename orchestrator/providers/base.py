@@ -102,3 +102,25 @@ class Provider(Protocol):
         a node the provider knows nothing about.
         """
         ...
+
+
+@dataclass(frozen=True)
+class MarketPrices:
+    """What one node-hour costs on each market, USD, for the job's resources."""
+
+    spot: Decimal | None  # None: no spot offer fits the job
+    on_demand: Decimal | None  # None: no on-demand offer fits the job
+
+
+@runtime_checkable
+class MarketView(Protocol):
+    """What a provider may tell the deadline-aware spot policies (optional: a provider without
+    it is asked nothing, and spot counts as available)."""
+
+    def spot_available(self, nodes: int = 1) -> bool | None:
+        """Whether `nodes` spot nodes could be had now; None: the provider cannot tell."""
+        ...
+
+    def market_prices(self, request: LaunchRequest) -> MarketPrices:
+        """Prices of the cheapest fitting offer on each market; may ask the cloud."""
+        ...

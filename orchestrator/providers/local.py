@@ -40,7 +40,7 @@ from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, OrchError, ProviderError
 from orchestrator.providers import local_net as net
 from orchestrator.providers import local_spot
-from orchestrator.providers.base import Instance, LaunchRequest, Market
+from orchestrator.providers.base import Instance, LaunchRequest, Market, MarketPrices
 from orchestrator.providers.local_host import (
     answers_ssh,
     live_namespace_ips,
@@ -56,6 +56,7 @@ from orchestrator.providers.local_host import (
 from orchestrator.providers.local_net import SshdConfig
 from orchestrator.providers.local_poweroff import poweroff_command
 from orchestrator.providers.local_state import NodeRecord, NodeStore, file_lock
+from orchestrator.spot_traces import SpotTrace, TraceClock
 
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
 SFTP_SERVERS = (
@@ -187,6 +188,29 @@ class LocalProvider:
         """Grant (True) or refuse spot launches from now on, for every job of this ORCH_HOME."""
         local_spot.set_spot_available(self.store, available)
 
+    def follow_trace(
+        self, trace: SpotTrace, *, time_scale: float = 1.0, start_tick: int = 0
+    ) -> TraceClock:
+        """Grant spot launches from now on as `trace` says, replayed `time_scale` times faster
+        than wall time from tick `start_tick`; see `local_spot.follow_trace`."""
+        return local_spot.follow_trace(
+            self.store, trace, time_scale=time_scale, start_tick=start_tick
+        )
+
+    def spot_capacity(self) -> local_spot.SpotCapacity:
+        """The spot capacity in force (fixed, or a trace and its clock)."""
+        return local_spot.read_capacity(self.store)
+
+    # --- what the markets offer (`MarketView`) ------------------------------------------------
+
+    def spot_available(self, nodes: int = 1) -> bool | None:
+        """Whether `nodes` spot nodes would be granted now, from the capacity file or trace."""
+        return local_spot.spot_available(self.store, nodes)
+
+    def market_prices(self, request: LaunchRequest) -> MarketPrices:
+        """USD per node-hour: `local.spot_price` and `local.price_per_hour`."""
+        return MarketPrices(spot=self._price("spot"), on_demand=self._price("on-demand"))
+
     # --- network --------------------------------------------------------------------------------
 
     def network_mode(self) -> str:
@@ -246,7 +270,7 @@ class LocalProvider:
         launches are a `CapacityError`."""
         if request.spot is False:
             return "on-demand"
-        if local_spot.spot_available(self.store):
+        if local_spot.spot_available(self.store, request.count):
             local = self.settings.local
             if request.spot is True or local.spot_price <= local.price_per_hour:
                 return "spot"

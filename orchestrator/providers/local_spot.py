@@ -1,8 +1,10 @@
 """Spot behaviour of local nodes: spot capacity, each node's metadata endpoint, and reclaims.
 
 A rehearsal of what a cloud does to spot machines:
-- capacity: `ORCH_HOME/local/spot.json` says whether spot nodes can be had now (no file: yes);
-  a refused spot launch is a `CapacityError`, as on a cloud without spot capacity;
+- capacity: `ORCH_HOME/local/spot.json` says whether spot nodes can be had now (no file: yes),
+  either fixed (`orch local spot on|off`) or by replaying an availability trace against wall
+  time (`orch local spot --trace FILE`); a refused spot launch is a `CapacityError`, as on a
+  cloud without spot capacity;
 - every node runs a metadata endpoint (`orchestrator.imds_server`): inside its namespace at
   169.254.169.254:80, or on loopback at a port of its own (`Instance.metadata_url`);
 - `reclaim` posts an interruption notice on that endpoint, waits out the notice, then takes
@@ -19,17 +21,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from orchestrator.errors import ProviderError
+from orchestrator.errors import OrchError, ProviderError
 from orchestrator.providers import local_net as net
 from orchestrator.providers.local_state import NodeRecord, NodeStore
 from orchestrator.spot_notice import notice_document
+from orchestrator.spot_traces import SpotTrace, TraceClock, parse_trace
 
 METADATA_ADDRESS = "169.254.169.254"
 NOTICE_FILE = "notice.json"
 READY_FILE = "metadata.port"
+CAPACITY_VERSION = 1  # of spot.json
 _READY_TIMEOUT_S = 10.0
 
 
@@ -37,22 +42,98 @@ def spot_file(store: NodeStore) -> Path:
     return store.root / "spot.json"
 
 
-def spot_available(store: NodeStore) -> bool:
-    """Whether a spot launch is granted now (the capacity file says so, or there is none)."""
+@dataclass(frozen=True)
+class SpotCapacity:
+    """What `spot.json` says about spot launches: a fixed answer, or a trace replayed.
+
+    With a trace, spot can be had while the trace's value at the current (scaled) tick is at
+    least the number of nodes asked for; without one, `available` answers for every launch.
+    """
+
+    available: bool = True  # the answer when no trace is followed
+    clock: TraceClock | None = None  # the trace in force, replayed against wall time
+
+    def spot_count(self, at: datetime) -> int | None:
+        """Spot instances the trace grants at `at`; None without a trace (no limit known)."""
+        return None if self.clock is None else self.clock.spot_count(at)
+
+    def available_at(self, at: datetime, nodes: int = 1) -> bool:
+        """Can `nodes` spot nodes be had at `at`?"""
+        if self.clock is None:
+            return self.available
+        return self.clock.spot_available(at, nodes)
+
+
+def read_capacity(store: NodeStore) -> SpotCapacity:
+    """The spot capacity in force: no file (or an unreadable one) grants spot."""
     try:
         document = json.loads(spot_file(store).read_text())
     except (OSError, ValueError):
-        return True
-    return not (isinstance(document, dict) and document.get("available") is False)
+        return SpotCapacity()
+    if not isinstance(document, dict):
+        return SpotCapacity()
+    trace = document.get("trace")
+    if isinstance(trace, dict):
+        try:
+            spot_trace = parse_trace(
+                {"metadata": {"gap_seconds": trace.get("gap_seconds")}, "data": trace.get("data")},
+                str(trace.get("name") or "trace"),
+            )
+            scale = float(document["time_scale"])
+            started = datetime.fromisoformat(document["started_at"])
+            return SpotCapacity(clock=TraceClock(spot_trace, started, scale))
+        except (OrchError, KeyError, TypeError, ValueError):
+            return SpotCapacity()
+    return SpotCapacity(available=document.get("available") is not False)
 
 
-def set_spot_available(store: NodeStore, available: bool) -> None:
-    """Grant or refuse spot launches from now on (written atomically)."""
+def spot_available(store: NodeStore, nodes: int = 1, at: datetime | None = None) -> bool:
+    """Whether a spot launch of `nodes` nodes is granted at `at` (default: now)."""
+    return read_capacity(store).available_at(at or datetime.now(UTC), nodes)
+
+
+def _write_capacity(store: NodeStore, document: dict[str, object]) -> None:
     path = spot_file(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"available": available}) + "\n")
+    tmp.write_text(json.dumps({"version": CAPACITY_VERSION, **document}) + "\n")
     os.replace(tmp, path)
+
+
+def set_spot_available(store: NodeStore, available: bool) -> None:
+    """Grant or refuse spot launches from now on (written atomically); ends a trace replay."""
+    _write_capacity(store, {"available": available})
+
+
+def follow_trace(
+    store: NodeStore,
+    trace: SpotTrace,
+    *,
+    time_scale: float = 1.0,
+    start_tick: int = 0,
+    now: datetime | None = None,
+) -> TraceClock:
+    """Replay `trace` from now on: tick `start_tick` begins at `now`, and `time_scale` trace
+    seconds pass per wall second. Returns the clock that spot launches are judged by.
+
+    Raises ValueError for a scale that is not positive or a start tick outside the trace.
+    """
+    if not 0 <= start_tick < len(trace):
+        raise ValueError(f"start tick {start_tick} is outside the trace (0-{len(trace) - 1})")
+    began = now or datetime.now(UTC)
+    clock = TraceClock(
+        trace, began - timedelta(seconds=start_tick * trace.gap_s / time_scale), time_scale
+    )
+    _write_capacity(
+        store,
+        {
+            "trace": {"name": trace.name, "gap_seconds": trace.gap_s, "data": list(trace.counts)},
+            "started_at": clock.started_at.isoformat(),
+            "time_scale": time_scale,
+            "start_tick": start_tick,
+        },
+    )
+    return clock
 
 
 def metadata_argv(rec: NodeRecord, node_dir: Path, port: int, ready_file: Path) -> list[str]:

@@ -1,0 +1,55 @@
+"""What providers tell the deadline-aware spot policies (`MarketView`): spot availability and
+the prices of each market; AWS against a moto EC2 server on 127.0.0.1."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import AwsSettings, LocalSettings, Settings
+from orchestrator.offers import OfferQuery
+from orchestrator.providers.aws import AwsProvider
+from orchestrator.providers.base import LaunchRequest, MarketView
+from orchestrator.providers.local import LocalProvider
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def request(spot: bool | str = "auto") -> LaunchRequest:
+    return LaunchRequest(
+        job_id="job1", cluster="job1", count=1, gpus_per_node=1, public_key="",
+        spot=spot, accelerator="A10G",  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_aws_prices_are_the_cheapest_offer_of_each_market(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    provider = AwsProvider(
+        Settings(
+            home=tmp_path,
+            aws=AwsSettings(regions=["us-east-1"], endpoint_url=moto_endpoint, owner="tester"),
+        )
+    )
+    assert isinstance(provider, MarketView)
+    assert provider.spot_available(2) is None  # EC2 cannot tell before a launch is tried
+    offers = provider.offers(OfferQuery(accelerator="A10G", spot="auto"))
+    prices = provider.market_prices(request(spot=False))  # whatever the job's own market
+    assert prices.on_demand == min(o.price_per_hour for o in offers if o.market == "on-demand")
+    assert prices.spot == min(o.price_per_hour for o in offers if o.market == "spot")
+    assert prices.spot is not None and prices.on_demand is not None
+    assert prices.spot < prices.on_demand
+
+
+def test_local_prices_and_spot_capacity(tmp_path: Path) -> None:
+    provider = LocalProvider(
+        Settings(home=tmp_path, local=LocalSettings(price_per_hour=Decimal("0.90")))
+    )
+    assert isinstance(provider, MarketView)
+    prices = provider.market_prices(request())
+    assert (prices.spot, prices.on_demand) == (Decimal("0.300000"), Decimal("0.90"))
+    assert provider.spot_available(3) is True
+    provider.set_spot_available(False)
+    assert provider.spot_available(1) is False
