@@ -2,7 +2,9 @@
 
 torchrun tees every local rank's output into the node log with a `[default<local rank>]:`
 prefix. On node 0, local rank 0 is global rank 0, whose JSON lines carry the progress:
-`{"step": 120, "epoch": 1, "loss": 0.93, "lr": 0.01, "img_s": 812.5}`.
+`{"step": 120, "epoch": 1, "loss": 0.93, "lr": 0.01, "img_s": 812.5, "total_steps": 480}`.
+Only `step` is required; any script may print such lines. `total_steps` (the step the run ends
+at) lets the deadline-aware spot policies tell how much work is left.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Metrics:
     loss: float | None = None
     lr: float | None = None
     img_s: float | None = None
+    total_steps: int | None = None  # the step the run ends at, when the trainer says
 
 
 def _json_object(text: str) -> dict | None:
@@ -76,7 +79,12 @@ def parse_metrics(text: str) -> Metrics | None:
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         return float(value) if is_number else None
 
-    return Metrics(step, number("epoch"), number("loss"), number("lr"), number("img_s"))
+    total = data.get("total_steps")
+    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+        total = None
+    return Metrics(
+        step, number("epoch"), number("loss"), number("lr"), number("img_s"), total_steps=total
+    )
 
 
 def rank_lines(log_text: str, rank: int | None) -> list[str]:

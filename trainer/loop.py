@@ -223,6 +223,7 @@ class Loop:
                         loss=window.loss_sum / window.samples,
                         lr=lr,
                         img_s=window.samples / elapsed,
+                        total_steps=policy.total_steps,
                     )
                     window.reset()
                 if stop_votes > 0 and not finished:

@@ -5,7 +5,8 @@ Every rank:
     trainer rank=R exit=CODE step=N                    just before exiting (0, or 143 stopped)
 
 Rank 0 only, one compact JSON object per line:
-    {"step":N,"epoch":E,"loss":L,"lr":LR,"img_s":X}   every --log-every optimizer steps
+    {"step":N,"epoch":E,"loss":L,"lr":LR,"img_s":X,"total_steps":T}
+                                                      every --log-every optimizer steps
     {"event":"resume","step":N,"path":P}              after loading a checkpoint
     {"event":"checkpoint","step":N,"path":P}          after each complete checkpoint
     {"event":"stopped","step":N,"signal":S}           when stopping early; S is SIGTERM or
@@ -13,8 +14,10 @@ Rank 0 only, one compact JSON object per line:
                                                       (another rank got it) or "stop-after"
     {"event":"done","step":N}                         after the last step (and its checkpoint)
 
-`step` is the number of optimizer steps done; `epoch` is 0-based; `loss` is the mean over all
-samples of all ranks since the previous progress line; `img_s` counts images of all ranks.
+`step` is the number of optimizer steps done, `total_steps` the number the run ends at (with
+the step rate it tells the orchestrator how much work is left); `epoch` is 0-based; `loss` is
+the mean over all samples of all ranks since the previous progress line; `img_s` counts images
+of all ranks.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ class Reporter:
         if self.env.is_main:
             self._print(json.dumps(record, separators=(",", ":")))
 
-    def progress(self, *, step: int, epoch: int, loss: float, lr: float, img_s: float) -> None:
+    def progress(
+        self, *, step: int, epoch: int, loss: float, lr: float, img_s: float, total_steps: int
+    ) -> None:
         self._json(
             {
                 "step": step,
@@ -56,6 +61,7 @@ class Reporter:
                 "loss": round(loss, 6),
                 "lr": lr,
                 "img_s": round(img_s, 1),
+                "total_steps": total_steps,
             }
         )
 
