@@ -105,6 +105,9 @@ class ControllerSettings(BaseModel):
     deadman_timeout: float = Field(default=600.0, gt=0)  # a node without controller ends itself
     launch_retries: int = Field(default=5, ge=0)  # spot-only launches refused before failing
     launch_backoff: float = Field(default=10.0, ge=0)  # first wait between them (doubles)
+    policy_interval: float = Field(default=5.0, gt=0)  # spot policy: between two decisions
+    restart_overhead_prior: float = Field(default=720.0, ge=0)  # spot policy: a restart's
+    #   cost in seconds until the job has measured its own (12 min, the paper's 0.2 h)
 
     def runner_options(self) -> dict[str, float | int]:
         return {
@@ -119,6 +122,8 @@ class ControllerSettings(BaseModel):
             "deadman_timeout": self.deadman_timeout,
             "launch_retries": self.launch_retries,
             "launch_backoff": self.launch_backoff,
+            "policy_interval": self.policy_interval,
+            "restart_overhead_prior": self.restart_overhead_prior,
         }
 
 
@@ -160,6 +165,8 @@ _ENV_OVERRIDES = {
     "ORCH_LAUNCH_RETRIES": ("controller", "launch_retries"),
     "ORCH_LAUNCH_BACKOFF": ("controller", "launch_backoff"),
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
+    "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
+    "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
 }
 
 

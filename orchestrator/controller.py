@@ -25,6 +25,13 @@ from orchestrator.activity import ActivityThresholds, JobActivity
 from orchestrator.checkpoints import CheckpointMirror, step_of
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
+from orchestrator.deadline_driver import (
+    SWITCHED_EVENT,
+    DeadlineDriver,
+    PlannedMove,
+    price_request,
+)
+from orchestrator.deadline_inputs import PROGRESS_EVENT, DriverState
 from orchestrator.deadman import watchdog_command
 from orchestrator.errors import (
     CapacityError,
@@ -56,6 +63,7 @@ from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec import LoadedJob
 from orchestrator.spot_notice import SpotNotice
+from orchestrator.spot_policy import Decision
 from orchestrator.supervision import controller_identity
 from orchestrator.watch import RunWatch
 
@@ -98,6 +106,8 @@ class RunnerOptions:
     deadman_timeout: float = 600.0  # a node unheard from this long, idle, ends itself
     launch_retries: int = 5  # refused spot-only launches retried before the job fails
     launch_backoff: float = 10.0  # first wait before such a retry; doubles each time
+    policy_interval: float = 5.0  # spot policy (spec.spot_policy): seconds between decisions
+    restart_overhead_prior: float = 720.0  # spot policy: a restart's cost until one is measured
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,8 @@ class JobRunner:
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._last_step: int | None = None
         self._last_step_saved = 0.0
+        self._driver = self._deadline_driver()  # None unless the spec names a spot_policy
+        self._awaiting_progress = False  # a run started and has not reported progress yet
 
     # --- the whole run ----------------------------------------------------------------------
     def run(self) -> JobOutcome:
@@ -166,7 +178,9 @@ class JobRunner:
         stopped; nodes lost meanwhile are replaced); one found PROVISIONING, SYNCING or
         RECOVERING is started again on fresh nodes, from its newest pulled checkpoint; one
         found STOPPING finishes its stop. Interrupted nodes (spot notice, reclaim, loss) are
-        replaced and the run resumed, at most `recovery.max_recoveries` times.
+        replaced and the run resumed, at most `recovery.max_recoveries` times. With a
+        `spot_policy`, the policy picks the market of every launch and may move the job (or
+        make it wait) while it runs; one found SWITCHING or WAITING finishes that move first.
         """
         order = StopOrder(JobState.FAILED, 1, "")
         try:
@@ -178,24 +192,32 @@ class JobRunner:
                 )
                 self._adopt(require_all=False)
                 return self._outcome(order)
+            held: StopOrder | None = None
             if self.job.state == JobState.RUNNING:
                 gone = self._adopt(require_all=True)
                 if gone is not None:
                     self._note_interruption(gone)
                     self._replace_nodes(gone)
-                    self._bring_up()
+                    held = self._bring_up_on_policy()
+            elif self.job.state in (JobState.SWITCHING, JobState.WAITING):
+                self._finish_move()
+                held = self._bring_up_on_policy()
             else:
                 if self.job.state != JobState.PENDING:
                     self._restart_from_scratch()
-                self._bring_up()
-            while True:
+                held = self._bring_up_on_policy()
+            while held is None:
                 outcome = self._supervise()
                 if isinstance(outcome, StopOrder):
-                    order = outcome
-                    break
-                self._salvage(outcome)
-                self._replace_nodes(outcome)
-                self._bring_up()
+                    held = outcome
+                elif isinstance(outcome, PlannedMove):
+                    self._move(outcome)
+                    held = self._bring_up_on_policy(outcome.to)
+                else:
+                    self._salvage(outcome)
+                    self._replace_nodes(outcome)
+                    held = self._bring_up_on_policy()
+            order = held
         except KeyboardInterrupt:
             order = StopOrder(JobState.CANCELLED, JobCancelled.exit_code, "cancelled")
         except OrchError as exc:
@@ -230,7 +252,7 @@ class JobRunner:
             count=resources.nodes,
             gpus_per_node=resources.gpus_per_node,
             public_key=identity.public_key,
-            spot=resources.spot,
+            spot=self._driver.launch_spot if self._driver is not None else resources.spot,
             accelerator=resources.accelerator,
             max_price_per_hour=resources.max_price_per_hour,
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
@@ -277,8 +299,8 @@ class JobRunner:
             try:
                 return self.provider.launch(request)
             except CapacityError as exc:
-                if request.spot is not True:
-                    raise
+                if request.spot is not True or self._driver is not None:
+                    raise  # a spot policy decides again instead of retrying
                 if attempt >= self.options.launch_retries:
                     raise CapacityError(
                         f"spot capacity was refused {attempt + 1} time(s) in a row; last "
@@ -371,6 +393,9 @@ class JobRunner:
         self._arm_deadman_switches()
         pids = start_on_nodes(self.cluster, cluster_launch)
         self._started = True
+        self._awaiting_progress = True
+        if self._driver is not None:
+            self._driver.new_run()
         self._set_state(
             JobState.RUNNING,
             f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
@@ -428,9 +453,10 @@ class JobRunner:
         return f"{node_dir}/{latest.name}", step_of(latest.name)
 
     # --- supervision: APScheduler runs the periodic work, the main thread waits --------------
-    def _supervise(self) -> StopOrder | Interruption:
-        """Watch until the run ends, a policy stops it, or nodes are interrupted; returns how
-        the job ends, or the interruption to recover from.
+    def _supervise(self) -> StopOrder | Interruption | PlannedMove:
+        """Watch until the run ends, a policy stops it, nodes are interrupted, or the spot
+        policy moves the job; returns how the job ends, the interruption to recover from, or
+        the planned move.
 
         Each periodic task runs in the scheduler's threads; the first one that reaches a
         decision (or fails) sets it and wakes the main thread, which is the only thread that
@@ -457,7 +483,7 @@ class JobRunner:
         )
         self._activity.start()
         notices.start()
-        self._decision: StopOrder | Interruption | None = None
+        self._decision: StopOrder | Interruption | PlannedMove | None = None
         self._failure: BaseException | None = None
         self._decided = threading.Event()
         now = datetime.now(UTC)
@@ -477,6 +503,11 @@ class JobRunner:
             self._guarded(lambda: self._pull_checkpoints(final=False)), "interval",
             seconds=self.spec.checkpoint.pull_every,
         )  # fmt: skip
+        if self._driver is not None:
+            scheduler.add_job(
+                self._guarded(self._tick_policy), "interval",
+                seconds=self.options.policy_interval,
+            )  # fmt: skip
         scheduler.start()
         try:
             while not self._decided.wait(0.2):
@@ -513,7 +544,7 @@ class JobRunner:
             lost_after=self.options.lost_after,
         )
 
-    def _decide(self, order: StopOrder | Interruption) -> None:
+    def _decide(self, order: StopOrder | Interruption | PlannedMove) -> None:
         if not self._decided.is_set():
             self._decision = order
             self._decided.set()
@@ -592,6 +623,14 @@ class JobRunner:
     def _record_metrics(self, metrics: Metrics) -> None:
         self.reporter.metrics(metrics)
         self._last_step = metrics.step
+        if self._driver is not None:
+            self._driver.observe(metrics)
+        if self._awaiting_progress:
+            self._awaiting_progress = False
+            self.ledger.add_event(
+                self.job.id, PROGRESS_EVENT, f"first progress of this run: step {metrics.step}",
+                step=metrics.step,
+            )  # fmt: skip
         now = time.monotonic()
         if now - self._last_step_saved >= 2.0:
             fields: dict[str, object] = {"step": metrics.step}
@@ -738,6 +777,128 @@ class JobRunner:
             f"node {rank}: {what}\n--- last lines of node {rank}'s log ---\n{tail}",
             hint=f"full log: orch logs {self.job.id} --node {rank}",
         )
+
+    # --- the spot policy (spec.spot_policy; see orchestrator.deadline_driver) ---------------
+    def _deadline_driver(self) -> DeadlineDriver | None:
+        if self.spec.spot_policy is None:
+            return None
+        return DeadlineDriver(
+            job_id=self.job.id,
+            spec=self.spec,
+            submitted_at=self.job.created_at,
+            ledger=self.ledger,
+            provider=self.provider,
+            launch_request=price_request(self.job.id, self.spec),
+            interval_s=self.options.policy_interval,
+            overhead_prior_s=self.options.restart_overhead_prior,
+            state=DriverState.from_json(self.job.policy_state),
+        )
+
+    def _bring_up_on_policy(self, first: Decision | None = None) -> StopOrder | None:
+        """`_bring_up` on the market the spot policy picks (`first`, or a fresh decision);
+        without a policy, plain `_bring_up`.
+
+        While the policy says wait, the job holds with no node (WAITING); a spot launch refused
+        for capacity makes the policy decide again, seeing no spot. Returns the order to end
+        the job when one comes while it waits (max_runtime), else None once the run started.
+        """
+        driver = self._driver
+        if driver is None:
+            self._bring_up()
+            return None
+        decision = first or driver.decide_idle(self._resume_step())
+        while True:
+            if decision is Decision.WAIT:
+                order = self._hold(driver)
+                if order is not None:
+                    return order
+                decision = driver.market or Decision.ON_DEMAND
+            driver.commit(decision)
+            try:
+                self._bring_up()
+                return None
+            except CapacityError:
+                if decision is not Decision.SPOT:
+                    raise
+                driver.spot_refused()
+                decision = driver.decide_idle(self._resume_step())
+
+    def _hold(self, driver: DeadlineDriver) -> StopOrder | None:
+        """Wait with no node (nothing billed) until the policy says run; None then."""
+        if self.job.state != JobState.WAITING:
+            self._set_state(JobState.WAITING, f"{driver.policy.name}: no node until it says run")
+        while True:
+            started = self.job.started_at
+            order = (
+                runtime_order(
+                    elapsed_s=(utcnow() - started).total_seconds(),
+                    max_runtime_s=self.spec.budget.max_runtime,
+                )
+                if started is not None
+                else None
+            )
+            if order is not None:
+                return order
+            time.sleep(self.options.policy_interval)
+            if driver.decide_idle(self._resume_step()) is not Decision.WAIT:
+                return None
+
+    def _tick_policy(self) -> None:
+        assert self._driver is not None
+        market = self.instances[0].market if self.instances else None
+        move = self._driver.tick(market, self._last_step)
+        if move is not None:
+            self._decide(move)
+
+    def _move(self, move: PlannedMove) -> None:
+        """Carry out a planned move of the spot policy; not a recovery (`switches` counts it).
+
+        Intent first: the policy's new market, then SWITCHING (or WAITING) are written; then
+        the trainers get SIGTERM and checkpoint, the checkpoint is pulled and the nodes ended.
+        """
+        assert self._driver is not None
+        self._driver.commit(move.to)
+        switches = self.job.switches + 1
+        state = JobState.WAITING if move.to is Decision.WAIT else JobState.SWITCHING
+        self._set_state(state, f"switch {switches}: {move.describe()}", switches=switches)
+        started = time.monotonic()
+        self._end_nodes()
+        latest = self.mirror.latest_complete()
+        self.ledger.add_event(
+            self.job.id, SWITCHED_EVENT, f"{move.source.value} -> {move.to.value}: nodes ended "
+            f"{time.monotonic() - started:.1f} s after the decision, newest checkpoint "
+            f"{latest.name if latest else 'none'}",
+            step=step_of(latest.name) if latest else None,
+        )  # fmt: skip
+
+    def _finish_move(self) -> None:
+        """A controller died during a planned move (or a wait): end what is left of the run,
+        its checkpoint pulled first."""
+        self._adopt(require_all=False)
+        self._end_nodes()
+
+    def _end_nodes(self) -> None:
+        """Stop the run (SIGTERM: the trainers checkpoint), pull, and end every node."""
+        if self.cluster is not None and self._started:
+            self._stop_trainers(self.options.stop_grace)
+            try:
+                self._pull_checkpoints(final=True)
+            except OrchError as exc:
+                self.ledger.add_event(self.job.id, "WARNING", f"pull before the move: {exc}")
+            if self._watch is not None:
+                with contextlib.suppress(OrchError):
+                    self._watch.catch_up()
+        self._terminate_all()
+        if self.cluster is not None:
+            self.cluster.close()
+        self.cluster, self.instances, self._started, self._watch = None, [], False, None
+
+    def _resume_step(self) -> int | None:
+        """The step a start now would resume from."""
+        latest = self.mirror.latest_complete()
+        if latest is not None:
+            return step_of(latest.name)
+        return self._last_step if self._last_step is not None else self.job.step
 
     # --- checkpoints and logs --------------------------------------------------------------
     def _pull_checkpoints(self, *, final: bool) -> None:

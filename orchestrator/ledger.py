@@ -64,6 +64,8 @@ class JobState(enum.StrEnum):
     SYNCING = "SYNCING"
     RUNNING = "RUNNING"
     RECOVERING = "RECOVERING"  # nodes were lost (spot reclaim): replacing them, then resuming
+    SWITCHING = "SWITCHING"  # spot policy: checkpoint, end the nodes, relaunch on the other market
+    WAITING = "WAITING"  # spot policy: no node at all (nothing billed) until it says run
     STOPPING = "STOPPING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -110,6 +112,8 @@ class Job(SQLModel, table=True):
     exit_code: int | None = None  # orch's exit code for the job once final
     reason: str | None = None  # why it ended (failure message, cancel, ...)
     recoveries: int = 0
+    switches: int = 0  # planned moves of the spot policy (market changes, waits); not recoveries
+    policy_state: str | None = None  # the spot policy's driver state, JSON (deadline_driver)
     controller: str | None = None  # "host:pid" of the process driving the job
     # While STOPPING: the final state the stop leads to, so an adopting controller can finish it.
     stop_state: str | None = None

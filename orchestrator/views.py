@@ -47,6 +47,7 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         ),
         "elapsed_s": _elapsed(job, now),
         "recoveries": job.recoveries,
+        "switches": job.switches,  # planned moves of the spot policy (not recoveries)
         "created_at": _time(job.created_at),
         "started_at": _time(job.started_at),
         "ended_at": _time(job.ended_at),
