@@ -41,12 +41,22 @@ class Figure:
     baseline: float | None = None
     baseline_name: str = ""
     target: str = ""  # what the benchmark aims at, as it says it ("ratio <= 1.3", "< 3 %")
+    bound: float | None = None  # the target as a number: value (or ratio) <= bound
+    bound_on_ratio: bool = False
 
     @property
     def ratio(self) -> float | None:
         if self.baseline is None or self.baseline == 0:
             return None
         return self.value / self.baseline
+
+    @property
+    def met(self) -> bool | None:
+        """Whether the target is met (None: no target)."""
+        if self.bound is None:
+            return None
+        measured = self.ratio if self.bound_on_ratio else self.value
+        return measured is not None and measured <= self.bound
 
 
 Parser = Callable[[str], list[Figure]]
@@ -97,7 +107,7 @@ class Result:
         if self.failed:
             return f"failed: exit code {self.exit_code}, no figures"
         if self.exit_code == 0:
-            return "ok"
+            return "ran"
         return f"ran; exit code {self.exit_code} (a target was missed)"
 
 
@@ -118,16 +128,18 @@ def report_rows(baseline_name: str) -> Parser:
 
     def parse(text: str) -> list[Figure]:
         title = _REPORT_TITLE.search(text)
-        target = f"ratio <= {title.group('target')}" if title else ""
+        bound = float(title.group("target")) if title else None
         return [
             Figure(
-                m.group("name"),
-                float(m.group("ours")),
-                "s",
-                float(m.group("base")),
-                baseline_name,
-                target,
-            )  # fmt: skip
+                name=m.group("name"),
+                value=float(m.group("ours")),
+                unit="s",
+                baseline=float(m.group("base")),
+                baseline_name=baseline_name,
+                target=f"ratio <= {bound:g}" if bound is not None else "",
+                bound=bound,
+                bound_on_ratio=True,
+            )
             for m in _REPORT_ROW.finditer(text)
         ]
 
@@ -147,13 +159,14 @@ def parse_controller_cpu(text: str) -> list[Figure]:
         return []
     return [
         Figure(
-            f"controller watching {m.group('nodes')} nodes",
-            float(m.group("ours")),
-            "% of one core",
-            float(m.group("base")),
-            m.group("bname"),
-            f"< {m.group('target')} %",
-        )  # fmt: skip
+            name=f"controller watching {m.group('nodes')} nodes",
+            value=float(m.group("ours")),
+            unit="% of one core",
+            baseline=float(m.group("base")),
+            baseline_name=m.group("bname"),
+            target=f"< {m.group('target')} %",
+            bound=float(m.group("target")),
+        )
     ]
 
 
@@ -170,18 +183,20 @@ def parse_idle_latency(text: str) -> list[Figure]:
     timeout, interval = float(m.group("timeout")), float(m.group("interval"))
     return [
         Figure(
-            "GPUs idle -> stop",
-            float(m.group("median")),
-            "s",
-            timeout,
-            "idle_timeout itself (the least any idle stop can take)",
-            f"<= idle_timeout + 2 intervals ({timeout + 2 * interval:g} s)",
-        )  # fmt: skip
+            name="GPUs idle -> stop",
+            value=float(m.group("median")),
+            unit="s",
+            baseline=timeout,
+            baseline_name="the idle_timeout: the least any idle stop can take",
+            target=f"<= idle_timeout + 2 intervals ({timeout + 2 * interval:g} s)",
+            bound=timeout + 2 * interval,
+        )
     ]
 
 
-_THROUGHPUT = re.compile(rf"^\s+(?P<model>\S+)\s+workers=(?P<w>\d+): +(?P<rate>{_NUMBER}) img/s",
-                         re.MULTILINE)  # fmt: skip
+_THROUGHPUT = re.compile(
+    rf"^\s+(?P<model>\S+)\s+workers=(?P<w>\d+): +(?P<rate>{_NUMBER}) img/s", re.MULTILINE
+)
 
 
 def parse_trainer_throughput(text: str) -> list[Figure]:
@@ -189,7 +204,13 @@ def parse_trainer_throughput(text: str) -> list[Figure]:
     for m in _THROUGHPUT.finditer(text):
         rates.setdefault(m.group("model"), {})[int(m.group("w"))] = float(m.group("rate"))
     return [
-        Figure(f"{model}, 2 DataLoader workers", by[2], "img/s", by[0], "0 workers (in-process)")
+        Figure(
+            name=f"{model}, 2 DataLoader workers",
+            value=by[2],
+            unit="img/s",
+            baseline=by[0],
+            baseline_name="0 workers: loading in-process",
+        )
         for model, by in rates.items()
         if 0 in by and 2 in by
     ]
@@ -199,36 +220,40 @@ _SPOT_ROW = re.compile(rf"^\s+(?P<key>[a-z_]+_s)\s+(?P<med>{_NUMBER}) s\s+\(", r
 _SPOT_RATIO = re.compile(
     rf"resume / cold start\s+orch (?P<ours>{_NUMBER}) s / baseline (?P<base>{_NUMBER}) s"
 )
-_SPOT_TARGETS = {"detection_s": "<= 5 s", "resume_s": "<= 20 s"}
+_SPOT_TARGETS = {"detection_s": 5.0, "resume_s": 20.0}  # seconds, as the benchmark says
 
 
 def parse_spot_recovery(text: str) -> list[Figure]:
-    figures = []
     ratio = _SPOT_RATIO.search(text)
-    if ratio:
-        figures.append(
-            Figure(
-                "resume after a notice (new nodes' launch time left out)",
-                float(ratio.group("ours")),
-                "s",
-                float(ratio.group("base")),
-                "cold start of the same job on fresh nodes",
-                _SPOT_TARGETS["resume_s"],
-            )  # fmt: skip
+    if not ratio:
+        return []
+    resume_bound = _SPOT_TARGETS["resume_s"]
+    figures = [
+        Figure(
+            name="resume after a notice (new nodes' launch time left out)",
+            value=float(ratio.group("ours")),
+            unit="s",
+            baseline=float(ratio.group("base")),
+            baseline_name="cold start of the same job on fresh nodes",
+            target=f"<= {resume_bound:g} s",
+            bound=resume_bound,
         )
+    ]
     for m in _SPOT_ROW.finditer(text):
         key = m.group("key")
         if key in ("resume_s", "cold_start_s"):
             continue  # shown above, as the figure and its baseline
+        bound = _SPOT_TARGETS.get(key)
         figures.append(
             Figure(
-                key.removesuffix("_s").replace("_", " "),
-                float(m.group("med")),
-                "s",
-                target=_SPOT_TARGETS.get(key, ""),
-            )  # fmt: skip
+                name=key.removesuffix("_s").replace("_", " "),
+                value=float(m.group("med")),
+                unit="s",
+                target=f"<= {bound:g} s" if bound is not None else "",
+                bound=bound,
+            )
         )
-    return figures if ratio else []
+    return figures
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -390,6 +415,10 @@ def _number(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
+def _met(met: bool | None) -> str:
+    return "-" if met is None else ("yes" if met else "**no**")
+
+
 def _tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
     kept = text.strip("\n").splitlines()[-lines:]
     return "\n".join(kept).replace("```", "'''") or "(nothing)"
@@ -434,14 +463,14 @@ def render_page(
         "",
         "## Summary",
         "",
-        "| benchmark | figure | measured | baseline | ratio | target |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| benchmark | figure | measured | baseline | ratio | target | met |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in results:
         if result.failed:
             lines.append(
                 f"| [{result.benchmark.name}](#{result.benchmark.name}) | **{result.status}** "
-                "| - | - | - | - |"
+                "| - | - | - | - | - |"
             )
             continue
         for figure in result.figures:
@@ -453,7 +482,7 @@ def render_page(
             lines.append(
                 f"| [{result.benchmark.name}](#{result.benchmark.name}) | {figure.name} "
                 f"| {_number(figure.value)} {figure.unit} | {baseline} "
-                f"| {_number(figure.ratio)} | {figure.target or '-'} |"
+                f"| {_number(figure.ratio)} | {figure.target or '-'} | {_met(figure.met)} |"
             )
     lines += ["", "## Each benchmark", ""]
     for result in results:

@@ -44,8 +44,10 @@ def test_the_page_holds_figures_baselines_ratios_and_failures(tmp_path: Path) ->
 
     assert [r.failed for r in results] == [False, True, True]
     page = out.read_text()
-    assert "| [good](#good) | first | 1.5 s | 3 s (by hand) | 0.5 | ratio <= 1.3 |" in page
-    assert "| [good](#good) | again | 0.9 s | 0.6 s (by hand) | 1.5 | ratio <= 1.3 |" in page
+    assert "| [good](#good) | first | 1.5 s | 3 s (by hand) | 0.5 | ratio <= 1.3 | yes |" in page
+    assert (
+        "| [good](#good) | again | 0.9 s | 0.6 s (by hand) | 1.5 | ratio <= 1.3 | **no** |" in page
+    )
     assert "exit code 1 (a target was missed)" in page
     assert "| [broken](#broken) | **failed: exit code 1, no figures** |" in page
     assert "it broke" in page  # the failure's own words are on the page
@@ -62,13 +64,13 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
         "baseline, `orch status --json` every 5 s: 2.40 % (ratio 0.50)\n"
     )
     [figure] = parse_controller_cpu(cpu)
-    assert (figure.value, figure.baseline, figure.ratio) == (1.2, 2.4, 0.5)
+    assert (figure.value, figure.baseline, figure.ratio, figure.met) == (1.2, 2.4, 0.5, True)
     idle = (
         "\nidle-shutdown latency (idle_timeout 10 s, watch interval 5 s): median 14.0 s over 2 "
         "trials [13.0, 15.0]; beyond the timeout: 0.80 intervals (bound 2)\n"
     )
     [figure] = parse_idle_latency(idle)
-    assert (figure.value, figure.baseline, figure.ratio) == (14.0, 10.0, 1.4)
+    assert (figure.value, figure.baseline, figure.ratio, figure.met) == (14.0, 10.0, 1.4, True)
     throughput = (
         "trainer throughput, CPU only (2 cores), ...\n"
         "  tiny      workers=0:    900.0 img/s  (880.0, 920.0)\n"
@@ -76,7 +78,7 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
         "  tiny      ratio workers=2 / workers=0: 0.50\n"
     )
     [figure] = run_all.parse_trainer_throughput(throughput)
-    assert (figure.value, figure.baseline, figure.ratio) == (450.0, 900.0, 0.5)
+    assert (figure.value, figure.baseline, figure.ratio, figure.met) == (450.0, 900.0, 0.5, None)
     spot = (
         "\nspot recovery (machine: 2 cores, 7 GiB RAM; medians of 2 trials)\n"
         "  detection_s                 2.0 s   (1.5, 2.5)\n"
@@ -86,7 +88,8 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
     )
     figures = run_all.parse_spot_recovery(spot)
     assert (figures[0].value, figures[0].baseline, figures[0].ratio) == (12.0, 8.0, 1.5)
-    assert [f.name for f in figures[1:]] == ["detection"]
+    assert figures[0].met is True  # resume <= 20 s
+    assert [(f.name, f.met) for f in figures[1:]] == [("detection", True)]
     assert run_all.parse_spot_recovery("Traceback ...") == []
 
 
