@@ -1,0 +1,215 @@
+"""The reference parts of the docs match the code: the generated spec table and CLI reference,
+every setting and ORCH_* variable in docs/config.md, and every EC2 action the AWS provider
+calls in the IAM policy of docs/providers.md."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from decimal import Decimal
+from ipaddress import IPv4Network
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+
+from orchestrator import config
+from orchestrator.docs_reference import (
+    UndocumentedError,
+    render_sections,
+    spec_field_rows,
+    stale_sections,
+)
+from orchestrator.spec import JobSpec
+from tests.doc_blocks import REPO, blocks
+
+# --- generated sections ------------------------------------------------------------------
+
+
+def test_generated_sections_are_current() -> None:
+    stale = stale_sections()
+    assert not stale, f"docs out of date for {stale}: run `make docs` and commit the result"
+
+
+def test_every_spec_field_is_in_the_table() -> None:
+    documented = {row[0] for row in spec_field_rows()}
+
+    def dotted(model: type[BaseModel], prefix: str = "") -> set[str]:
+        names = set()
+        for name, field in model.model_fields.items():
+            names.add(prefix + name)
+            for nested in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                if isinstance(nested, type) and issubclass(nested, BaseModel):
+                    sub = f"{prefix}{name}[]." if name == "data" else f"{prefix}{name}."
+                    names |= dotted(nested, sub)
+        return names
+
+    assert dotted(JobSpec) == documented
+    page = (REPO / "docs" / "spec.md").read_text()
+    for name in documented:
+        assert f"| `{name}` |" in page
+
+
+def test_an_undocumented_field_is_refused() -> None:
+    class Spec(BaseModel):
+        told: int = Field(default=1, description="a documented field")
+        untold: int = 2
+
+    with pytest.raises(UndocumentedError, match="untold"):
+        list(spec_field_rows(Spec))
+
+
+def test_a_stale_section_is_found_and_rewritten() -> None:
+    begin = "<!-- generated:x:begin (make docs; edits here are lost) -->"
+    text = f"intro\n{begin}\nold\n<!-- generated:x:end -->\nrest\n"
+    assert render_sections(text, "x", "new") == text.replace("old", "new")
+    assert render_sections(text, "x", "old") == text
+
+
+# --- settings -------------------------------------------------------------------------------
+
+_ROW = re.compile(r"^\| `(?P<key>[a-z_]+\.[a-z_]+)` \|(?P<var>[^|]*)\|(?P<default>[^|]*)\|", re.M)
+
+
+def _default_text(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict):
+        return "{}" if not value else json.dumps(value)
+    if isinstance(value, Decimal | IPv4Network | Path):
+        return str(value)
+    return str(value)
+
+
+def test_every_setting_and_variable_is_documented_with_its_default() -> None:
+    page = (REPO / "docs" / "config.md").read_text()
+    rows = {m.group("key"): m for m in _ROW.finditer(page)}
+    by_key = {f"{section}.{key}": var for var, (section, key) in config._ENV_OVERRIDES.items()}
+    sections = {
+        "local": config.LocalSettings,
+        "aws": config.AwsSettings,
+        "controller": config.ControllerSettings,
+    }
+    expected = set()
+    for section, model in sections.items():
+        defaults = model()
+        for name in model.model_fields:
+            key = f"{section}.{name}"
+            expected.add(key)
+            assert key in rows, f"docs/config.md has no row for {key}"
+            row = rows[key]
+            documented = row.group("default").strip().strip("`")
+            assert documented == _default_text(getattr(defaults, name)), key
+            variable = row.group("var").strip().strip("`")
+            assert variable == by_key.get(key, ""), f"{key}: variable {variable!r}"
+    assert set(rows) == expected, f"rows for settings that do not exist: {set(rows) - expected}"
+
+
+# --- IAM: every EC2 action the provider calls is in the documented policy ---------------------
+
+IMPLIED = {"ec2:CreateTags"}  # tags given to RunInstances/CreateSecurityGroup need it too
+
+
+def _ec2_operations() -> tuple[dict[str, str], dict[str, str]]:
+    """(snake_case operation -> EC2 action name, waiter name -> action name) of botocore."""
+    import botocore.session
+    from botocore import xform_name
+
+    session = botocore.session.get_session()
+    model = session.get_service_model("ec2")
+    operations = {xform_name(name): name for name in model.operation_names}
+    waiters_model = session.get_waiter_model("ec2")
+    waiters = {
+        xform_name(name): waiters_model.get_waiter(name).operation
+        for name in waiters_model.waiter_names
+    }
+    return operations, waiters
+
+
+def ec2_actions_in(source: str) -> set[str]:
+    """EC2 actions a module's code calls: `client.run_instances(...)`, paginators and waiters
+    named by string (`get_paginator("describe_instances")`, `get_waiter("instance_running")`)."""
+    operations, waiters = _ec2_operations()
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in operations
+        ):
+            found.add(operations[node.func.attr])
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in operations:
+                found.add(operations[node.value])
+            if node.value in waiters:
+                found.add(waiters[node.value])
+    return {f"ec2:{name}" for name in found}
+
+
+def _aws_modules() -> list[Path]:
+    """The orchestrator modules that talk to EC2 (boto3, or a client handed in) outside the
+    sandbox, which is a local stand-in for AWS rather than a caller of it."""
+    root = REPO / "orchestrator"
+    return [
+        path
+        for path in sorted(root.rglob("*.py"))
+        if "sandbox" not in path.relative_to(root).parts
+        and re.search(r"boto3|botocore|get_paginator|get_waiter", path.read_text())
+    ]
+
+
+def _documented_policy() -> dict:
+    page = REPO / "docs" / "providers.md"
+    [policy] = [b for b in blocks(page) if b.kind == "iam-policy"]
+    return json.loads(policy.text)
+
+
+def _actions(policy: dict) -> set[str]:
+    actions: set[str] = set()
+    for statement in policy["Statement"]:
+        listed = statement["Action"]
+        actions |= {listed} if isinstance(listed, str) else set(listed)
+    return actions
+
+
+def test_the_scan_finds_calls_paginators_and_waiters() -> None:
+    source = (
+        "ec2.describe_volumes(Filters=[])\n"
+        "ec2.get_paginator('describe_snapshots').paginate()\n"
+        "ec2.get_waiter('instance_terminated').wait()\n"
+        "unrelated.run(x)\n"
+    )
+    assert ec2_actions_in(source) == {
+        "ec2:DescribeVolumes",
+        "ec2:DescribeSnapshots",
+        "ec2:DescribeInstances",
+    }
+
+
+def test_every_ec2_action_the_provider_calls_is_in_the_documented_policy() -> None:
+    modules = _aws_modules()
+    assert {p.name for p in modules} >= {"aws.py", "aws_network.py", "offers.py"}
+    called = set().union(*(ec2_actions_in(p.read_text()) for p in modules))
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances"} <= called
+    documented = {a for a in _actions(_documented_policy()) if a.startswith("ec2:")}
+    missing = called - documented
+    assert not missing, f"docs/providers.md's IAM policy lacks {sorted(missing)}"
+    extra = documented - called - IMPLIED
+    assert not extra, f"the IAM policy lists actions orch never calls: {sorted(extra)}"
+    table = (REPO / "docs" / "providers.md").read_text()
+    for action in called | IMPLIED:
+        assert f"`{action}`" in table, f"the permissions table does not explain {action}"
+
+
+def test_the_spot_service_linked_role_is_limited_to_spot() -> None:
+    [statement] = [
+        s for s in _documented_policy()["Statement"] if "iam:CreateServiceLinkedRole" in s["Action"]
+    ]
+    assert statement["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
