@@ -78,7 +78,10 @@ class MotoCloud:
         self.endpoint: str | None = None
         self.subnets: dict[str, str] = {}  # zone -> subnet id
         self._client: Any = None
-        self._lock = threading.Lock()  # serializes the in-process state changes
+        # moto is not thread-safe (a DescribeInstances that serializes an instance while a
+        # RunInstances adds volumes fails with HTTP 500): every call into it, over HTTP (the
+        # gateway) or in process (below), holds this lock.
+        self.lock = threading.RLock()
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class MotoCloud:
             for subnet in subnets["Subnets"]:
                 ec2.delete_subnet(SubnetId=subnet["SubnetId"])
             ec2.delete_vpc(VpcId=vpc["VpcId"])
-        with self._lock:
+        with self.lock:
             backend = self._backend()
             vpc = backend.create_vpc(cidr_block=str(self.network.cidr), is_default=True)
             backend.default_vpc = vpc
@@ -200,7 +203,7 @@ class MotoCloud:
 
     def mark_booting(self, instance_ids: Iterable[str]) -> None:
         """Just launched: `pending` until their hosts answer (moto starts them `running`)."""
-        with self._lock:
+        with self.lock:
             backend = self._backend()
             for iid in instance_ids:
                 instance = backend.get_instance(iid)
@@ -209,7 +212,7 @@ class MotoCloud:
 
     def mark_running(self, instance_id: str) -> bool:
         """Its host answers: `pending` -> `running`. False when it is no longer pending."""
-        with self._lock:
+        with self.lock:
             instance = self._backend().get_instance(instance_id)
             if instance.state != "pending":
                 return False
@@ -220,7 +223,7 @@ class MotoCloud:
         """Terminate as EC2 does on its own, with state reason `code`. False if already gone."""
         from moto.ec2.models.instances import StateReason
 
-        with self._lock:
+        with self.lock:
             instance = self._backend().get_instance(instance_id)
             if instance.state not in LIVE:
                 return False

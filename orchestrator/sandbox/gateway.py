@@ -1,6 +1,7 @@
 """The sandbox's HTTP front: moto's EC2 API with prices and capacity, plus a control API.
 
-EC2 calls pass through to moto except these, answered as EC2 would for the sandbox's cloud:
+EC2 calls pass through to moto, one at a time (moto is not thread-safe), except these,
+answered as EC2 would for the sandbox's cloud:
 
 - DescribeSpotPriceHistory, DescribeInstanceTypeOfferings (availability-zone): from the price
   table, i.e. every catalog type in every sandbox zone of the sandbox region, nothing elsewhere;
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
@@ -62,12 +65,19 @@ class Gateway:
     """The WSGI application of the sandbox endpoint (see the module docstring)."""
 
     def __init__(
-        self, inner: WsgiApp, *, prices: PriceTable, capacity: Capacity, hooks: Hooks
+        self,
+        inner: WsgiApp,
+        *,
+        prices: PriceTable,
+        capacity: Capacity,
+        hooks: Hooks,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.inner = inner
         self.prices = prices
         self.capacity = capacity
         self.hooks = hooks
+        self.lock = lock if lock is not None else threading.RLock()  # held around moto
         self.priced_at = datetime.now(UTC)
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
@@ -83,8 +93,10 @@ class Gateway:
             status, document = answer
             return _respond(start_response, status, document, "text/xml")
         if action != "RunInstances":
-            return self.inner(environ, start_response)
-        return self._launch(environ, start_response)
+            with self.lock:
+                return list(self.inner(environ, start_response))
+        with self.lock:
+            return self._launch(environ, start_response)
 
     # --- EC2 --------------------------------------------------------------------------------
 

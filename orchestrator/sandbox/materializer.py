@@ -68,6 +68,8 @@ class Materializer:
                 self.tick()
             except (OrchError, ClientError, BotoCoreError) as exc:
                 self.log(f"materializer: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the sandbox lives on; the next pass retries
+                self.log(f"materializer: unexpected {exc!r}")
             self._stop.wait(self.interval_s)
 
     def tick(self) -> None:

@@ -87,7 +87,7 @@ class Sandbox:
             run_checked(argv)
         self._bridge_made = True
         self._serve(Gateway(self.cloud.app(), prices=self.prices, capacity=self.capacity,
-                            hooks=self))  # fmt: skip
+                            hooks=self, lock=self.cloud.lock))  # fmt: skip
         assert self.endpoint is not None
         self.cloud.attach(self.endpoint)
         self.cloud.prepare_network(zones)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -340,6 +341,56 @@ def test_launch_returns_once_ssh_answers_not_when_ec2_says_running(
         assert {n.instance_id for n in hurried.list_owned()} == {node.instance_id}
     finally:
         SandboxClient(sandbox.endpoint).set_boot(0)
+
+
+def test_concurrent_calls_get_answers_not_server_errors(
+    sandbox: SandboxProcess, aws: dict[str, str]
+) -> None:
+    """moto is not thread-safe; the sandbox serves many clients at once, as EC2 does."""
+    from botocore.config import Config
+
+    subnet = SandboxClient(sandbox.endpoint).status()["subnets"]["us-east-1b"]["id"]
+    failures: list[str] = []
+    launched: list[str] = []
+    stop = threading.Event()
+
+    def client() -> Any:
+        return boto3.client(
+            "ec2", region_name="us-east-1", endpoint_url=sandbox.endpoint,
+            aws_access_key_id="sandbox", aws_secret_access_key="sandbox",
+            config=Config(retries={"total_max_attempts": 1}),
+        )  # fmt: skip
+
+    def describe() -> None:
+        ec2 = client()
+        while not stop.is_set():
+            try:
+                ec2.describe_instances()
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                failures.append(repr(exc)[:200])
+
+    def launch_some() -> None:
+        ec2 = client()
+        for _ in range(3):
+            try:
+                reply = ec2.run_instances(
+                    ImageId="ami-0a1b2c3d4e5f60718", InstanceType="g5.xlarge", MinCount=1,
+                    MaxCount=1, SubnetId=subnet,
+                )  # fmt: skip
+                launched.append(reply["Instances"][0]["InstanceId"])
+            except Exception as exc:  # noqa: BLE001
+                failures.append(repr(exc)[:200])
+
+    readers = [threading.Thread(target=describe) for _ in range(4)]
+    writers = [threading.Thread(target=launch_some) for _ in range(3)]
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join(60)
+    stop.set()
+    for thread in readers:
+        thread.join(60)
+    assert failures == [] and len(launched) == 9
 
 
 def test_mistakes_are_refused_with_a_reason(
