@@ -48,6 +48,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.parsers import ResponseParserError
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
@@ -401,7 +402,7 @@ class AwsProvider:
             if repeat and launch_retryable(code, http_status(exc)):
                 return None
             raise ProviderError(f"EC2 refused to launch {offer.instance_type}: {exc}") from exc
-        except (BotoConnectionError, HTTPClientError) as exc:
+        except (BotoConnectionError, HTTPClientError, ResponseParserError) as exc:
             if repeat:  # the call may have gone through: the token lookup finds its node
                 return None
             raise ProviderError(f"EC2 could not be reached: {exc}") from exc
@@ -496,7 +497,9 @@ class AwsProvider:
             return call()
         except (OrchError, _Refused):
             raise
-        except (ClientError, BotoCoreError) as exc:
+        # ResponseParserError: an answer that is not EC2's (an HTML error page); botocore does
+        # not count it among its own errors
+        except (ClientError, BotoCoreError, ResponseParserError) as exc:
             raise ProviderError(
                 f"AWS failed to {what}: {exc}",
                 hint="check credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the region",

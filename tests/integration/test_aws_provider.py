@@ -343,6 +343,31 @@ def test_a_lost_answer_is_repeated_without_launching_twice(
     assert [d["InstanceId"] for d in running(provider)] == [node.instance_id]
 
 
+def test_an_answer_that_is_not_ec2s_is_a_provider_error_or_a_repeat(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    page = b"<!doctype html><title>500 Internal Server Error</title>"  # a proxy's, not EC2's
+
+    def html(request: AWSPreparedRequest, **_: Any) -> AWSResponse:
+        return AWSResponse(request.url, 500, {}, _Body(page))
+
+    provider = AwsProvider(make_provider(tmp_path, moto_endpoint).settings, sleep=lambda s: None)
+    provider.client(REGION).meta.events.register("before-send.ec2.DescribeInstances", html)
+    with pytest.raises(ProviderError, match="AWS failed to describe instances"):
+        provider.list_owned()
+
+    other = AwsProvider(make_provider(tmp_path, moto_endpoint).settings, sleep=lambda s: None)
+    sent: list[str] = []
+
+    def html_once(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        sent.append(zone_of(request))
+        return html(request) if len(sent) == 1 else None
+
+    other.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", html_once)
+    (node,) = other.launch(request(count=1))
+    assert len(sent) == 2 and [d["InstanceId"] for d in running(other)] == [node.instance_id]
+
+
 def test_other_calls_keep_botocores_retries(provider: AwsProvider) -> None:
     sent: list[str] = []
 
