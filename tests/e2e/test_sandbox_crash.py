@@ -1,0 +1,41 @@
+"""Crash safety of `--provider aws` on `orch sandbox aws`: seeded `kill -9` trials of a detached
+job's controller, each followed by `orch reconcile` (see tests/sandbox_crash_trials.py for what
+a trial does and checks). The regular suite runs three trials; `make soak` runs ten, one pair
+per phase, and prints the trial table of each run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox_crash_trials import PHASES, plan_trials, run_trials, table
+
+pytestmark = pytest.mark.e2e
+
+# The phases whose restarts differ most: a fresh launch over a half-synced one, a recovery
+# half done, a stop half done.
+SHORT_PHASES = ("syncing", "recovering", "tearing down")
+
+
+def run_and_show(plans: list, base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = run_trials(plans, base, log=lambda text: None)
+    shown = table(results)
+    with capsys.disabled():
+        print(f"\n{shown}")
+    assert all(result.ok for result in results), shown
+
+
+@pytest.mark.timeout(900)
+def test_three_controller_kills_leave_nothing_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_and_show(plan_trials(3, seed=5, phases=SHORT_PHASES), tmp_path, capsys)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3000)
+def test_ten_controller_kills_leave_nothing_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_and_show(plan_trials(10, seed=11, phases=PHASES), tmp_path, capsys)

@@ -1,0 +1,504 @@
+"""Crash trials on `orch sandbox aws`: `kill -9` the controller of a detached `--provider aws`
+job at seeded random moments, then `orch reconcile`, and check that nothing leaks.
+
+    python -m tests.sandbox_crash_trials --trials 10 [--seed 11] [--phase running] [--keep DIR]
+
+One sandbox serves every trial; each trial has an ORCH_HOME and an `aws.owner` of its own. A
+trial submits a detached spot job (2 nodes, torchrun running `tests/fixtures/step_counter.py`)
+and waits for its phase: launching (PROVISIONING), syncing (SYNCING), running (RUNNING, from
+step 2 on), recovering (from the PREEMPTED event that follows a sandbox reclaim of node 1 with a
+short notice, through RECOVERING and the replacements' launch) or tearing down (after `orch
+cancel`, STOPPING towards CANCELLED). A seeded moment into the phase it SIGKILLs the controller
+(pid from `jobs/<id>/controller.pid`), runs `orch reconcile`, which gives the job a new
+controller that adopts it, and lets the job end. Checked, right after the reconcile and at the
+end:
+
+- moto runs no instance that no live job owns (a job that is not final and whose controller
+  holds its lock), and none at all once the job has ended; the hosts of ended instances are gone;
+- every lease is closed or owned by a live job, and the ledger passes `check_ledger`;
+- no duplicate launches: every ClientToken launched one instance; each launch attempt (found
+  back from the tokens) made at most one instance per node rank, and every instance of the job
+  has exactly one lease (no node billed off the books);
+- the job ends SUCCEEDED at its last step (exit code 0), or CANCELLED (130) when the kill came
+  while tearing down.
+
+Prints one row per trial; exits 1 when a trial found a problem or missed its phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import load_settings
+from orchestrator.ledger import Job, JobState, Ledger, make_engine
+from orchestrator.ledger_check import check_ledger
+from orchestrator.offers import Offer
+from orchestrator.providers.aws_launch import TAG_OWNER, TAG_TOKEN, client_token, tags_of
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.sandbox.client import SandboxClient
+from orchestrator.supervision import controller_running
+from tests.helpers import ORCH, REPO, orch_env, processes_with_marker, run_orch
+from tests.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
+
+PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
+# Upper bound of the kill moment, seconds into the phase (each lasts about that long here).
+WINDOW_S = {
+    "launching": 4.0,
+    "syncing": 0.5,
+    "running": 3.0,
+    "recovering": 4.0,
+    "tearing down": 1.0,
+}
+EXPECTED = {phase: JobState.SUCCEEDED for phase in PHASES} | {"tearing down": JobState.CANCELLED}
+EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.CANCELLED: 130}
+LIVE = ("pending", "running")
+
+NODES = 2
+STEPS = 40
+STEP_S = 0.2
+NOTICE_S = 3
+DATA_BYTES = 32 * 1024 * 1024  # sparse here, sent in full: the sync lasts a moment
+COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"  # the job's script (no torch)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """One trial: in which phase, and how far into it, the controller dies."""
+
+    number: int
+    phase: str  # one of PHASES
+    moment_s: float  # seconds after the phase was first seen
+
+
+def plan_trials(count: int, seed: int, phases: tuple[str, ...] = PHASES) -> list[TrialPlan]:
+    """`count` trials cycling through `phases`, each with a seeded moment in its window."""
+    rng = random.Random(seed)
+    plans = []
+    for index in range(count):
+        phase = phases[index % len(phases)]
+        plans.append(TrialPlan(index + 1, phase, round(rng.uniform(0.0, WINDOW_S[phase]), 2)))
+    return plans
+
+
+@dataclass
+class TrialResult:
+    plan: TrialPlan
+    job_id: str = ""
+    killed_in: str = "-"
+    final_state: str = "-"
+    step: int | None = None
+    recoveries: int = 0
+    instances: int = 0
+    leases: int = 0
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.killed_in != "-" and not self.problems
+
+    def row(self) -> str:
+        outcome = f"{self.final_state} step {self.step} rec {self.recoveries}"
+        found = "none" if not self.problems else "; ".join(self.problems)
+        return (
+            f"{self.plan.number:>5}  {self.plan.phase:<12} {self.plan.moment_s:>6.2f}  "
+            f"{self.killed_in:<22} {outcome:<26} {self.instances:>4}/{self.leases:<4} "
+            f"{self.seconds:>5.0f}  {found}"
+        )
+
+
+HEADER = (
+    f"{'trial':>5}  {'phase':<12} {'moment':>6}  {'killed in':<22} {'outcome':<26} "
+    f"{'inst/lease':>9} {'s':>5}  problems"
+)
+
+
+def table(results: list[TrialResult]) -> str:
+    return "\n".join([HEADER, *(result.row() for result in results)])
+
+
+class TrialFailed(Exception):
+    """The trial could not go on (the job never reached its phase, a command failed)."""
+
+
+# --- one trial ------------------------------------------------------------------------------
+
+
+def write_job(directory: Path) -> Path:
+    """The trial's job: a workdir holding only the step counter, and a data blob."""
+    work = directory / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(COUNTER, work / COUNTER.name)
+    data = directory / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    with open(data / "blob.bin", "wb") as blob:
+        blob.truncate(DATA_BYTES)
+    spec = directory / "job.yaml"
+    spec.write_text(
+        "name: crash\n"
+        f"workdir: {work}\n"
+        f"data: [{{src: {data}, dst: ~/data}}]\n"
+        f"run: python {COUNTER.name} --steps {STEPS} --step-s {STEP_S} --checkpoint-every 4\n"
+        f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
+        "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
+    )
+    return spec
+
+
+def trial_env(home: Path, endpoint: str) -> dict[str, str]:
+    return orch_env(
+        home,
+        **aws_env(endpoint),
+        ORCH_WATCH_INTERVAL="1",
+        ORCH_NOTICE_POLL_INTERVAL="1",
+        ORCH_BUDGET_INTERVAL="2",
+    )
+
+
+def wait_job(
+    ledger: Ledger, job_id: str, predicate: Callable[[Job], bool], what: str, timeout: float
+) -> Job:
+    """Poll the ledger (every 20 ms) until `predicate` holds; TrialFailed on a final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = ledger.get_job(job_id)
+        if predicate(job):
+            return job
+        if JobState(job.state).is_final:
+            raise TrialFailed(f"job ended {job.state} while waiting for {what}: {job.reason}")
+        if time.monotonic() > deadline:
+            raise TrialFailed(f"job stayed {job.state} while waiting for {what}")
+        time.sleep(0.02)
+
+
+def _training(job: Job) -> bool:
+    return job.state == JobState.RUNNING and (job.step or 0) >= 2
+
+
+def kill_controller(home: Path, job_id: str) -> int:
+    """SIGKILL the job's controller and wait until it is gone; returns its pid."""
+    pid = int((home / "jobs" / job_id / "controller.pid").read_text())
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    if b"orchestrator.daemon" not in cmdline or job_id.encode() not in cmdline:
+        raise TrialFailed(f"pid {pid} is not the controller of {job_id}: {cmdline!r}")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return pid
+        if state == "Z":
+            return pid
+        time.sleep(0.01)
+    raise TrialFailed(f"controller {pid} outlived SIGKILL")
+
+
+def orch_processes(home: Path) -> list[int]:
+    """Live orch processes (controllers included) whose ORCH_HOME is `home`."""
+    wanted = f"ORCH_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and wanted in environ and b"orchestrator" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+class Trial:
+    """One trial against a running sandbox; `run()` never raises for what it finds."""
+
+    def __init__(self, plan: TrialPlan, directory: Path, sandbox: SandboxProcess) -> None:
+        self.plan = plan
+        self.directory = directory
+        self.sandbox = sandbox
+        self.home = directory / "orch"
+        self.owner = f"crash-{plan.number:02d}"
+        self.env = trial_env(self.home, sandbox.endpoint)
+        self.result = TrialResult(plan)
+        self.ec2 = sandbox.ec2()
+
+    def run(self, log: Callable[[str], None]) -> TrialResult:
+        started = time.monotonic()
+        helper: subprocess.Popen[str] | None = None
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            # An owner of its own: the trial's reconcile sees only the trial's instances.
+            (self.home / "config.yaml").write_text(
+                f"aws: {{owner: {self.owner}, poll_interval_s: 0.5}}\n"
+            )
+            settings = load_settings(self.env)
+            spec = write_job(self.directory)
+            submitted = run_orch(
+                ["submit", str(spec), "--provider", "aws", "--detach"], self.env, timeout=120
+            )
+            if submitted.returncode != 0:
+                raise TrialFailed(f"submit failed: {submitted.stdout}{submitted.stderr}")
+            job_id = self.result.job_id = submitted.stdout.strip().splitlines()[-1]
+            ledger = Ledger(make_engine(settings.db_path))
+            helper = self._reach_phase(ledger, job_id)
+            time.sleep(self.plan.moment_s)
+            kill_controller(self.home, job_id)
+            job = ledger.get_job(job_id)
+            self.result.killed_in = job.state + (
+                " (noticed)" if self.plan.phase == "recovering" and job.state == "RUNNING" else ""
+            )
+            log(f"trial {self.plan.number}: killed the controller of {job_id} in {job.state}")
+
+            revived = run_orch(["reconcile"], self.env, timeout=120)
+            if revived.returncode != 0:
+                raise TrialFailed(f"orch reconcile failed: {revived.stdout}{revived.stderr}")
+            deadline = time.monotonic() + 20
+            while not controller_running(settings, job_id) and time.monotonic() < deadline:
+                if JobState(ledger.get_job(job_id).state).is_final:
+                    break
+                time.sleep(0.05)
+            self._check(settings, ledger, job_id, when="after reconcile")
+
+            job = wait_job(
+                ledger, job_id, lambda j: JobState(j.state).is_final, "the end", timeout=400
+            )
+            if helper is not None:
+                helper.communicate(timeout=120)
+            deadline = time.monotonic() + 30
+            while orch_processes(self.home) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for pid in orch_processes(self.home):
+                self.result.problems.append(f"orch process {pid} still runs after the end")
+            job = ledger.get_job(job_id)
+            self.result.final_state, self.result.step = job.state, job.step
+            self.result.recoveries = job.recoveries
+            expected = EXPECTED[self.plan.phase]
+            if job.state != expected:
+                self.result.problems.append(f"ended {job.state} ({job.reason}), not {expected}")
+            elif expected == JobState.SUCCEEDED and job.step != STEPS:
+                self.result.problems.append(f"ended at step {job.step}, not {STEPS}")
+            if job.state in EXIT_CODES and job.exit_code != EXIT_CODES[JobState(job.state)]:
+                self.result.problems.append(f"ended {job.state} with exit code {job.exit_code}")
+            self._check(settings, ledger, job_id, when="at the end")
+        except (TrialFailed, subprocess.TimeoutExpired, OSError) as exc:
+            self.result.problems.append(f"trial failed: {exc}")
+        finally:
+            if helper is not None and helper.poll() is None:
+                helper.kill()
+                helper.wait()
+            self._end_everything()
+            self.result.seconds = time.monotonic() - started
+        return self.result
+
+    def _reach_phase(self, ledger: Ledger, job_id: str) -> subprocess.Popen[str] | None:
+        """Wait until the job is in the trial's phase; returns a helper command still running."""
+        phase = self.plan.phase
+        if phase == "launching":
+            wait_job(ledger, job_id, lambda j: j.state == JobState.PROVISIONING, phase, 120)
+        elif phase == "syncing":
+            wait_job(ledger, job_id, lambda j: j.state == JobState.SYNCING, phase, 120)
+        elif phase == "running":
+            wait_job(ledger, job_id, _training, "step 2", 240)
+        elif phase == "recovering":
+            wait_job(ledger, job_id, _training, "step 2", 240)
+            node1 = next(lease for lease in ledger.leases(job_id) if lease.rank == 1)
+            SandboxClient(self.sandbox.endpoint).preempt(node1.instance_id, NOTICE_S)
+            wait_job(
+                ledger, job_id,
+                lambda j: any(e.kind == "PREEMPTED" for e in ledger.events(job_id)),
+                "the notice", 60,
+            )  # fmt: skip
+        else:  # `orch cancel` takes seconds to start: asked as soon as the run starts
+            wait_job(ledger, job_id, lambda j: j.state == JobState.RUNNING, "the run", 240)
+            helper = subprocess.Popen(
+                [*ORCH, "cancel", job_id], env=self.env, cwd=REPO, text=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            wait_job(
+                ledger, job_id,
+                lambda j: j.state == JobState.STOPPING and j.stop_state == JobState.CANCELLED,
+                "the stop `orch cancel` asked for", 60,
+            )  # fmt: skip
+            return helper
+        return None
+
+    # --- checks -------------------------------------------------------------------------------
+
+    def _instances(self) -> list[dict[str, Any]]:
+        """Every instance of this trial's owner, in any state."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}]
+        )
+        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def _check(self, settings: Any, ledger: Ledger, job_id: str, *, when: str) -> None:
+        job = ledger.get_job(job_id)
+        live_job = not JobState(job.state).is_final and controller_running(settings, job_id)
+        instances = self._instances()
+        problems: list[str] = []
+        for desc in instances:
+            tags = tags_of(desc)
+            if desc["State"]["Name"] in LIVE and not (tags.get("orch-job") == job_id and live_job):
+                problems.append(f"{desc['InstanceId']} runs and no live job owns it")
+        found = check_ledger(
+            settings.db_path, watched=lambda j: controller_running(settings, j)
+        )  # fmt: skip
+        problems += [f"ledger: {line}" for line in found.integrity + found.problems]
+        problems += self._duplicates(ledger, job, instances)
+        if when == "at the end":
+            problems += self._host_leaks(instances)
+            self.result.instances = len(instances)
+            self.result.leases = len(ledger.leases(job_id))
+        self.result.problems += [f"{when}: {p}" for p in problems]
+
+    def _duplicates(self, ledger: Ledger, job: Job, instances: list[dict[str, Any]]) -> list[str]:
+        problems = []
+        tokens = Counter(tags_of(d).get(TAG_TOKEN, "") for d in instances)
+        for token, count in tokens.items():
+            if count > 1:
+                problems.append(f"{count} instances launched with one ClientToken {token[:16]}")
+        leases = Counter(lease.instance_id for lease in ledger.leases(job.id))
+        for desc in instances:
+            iid = desc["InstanceId"]
+            if desc["State"]["Name"] in LIVE and leases[iid] == 0:
+                continue  # being launched right now: its lease comes once the launch returns
+            if leases[iid] != 1:
+                problems.append(f"{iid} has {leases[iid]} lease(s), not 1")
+        ranks: dict[int, list[int]] = defaultdict(list)
+        for desc in instances:
+            attempt = launch_attempt(job, desc)
+            if attempt is None:
+                problems.append(f"{desc['InstanceId']}: its token matches no launch attempt")
+            else:
+                ranks[attempt].append(int(tags_of(desc).get("orch-node-rank", "-1")))
+        for attempt, seen in sorted(ranks.items()):
+            if len(seen) != len(set(seen)) or len(seen) > job.nodes:
+                problems.append(f"launch attempt {attempt} made nodes of ranks {sorted(seen)}")
+        return problems
+
+    def _host_leaks(self, instances: list[dict[str, Any]]) -> list[str]:
+        problems = []
+        hosts = {h["instance_id"] for h in SandboxClient(self.sandbox.endpoint).status()["hosts"]}
+        deadline = time.monotonic() + 10  # the sandbox ends a host within a pass or two
+        while hosts & {d["InstanceId"] for d in instances} and time.monotonic() < deadline:
+            time.sleep(0.3)
+            hosts = {
+                h["instance_id"] for h in SandboxClient(self.sandbox.endpoint).status()["hosts"]
+            }
+        namespaces = sandbox_namespaces()
+        for desc in instances:
+            iid = desc["InstanceId"]
+            if iid in hosts or NETNS_PREFIX + iid in namespaces:
+                problems.append(f"the host of {iid} is still there")
+            if processes_with_marker(iid):
+                problems.append(f"processes of {iid} remain")
+        return problems
+
+    def _end_everything(self) -> None:
+        """The safety net: the trial's orch processes killed, its live instances terminated."""
+        for pid in orch_processes(self.home):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            live = [d["InstanceId"] for d in self._instances() if d["State"]["Name"] in LIVE]
+            if live:
+                self.ec2.terminate_instances(InstanceIds=live)
+
+
+def launch_attempt(job: Job, desc: dict[str, Any], limit: int = 64) -> int | None:
+    """The launch attempt an instance belongs to, found by recomputing the provider's
+    ClientToken for each attempt (the token is a hash of job, attempt, rank and offer)."""
+    tags = tags_of(desc)
+    rank = int(tags.get("orch-node-rank", "0"))
+    offer = Offer(
+        instance_type=desc["InstanceType"], region="", zone=desc["Placement"]["AvailabilityZone"],
+        market=tags.get("orch-market", "spot"),  # type: ignore[arg-type]
+        price_per_hour=Decimal(0), on_demand_price=Decimal(0), gpu="", gpus=0,
+        gpu_memory_gib=0.0, vcpus=0, memory_gib=0.0,
+    )  # fmt: skip
+    for attempt in range(limit):
+        request = LaunchRequest(
+            job_id=job.id, cluster=job.id, count=job.nodes, gpus_per_node=job.gpus_per_node,
+            public_key="", attempt=attempt,
+        )  # fmt: skip
+        if client_token(request, rank, offer) == tags.get(TAG_TOKEN):
+            return attempt
+    return None
+
+
+# --- many trials ----------------------------------------------------------------------------
+
+
+def run_trials(
+    plans: list[TrialPlan], base: Path, *, log: Callable[[str], None] = print
+) -> list[TrialResult]:
+    """Start one sandbox (its home under `base`), run every trial in it, stop it; what the
+    sandbox printed is left in `base/sandbox.log`."""
+    sandbox = SandboxProcess(base / "sandbox-home").start()
+    results = []
+    try:
+        for plan in plans:
+            directory = base / f"trial-{plan.number:02d}"
+            directory.mkdir(parents=True, exist_ok=True)
+            result = Trial(plan, directory, sandbox).run(log)
+            log(result.row())
+            results.append(result)
+    finally:
+        code = sandbox.stop()
+        (base / "sandbox.log").write_text(
+            sandbox.output
+        )  # what the sandbox said, for a post-mortem
+        if code != 0:
+            log(f"the sandbox exited with {code}:\n{sandbox.output[-2000:]}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.sandbox_crash_trials",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--phase", choices=PHASES, action="append", help="only these phases")
+    parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("sandbox crash trials need root (the sandbox's hosts)", file=sys.stderr)
+        return 2
+    plans = plan_trials(args.trials, args.seed, tuple(args.phase or PHASES))
+    base = args.keep or Path(tempfile.mkdtemp(prefix="orch-sandbox-crash-"))
+    try:
+        results = run_trials(plans, base, log=lambda text: print(text, flush=True))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+    print()
+    print(table(results))
+    failed = [r for r in results if not r.ok]
+    found = sum(len(r.problems) for r in results)
+    print(f"\n{len(results)} trial(s), {len(failed)} failed, {found} problem(s) found")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
