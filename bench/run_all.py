@@ -415,6 +415,20 @@ def _number(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
+def _load_note(load_before: str, cores: int) -> str:
+    """What the load before the run (others' work, none of the benchmarks') says."""
+    try:
+        busy = float(load_before.split(",")[0]) >= max(1, cores) / 2
+    except ValueError:
+        return "The machine's load during the run is unknown."
+    if busy:
+        return (
+            f"The machine was shared: other work ran on its {cores} cores during the run (see "
+            "the load average), so absolute times are slower and noisier than on an idle one."
+        )
+    return "The machine was otherwise idle when the run started (see the load average)."
+
+
 def _met(met: bool | None) -> str:
     return "-" if met is None else ("yes" if met else "**no**")
 
@@ -458,8 +472,7 @@ def render_page(
         *[f"| {key} | {value} |" for key, value in machine.items()],
         f"| load average (1, 5, 15 min) | before: {load_before}; after: {load_after} |",
         "",
-        f"The machine is shared: other work ran on its {cores} cores during the run (see the load",
-        "average), so absolute times are slower and noisier than on an idle machine.",
+        _load_note(load_before, cores),
         "",
         "## Summary",
         "",

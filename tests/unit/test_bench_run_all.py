@@ -96,3 +96,8 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
 def test_every_benchmark_module_is_run() -> None:
     modules = {p.stem for p in (REPO / "bench").glob("*.py")} - {"__init__", "common", "run_all"}
     assert {b.name for b in run_all.BENCHMARKS} == modules
+
+
+def test_the_page_says_whether_the_machine_was_busy() -> None:
+    assert "was shared" in run_all._load_note("3.83, 8.12, 7.69", 2)
+    assert "otherwise idle" in run_all._load_note("0.10, 0.20, 0.30", 2)
