@@ -69,6 +69,7 @@ from orchestrator.providers.aws_launch import (
     TAG_JOB,
     TAG_OWNER,
     TAG_TOKEN,
+    HostKey,
     client_token,
     error_code,
     http_status,
@@ -128,6 +129,9 @@ class AwsProvider:
         self._catalog = catalog
         self._clients: dict[str, Any] = {}
         self._launch_clients: dict[str, Any] = {}
+        # per ClientToken: a repeated call must send the same parameters (EC2 refuses a token
+        # reused with others: IdempotentParameterMismatch), host key included
+        self._host_keys: dict[str, HostKey] = {}
         self._networks: dict[tuple[str, str], aws_network.Network] = {}
         self._sleep = sleep
         self.spot_source = spot_source or SpotPriceSource(
@@ -378,7 +382,9 @@ class AwsProvider:
         """One RunInstances call: the new instance's id, or None when the call may be repeated
         (throttled, a 5xx other than capacity, no answer) and `tries` < `aws.max_api_attempts`.
         Capacity refusals raise `_Refused` at once; anything else `ProviderError`."""
-        host_key = new_host_key()
+        if token not in self._host_keys:
+            self._host_keys[token] = new_host_key()
+        host_key = self._host_keys[token]
         args = run_instances_args(
             offer,
             image_id=network.image_id,

@@ -291,14 +291,18 @@ def test_run_instances_repeats_throttling_and_server_errors_then_launches_once(
     answers = iter([(503, "RequestLimitExceeded"), (500, "InternalError"), (502, "BadGateway")])
     sent: list[str] = []
 
+    bodies: set[str] = set()
+
     def flaky(request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
         sent.append(zone_of(request))
+        bodies.add(str(request.body))
         answer = next(answers, None)
         return ec2_error(request.url, *answer) if answer else None
 
     provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", flaky)
     (node,) = provider.launch(request(count=1))
     assert len(sent) == 4 and len(set(sent)) == 1  # repeated in place, not failed over
+    assert len(bodies) == 1  # the very same call each time (token, user data, host key)
     backoffs = [w for w in waits if w != provider.aws.poll_interval_s]
     assert len(backoffs) <= 3 and all(0 <= w < 8 for w in backoffs)
     assert [d["InstanceId"] for d in running(provider)] == [node.instance_id]
