@@ -5,13 +5,13 @@ job at seeded random moments, then `orch reconcile`, and check that nothing leak
 
 One sandbox serves every trial; each trial has an ORCH_HOME and an `aws.owner` of its own. A
 trial submits a detached spot job (2 nodes, torchrun running `tests/fixtures/step_counter.py`)
-and waits for its phase: launching (PROVISIONING), syncing (SYNCING), running (RUNNING, from
-step 2 on), recovering (from the PREEMPTED event that follows a sandbox reclaim of node 1 with a
-short notice, through RECOVERING and the replacements' launch) or tearing down (after `orch
-cancel`, STOPPING towards CANCELLED). A seeded moment into the phase it SIGKILLs the controller
-(pid from `jobs/<id>/controller.pid`), runs `orch reconcile`, which gives the job a new
-controller that adopts it, and lets the job end. Checked, right after the reconcile and at the
-end:
+and waits for its phase: launching (PROVISIONING, from the job's first RunInstances on), syncing
+(SYNCING), running (RUNNING, from step 2 on), recovering (from the PREEMPTED event that follows
+a sandbox reclaim of node 1 with a short notice, through RECOVERING and the replacements'
+launch) or tearing down (after `orch cancel`, STOPPING towards CANCELLED). A seeded moment into
+the phase (a kill that lands in another state misses it) it SIGKILLs the controller (pid from
+`jobs/<id>/controller.pid`), runs `orch reconcile`, which gives the job a new controller that
+adopts it, and lets the job end. Checked, right after the reconcile and at the end:
 
 - moto runs no instance that no live job owns (a job that is not final and whose controller
   holds its lock), and none at all once the job has ended; the hosts of ended instances are gone;
@@ -56,14 +56,25 @@ from tests.helpers import ORCH, REPO, orch_env, processes_with_marker, run_orch
 from tests.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
-# Upper bound of the kill moment, seconds into the phase (each lasts about that long here).
+# Upper bound of the kill moment, seconds into the phase (each lasts at least that long here).
+# Launching counts from the first RunInstances of the job: a kill before it leaves nothing to
+# clean up, one after it cuts the launch short while the nodes boot.
 WINDOW_S = {
-    "launching": 4.0,
+    "launching": 1.0,
     "syncing": 0.5,
     "running": 3.0,
     "recovering": 4.0,
-    "tearing down": 1.0,
+    "tearing down": 0.5,
 }
+# The job states a kill may land in for the trial to count (else it missed its phase).
+PHASE_STATES = {
+    "launching": {JobState.PROVISIONING},
+    "syncing": {JobState.SYNCING},
+    "running": {JobState.RUNNING},
+    "recovering": {JobState.RUNNING, JobState.RECOVERING, JobState.PROVISIONING,
+                   JobState.SYNCING},
+    "tearing down": {JobState.STOPPING},
+}  # fmt: skip
 EXPECTED = {phase: JobState.SUCCEEDED for phase in PHASES} | {"tearing down": JobState.CANCELLED}
 EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.CANCELLED: 130}
 LIVE = ("pending", "running")
@@ -110,7 +121,7 @@ class TrialResult:
 
     @property
     def ok(self) -> bool:
-        return self.killed_in != "-" and not self.problems
+        return self.killed_in != "-" and "missed" not in self.killed_in and not self.problems
 
     def row(self) -> str:
         outcome = f"{self.final_state} step {self.step} rec {self.recoveries}"
@@ -263,8 +274,10 @@ class Trial:
             kill_controller(self.home, job_id)
             job = ledger.get_job(job_id)
             self.result.killed_in = job.state + (
-                " (noticed)" if self.plan.phase == "recovering" and job.state == "RUNNING" else ""
-            )
+                " (missed)" if job.state not in PHASE_STATES[self.plan.phase]
+                else " (noticed)" if self.plan.phase == "recovering" and job.state == "RUNNING"
+                else ""
+            )  # fmt: skip
             log(f"trial {self.plan.number}: killed the controller of {job_id} in {job.state}")
 
             revived = run_orch(["reconcile"], self.env, timeout=120)
@@ -312,7 +325,11 @@ class Trial:
         """Wait until the job is in the trial's phase; returns a helper command still running."""
         phase = self.plan.phase
         if phase == "launching":
-            wait_job(ledger, job_id, lambda j: j.state == JobState.PROVISIONING, phase, 120)
+            wait_job(
+                ledger, job_id,
+                lambda j: j.state == JobState.PROVISIONING and bool(self._instances(job_id)),
+                "its first RunInstances", 120,
+            )  # fmt: skip
         elif phase == "syncing":
             wait_job(ledger, job_id, lambda j: j.state == JobState.SYNCING, phase, 120)
         elif phase == "running":
@@ -342,11 +359,12 @@ class Trial:
 
     # --- checks -------------------------------------------------------------------------------
 
-    def _instances(self) -> list[dict[str, Any]]:
-        """Every instance of this trial's owner, in any state."""
-        pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}]
-        )
+    def _instances(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        """Every instance of this trial's owner (and of `job_id`, when given), in any state."""
+        filters = [{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}]
+        if job_id is not None:
+            filters.append({"Name": "tag:orch-job", "Values": [job_id]})
+        pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
     def _check(self, settings: Any, ledger: Ledger, job_id: str, *, when: str) -> None:
