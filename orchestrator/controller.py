@@ -97,6 +97,7 @@ class RunnerOptions:
     budget_interval: float = 10.0  # how often spend is checked against the caps
     stop_allowance: float = 15.0  # seconds a budget stop may take (SIGTERM, pull, terminate)
     lost_after: int = 3  # consecutive failed probes before a node counts as lost
+    probe_timeout: float = 5.0  # a node unanswered this long (or a watch interval) missed a check
     stop_grace: float = 60.0  # how long trainers get to checkpoint after SIGTERM
     connect_timeout: float = 10.0
     idle_util_pct: float = 5.0  # GPU utilization below which a GPU is idle
@@ -496,6 +497,10 @@ class JobRunner:
             seconds=self.options.watch_interval, next_run_time=now,
         )  # fmt: skip
         scheduler.add_job(
+            self._guarded(self._tick_activity), "interval",
+            seconds=self.options.watch_interval, next_run_time=now,
+        )  # fmt: skip
+        scheduler.add_job(
             self._guarded(self._tick_budget), "interval",
             seconds=self.options.budget_interval, next_run_time=now,
         )  # fmt: skip
@@ -542,6 +547,7 @@ class JobRunner:
             on_metrics=self._record_metrics,
             on_line=self.reporter.line,
             lost_after=self.options.lost_after,
+            probe_timeout=max(self.options.probe_timeout, self.options.watch_interval),
         )
 
     def _decide(self, order: StopOrder | Interruption | PlannedMove) -> None:
@@ -586,12 +592,24 @@ class JobRunner:
             self._decide(StopOrder(JobState.SUCCEEDED, 0, ""))
             return
         started = self.job.started_at or utcnow()
-        idle_for = self._activity.tick()
         order = runtime_order(
             elapsed_s=(utcnow() - started).total_seconds(),
             max_runtime_s=self.spec.budget.max_runtime,
-        ) or idle_order(
-            idle_for_s=idle_for,
+        )
+        if order is not None:
+            self._decide(order)
+
+    def _tick_activity(self) -> None:
+        """Read every node's GPUs (or the job's CPU use) and stop the job once idle too long.
+
+        A task of its own: a reading from a node that stopped answering can take as long as
+        the connection's timeouts, and must not hold up the liveness checks of `_tick_watch`.
+        While a node misses checks it cannot be judged idle, so nothing is read then.
+        """
+        if self._watch is not None and any(self._watch.misses):
+            return
+        order = idle_order(
+            idle_for_s=self._activity.tick(),
             idle_timeout_s=self.spec.budget.idle_timeout,
             what=self._activity.what,
         )

@@ -4,11 +4,18 @@
 log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
 terminal while the job runs), reports rank 0's progress, and returns the verdict. A node that
 fails `lost_after` probes in a row is lost (`NodeLost`): one missed probe is not enough.
+
+A check never waits longer than `probe_timeout` for a node: a node that has not answered by
+then missed the check, and its probe may go on (a dead link can hold a command or a reconnect
+for much longer) while later checks count as missed, without a second probe to that node. So a
+node cut off from the network is confirmed lost after about `lost_after` x (`probe_timeout` +
+the watch interval), and a shorter outage costs a missed check or two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from orchestrator import launch
@@ -24,6 +31,9 @@ from orchestrator.progress import (
 )
 from orchestrator.remote.ssh import NodeConnection
 
+UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
+PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
+
 
 class RunWatch:
     """Watches the detached run of one job on its cluster. Resumable: log offsets continue
@@ -38,6 +48,7 @@ class RunWatch:
         on_metrics: Callable[[Metrics], None],
         on_line: Callable[[str], None],
         lost_after: int = 3,
+        probe_timeout: float = 30.0,
     ) -> None:
         self.cluster = cluster
         self.layout = layout
@@ -45,6 +56,7 @@ class RunWatch:
         self.on_metrics = on_metrics
         self.on_line = on_line
         self.lost_after = lost_after
+        self.probe_timeout = probe_timeout
         logs_dir.mkdir(parents=True, exist_ok=True)
         count = len(cluster.instances)
         self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
@@ -54,9 +66,12 @@ class RunWatch:
         ]
         self.misses = [0] * count
         self._rank0 = LineBuffer()
+        # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
+        self._pending: list[Future[launch.NodeProbe] | None] = [None] * count
 
     def tick(self) -> Verdict:
-        probes = self.cluster.map(self._probe)
+        probes = self._probe_all()
         for rank, probe in enumerate(probes):
             if probe.new_log:
                 self._append(rank, probe.new_log)
@@ -81,12 +96,39 @@ class RunWatch:
         """Copy the log bytes the nodes printed since the last tick; nodes that do not
         answer are skipped. For the end of a run, when no verdict is wanted any more."""
         for _ in range(16):  # a probe returns at most 1 MiB of log
-            probes = self.cluster.map(self._probe)
+            probes = self._probe_all()
             for rank, probe in enumerate(probes):
                 if probe.new_log:
                     self._append(rank, probe.new_log)
             if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
                 return
+
+    def _probe_all(self) -> list[launch.NodeProbe]:
+        """One answer per node, by rank, within `probe_timeout`; `UNANSWERED` for a node whose
+        probe (started now, or still running from an earlier check) has not answered by then.
+
+        A node never has two probes at once, so its log offset moves in order. Errors other
+        than an unreachable node are raised once every answer that came is taken in.
+        """
+        for rank, connection in enumerate(self.cluster.connections):
+            if self._pending[rank] is None:
+                self._pending[rank] = self._pool.submit(self._probe, rank, connection)
+        wait([f for f in self._pending if f is not None], timeout=self.probe_timeout)
+        probes: list[launch.NodeProbe] = []
+        error: BaseException | None = None
+        for rank, future in enumerate(self._pending):
+            if future is None or not future.done():
+                probes.append(UNANSWERED)
+                continue
+            self._pending[rank] = None
+            try:
+                probes.append(future.result())
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the others
+                probes.append(UNANSWERED)
+                error = error or exc
+        if error is not None:
+            raise error
+        return probes
 
     def _append(self, rank: int, text: str) -> None:
         data = text.encode()
@@ -114,7 +156,7 @@ class RunWatch:
     def _probe(self, rank: int, connection: NodeConnection) -> launch.NodeProbe:
         command = launch.probe_command(self.layout, self.offsets[rank])
         try:
-            result = connection.run(command, timeout=30, check=False)
+            result = connection.run(command, timeout=PROBE_COMMAND_TIMEOUT, check=False)
         except NodeUnreachable:
             return launch.NodeProbe("unreachable", None, 0, "")
         return launch.parse_probe(result.stdout)

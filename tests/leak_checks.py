@@ -1,0 +1,228 @@
+"""What a dead job may not leave behind, checked against the host and the ledger.
+
+Used by the crash trials and the network-fault tests. Every check returns a list of
+human-readable problems (empty: nothing wrong), so a trial can print them in its table instead
+of stopping at the first one.
+
+- `NodeSightings` records every local node id an ORCH_HOME ever had (a node may be launched and
+  terminated before any lease names it);
+- `host_leaks` looks for processes, network namespaces, veths and node directories of those nodes,
+  and for a bridge that no node uses any more;
+- `lease_problems` checks that each lease is closed or belongs to a live, watched job, that no
+  launch was duplicated and that every node that was billed has a lease;
+- `ledger_problems` runs the ledger check (`orchestrator.ledger_check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.ledger import JobState, Lease, Ledger
+from orchestrator.ledger_check import check_ledger
+from orchestrator.providers.local import HOST_LOCK
+from orchestrator.providers.local_net import (
+    NODE_MARKER,
+    host_veth_name,
+    is_instance_id,
+    netns_name,
+)
+from orchestrator.providers.local_state import NodeStore, file_lock
+from orchestrator.supervision import controller_running
+
+PROC = Path("/proc")
+
+
+class NodeSightings:
+    """Polls `ORCH_HOME/local/nodes` in a thread and remembers every node seen there: `seen`
+    (its directory existed) and `billed` (its record named a started sshd: billing began)."""
+
+    def __init__(self, home: Path, interval: float = 0.05) -> None:
+        self.store = NodeStore(home / "local")
+        self.interval = interval
+        self.seen: set[str] = set()
+        self.billed: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="node-sightings")
+
+    def __enter__(self) -> NodeSightings:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.look()
+
+    def look(self) -> None:
+        with contextlib.suppress(OSError):
+            for entry in self.store.nodes_dir.iterdir():
+                if not is_instance_id(entry.name):
+                    continue
+                self.seen.add(entry.name)
+                if entry.name not in self.billed:
+                    record = self.store.load(entry.name)
+                    if record is not None and record.sshd_pid:
+                        self.billed.add(entry.name)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.look()
+            self._stop.wait(self.interval)
+
+
+def _proc_blobs() -> Iterable[tuple[int, bytes, bytes]]:
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            yield int(entry.name), environ, cmdline
+
+
+def node_processes(instance_ids: Iterable[str], home: Path | None = None) -> dict[int, str]:
+    """Live processes of the given nodes (their marker) or naming `home` on their command
+    line (sshd and metadata servers of its nodes), pid -> what matched."""
+    markers = {f"{NODE_MARKER}={iid}".encode(): iid for iid in instance_ids}
+    home_bytes = str(home).encode() + b"/" if home is not None else None
+    found: dict[int, str] = {}
+    for pid, environ, cmdline in _proc_blobs():
+        for var in environ.split(b"\0"):
+            if var in markers:
+                found[pid] = f"node {markers[var]}"
+                break
+        else:
+            if home_bytes is not None and home_bytes in cmdline:
+                found[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace")[:120]
+    return found
+
+
+def controller_processes(home: Path) -> list[int]:
+    """Live orch processes (controllers included) whose ORCH_HOME is `home`."""
+    wanted = f"ORCH_HOME={home}".encode()
+    return [
+        pid
+        for pid, environ, cmdline in _proc_blobs()
+        if wanted in environ.split(b"\0") and b"orchestrator" in cmdline
+    ]
+
+
+def _lines(argv: list[str]) -> list[str]:
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return out.stdout.splitlines() if out.returncode == 0 else []
+
+
+def namespaces() -> set[str]:
+    return {line.split()[0] for line in _lines(["ip", "netns", "list"]) if line.strip()}
+
+
+def links() -> set[str]:
+    """Names of the host's network interfaces (a veth's `@peer` suffix dropped)."""
+    names = set()
+    for line in _lines(["ip", "-o", "link", "show"]):
+        parts = line.split(":", 2)
+        if len(parts) > 1:
+            names.add(parts[1].strip().split("@", 1)[0])
+    return names
+
+
+def orphan_bridge(bridge: str, *, settle_s: float = 3.0) -> str | None:
+    """A problem when `bridge` exists with no node attached (looked at under the host lock,
+    twice, so another ORCH_HOME's node being torn down right now is not taken for a leak)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        with file_lock(HOST_LOCK):
+            if bridge not in links():
+                return None
+            ports = _lines(["ip", "-o", "link", "show", "master", bridge])
+            if ports:
+                return None
+        if time.monotonic() > deadline:
+            return f"bridge {bridge} is left with no node attached"
+        time.sleep(0.5)
+
+
+def host_leaks(settings: Settings, instance_ids: Iterable[str]) -> list[str]:
+    """Processes, namespaces, veths and node directories of the given (dead) nodes that remain,
+    and the bridge when no node uses it."""
+    ids = sorted(set(instance_ids))
+    problems = []
+    for pid, what in sorted(node_processes(ids, settings.home).items()):
+        problems.append(f"process {pid} ({what}) remains")
+    present_ns, present_links = namespaces(), links()
+    for iid in ids:
+        if netns_name(iid) in present_ns:
+            problems.append(f"namespace {netns_name(iid)} remains")
+        if host_veth_name(iid) in present_links:
+            problems.append(f"veth {host_veth_name(iid)} remains")
+        if (settings.home / "local" / "nodes" / iid).exists():
+            problems.append(f"node record {iid} remains")
+    bridge = orphan_bridge(settings.local.bridge)
+    if bridge:
+        problems.append(bridge)
+    return problems
+
+
+def lease_batches(leases: list[Lease], now: datetime) -> list[list[Lease]]:
+    """Leases grouped into launches: leases whose lifetimes overlap belong to one launch."""
+    batches: list[list[Lease]] = []
+    end: datetime | None = None
+    for lease in sorted(leases, key=lambda lease: lease.launched_at):
+        if batches and end is not None and lease.launched_at < end:
+            batches[-1].append(lease)
+        else:
+            batches.append([lease])
+            end = None
+        lease_end = lease.ended_at or now
+        end = lease_end if end is None else max(end, lease_end)
+    return batches
+
+
+def lease_problems(
+    settings: Settings,
+    ledger: Ledger,
+    job_id: str,
+    now: datetime,
+    billed: Iterable[str] = (),
+) -> list[str]:
+    """Leases of a job: each closed or its job live and watched; no duplicate launch (no rank
+    twice among overlapping leases, never more than the job's nodes at once); every node in
+    `billed` (its billing began) has a lease; a job that succeeded ran on a full launch."""
+    job = ledger.get_job(job_id)
+    leases = ledger.leases(job_id)
+    problems = []
+    watched = not JobState(job.state).is_final and controller_running(settings, job_id)
+    for lease in leases:
+        if lease.ended_at is None and not watched:
+            problems.append(f"lease of {lease.instance_id} open, job {job.state} and unwatched")
+    batches = lease_batches(leases, now)
+    for batch in batches:
+        ranks = [lease.rank for lease in batch]
+        if len(batch) > job.nodes or len(set(ranks)) != len(ranks):
+            ids = ", ".join(f"{lease.instance_id}@{lease.rank}" for lease in batch)
+            problems.append(f"duplicate launch: {len(batch)} overlapping lease(s): {ids}")
+    leased = {lease.instance_id for lease in leases}
+    for instance_id in sorted(set(billed) - leased):
+        problems.append(f"node {instance_id} ran without a lease")
+    last = len(batches[-1]) if batches else 0
+    if job.state == JobState.SUCCEEDED and last != job.nodes:
+        problems.append(f"succeeded, but its last launch has {last} lease(s)")
+    return problems
+
+
+def ledger_problems(settings: Settings) -> list[str]:
+    """What `orchestrator.ledger_check` finds in the ledger: SQLite's integrity and
+    foreign-key checks and the ledger's invariants, open leases only of watched jobs."""
+    verdict = check_ledger(settings.db_path, watched=lambda job: controller_running(settings, job))
+    return [f"ledger: {line}" for line in [*verdict.integrity, *verdict.problems]]
