@@ -145,7 +145,9 @@ class LocalProvider:
                 self.store.remove(iid)
         if survivors:
             raise ProviderError(f"local nodes {', '.join(survivors)} still have processes")
-        if ids and not self.store.all():
+        if not self.store.all():
+            # Even when the given nodes were all gone: a terminate killed between removing its
+            # last node and this line left the bridge for the next terminate to remove.
             self.cleanup_network()
         return stopped
 
