@@ -1,0 +1,35 @@
+"""Crash safety on the local provider: the controller is killed with SIGKILL in every phase of a
+job, and the next orch command leaves nothing behind (see `tests.crash_trials` for the checks).
+
+`make test` runs one kill per phase; `make soak` runs twenty (`python -m tests.crash_trials`
+runs any number outside pytest).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.crash_trials import PHASES, plan_trials, run_trials, table
+
+pytestmark = pytest.mark.e2e
+
+
+def run_and_report(count: int, seed: int, base: Path) -> None:
+    plans = plan_trials(count, seed)
+    results = run_trials(plans, base, log=lambda text: None)
+    report = table(results)
+    print(f"\n{report}")
+    assert [r.plan.phase for r in results] == [PHASES[i % len(PHASES)] for i in range(count)]
+    assert all(r.ok for r in results), f"\n{report}"
+
+
+def test_a_kill_in_each_phase_leaves_nothing_behind(tmp_path: Path) -> None:
+    run_and_report(len(PHASES), seed=8, base=tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+def test_twenty_kills_at_random_moments_leave_nothing_behind(tmp_path: Path) -> None:
+    run_and_report(20, seed=20, base=tmp_path)
