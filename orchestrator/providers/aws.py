@@ -42,7 +42,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from ipaddress import ip_address
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -85,6 +87,9 @@ from orchestrator.providers.base import Instance, LaunchRequest, MarketPrices
 from orchestrator.providers.ssh_banner import answers_ssh
 
 _CHUNK = 200  # ids per describe/terminate call
+
+# The dead-man switch's poweroff on hosts of a cloud running on this machine (see `_instance`).
+LOCAL_CLOUD_POWEROFF = "echo 'dead-man switch: hosts of a local cloud are not powered off' >&2"
 
 
 @dataclass(frozen=True)
@@ -474,9 +479,23 @@ class AwsProvider:
     # --- describe helpers -----------------------------------------------------------------------
 
     def _instance(self, desc: dict[str, Any]) -> Instance | None:
-        return instance_from_description(
+        instance = instance_from_description(
             desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface
         )
+        if instance is not None and self._local_cloud():
+            # The hosts of a cloud on this machine (moto, `orch sandbox aws`) share its
+            # software: their `shutdown` would stop this machine, not an instance.
+            instance = replace(instance, poweroff_command=LOCAL_CLOUD_POWEROFF)
+        return instance
+
+    def _local_cloud(self) -> bool:
+        host = urlsplit(self.aws.endpoint_url or "").hostname
+        if not host:
+            return False
+        try:
+            return host == "localhost" or ip_address(host).is_loopback
+        except ValueError:
+            return False
 
     def _describe(self, region: str, ids: Iterable[str]) -> list[dict[str, Any]]:
         """Descriptions of the ids EC2 knows in `region` (unknown ids are left out, not errors)."""

@@ -506,3 +506,11 @@ def provider_query() -> Any:
     from orchestrator.offers import OfferQuery
 
     return OfferQuery.from_resources(request())
+
+
+def test_hosts_of_a_cloud_on_this_machine_never_run_shutdown(provider: AwsProvider) -> None:
+    """moto and `orch sandbox aws` hosts share this machine: the dead-man switch must not
+    shut the machine down through them."""
+    (node,) = provider.launch(request(count=1))
+    assert "shutdown" not in node.poweroff_command
+    assert all("shutdown" not in n.poweroff_command for n in provider.list_owned())

@@ -166,7 +166,7 @@ def test_two_nodes_from_launch_to_terminate(
     assert [n.rank for n in nodes] == [0, 1]
     assert len({n.instance_id for n in nodes}) == 2
     for node in nodes:
-        assert node.price_per_hour == Decimal("0.75")
+        assert node.price_per_hour == Decimal("0.250000")  # spot: a third of on-demand
         assert node.market == "spot" and node.instance_type == "local-2x"
         assert before <= node.launched_at <= after and node.launched_at.tzinfo is not None
         assert node.host_key.startswith("ssh-ed25519 AAAA") and len(node.host_key.split()) == 2
