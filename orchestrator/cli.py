@@ -57,7 +57,7 @@ def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[Launch
     from orchestrator.plan import local_plan, offers_dry_run
 
     if provider.name != "aws":
-        plan = local_plan(spec, settings.local.price_per_hour)
+        plan = local_plan(spec, settings.local.price_per_hour, settings.local.spot_price)
         return plan, {"provider": provider.name, "plan": plan.as_dict()}
     from orchestrator.offers import OfferQuery
 

@@ -46,16 +46,18 @@ class LaunchPlan:
         }
 
 
-def local_plan(spec: JobSpec, price_per_hour: Decimal) -> LaunchPlan:
-    """The local provider has one offer: its configured price per node-hour."""
+def local_plan(spec: JobSpec, on_demand_price: Decimal, spot_price: Decimal) -> LaunchPlan:
+    """The local provider has one offer per market, at its configured prices per node-hour;
+    `spot: auto` plans spot when it is the cheaper (as the provider launches it when granted)."""
     resources = spec.resources
+    spot = resources.spot is True or (resources.spot == "auto" and spot_price <= on_demand_price)
     return LaunchPlan(
         provider="local",
         nodes=resources.nodes,
         gpus_per_node=resources.gpus_per_node,
-        market="spot" if resources.spot is True else "on-demand",
+        market="spot" if spot else "on-demand",
         instance_type=f"local-{resources.gpus_per_node}x",
-        price_per_node_hour=price_per_hour,
+        price_per_node_hour=spot_price if spot else on_demand_price,
         max_runtime_s=spec.budget.max_runtime,
         max_cost_usd=spec.budget.max_cost_usd,
     )
