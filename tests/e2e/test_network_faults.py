@@ -24,17 +24,18 @@ from tests.leak_checks import host_leaks, lease_problems, ledger_problems
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 60
+STEPS = 60  # enough to outlast a 5 s cut that starts at step 3
+SHORT = 30  # enough to be training when the cut starts
 
 
-def trainer_job(tmp_path: Path, *, name: str, extra: str = "") -> Path:
+def trainer_job(tmp_path: Path, *, name: str, steps: int, extra: str = "") -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(
         f"name: {name}\n"
         f"workdir: {REPO}\n"
         "run: >-\n"
         "  python -m trainer.train --model tiny --data fake --fake-size 100000\n"
-        f"  --steps {STEPS} --batch-size 32 --workers 0 --checkpoint-every 10 --log-every 1\n"
+        f"  --steps {steps} --batch-size 32 --workers 0 --checkpoint-every 10 --log-every 1\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"
         "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
         "env: {OMP_NUM_THREADS: '1'}\n" + extra
@@ -42,11 +43,13 @@ def trainer_job(tmp_path: Path, *, name: str, extra: str = "") -> Path:
     return path
 
 
-def start(tmp_path: Path, name: str, extra: str = "") -> tuple[str, dict[str, str], Ledger]:
+def start(
+    tmp_path: Path, name: str, steps: int, extra: str = ""
+) -> tuple[str, dict[str, str], Ledger]:
     home = tmp_path / "orch"
     env = orch_env(home, ORCH_WATCH_INTERVAL="1", ORCH_LOCAL_NETWORK="namespace")
     result = run_orch(
-        ["submit", str(trainer_job(tmp_path, name=name, extra=extra)), "--detach"], env
+        ["submit", str(trainer_job(tmp_path, name=name, steps=steps, extra=extra)), "--detach"], env
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip().splitlines()[-1], env, Ledger(make_engine(home / "orch.db"))
@@ -89,7 +92,7 @@ def assert_clean(env: dict[str, str], ledger: Ledger, job_id: str) -> dict:
 
 
 def test_a_node_cut_off_for_5_seconds_does_not_end_the_job(tmp_path: Path) -> None:
-    job_id, env, ledger = start(tmp_path, "blip")
+    job_id, env, ledger = start(tmp_path, "blip", STEPS)
     veth = training(ledger, job_id)
     set_link(veth, "down")
     cut_at_step = ledger.get_job(job_id).step
@@ -106,14 +109,14 @@ def test_a_node_cut_off_for_5_seconds_does_not_end_the_job(tmp_path: Path) -> No
 
 
 def test_a_node_cut_off_past_the_confirmation_window_is_lost_and_replaced(tmp_path: Path) -> None:
-    job_id, env, ledger = start(tmp_path, "cutoff")
+    job_id, env, ledger = start(tmp_path, "cutoff", SHORT)
     veth = training(ledger, job_id)
     set_link(veth, "down")  # for good: the node is terminated while cut off
     cut = utcnow()
     wait_ledger(ledger, job_id, lambda j: j.recoveries == 1, "a recovery", timeout=120)
     job = wait_ledger(ledger, job_id, is_final, "the end")
     assert job.state == "SUCCEEDED", job.reason
-    assert job.recoveries == 1 and job.step == STEPS
+    assert job.recoveries == 1 and job.step == SHORT
     (preempted,) = [e for e in ledger.events(job_id) if e.kind == "PREEMPTED"]
     assert preempted.message.startswith("lost: node 1"), preempted.message
     detected = (preempted.at - cut).total_seconds()
@@ -125,7 +128,7 @@ def test_a_node_cut_off_past_the_confirmation_window_is_lost_and_replaced(tmp_pa
 
 
 def test_a_lost_node_without_recoveries_left_fails_the_job_cleanly(tmp_path: Path) -> None:
-    job_id, env, ledger = start(tmp_path, "nospare", "recovery: {max_recoveries: 0}\n")
+    job_id, env, ledger = start(tmp_path, "nospare", SHORT, "recovery: {max_recoveries: 0}\n")
     veth = training(ledger, job_id)
     set_link(veth, "down")
     job = wait_ledger(ledger, job_id, is_final, "the end", timeout=120)
