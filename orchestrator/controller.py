@@ -574,7 +574,8 @@ class JobRunner:
         try:
             verdict = self._watch.tick()
         except NodeLost as lost:
-            self._decide(self._gone((lost.rank,), str(lost.message)))
+            ended = self._ended_by_orch((lost.rank,))
+            self._decide(ended or self._gone((lost.rank,), str(lost.message)))
             return
         missing = tuple(rank for rank, misses in enumerate(self._watch.misses) if misses)
         if missing:
@@ -615,6 +616,23 @@ class JobRunner:
         )
         if order is not None:
             self._decide(order)
+
+    def _ended_by_orch(self, ranks: tuple[int, ...]) -> StopOrder | None:
+        """The stop for nodes that another orch command ended (`orch down`, which closes their
+        leases): they were taken on purpose, so the job ends instead of launching new ones."""
+        ids = {self.instances[rank].instance_id for rank in ranks}
+        closed = sorted(
+            lease.instance_id
+            for lease in self.ledger.leases(self.job.id)
+            if lease.instance_id in ids and lease.ended_at is not None
+        )
+        if not closed:
+            return None
+        return StopOrder(
+            JobState.CANCELLED,
+            JobCancelled.exit_code,
+            f"node(s) {', '.join(closed)} were shut down by another orch command (orch down)",
+        )
 
     def _gone(self, ranks: tuple[int, ...], detail: str) -> Interruption:
         """The interruption for nodes found gone, labelled by what the provider says."""
