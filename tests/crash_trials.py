@@ -5,11 +5,11 @@ then check that the next orch command puts everything right.
 
 Each trial submits a detached job (the reference trainer, small, spot, 2 nodes) under an
 ORCH_HOME of its own and waits for the trial's phase: provisioning, sync, running, recovery
-(node 1 reclaimed at step 2 as `orch local preempt` does, kill while the job is RECOVERING) or
-teardown (SIGTERM to the controller at step 2 as `orch cancel` does, kill while the job is
-STOPPING). Both are done in-process, so they land at once, in the middle of training, however
-long a CLI takes to start on a busy machine. A seeded random moment into the phase it SIGKILLs
-the controller (pid from `jobs/<id>/controller.pid`), runs `orch status JOB` or
+(node 1 reclaimed at rank 0's first progress report, as `orch local preempt` does; kill while
+the job is RECOVERING) or teardown (SIGTERM to the controller then, as `orch cancel` does; kill
+while the job is STOPPING). Both are done in-process, so they land at once, mid-training,
+however long a CLI takes to start on a busy machine. A seeded random moment into the phase it
+SIGKILLs the controller (pid from `jobs/<id>/controller.pid`), runs `orch status JOB` or
 `orch reconcile` (both revive the controller), lets the job finish and checks:
 
 - nothing of the job's nodes is left: no process, network namespace, veth or node record, and
@@ -70,7 +70,7 @@ REVIVERS = ("status", "reconcile")
 REVIVED_SAYS = {"status": "a new one adopted the job", "reconcile": "it got a new one"}
 
 NODES = 2
-FAKE_SIZE = 1024  # 2 nodes x 1 rank x batch 32: 16 steps
+FAKE_SIZE = 3072  # 2 nodes x 1 rank x batch 32: 48 steps, a few seconds even on an idle host
 TARGET_STEP = FAKE_SIZE // (NODES * 32)
 DATA_BYTES = 64 * 1024 * 1024  # sparse: makes the sync phase last a moment
 
@@ -214,7 +214,8 @@ def wait_phase(ledger: Ledger, job_id: str, state: JobState, timeout: float = 24
 
 
 def _training(job: Job) -> bool:
-    return job.state == JobState.RUNNING and (job.step or 0) >= 2
+    """Rank 0 reported progress (the first report reaches the ledger at once)."""
+    return job.state == JobState.RUNNING and (job.step or 0) >= 1
 
 
 def orch_background(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -275,8 +276,8 @@ def run_trial(
             job_id = result.job_id = wait_job_id(ledger, submit)
             target = PHASE_STATE[plan.phase]
             if plan.phase in ("recovery", "teardown"):
-                wait_job(ledger, job_id, _training, "step 2", timeout=240)
-                log(f"trial {plan.number}: {job_id} at step 2, {plan.phase} starts")
+                wait_job(ledger, job_id, _training, "training", timeout=240)
+                log(f"trial {plan.number}: {job_id} is training, {plan.phase} starts")
                 if plan.phase == "recovery":
                     reclaim_node_1(settings, ledger, job_id)
                 else:
