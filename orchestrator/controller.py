@@ -518,6 +518,7 @@ class JobRunner:
             while not self._decided.wait(0.2):
                 pass
         finally:
+            self._abort_unanswering_connections()
             scheduler.shutdown(wait=True)
             notices.stop()
             self._activity.stop()
@@ -525,6 +526,16 @@ class JobRunner:
             raise self._failure
         assert self._decision is not None
         return self._decision
+
+    def _abort_unanswering_connections(self) -> None:
+        """Drop the connections of nodes that missed their last check: a task still waiting
+        on one (a checkpoint pull, a CPU reading) ends now rather than at the keepalive
+        timeout, so a lost or reclaimed node is acted on seconds sooner."""
+        if self._watch is None or self.cluster is None:
+            return
+        for rank, misses in enumerate(self._watch.misses):
+            if misses:
+                self.cluster.connections[rank].abort()
 
     def _guarded(self, task: Callable[[], None]) -> Callable[[], None]:
         def run_task() -> None:
@@ -579,7 +590,12 @@ class JobRunner:
             return
         missing = tuple(rank for rank, misses in enumerate(self._watch.misses) if misses)
         if missing:
-            # One missed probe is not a loss, unless the provider says it took the node.
+            # One missed probe is not a loss, unless the node's lease was closed by `orch down`
+            # or the provider says it took the node.
+            ended = self._ended_by_orch(missing)
+            if ended is not None:
+                self._decide(ended)
+                return
             taken = self.provider.preempted([self.instances[r].instance_id for r in missing])
             if taken:
                 ranks = tuple(r for r in missing if self.instances[r].instance_id in taken)
@@ -962,14 +978,23 @@ class JobRunner:
         self._watch.catch_up()
 
     def _stop_trainers(self, grace_s: float) -> None:
-        """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit."""
+        """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit.
+
+        Nodes that missed their last check are left out (each would cost a connect timeout),
+        and then nothing is waited for: a job that lost a node cannot finish a collective step,
+        and torchrun on the others waits for its lost peer far longer than any grace."""
         assert self.cluster is not None
+        misses = self._watch.misses if self._watch is not None else []
+        unanswering = {rank for rank, missed in enumerate(misses) if missed}
 
         def stop(rank: int, connection: NodeConnection) -> None:
-            connection.run(launch.stop_command(self.layout), timeout=15, check=False)
+            if rank not in unanswering:
+                connection.run(launch.stop_command(self.layout), timeout=15, check=False)
 
         with contextlib.suppress(OrchError):
             self.cluster.map(stop)
+        if unanswering:
+            return
 
         def probe(rank: int, connection: NodeConnection) -> launch.NodeProbe:
             command = launch.probe_command(self.layout, None)

@@ -96,28 +96,31 @@ class RunWatch:
         """Copy the log bytes the nodes printed since the last tick; nodes that do not
         answer are skipped. For the end of a run, when no verdict is wanted any more."""
         for _ in range(16):  # a probe returns at most 1 MiB of log
-            probes = self._probe_all()
+            probes = self._probe_all(skip_unanswering=True)
             for rank, probe in enumerate(probes):
                 if probe.new_log:
                     self._append(rank, probe.new_log)
             if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
                 return
 
-    def _probe_all(self) -> list[launch.NodeProbe]:
+    def _probe_all(self, *, skip_unanswering: bool = False) -> list[launch.NodeProbe]:
         """One answer per node, by rank, within `probe_timeout`; `UNANSWERED` for a node whose
-        probe (started now, or still running from an earlier check) has not answered by then.
+        probe (started now, or still running from an earlier check) has not answered by then,
+        and, with `skip_unanswering`, at once for a node that missed its last check.
 
         A node never has two probes at once, so its log offset moves in order. Errors other
         than an unreachable node are raised once every answer that came is taken in.
         """
+        skipped = {r for r, misses in enumerate(self.misses) if misses and skip_unanswering}
         for rank, connection in enumerate(self.cluster.connections):
-            if self._pending[rank] is None:
+            if self._pending[rank] is None and rank not in skipped:
                 self._pending[rank] = self._pool.submit(self._probe, rank, connection)
-        wait([f for f in self._pending if f is not None], timeout=self.probe_timeout)
+        asked = [f for r, f in enumerate(self._pending) if f is not None and r not in skipped]
+        wait(asked, timeout=self.probe_timeout)
         probes: list[launch.NodeProbe] = []
         error: BaseException | None = None
         for rank, future in enumerate(self._pending):
-            if future is None or not future.done():
+            if rank in skipped or future is None or not future.done():
                 probes.append(UNANSWERED)
                 continue
             self._pending[rank] = None

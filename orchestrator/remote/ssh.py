@@ -174,6 +174,14 @@ class NodeConnection:
             )
         return result
 
+    def abort(self) -> None:
+        """Close the open transport at once, from any thread, without waiting for a connect
+        in progress: commands waiting on it fail now (`NodeUnreachable`) instead of at the
+        keepalive timeout. The next command reconnects."""
+        connection = self._connection
+        if connection is not None:
+            connection.close()
+
     def close(self) -> None:
         """Close the connection; the next command reconnects."""
         with self._lock:
