@@ -82,6 +82,7 @@ LIVE = ("pending", "running")
 NODES = 2
 STEPS = 40
 STEP_S = 0.2
+STOP_S = 2.0  # the emergency checkpoint's time when cancelled: outlasts the tearing-down window
 NOTICE_S = 3
 DATA_BYTES = 32 * 1024 * 1024  # sparse here, sent in full: the sync lasts a moment
 COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"  # the job's script (no torch)
@@ -150,8 +151,9 @@ class TrialFailed(Exception):
 # --- one trial ------------------------------------------------------------------------------
 
 
-def write_job(directory: Path) -> Path:
-    """The trial's job: a workdir holding only the step counter, and a data blob."""
+def write_job(directory: Path, stop_s: float = 0.0) -> Path:
+    """The trial's job: a workdir holding only the step counter, and a data blob; its emergency
+    checkpoint takes `stop_s`."""
     work = directory / "work"
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(COUNTER, work / COUNTER.name)
@@ -164,7 +166,8 @@ def write_job(directory: Path) -> Path:
         "name: crash\n"
         f"workdir: {work}\n"
         f"data: [{{src: {data}, dst: ~/data}}]\n"
-        f"run: python {COUNTER.name} --steps {STEPS} --step-s {STEP_S} --checkpoint-every 4\n"
+        f"run: python {COUNTER.name} --steps {STEPS} --step-s {STEP_S} --checkpoint-every 4 "
+        f"--stop-s {stop_s}\n"
         f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
         "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
     )
@@ -261,7 +264,7 @@ class Trial:
                 f"aws: {{owner: {self.owner}, poll_interval_s: 0.5}}\n"
             )
             settings = load_settings(self.env)
-            spec = write_job(self.directory)
+            spec = write_job(self.directory, STOP_S if self.plan.phase == "tearing down" else 0.0)
             submitted = run_orch(
                 ["submit", str(spec), "--provider", "aws", "--detach"], self.env, timeout=120
             )
