@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -11,9 +12,30 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
+STEP_COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"
+
+
+def counter_workdir(directory: Path) -> Path:
+    """A workdir holding only the step counter (the trainer contract without torch's seconds of
+    import per rank), for tests about orch rather than about training; returns it."""
+    work = directory / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(STEP_COUNTER, work / STEP_COUNTER.name)
+    return work
+
+
+def counter_run(
+    steps: int, *, step_s: float = 0.25, checkpoint_every: int = 4, stop_s: float = 0.0
+) -> str:
+    """The job spec's `run` for the step counter in a `counter_workdir`."""
+    return (
+        f"python {STEP_COUNTER.name} --steps {steps} --step-s {step_s} "
+        f"--checkpoint-every {checkpoint_every} --stop-s {stop_s}"
+    )
 
 
 def orch_env(home: Path, **extra: str) -> dict[str, str]:
@@ -80,14 +102,34 @@ def submitted_job_id(output: str) -> str:
     raise AssertionError(f"no job id in output:\n{output}")
 
 
+_LEDGERS: dict[Path, Any] = {}
+
+
+def job_view(job_id: str, env: dict[str, str]) -> dict:
+    """What `orch status JOB --json` prints, built in this process from the same ledger and
+    code: polling through the CLI would start a Python of about a CPU-second every time, and
+    steal that from the nodes under test. Assertions on the final state use `job_json`."""
+    from orchestrator.config import load_settings
+    from orchestrator.ledger import Ledger, make_engine
+    from orchestrator.views import job_document
+
+    settings = load_settings(env)
+    if settings.db_path not in _LEDGERS:
+        _LEDGERS[settings.db_path] = Ledger(make_engine(settings.db_path))
+    ledger = _LEDGERS[settings.db_path]
+    document = job_document(ledger, settings, ledger.get_job(job_id))
+    return json.loads(json.dumps(document, default=str))
+
+
 def wait_for_state(
     job_id: str, env: dict[str, str], states: set[str], timeout: float = 180
 ) -> dict:
+    """Poll the job (in-process) until it is in one of `states`; returns `orch status --json`."""
     deadline = time.monotonic() + timeout
     while True:
-        job = job_json(job_id, env)
+        job = job_view(job_id, env)
         if job["state"] in states:
-            return job
+            return job_json(job_id, env)
         if time.monotonic() > deadline:
             raise AssertionError(f"{job_id} stayed {job['state']}, wanted {states}")
         time.sleep(0.5)
