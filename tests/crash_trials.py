@@ -3,7 +3,7 @@ then check that the next orch command puts everything right.
 
     python -m tests.crash_trials --trials 20 [--seed 8] [--phase running] [--keep DIR]
 
-Each trial submits a detached job (the reference trainer, small, spot, 2 nodes) under an
+Each trial submits a detached job (the step counter under torchrun, spot, 2 nodes) under an
 ORCH_HOME of its own and waits for the trial's phase: provisioning, sync, running, recovery
 (node 1 reclaimed at rank 0's first progress report, as `orch local preempt` does; kill while
 the job is RECOVERING) or teardown (SIGTERM to the controller then, as `orch cancel` does; kill
@@ -45,7 +45,7 @@ from orchestrator.config import Settings, load_settings
 from orchestrator.ledger import Job, JobState, Ledger, make_engine, utcnow
 from orchestrator.providers.local import LocalProvider
 from orchestrator.supervision import controller_running
-from tests.helpers import ORCH, REPO, orch_env, run_orch
+from tests.helpers import ORCH, REPO, counter_run, counter_workdir, orch_env, run_orch
 from tests.leak_checks import (
     NodeSightings,
     controller_processes,
@@ -70,8 +70,9 @@ REVIVERS = ("status", "reconcile")
 REVIVED_SAYS = {"status": "a new one adopted the job", "reconcile": "it got a new one"}
 
 NODES = 2
-FAKE_SIZE = 3072  # 2 nodes x 1 rank x batch 32: 48 steps, a few seconds even on an idle host
-TARGET_STEP = FAKE_SIZE // (NODES * 32)
+TARGET_STEP = 48
+STEP_S = 0.15  # 7 s of training: long enough for the running and recovery phases
+STOP_S = 2.0  # the emergency checkpoint's time in teardown trials: outlasts the window
 DATA_BYTES = 64 * 1024 * 1024  # sparse: makes the sync phase last a moment
 
 
@@ -135,7 +136,9 @@ def table(results: list[TrialResult]) -> str:
     return "\n".join([HEADER, *(result.row() for result in results)])
 
 
-def write_job(directory: Path) -> Path:
+def write_job(directory: Path, stop_s: float = 0.0) -> Path:
+    """The trial's job: the step counter (the trainer contract without torch's import time in
+    every rank), whose emergency checkpoint takes `stop_s`, and a data blob."""
     data = directory / "data"
     data.mkdir(parents=True, exist_ok=True)
     with open(data / "blob.bin", "wb") as blob:
@@ -143,14 +146,11 @@ def write_job(directory: Path) -> Path:
     spec = directory / "job.yaml"
     spec.write_text(
         "name: crash\n"
-        f"workdir: {REPO}\n"
+        f"workdir: {counter_workdir(directory)}\n"
         f"data: [{{src: {data}, dst: ~/data}}]\n"
-        "run: >-\n"
-        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
-        "  --epochs 1 --batch-size 32 --workers 0 --checkpoint-every 2 --log-every 1\n"
+        f"run: {counter_run(TARGET_STEP, step_s=STEP_S, checkpoint_every=2, stop_s=stop_s)}\n"
         f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
         "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
-        "env: {OMP_NUM_THREADS: '1'}\n"
     )
     return spec
 
@@ -267,7 +267,7 @@ def run_trial(
     home = directory / "orch"
     env = trial_env(home)
     settings = load_settings(env)
-    spec = write_job(directory)
+    spec = write_job(directory, STOP_S if plan.phase == "teardown" else 0.0)
     submit: subprocess.Popen[str] | None = None
     try:
         with NodeSightings(home) as sightings:

@@ -146,6 +146,7 @@ def test_plan_above_max_hourly_is_refused_before_launch(tmp_path: Path) -> None:
     assert "max_hourly_usd" in result.stderr and "$1.50/h" in result.stderr
 
 
+@pytest.mark.soak  # `make test` keeps tests/integration/test_ledger_crash.py's readers
 def test_status_in_a_loop_while_a_job_runs_never_hits_a_locked_database(tmp_path: Path) -> None:
     spec = write_job(tmp_path, f"name: busy\nrun: {TICKS.format(n=600)}\n")
     env = fast_env(tmp_path / "orch")

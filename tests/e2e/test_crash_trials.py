@@ -1,7 +1,8 @@
 """Crash safety on the local provider: the controller is killed with SIGKILL in every phase of a
 job, and the next orch command leaves nothing behind (see `tests.crash_trials` for the checks).
 
-`make test` runs one kill per phase; `make soak` runs twenty (`python -m tests.crash_trials`
+`make test` runs a kill while recovering and one while tearing down; `make soak` runs one
+kill per phase, and twenty (`python -m tests.crash_trials`
 runs any number outside pytest).
 """
 
@@ -16,20 +17,29 @@ from tests.crash_trials import PHASES, plan_trials, run_trials, table
 pytestmark = pytest.mark.e2e
 
 
-def run_and_report(count: int, seed: int, base: Path) -> None:
-    plans = plan_trials(count, seed)
+# The phases whose restarts are the most involved: a recovery half done, a stop half done.
+SHORT_PHASES = ("recovery", "teardown")
+
+
+def run_and_report(phases: tuple[str, ...], count: int, seed: int, base: Path) -> None:
+    plans = plan_trials(count, seed, phases)
     results = run_trials(plans, base, log=lambda text: None)
     report = table(results)
     print(f"\n{report}")
-    assert [r.plan.phase for r in results] == [PHASES[i % len(PHASES)] for i in range(count)]
+    assert [r.plan.phase for r in results] == [phases[i % len(phases)] for i in range(count)]
     assert all(r.ok for r in results), f"\n{report}"
 
 
+def test_kills_while_recovering_and_tearing_down_leave_nothing_behind(tmp_path: Path) -> None:
+    run_and_report(SHORT_PHASES, 2, seed=8, base=tmp_path)
+
+
+@pytest.mark.soak
 def test_a_kill_in_each_phase_leaves_nothing_behind(tmp_path: Path) -> None:
-    run_and_report(len(PHASES), seed=8, base=tmp_path)
+    run_and_report(PHASES, len(PHASES), seed=8, base=tmp_path)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 def test_twenty_kills_at_random_moments_leave_nothing_behind(tmp_path: Path) -> None:
-    run_and_report(20, seed=20, base=tmp_path)
+    run_and_report(PHASES, 20, seed=20, base=tmp_path)

@@ -69,15 +69,9 @@ def set_trace(tmp_path: Path, job: dict, text: str) -> None:
         tmp.replace(disk / "bin" / "nvidia-smi.trace")
 
 
-def test_busy_gpus_are_never_stopped(tmp_path: Path) -> None:
-    spec = prepare(tmp_path, SLEEP_RUN.format(s=12), gpus=[90.0])
-    result = run_orch(["submit", str(spec), "--json"], env_for(tmp_path), timeout=200)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["state"] == "SUCCEEDED"
-
-
 def test_one_busy_gpu_keeps_the_job_alive(tmp_path: Path) -> None:
-    spec = prepare(tmp_path, SLEEP_RUN.format(s=12), gpus=[0.0, 85.0])
+    """Busy GPUs are never stopped, even when a node's other GPU idles."""
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=IDLE_TIMEOUT + 5), gpus=[0.0, 85.0])
     result = run_orch(["submit", str(spec), "--json"], env_for(tmp_path), timeout=200)
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["state"] == "SUCCEEDED"
@@ -101,9 +95,10 @@ def test_gpus_going_idle_stop_the_job_after_the_timeout(tmp_path: Path) -> None:
     assert_nothing_left(job)
 
 
-@pytest.mark.parametrize("mode", ["garbage", "fail", "hang"])
-def test_a_broken_nvidia_smi_never_stops_the_job(tmp_path: Path, mode: str) -> None:
-    spec = prepare(tmp_path, SLEEP_RUN.format(s=600), gpus=[0.0], mode=mode)
+def test_a_hanging_nvidia_smi_never_stops_the_job(tmp_path: Path) -> None:
+    """A hang, the worst of the broken readings (garbage and failures are read as unknown the
+    same way: tests/integration/test_gpu_watch.py), never counts as idle."""
+    spec = prepare(tmp_path, SLEEP_RUN.format(s=600), gpus=[0.0], mode="hang")
     env = env_for(tmp_path)
     job_id = run_orch(["submit", str(spec), "--detach"], env, timeout=60).stdout.split()[-1]
     wait_for_state(job_id, env, {"RUNNING"})

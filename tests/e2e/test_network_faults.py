@@ -108,6 +108,7 @@ def test_a_node_cut_off_for_5_seconds_does_not_end_the_job(tmp_path: Path) -> No
     assert_clean(env, ledger, job_id)
 
 
+@pytest.mark.soak  # `make test` keeps the lost node without recoveries, and test_spot's
 def test_a_node_cut_off_past_the_confirmation_window_is_lost_and_replaced(tmp_path: Path) -> None:
     job_id, env, ledger = start(tmp_path, "cutoff", SHORT)
     veth = training(ledger, job_id)

@@ -30,6 +30,7 @@ def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
             running.stop()
 
 
+@pytest.mark.soak  # `make test` keeps test_sandbox_spot.py, the same round trip plus a reclaim
 def test_demo_job_round_trip_on_sandbox_spot_nodes(tmp_path: Path, sandbox: SandboxProcess) -> None:
     assert not sandbox_namespaces()
     env = orch_env(tmp_path / "orch", **aws_env(sandbox.endpoint))

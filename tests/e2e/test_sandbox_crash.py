@@ -1,6 +1,6 @@
 """Crash safety of `--provider aws` on `orch sandbox aws`: seeded `kill -9` trials of a detached
 job's controller, each followed by `orch reconcile` (see tests/sandbox_crash_trials.py for what
-a trial does and checks). The regular suite runs three trials; `make soak` runs ten, one pair
+a trial does and checks). The regular suite runs one trial; `make soak` runs ten, one pair
 per phase, and prints the trial table of each run."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from tests.sandbox_crash_trials import PHASES, plan_trials, run_trials, table
 
 pytestmark = pytest.mark.e2e
 
-# The phases whose restarts differ most: a fresh launch over a half-synced one, a recovery
-# half done, a stop half done.
-SHORT_PHASES = ("syncing", "recovering", "tearing down")
+# The phase whose restart is the most involved: a recovery half done (`make soak` runs every
+# phase, and tests/e2e/test_crash_trials.py a stop half done on the local provider).
+SHORT_PHASES = ("recovering",)
 
 
 def run_and_show(plans: list, base: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,10 +27,10 @@ def run_and_show(plans: list, base: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.timeout(900)
-def test_three_controller_kills_leave_nothing_behind(
+def test_a_kill_while_recovering_leaves_nothing_behind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_and_show(plan_trials(3, seed=5, phases=SHORT_PHASES), tmp_path, capsys)
+    run_and_show(plan_trials(1, seed=5, phases=SHORT_PHASES), tmp_path, capsys)
 
 
 @pytest.mark.soak
