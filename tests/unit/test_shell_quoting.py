@@ -9,9 +9,11 @@ local nodes in tests/e2e/test_shell_safety.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -283,6 +285,9 @@ def test_start_probe_stop_and_cpu_commands_under_a_hostile_home(home: Path) -> N
             assert time.monotonic() < deadline, "stop_command did not stop the run"
             time.sleep(0.1)
     finally:
-        subprocess.run(["kill", "-9", f"-{pid}"], capture_output=True)
+        # Not procps' `kill -9 -PGID`: once the group is gone it sends SIGKILL to -1, every
+        # process of the machine (the CI runner included).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
     tail = bash(f"tail -n 30 {launch.home_expr(layout.log)}", home)
     assert tail == b""
