@@ -26,6 +26,9 @@ pytestmark = pytest.mark.e2e
 
 STEPS = 60  # enough to outlast a 5 s cut that starts at step 3
 SHORT = 30  # enough to be training when the cut starts
+# Micro-steps per step: the tiny model alone runs tens of steps a second on an idle host, and
+# would be done before the cut; each step's all-reduce is what waits for a cut-off node.
+ACCUM = 4
 
 
 def trainer_job(tmp_path: Path, *, name: str, steps: int, extra: str = "") -> Path:
@@ -35,7 +38,8 @@ def trainer_job(tmp_path: Path, *, name: str, steps: int, extra: str = "") -> Pa
         f"workdir: {REPO}\n"
         "run: >-\n"
         "  python -m trainer.train --model tiny --data fake --fake-size 100000\n"
-        f"  --steps {steps} --batch-size 32 --workers 0 --checkpoint-every 10 --log-every 1\n"
+        f"  --steps {steps} --batch-size 32 --accum {ACCUM} --workers 0 --checkpoint-every 10\n"
+        "  --log-every 1\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"
         "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
         "env: {OMP_NUM_THREADS: '1'}\n" + extra
