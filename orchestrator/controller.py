@@ -165,6 +165,7 @@ class JobRunner:
         self.instances: list[Instance] = []
         self._started = False
         self._watch: RunWatch | None = None
+        self._gone_ranks: set[int] = set()  # nodes of the cluster found lost, reclaimed or downed
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._last_step: int | None = None
         self._last_step_saved = 0.0
@@ -465,6 +466,7 @@ class JobRunner:
         """
         assert self.cluster is not None
         self._watch = self._run_watch()
+        self._gone_ranks = set()
         notices = NoticeWatcher(
             self.cluster, self._on_notice, interval_s=self.options.notice_poll_interval
         )
@@ -518,7 +520,7 @@ class JobRunner:
             while not self._decided.wait(0.2):
                 pass
         finally:
-            self._abort_unanswering_connections()
+            self._abort_gone_connections()
             scheduler.shutdown(wait=True)
             notices.stop()
             self._activity.stop()
@@ -527,15 +529,14 @@ class JobRunner:
         assert self._decision is not None
         return self._decision
 
-    def _abort_unanswering_connections(self) -> None:
-        """Drop the connections of nodes that missed their last check: a task still waiting
-        on one (a checkpoint pull, a CPU reading) ends now rather than at the keepalive
-        timeout, so a lost or reclaimed node is acted on seconds sooner."""
-        if self._watch is None or self.cluster is None:
+    def _abort_gone_connections(self) -> None:
+        """Drop the connections of nodes found gone (lost, reclaimed, downed): a task still
+        waiting on one (a checkpoint pull, a CPU reading) ends now rather than at the
+        keepalive timeout, so the decision is acted on seconds sooner."""
+        if self.cluster is None:
             return
-        for rank, misses in enumerate(self._watch.misses):
-            if misses:
-                self.cluster.connections[rank].abort()
+        for rank in self._gone_ranks:
+            self.cluster.connections[rank].abort()
 
     def _guarded(self, task: Callable[[], None]) -> Callable[[], None]:
         def run_task() -> None:
@@ -585,6 +586,7 @@ class JobRunner:
         try:
             verdict = self._watch.tick()
         except NodeLost as lost:
+            self._gone_ranks.add(lost.rank)
             ended = self._ended_by_orch((lost.rank,))
             self._decide(ended or self._gone((lost.rank,), str(lost.message)))
             return
@@ -594,11 +596,13 @@ class JobRunner:
             # or the provider says it took the node.
             ended = self._ended_by_orch(missing)
             if ended is not None:
+                self._gone_ranks.update(missing)
                 self._decide(ended)
                 return
             taken = self.provider.preempted([self.instances[r].instance_id for r in missing])
             if taken:
                 ranks = tuple(r for r in missing if self.instances[r].instance_id in taken)
+                self._gone_ranks.update(ranks)
                 self._decide(self._gone(ranks, "reclaimed by the provider"))
                 return
         if verdict.done:
@@ -975,17 +979,17 @@ class JobRunner:
     def _catch_up_logs(self) -> None:
         if self._watch is None:
             self._watch = self._run_watch()
-        self._watch.catch_up()
+        self._watch.catch_up(skip=self._gone_ranks)
 
     def _stop_trainers(self, grace_s: float) -> None:
         """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit.
 
-        Nodes that missed their last check are left out (each would cost a connect timeout),
-        and then nothing is waited for: a job that lost a node cannot finish a collective step,
-        and torchrun on the others waits for its lost peer far longer than any grace."""
+        Nodes found gone are left out (each would cost a connect timeout), and then nothing
+        is waited for: a job that lost a node cannot finish a collective step, and torchrun on
+        the others waits for its lost peer far longer than any grace. A node that merely
+        missed a check still gets its SIGTERM and its wait."""
         assert self.cluster is not None
-        misses = self._watch.misses if self._watch is not None else []
-        unanswering = {rank for rank, missed in enumerate(misses) if missed}
+        unanswering = set(self._gone_ranks)
 
         def stop(rank: int, connection: NodeConnection) -> None:
             if rank not in unanswering:

@@ -14,7 +14,7 @@ the watch interval), and a shorter outage costs a missed check or two.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -92,26 +92,27 @@ class RunWatch:
             self._show(self._rank0.flush())
         return verdict
 
-    def catch_up(self) -> None:
+    def catch_up(self, *, skip: Collection[int] = ()) -> None:
         """Copy the log bytes the nodes printed since the last tick; nodes that do not
-        answer are skipped. For the end of a run, when no verdict is wanted any more."""
+        answer, and the ranks in `skip`, are skipped. For the end of a run, when no verdict
+        is wanted any more."""
         for _ in range(16):  # a probe returns at most 1 MiB of log
-            probes = self._probe_all(skip_unanswering=True)
+            probes = self._probe_all(skip=skip)
             for rank, probe in enumerate(probes):
                 if probe.new_log:
                     self._append(rank, probe.new_log)
             if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
                 return
 
-    def _probe_all(self, *, skip_unanswering: bool = False) -> list[launch.NodeProbe]:
+    def _probe_all(self, *, skip: Collection[int] = ()) -> list[launch.NodeProbe]:
         """One answer per node, by rank, within `probe_timeout`; `UNANSWERED` for a node whose
         probe (started now, or still running from an earlier check) has not answered by then,
-        and, with `skip_unanswering`, at once for a node that missed its last check.
+        and at once for the ranks in `skip` (nodes found gone: asking would cost a timeout).
 
         A node never has two probes at once, so its log offset moves in order. Errors other
         than an unreachable node are raised once every answer that came is taken in.
         """
-        skipped = {r for r, misses in enumerate(self.misses) if misses and skip_unanswering}
+        skipped = set(skip)
         for rank, connection in enumerate(self.cluster.connections):
             if self._pending[rank] is None and rank not in skipped:
                 self._pending[rank] = self._pool.submit(self._probe, rank, connection)
