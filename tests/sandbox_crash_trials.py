@@ -52,7 +52,15 @@ from orchestrator.providers.aws_launch import TAG_OWNER, TAG_TOKEN, client_token
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.sandbox.client import SandboxClient
 from orchestrator.supervision import controller_running
-from tests.helpers import ORCH, REPO, orch_env, processes_with_marker, run_orch
+from tests.helpers import (
+    ORCH,
+    REPO,
+    counter_run,
+    counter_workdir,
+    orch_env,
+    processes_with_marker,
+    run_orch,
+)
 from tests.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
@@ -85,7 +93,6 @@ STEP_S = 0.2
 STOP_S = 2.0  # the emergency checkpoint's time when cancelled: outlasts the tearing-down window
 NOTICE_S = 3
 DATA_BYTES = 32 * 1024 * 1024  # sparse here, sent in full: the sync lasts a moment
-COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"  # the job's script (no torch)
 
 
 @dataclass(frozen=True)
@@ -154,9 +161,6 @@ class TrialFailed(Exception):
 def write_job(directory: Path, stop_s: float = 0.0) -> Path:
     """The trial's job: a workdir holding only the step counter, and a data blob; its emergency
     checkpoint takes `stop_s`."""
-    work = directory / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copy(COUNTER, work / COUNTER.name)
     data = directory / "data"
     data.mkdir(parents=True, exist_ok=True)
     with open(data / "blob.bin", "wb") as blob:
@@ -164,10 +168,9 @@ def write_job(directory: Path, stop_s: float = 0.0) -> Path:
     spec = directory / "job.yaml"
     spec.write_text(
         "name: crash\n"
-        f"workdir: {work}\n"
+        f"workdir: {counter_workdir(directory)}\n"
         f"data: [{{src: {data}, dst: ~/data}}]\n"
-        f"run: python {COUNTER.name} --steps {STEPS} --step-s {STEP_S} --checkpoint-every 4 "
-        f"--stop-s {stop_s}\n"
+        f"run: {counter_run(STEPS, step_s=STEP_S, checkpoint_every=4, stop_s=stop_s)}\n"
         f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
         "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
     )
