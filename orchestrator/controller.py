@@ -676,11 +676,11 @@ class JobRunner:
         if order is not None:
             self._decide(order)
 
-    def _record_metrics(self, metrics: Metrics) -> None:
+    def _record_metrics(self, metrics: Metrics, read_at: float) -> None:
         self.reporter.metrics(metrics)
         self._last_step = metrics.step
         if self._driver is not None:
-            self._driver.observe(metrics)
+            self._driver.observe(metrics, read_at)
         if self._awaiting_progress:
             self._awaiting_progress = False
             self.ledger.add_event(

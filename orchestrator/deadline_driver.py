@@ -135,7 +135,8 @@ class DeadlineDriver:
         return self.state.market is Decision.SPOT
 
     def observe(self, metrics: Metrics, at_s: float | None = None) -> None:
-        """A progress line of rank 0 (at `at_s` on the monotonic clock, default now)."""
+        """A progress line of rank 0, read at `at_s` on the monotonic clock (default now); the
+        lines of one read share its time (see `StepRate`)."""
         with self._lock:
             self._rate.add(time.monotonic() if at_s is None else at_s, metrics.step)
             if metrics.total_steps is not None:

@@ -73,7 +73,13 @@ def restart_durations(events: Iterable[tuple[str, datetime]]) -> list[float]:
 class StepRate:
     """Steps per second of the job, measured over each run from its progress lines.
 
-    `new_run()` when a run (re)starts: a run's first line only marks where its measurement
+    Lines arrive in reads (one per watch tick) and `add` gets the read's time for each line
+    of it. The newest line of a read was printed closest to that time, so a run's measurement
+    starts at the newest line of its first read: starting at the oldest would take the time
+    between that line and the read as no time at all, and overstate the rate by up to one
+    watch interval over the length of the run.
+
+    `new_run()` when a run (re)starts: a run's first read only marks where its measurement
     begins, since the time before it is start-up, not training. The rate of the latest run
     that lasted `MIN_RATE_SPAN_S` is kept across restarts until the next run has its own.
     """
@@ -86,11 +92,15 @@ class StepRate:
         self._first = None
 
     def add(self, at_s: float, step: int) -> None:
-        """A progress line of step `step` seen at `at_s` (seconds on a monotonic clock)."""
-        if self._first is None or step < self._first[1] or at_s < self._first[0]:
+        """A progress line of step `step`, read at `at_s` (seconds on a monotonic clock; the
+        same value for every line of one read)."""
+        first = self._first
+        # A new run, a step going back (a resume without new_run()), or a newer line of the
+        # run's first read: the measurement starts here.
+        if first is None or step < first[1] or at_s <= first[0]:
             self._first = (at_s, step)
             return
-        span, steps = at_s - self._first[0], step - self._first[1]
+        span, steps = at_s - first[0], step - first[1]
         if span >= MIN_RATE_SPAN_S and steps > 0:
             self.rate = steps / span
 

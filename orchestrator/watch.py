@@ -14,6 +14,7 @@ the watch interval), and a shorter outage costs a missed check or two.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -37,7 +38,10 @@ PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (check
 
 class RunWatch:
     """Watches the detached run of one job on its cluster. Resumable: log offsets continue
-    from the local copies, so an adopting controller neither repeats nor skips log lines."""
+    from the local copies, so an adopting controller neither repeats nor skips log lines.
+
+    `on_metrics(metrics, read_at)` gets each progress line of rank 0 with the time
+    (`time.monotonic()`) of the check that read it: every line of one check has the same."""
 
     def __init__(
         self,
@@ -45,7 +49,7 @@ class RunWatch:
         layout: launch.NodeLayout,
         logs_dir: Path,
         *,
-        on_metrics: Callable[[Metrics], None],
+        on_metrics: Callable[[Metrics, float], None],
         on_line: Callable[[str], None],
         lost_after: int = 3,
         probe_timeout: float = 30.0,
@@ -72,11 +76,12 @@ class RunWatch:
 
     def tick(self) -> Verdict:
         probes = self._probe_all()
+        read_at = time.monotonic()
         for rank, probe in enumerate(probes):
             if probe.new_log:
                 self._append(rank, probe.new_log)
                 if rank == 0:
-                    self._show(self._rank0.feed(probe.new_log))
+                    self._show(self._rank0.feed(probe.new_log), read_at)
             lost = probe.state in ("unreachable", "vanished", "not-started")
             self.misses[rank] = self.misses[rank] + 1 if lost else 0
             if self.misses[rank] >= self.lost_after:
@@ -89,7 +94,7 @@ class RunWatch:
                 )
         verdict = assess(probes)
         if verdict.done:
-            self._show(self._rank0.flush())
+            self._show(self._rank0.flush(), read_at)
         return verdict
 
     def catch_up(self, *, skip: Collection[int] = ()) -> None:
@@ -165,7 +170,7 @@ class RunWatch:
             return launch.NodeProbe("unreachable", None, 0, "")
         return launch.parse_probe(result.stdout)
 
-    def _show(self, lines: list[str]) -> None:
+    def _show(self, lines: list[str], read_at: float) -> None:
         for line in lines:
             local_rank, text = local_rank_line(line)
             if local_rank is None:
@@ -178,4 +183,4 @@ class RunWatch:
             if metrics is None:
                 self.on_line(describe_event(text) or text)
             else:
-                self.on_metrics(metrics)
+                self.on_metrics(metrics, read_at)

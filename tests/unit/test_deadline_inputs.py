@@ -4,6 +4,7 @@ and which spot nodes a trace takes back."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.chaos import excess_spot_nodes
 from orchestrator.deadline_inputs import (
+    MIN_RATE_SPAN_S,
     DriverState,
     StepRate,
     Work,
@@ -110,6 +112,45 @@ def test_step_rate_survives_a_restart_until_the_new_run_has_its_own() -> None:
     assert rate.rate == 2.0
     rate.add(104.0, 104)
     assert rate.rate == pytest.approx(6.0)
+
+
+def test_a_run_is_measured_from_the_newest_line_of_its_first_read() -> None:
+    """A trainer at 4 steps/s, its log read once a second: steps 1-4 come in the read at 1.0,
+    though step 1 was printed at 0.25. Measured from step 1, the rate would be 4.4/s."""
+    rate = StepRate()
+    for read in range(1, 4):
+        for step in range(4 * read - 3, 4 * read + 1):
+            rate.add(float(read), step)
+    assert rate.rate == pytest.approx(4.0)
+
+
+@given(
+    step_s=st.floats(0.01, 5.0),
+    read_every_s=st.floats(0.1, 30.0),
+    first_read_s=st.floats(0.0, 30.0),
+    reads=st.integers(2, 60),
+)
+def test_a_rate_read_in_bursts_is_off_by_at_most_one_step_over_the_run(
+    step_s: float, read_every_s: float, first_read_s: float, reads: int
+) -> None:
+    """Whatever the watch interval: the steps counted and the time measured over belong to
+    the same reads, so the error is at most the one step a read may fall short of."""
+    rate = StepRate()
+    printed = 0
+    measured: list[float] = []  # times of the reads that had new lines
+    for read in range(reads):
+        read_at = first_read_s + read * read_every_s
+        newest = math.floor(read_at / step_s + 1e-9)
+        for step in range(printed + 1, newest + 1):
+            rate.add(read_at, step)
+        if newest > printed:
+            measured.append(read_at)
+        printed = newest
+    span = measured[-1] - measured[0] if measured else 0.0
+    if span < MIN_RATE_SPAN_S or rate.rate is None:
+        assert rate.rate is None
+        return
+    assert abs(rate.rate - 1 / step_s) * span <= 1 + 1e-6
 
 
 def test_a_step_going_back_starts_the_measurement_again() -> None:
