@@ -41,7 +41,9 @@ _LAUNCH_KIND = "PROVISIONING"
 _RESTART_KINDS = frozenset({"PREEMPTED", "SWITCHING"})
 _RESET_KINDS = frozenset({"WAITING", "ADOPTED", "RESTARTED"})
 
-DRIVER_STATE_VERSION = 1
+DRIVER_STATE_VERSION = 2
+"""2: the line of uniform progress starts at a share of the job done; 1 kept it in seconds of
+compute at the step rate of the time (read and converted)."""
 
 MIN_RATE_SPAN_S = 2.0
 """Shortest stretch of one run a step rate is measured over (progress lines arrive in bursts)."""
@@ -215,9 +217,11 @@ class DriverState:
             doc = json.loads(text)
             market = None if doc.get("market") is None else Decision(doc["market"])
             line = doc.get("line_start")
-            line_start = None if line is None else (float(line[0]), float(line[1]))
             rate = doc.get("steps_per_s")
             total = doc.get("total_steps")
+            line_start = None if line is None else (float(line[0]), float(line[1]))
+            if line_start is not None and doc.get("version", 1) < 2:
+                line_start = _line_in_shares(line_start, rate, total)
             return cls(
                 market=market,
                 policy=PolicyState(
@@ -229,3 +233,13 @@ class DriverState:
             )
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return cls()
+
+
+def _line_in_shares(
+    line: tuple[float, float], rate: float | None, total: int | None
+) -> tuple[float, float] | None:
+    """A version 1 line start (elapsed s, progress s) as (elapsed s, done fraction); None (the
+    line starts again at the next tight decision) without the rate and total to convert."""
+    if not rate or not total:
+        return None
+    return line[0], min(1.0, max(0.0, line[1] * float(rate) / int(total)))

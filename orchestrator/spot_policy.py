@@ -93,6 +93,14 @@ class PolicyInputs:
         return self.total_work_s - self.work_left_s
 
     @property
+    def done_fraction(self) -> float:
+        """Share of the whole job done so far, 0 to 1. Unlike `progress_s` it does not move
+        when the live controller measures the step rate again."""
+        if self.total_work_s <= 0:
+            return 1.0
+        return min(1.0, max(0.0, self.progress_s / self.total_work_s))
+
+    @property
     def spot_pays(self) -> bool:
         """Spot is cheaper than on-demand; otherwise the deadline-aware policies skip it."""
         return self.spot_price < self.on_demand_price
@@ -103,8 +111,8 @@ class PolicyState:
     """What a policy remembers between decision points. Start a job with `PolicyState()`."""
 
     committed_on_demand: bool = False  # the safety net fired: on-demand until the end
-    line_start: tuple[float, float] | None = None  # uniform-progress: (elapsed_s, progress_s)
-    # where its line of uniform progress starts; None until the deadline is tight enough
+    line_start: tuple[float, float] | None = None  # uniform-progress: (elapsed_s, done
+    # fraction) where its line of uniform progress starts; None until the deadline is tight
 
 
 class SpotPolicy(Protocol):
@@ -192,6 +200,11 @@ class UniformProgressPolicy:
     4. Taking risks: otherwise spot whenever available, even when behind the line.
     5. Uniform progress: no spot and cp < ep(t): on-demand (and stay, by rule 3).
     6. Otherwise (on or ahead of the line, no spot): wait with no instance.
+
+    The line is kept as shares of the whole job, not seconds of compute: the live controller
+    measures the step rate again as the job runs, which changes what the job's progress and
+    whole work are in seconds, and a line kept in seconds would then no longer end at the
+    whole job (with a rate found 10 % slower, a job on the line would find itself behind it).
     """
 
     name: str = "uniform-progress"
@@ -206,30 +219,30 @@ class UniformProgressPolicy:
         if state.line_start is None:
             if inputs.work_left_s < TIGHT_FRACTION * inputs.time_left_s:
                 return (Decision.SPOT if inputs.spot_available else Decision.WAIT), state
-            state = replace(state, line_start=(inputs.elapsed_s, inputs.progress_s))
-        line, progress = state.line_start, inputs.progress_s
+            state = replace(state, line_start=(inputs.elapsed_s, inputs.done_fraction))
+        line, done = state.line_start, inputs.done_fraction
         if inputs.running is Running.ON_DEMAND:
-            ahead = _expected_progress(inputs, line, 2 * inputs.restart_overhead_s)
-            if inputs.spot_available and progress >= ahead:
+            ahead = _expected_fraction(inputs, line, 2 * inputs.restart_overhead_s)
+            if inputs.spot_available and done >= ahead:
                 return Decision.SPOT, state
             return Decision.ON_DEMAND, state
         if inputs.spot_available:
             return Decision.SPOT, state
-        if progress < _expected_progress(inputs, line, 0.0):
+        if done < _expected_fraction(inputs, line, 0.0):
             return Decision.ON_DEMAND, state
         return Decision.WAIT, state
 
 
-def _expected_progress(
+def _expected_fraction(
     inputs: PolicyInputs, line_start: tuple[float, float], later_s: float
 ) -> float:
-    """ep(t + later_s): progress on the line from `line_start` to (deadline, whole job)."""
-    start_elapsed, start_progress = line_start
+    """ep(t + later_s) / whole job: the share of the job done on the line from `line_start`
+    (elapsed, done fraction) to (deadline, all of it)."""
+    start_elapsed, start_done = line_start
     span = inputs.total_time_s - start_elapsed
     if span <= 0:
-        return inputs.total_work_s
-    rate = (inputs.total_work_s - start_progress) / span
-    return start_progress + rate * (inputs.elapsed_s + later_s - start_elapsed)
+        return 1.0
+    return start_done + (1.0 - start_done) * (inputs.elapsed_s + later_s - start_elapsed) / span
 
 
 _POLICIES: dict[str, SpotPolicy] = {

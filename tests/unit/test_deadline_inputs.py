@@ -246,6 +246,20 @@ def test_driver_state_round_trips(
     assert DriverState.from_json(state.to_json()) == state
 
 
+def test_a_version_1_line_in_seconds_is_read_as_a_share_of_the_job() -> None:
+    """Version 1 kept the line's start in seconds of compute at the rate of the time: 50 s at
+    4 steps/s is step 200 of 800, a quarter of the job."""
+    old = (
+        '{"version":1,"market":"on-demand","committed_on_demand":false,'
+        '"line_start":[30.0,50.0],"steps_per_s":4.0,"total_steps":800}'
+    )
+    state = DriverState.from_json(old)
+    assert state.policy.line_start == pytest.approx((30.0, 0.25))
+    assert (state.market, state.steps_per_s, state.total_steps) == (Decision.ON_DEMAND, 4.0, 800)
+    unknown_rate = old.replace('"steps_per_s":4.0', '"steps_per_s":null')
+    assert DriverState.from_json(unknown_rate).policy.line_start is None  # drawn again
+
+
 @pytest.mark.parametrize("text", [None, "", "not json", "[]", '{"market": "moon"}'])
 def test_an_unreadable_state_is_a_fresh_start(text: str | None) -> None:
     assert DriverState.from_json(text) == DriverState()

@@ -204,13 +204,27 @@ def test_up_loose_deadline_acts_greedy_until_tight() -> None:
     decision, state = UP.decide(loose, PolicyState())
     assert decision is Decision.WAIT  # behind a line from (0, 0), but there is none yet
     assert state.line_start is None
-    # 9 h of work in 12.8 h (0.703): the line starts here, at (9.2 h elapsed, 1 h done)
+    # 9 h of work in 12.8 h (0.703): the line starts here, at (9.2 h elapsed, 1 h of 10 done)
     tight = inputs(work_left_h=9, time_left_h=12.8, total_work_h=10, total_time_h=22)
     decision, state = UP.decide(tight, PolicyState())
-    assert state.line_start == pytest.approx((9.2 * HOUR, 1 * HOUR))
+    assert state.line_start == pytest.approx((9.2 * HOUR, 0.1))
     assert decision is Decision.WAIT  # on the line: nothing to catch up yet
     a_tick_later = replace(tight, time_left_s=tight.time_left_s - 600)
     assert UP.decide(a_tick_later, state)[0] is Decision.ON_DEMAND
+
+
+def test_up_line_does_not_move_when_the_step_rate_is_measured_again() -> None:
+    """The line is kept in shares of the job: the same steps, counted in seconds at a step
+    rate measured again 25 % faster or slower, give the same decisions."""
+    state = PolicyState(line_start=(2 * HOUR, 0.6))  # to (12 h, all): at 6 h + 2d, 0.8
+    for done, expected in ((0.82, Decision.SPOT), (0.78, Decision.ON_DEMAND)):
+        for seconds_per_step in (0.8, 1.0, 1.25):
+            whole_h = 10 * seconds_per_step
+            now = inputs(
+                work_left_h=(1 - done) * whole_h, time_left_h=6, total_work_h=whole_h,
+                spot=True, running=Running.ON_DEMAND, overhead_s=HOUR / 2,
+            )  # fmt: skip
+            assert UP.decide(now, state) == (expected, state), (done, seconds_per_step)
 
 
 def test_up_state_goes_in_and_out_unchanged_when_nothing_happens() -> None:
