@@ -34,7 +34,7 @@ import pytest
 
 from orchestrator.config import load_settings
 from orchestrator.deadline_inputs import DriverState, Work, restart_durations
-from orchestrator.ledger import Ledger, make_engine
+from orchestrator.ledger import Job, Ledger, make_engine
 from orchestrator.progress import local_rank_line
 from orchestrator.providers.local import LocalProvider
 from orchestrator.providers.local_spot import follow_trace
@@ -51,6 +51,7 @@ GAP_S, SCALE = 60, 60  # trace ticks of a minute, replayed 60 x faster: one tick
 TICK_S = GAP_S / SCALE
 ON_DEMAND, SPOT = Decimal("3.06"), Decimal("1.02")
 NOTICE_S = 2  # a reclaim's notice: the job's checkpoint is pulled before the node goes
+TIGHT_UNITS = 20  # starts' worth of time left when Uniform Progress finds the deadline tight
 
 TRAIN = """\
 import json, os, signal, sys, time
@@ -90,7 +91,8 @@ def save(step):
 while step < total and not stop:
     time.sleep(step_s)
     step += 1
-    print(json.dumps({"step": step, "total_steps": total, "t": time.time()}), flush=True)
+    print(json.dumps({"step": step, "total_steps": total, "t": time.time(), "run": os.getpid()}),
+          flush=True)
     if step % 4 == 0:
         save(step)
 save(step)
@@ -118,18 +120,20 @@ def write_job(tmp_path: Path, name: str, steps: int, extra: str = "") -> Path:
 def compute_seconds(node_log: str) -> float:
     """Seconds of compute the job's steps took, from the times the script printed with them:
     each step once (one redone after a reclaim counts as its last run), the first step of a
-    run (after its start-up) at the median step time."""
+    run (after its start-up) at the median step time. A run that resumes right after the step
+    its predecessor stopped at has its first step follow that one: the time between them is a
+    restart, not compute, so steps follow each other only within one run (one process)."""
     steps: dict[int, float | None] = {}
-    previous: tuple[int, float] | None = None
+    last_step, last_at, last_run = 0, 0.0, None
     for line in node_log.splitlines():
         _, text = local_rank_line(line)
         if not text.startswith('{"step"'):
             continue
         record = json.loads(text)
-        step, at = record["step"], record["t"]
-        follows = previous is not None and previous[0] == step - 1 and at > previous[1]
-        steps[step] = at - previous[1] if follows and previous is not None else None
-        previous = (step, at)
+        step, at, run = record["step"], record["t"], record["run"]
+        follows = (last_step, last_run) == (step - 1, run) and at > last_at
+        steps[step] = at - last_at if follows else None
+        last_step, last_at, last_run = step, at, run
     known = sorted(t for t in steps.values() if t is not None)
     median = known[len(known) // 2]
     return sum(median if t is None else t for t in steps.values())
@@ -152,11 +156,12 @@ class Plan:
     """The work and the deadline, from the time one start takes here now (`start_s`).
 
     Uniform Progress is loose at first: spot while it lasts, then it waits for spot until the
-    deadline is tight (work left = 0.7 x time left, 16 units before the deadline); from there
-    its line of progress is behind without spot, so it goes on-demand. It comes back to spot
-    only once ahead of where the line will be two restarts later, after about 8 restarts' worth
-    of on-demand; the safety net (time left < work left + 2 restarts) stays out of the way as
-    long as a restart takes less than about 1.5 units.
+    deadline is tight (work left = 0.7 x time left, `TIGHT_UNITS` units before the deadline);
+    from there its line of progress is behind without spot, so it goes on-demand, gaining
+    0.3 s on the line per second. It comes back to spot only once ahead of where the line
+    will be two restarts later, after about 7 restarts' worth of on-demand; that leaves the
+    spot restart room to finish as long as a restart takes less than about 1.5 units, and the
+    safety net (time left < work left + 2 restarts) stays out of the way below about 1.9.
     """
 
     start_s: float
@@ -172,11 +177,12 @@ class Plan:
     @property
     def deadline_s(self) -> int:
         reclaimed_at = self.start_s + self.spot_steps * STEP_S + 3  # progress is seen late
-        return math.ceil(reclaimed_at + NOTICE_S + max(5.0, 0.5 * self.unit_s) + 16 * self.unit_s)
+        wait_s = max(5.0, 0.5 * self.unit_s)  # loose, without spot: waiting for it
+        return math.ceil(reclaimed_at + NOTICE_S + wait_s + TIGHT_UNITS * self.unit_s)
 
     @property
     def total_steps(self) -> int:
-        return self.spot_steps + round(0.7 * 16 * self.unit_s / STEP_S)
+        return self.spot_steps + round(0.7 * TIGHT_UNITS * self.unit_s / STEP_S)
 
 
 class LiveTrace:
@@ -207,17 +213,27 @@ def wait_until(check, what: str, timeout: float) -> None:  # type: ignore[no-unt
         time.sleep(0.2)
 
 
-def made_spot_progress(ledger: Ledger, job_id: str, steps: int) -> bool:
+def still_running(ledger: Ledger, job_id: str) -> Job:
+    """The job's row; fails with its events and policy state if it has already ended."""
     job = ledger.get_job(job_id)
-    assert job.state not in ("SUCCEEDED", "FAILED"), job
+    timeline = "\n".join(
+        f"{event.at.isoformat()[11:23]} {event.kind} {event.message}"
+        for event in ledger.events(job_id)
+        if event.kind != "CHECKPOINT"
+    )
+    assert job.state not in ("SUCCEEDED", "FAILED"), f"{job}\n{job.policy_state}\n{timeline}"
+    return job
+
+
+def made_spot_progress(ledger: Ledger, job_id: str, steps: int) -> bool:
+    job = still_running(ledger, job_id)
     markets = {lease.market for lease in ledger.leases(job_id, open_only=True)}
     return markets == {"spot"} and (job.step or 0) >= steps
 
 
 def would_come_back_to_spot(ledger: Ledger, job_id: str, plan: Plan) -> bool:
     """Would Uniform Progress, on on-demand now, take spot even if restarts were 2 s longer?"""
-    job = ledger.get_job(job_id)
-    assert job.state not in ("SUCCEEDED", "FAILED"), job
+    job = still_running(ledger, job_id)
     markets = {lease.market for lease in ledger.leases(job_id, open_only=True)}
     state = DriverState.from_json(job.policy_state)
     if markets != {"on-demand"} or state.steps_per_s is None or state.total_steps is None:
