@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from orchestrator import launch
@@ -19,11 +20,20 @@ LATEST_POINTER = "latest"  # the trainer's pointer to its newest checkpoint, not
 
 
 def pull_checkpoints(
-    cluster: Cluster, mirror: CheckpointMirror, checkpoint_dir: str, *, final: bool
+    cluster: Cluster,
+    mirror: CheckpointMirror,
+    checkpoint_dir: str,
+    *,
+    final: bool,
+    abort: threading.Event | None = None,
 ) -> list[PulledCheckpoint]:
     """Mirror what is complete (or stable) in node 0's `checkpoint_dir` (home-relative or
-    absolute); returns the checkpoints that became available. An unreachable node 0 pulls
-    nothing this time (the caller decides whether the node is lost)."""
+    absolute); returns the checkpoints that became available.
+
+    A node 0 that cannot be reached, or is lost mid-transfer, pulls nothing this time: the
+    caller decides whether the node is lost, and the mirror keeps only whole files (a later
+    pull fetches the rest). Setting `abort` (node 0 was found gone) ends a transfer in
+    progress at once, with the same outcome, instead of when ssh's keepalive gives up."""
     try:
         listing = parse_listing(
             cluster.head.run(
@@ -39,7 +49,10 @@ def pull_checkpoints(
         )
         # 23/24: some listed file vanished or could not be read (a script rotating its
         # checkpoints); the mirror installs what arrived and the next pull retries the rest.
-        run_rsync(argv, what="checkpoint pull", timeout=3600, ok_codes=(0, 23, 24))
+        run_rsync(argv, what="checkpoint pull", timeout=3600, ok_codes=(0, 23, 24), abort=abort)
 
-    pulled = mirror.pull(listing, fetch, final=final)
+    try:
+        pulled = mirror.pull(listing, fetch, final=final)
+    except NodeUnreachable:
+        return []
     return [p for p in pulled if p.name != LATEST_POINTER]

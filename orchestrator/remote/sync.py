@@ -6,14 +6,19 @@ Remote paths given as `~/x` or relative are relative to the node's home director
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ConfigError, HostKeyMismatch, RemoteError
+from orchestrator.errors import ConfigError, HostKeyMismatch, NodeUnreachable, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
 
 # Per-directory filter files honoured when syncing a workdir: git's ignores and orch's own.
@@ -177,27 +182,61 @@ def _host(address: HostAddress) -> str:
     return f"[{address.host}]" if ":" in address.host else address.host
 
 
+SSH_FAILED = 255
+"""rsync's exit code when its ssh transport failed: the node could not be reached, or the
+connection dropped mid-transfer (ssh's keepalive gave up on a node that went away)."""
+
+ABORT_POLL_S = 0.2  # how often a transfer that may be aborted looks at its abort flag
+
+
 def run_rsync(
     argv: Sequence[str],
     *,
     what: str,
     timeout: float | None = None,
     ok_codes: Collection[int] = (0,),
+    abort: threading.Event | None = None,
 ) -> None:
     """Run one rsync; an exit code not in `ok_codes` raises RemoteError with rsync's own
-    message (HostKeyMismatch when the node's host key is not the pinned one)."""
+    message: HostKeyMismatch when the node's host key is not the pinned one, NodeUnreachable
+    when ssh could not reach the node or lost it mid-transfer.
+
+    `abort`: once set (before or during the transfer), rsync and its ssh are killed within
+    `ABORT_POLL_S` and NodeUnreachable raised: for a caller that found the node gone and
+    would otherwise wait for ssh's keepalive to give up (15 s). Such a transfer runs in a
+    session of its own, so that its ssh can be killed with it."""
+    if abort is not None and abort.is_set():
+        raise NodeUnreachable(f"{what}: not started: the node was found gone")
     try:
-        proc = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=abort is not None,
         )
-    except subprocess.TimeoutExpired as exc:
-        raise RemoteError(f"{what}: rsync did not finish within {timeout} s") from exc
     except FileNotFoundError as exc:
         raise RemoteError(
             "rsync is not installed on this machine", hint="install it (apt-get install rsync)"
         ) from exc
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if abort is not None:
+            wait_s = ABORT_POLL_S if wait_s is None else min(wait_s, ABORT_POLL_S)
+        try:
+            stdout, stderr = proc.communicate(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            if abort is not None and abort.is_set():
+                _kill(proc, own_session=True)
+                raise NodeUnreachable(f"{what}: cut short: the node was found gone") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                _kill(proc, own_session=abort is not None)
+                raise RemoteError(f"{what}: rsync did not finish within {timeout} s") from None
     if proc.returncode not in ok_codes:
-        said = proc.stderr or proc.stdout
+        said = stderr or stdout
         if "Host key verification failed" in said:
             if "host key is known for" in said:  # ssh found no pinned key for the host at all
                 raise HostKeyMismatch(
@@ -211,8 +250,22 @@ def run_rsync(
                 hint="the host may have been replaced or intercepted: `orch down` the cluster "
                 "and launch again",
             )
-        detail = said.strip().splitlines()[-5:]
-        raise RemoteError(f"{what}: rsync exited {proc.returncode}: " + " | ".join(detail))
+        detail = " | ".join(said.strip().splitlines()[-5:])
+        if proc.returncode == SSH_FAILED:
+            raise NodeUnreachable(
+                f"{what}: the node could not be reached or the connection dropped: {detail}"
+            )
+        raise RemoteError(f"{what}: rsync exited {proc.returncode}: {detail}")
+
+
+def _kill(proc: subprocess.Popen[str], *, own_session: bool) -> None:
+    """Kill rsync (with its ssh, when it runs in a session of its own) and reap it."""
+    if own_session:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    proc.communicate()
 
 
 @dataclass(frozen=True)
