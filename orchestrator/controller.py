@@ -166,6 +166,7 @@ class JobRunner:
         self._started = False
         self._watch: RunWatch | None = None
         self._gone_ranks: set[int] = set()  # nodes of the cluster found lost, reclaimed or downed
+        self._head_gone = threading.Event()  # node 0 is among them: its pulls are cut short
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._last_step: int | None = None
         self._last_step_saved = 0.0
@@ -467,6 +468,7 @@ class JobRunner:
         assert self.cluster is not None
         self._watch = self._run_watch()
         self._gone_ranks = set()
+        self._head_gone = threading.Event()
         notices = NoticeWatcher(
             self.cluster, self._on_notice, interval_s=self.options.notice_poll_interval
         )
@@ -535,6 +537,8 @@ class JobRunner:
         keepalive timeout, so the decision is acted on seconds sooner."""
         if self.cluster is None:
             return
+        if 0 in self._gone_ranks:
+            self._head_gone.set()  # a checkpoint transfer from it is killed too
         for rank in self._gone_ranks:
             self.cluster.connections[rank].abort()
 
@@ -545,6 +549,11 @@ class JobRunner:
             try:
                 task()
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                if self._decided.is_set():
+                    # A task cut short by the decision (a pull from a node found gone) must
+                    # not turn a recovery into a failure: the decision stands.
+                    self.reporter.line(f"[orch] after the decision, a check failed: {exc}")
+                    return
                 self._failure = exc
                 self._decided.set()
 
@@ -960,8 +969,9 @@ class JobRunner:
     def _pull_checkpoints(self, *, final: bool) -> None:
         assert self.cluster is not None
         for pulled in pull_checkpoints(
-            self.cluster, self.mirror, self.layout.node_path(self.spec.checkpoint.dir), final=final
-        ):
+            self.cluster, self.mirror, self.layout.node_path(self.spec.checkpoint.dir),
+            final=final, abort=self._head_gone,
+        ):  # fmt: skip
             self.ledger.add_checkpoint(
                 CheckpointRecord(
                     job_id=self.job.id,
