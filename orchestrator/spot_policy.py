@@ -204,7 +204,7 @@ class UniformProgressPolicy:
     The line is kept as shares of the whole job, not seconds of compute: the live controller
     measures the step rate again as the job runs, which changes what the job's progress and
     whole work are in seconds, and a line kept in seconds would then no longer end at the
-    whole job (with a rate found 10 % slower, a job on the line would find itself behind it).
+    whole job (with a rate found 10 % faster, a job on the line would find itself behind it).
     """
 
     name: str = "uniform-progress"
