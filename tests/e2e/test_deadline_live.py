@@ -216,12 +216,13 @@ def wait_until(check, what: str, timeout: float) -> None:  # type: ignore[no-unt
 def still_running(ledger: Ledger, job_id: str) -> Job:
     """The job's row; fails with its events and policy state if it has already ended."""
     job = ledger.get_job(job_id)
-    timeline = "\n".join(
-        f"{event.at.isoformat()[11:23]} {event.kind} {event.message}"
-        for event in ledger.events(job_id)
-        if event.kind != "CHECKPOINT"
-    )
-    assert job.state not in ("SUCCEEDED", "FAILED"), f"{job}\n{job.policy_state}\n{timeline}"
+    if job.state in ("SUCCEEDED", "FAILED"):
+        timeline = "\n".join(
+            f"{event.at.isoformat()[11:23]} {event.kind} {event.message}"
+            for event in ledger.events(job_id)
+            if event.kind != "CHECKPOINT"
+        )
+        pytest.fail(f"the job ended early: {job}\n{job.policy_state}\n{timeline}")
     return job
 
 
