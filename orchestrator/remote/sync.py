@@ -7,6 +7,7 @@ Remote paths given as `~/x` or relative are relative to the node's home director
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import signal
@@ -51,9 +52,12 @@ def ssh_transport_argv(
         "-o", "LogLevel=ERROR",
     ]  # fmt: skip
     if multiplex:
+        # The host key in the socket's name: a node replaced at the same address (a spot
+        # recovery) must not be reached through the master of the node it replaced.
+        node = hashlib.sha256(address.host_key.encode()).hexdigest()[:8]
         argv += [
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={ssh_option_path(identity.control_dir, '/%C')}",
+            "-o", f"ControlPath={ssh_option_path(identity.control_dir, f'/{node}-%C')}",
             "-o", "ControlPersist=60",
         ]  # fmt: skip
     return argv

@@ -128,6 +128,21 @@ def _identity(root: Path) -> Identity:
 ADDRESS = HostAddress("node 0", "127.0.0.1", 2222, "root", "ssh-ed25519 AAAA")
 
 
+def test_a_node_replaced_at_the_same_address_gets_its_own_ssh_master(tmp_path: Path) -> None:
+    """A spot replacement reuses its predecessor's address; its transfers must not go through
+    the master connection to the node it replaced (the socket is named by the host key)."""
+    identity = _identity(tmp_path)
+    replaced = HostAddress("node 0", "127.0.0.1", 2222, "root", "ssh-ed25519 BBBB")
+
+    def control_path(address: HostAddress) -> str:
+        argv = push_argv(tmp_path, address, identity, "~/x")
+        transport = shlex.split(argv[argv.index("-e") + 1])
+        return next(o for o in transport if o.startswith("ControlPath="))
+
+    assert control_path(ADDRESS) != control_path(replaced)
+    assert control_path(ADDRESS) == control_path(ADDRESS)
+
+
 @pytest.mark.parametrize("value", NAMES)
 def test_rsync_argv_keep_paths_whole(tmp_path: Path, value: str) -> None:
     keys = tmp_path / f"keys {value.replace('${', '$')}"  # ssh itself refuses ${ (below)
