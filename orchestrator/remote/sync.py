@@ -187,8 +187,31 @@ def _host(address: HostAddress) -> str:
 
 
 SSH_FAILED = 255
-"""rsync's exit code when its ssh transport failed: the node could not be reached, or the
-connection dropped mid-transfer (ssh's keepalive gave up on a node that went away)."""
+"""rsync's exit code when it saw its ssh transport exit with an error: the node could not be
+reached, or the connection dropped mid-transfer (ssh's keepalive gave up on a node that went
+away)."""
+
+STREAM_BROKEN = 12
+"""rsync's exit code when its connection closed under it. rsync 3.5 gives it instead of 255 for
+the same ssh failure when it notices the closed pipe before it has reaped its ssh: which of the
+two a refused connection or a node killed mid-transfer comes out as is a race."""
+
+
+def ssh_transport_failed(returncode: int, said: str) -> bool:
+    """Whether an rsync that exited `returncode`, having written `said`, failed because its ssh
+    could not reach the node or lost it: exit 255 always; exit 12 when rsync says its connection
+    closed, unless the node's shell said rsync is missing there (a node to fix, not a gone one).
+
+    A multiplexed ssh that loses its node may say nothing at all, so an exit 12 cannot wait for
+    ssh's own words."""
+    if returncode == SSH_FAILED:
+        return True
+    return (
+        returncode == STREAM_BROKEN
+        and "connection unexpectedly closed" in said
+        and "command not found" not in said
+    )
+
 
 ABORT_POLL_S = 0.2  # how often a transfer that may be aborted looks at its abort flag
 
@@ -255,7 +278,7 @@ def run_rsync(
                 "and launch again",
             )
         detail = " | ".join(said.strip().splitlines()[-5:])
-        if proc.returncode == SSH_FAILED:
+        if ssh_transport_failed(proc.returncode, said):
             raise NodeUnreachable(
                 f"{what}: the node could not be reached or the connection dropped: {detail}"
             )
