@@ -36,6 +36,7 @@ NOTICE_FILE = "notice.json"
 READY_FILE = "metadata.port"
 CAPACITY_VERSION = 1  # of spot.json
 _READY_TIMEOUT_S = 10.0
+NOTICE_CHECK_S = 0.5  # how often a reclaim under notice looks whether the owner let the node go
 
 
 def spot_file(store: NodeStore) -> Path:
@@ -205,16 +206,15 @@ def reclaim(
     instance_id: str,
     notice_s: float,
     kill_node: Callable[[str], bool],
-    *,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> datetime | None:
     """Reclaim a node like a cloud does; returns the UTC time it was taken.
 
     With `notice_s` > 0 the notice is served for that long first. Then, at once: the node's
     link goes down, every process of it is killed, its disk is removed, and its record is
-    marked `reclaimed_at` (billing stops then). Returns None when the node's owner terminated
-    it during the notice (nothing left to take). Raises `ProviderError` for a node that is not
-    running (unknown, or already reclaimed).
+    marked `reclaimed_at` (billing stops then). Returns None as soon as the node's owner
+    terminates it during the notice (nothing left to take; found within
+    `NOTICE_CHECK_S`). Raises `ProviderError` for a node that is not running (unknown, or
+    already reclaimed).
     """
     rec = store.load(instance_id)
     if rec is None or rec.reclaimed_at is not None:
@@ -223,9 +223,11 @@ def reclaim(
         )
     if notice_s > 0:
         post_notice(store, instance_id, datetime.now(UTC) + timedelta(seconds=notice_s))
-        sleep(notice_s)
-        if store.load(instance_id) is None:
-            return None
+        ends = time.monotonic() + notice_s
+        while (left := ends - time.monotonic()) > 0:
+            time.sleep(min(left, NOTICE_CHECK_S))
+            if store.load(instance_id) is None:
+                return None
     if rec.mode == "namespace":
         ns = net.netns_name(instance_id)
         subprocess.run(

@@ -95,3 +95,24 @@ def test_spot_capacity_refused_and_auto_falls_back_to_on_demand(
     provider.set_spot_available(True)
     (spot,) = provider.launch(spot_request(identity, 1, "auto"))
     assert spot.market == "spot" and spot.price_per_hour == Decimal("0.300000")
+
+
+def test_a_reclaim_under_notice_ends_as_soon_as_the_owner_lets_the_node_go(
+    tmp_path: Path, providers: list[LocalProvider]
+) -> None:
+    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
+    providers.append(provider)
+    identity = ensure_identity(tmp_path / "keys", "test")
+    (node,) = provider.launch(spot_request(identity, 1, True))
+    outcome: list[datetime | None] = []
+    reclaiming = threading.Thread(
+        target=lambda: outcome.append(provider.reclaim(node.instance_id, notice_s=60))
+    )
+    reclaiming.start()
+    time.sleep(1.0)  # the notice is up; the owner (a job that saved its work) lets the node go
+    let_go = time.monotonic()
+    provider.terminate([node.instance_id])
+    reclaiming.join(timeout=30)
+    assert not reclaiming.is_alive(), "the reclaim sat out the whole notice"
+    assert outcome == [None]  # nothing was taken: the owner ended the node first
+    assert time.monotonic() - let_go < 5
