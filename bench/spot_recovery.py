@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -76,20 +77,21 @@ def wait(predicate, what: str, timeout: float = 300, every: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def ranks_started(home: Path, job_id: str, instance_ids: list[str]) -> bool:
-    """Whether every rank on these nodes printed its start line (read on the nodes' disks)."""
-    seen = 0
-    for iid in instance_ids:
-        log = home / "local/nodes" / iid / "disk/orch-jobs" / job_id / "run/node.log"
+def started_nodes(home: Path, job_id: str, old: frozenset[str] = frozenset()) -> list[str]:
+    """Nodes not in `old` on which every rank of the job printed its start line, once all
+    RANKS have (else []): read on the nodes' disks, so that waiting costs no `orch` process
+    (one `orch status` is about a second of CPU, which a busy poll would take from the ranks)."""
+    seen, nodes = 0, []
+    for log in home.glob(f"local/nodes/*/disk/orch-jobs/{job_id}/run/node.log"):
+        iid = log.parents[4].name
+        if iid in old:
+            continue
         try:
             seen += log.read_text(errors="replace").count("trainer rank=")
         except OSError:
-            return False
-    return seen >= RANKS
-
-
-def open_ids(document: dict) -> list[str]:
-    return [lease["instance_id"] for lease in document["leases"] if lease["ended_at"] is None]
+            continue
+        nodes.append(iid)
+    return nodes if seen >= RANKS else []
 
 
 def events(document: dict, kind: str) -> list[dict]:
@@ -110,20 +112,19 @@ def trial(notice: float) -> dict[str, float]:
         spec.write_text(JOB.format(repo=REPO))
         job_id = orch(["submit", str(spec), "--detach"], env).strip().splitlines()[-1]
         try:
-            first = wait(lambda: open_ids(d := job(job_id, env)) and d, "first nodes", every=0.2)
-            ids = open_ids(first)
-            wait(lambda: ranks_started(home, job_id, ids), "first ranks")
+            first = wait(lambda: started_nodes(home, job_id), "first ranks")
             started = time.time()
             syncing = at(events(job(job_id, env), "SYNCING")[0]["at"])
             cold = started - syncing
-            wait(lambda: (job(job_id, env)["step"] or 0) >= 10, "step 10", every=0.5)
+            wait(lambda: (job(job_id, env)["step"] or 0) >= 10, "step 10", every=2)
 
-            reclaim = preempt(job_id, env, notice)
-            posted = at(reclaim["notice_posted_at"])
-            doc = wait(lambda: events(d := job(job_id, env), "RUNNING")[1:] and d, "resume")
-            new_ids = open_ids(doc)
-            wait(lambda: ranks_started(home, job_id, new_ids), "resumed ranks")
-            resumed_at = time.time()
+            # `orch local preempt` returns when the node is taken or let go: the recovery is
+            # timed beside it, not after it.
+            with ThreadPoolExecutor(1) as background:
+                reclaim = background.submit(preempt, job_id, env, notice)
+                wait(lambda: started_nodes(home, job_id, frozenset(first)), "resumed ranks")
+                resumed_at = time.time()
+                posted = at(reclaim.result()["notice_posted_at"])
             doc = job(job_id, env)
             detected = at(events(doc, "PREEMPTED")[0]["at"])
             salvaged = at(events(doc, "SALVAGED")[0]["at"])
@@ -131,10 +132,12 @@ def trial(notice: float) -> dict[str, float]:
             launched = max(at(e["at"]) for e in events(doc, "LAUNCHED")[2:4])
             torchrun = at(events(doc, "RUNNING")[1]["at"])
 
-            wait(lambda: (job(job_id, env)["step"] or 0) >= 60, "step 60", every=0.5)
+            wait(lambda: (job(job_id, env)["step"] or 0) >= 60, "step 60", every=2)
             killed = at(preempt(job_id, env, 0)["reclaimed_at"])
-            doc = wait(lambda: events(d := job(job_id, env), "PREEMPTED")[1:] and d, "loss")
-            lost_detected = at(events(doc, "PREEMPTED")[1]["at"])
+            lost = wait(
+                lambda: events(d := job(job_id, env), "PREEMPTED")[1:] and d, "loss", every=1
+            )
+            lost_detected = at(events(lost, "PREEMPTED")[1]["at"])
             return {
                 "detection_s": detected - posted,
                 "salvage_s": salvaged - detected,
