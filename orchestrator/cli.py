@@ -128,6 +128,12 @@ def submit(
         "budget.idle_timeout": idle_timeout,
     }
     loaded = load_job(job_file, overrides)
+    deadline = loaded.spec.deadline_at(utcnow())
+    if deadline is not None and deadline <= utcnow():
+        raise SpecError(
+            f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
+            hint="give a later time, or a duration after submit such as deadline: 36h",
+        )
     chosen = get_provider(loaded.spec.provider, settings)
     plan, dry_run_document = _plan(loaded.spec, chosen, settings)
     if dry_run:

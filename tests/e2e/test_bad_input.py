@@ -28,6 +28,11 @@ CASES = {
     "huge file": (GOOD + "#" * (1 << 20) + "\n", [], ["1 MiB"]),
     "deep nesting": (GOOD + "x: " + "[" * 5000 + "]" * 5000 + "\n", [], ["nested"]),
     "bad tag": (GOOD + "setup: !!int abc\n", [], ["line 5", "not a valid int"]),
+    "deadline passed": (
+        GOOD + "deadline: 2026-01-01T09:30:00+02:00\n",
+        [],
+        ["deadline 2026-01-01T07:30:00Z has already passed", "deadline: 36h"],
+    ),
 }
 
 
