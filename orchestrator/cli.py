@@ -128,8 +128,9 @@ def submit(
         "budget.idle_timeout": idle_timeout,
     }
     loaded = load_job(job_file, overrides)
-    deadline = loaded.spec.deadline_at(utcnow())
-    if deadline is not None and deadline <= utcnow():
+    now = utcnow()
+    deadline = loaded.spec.deadline_at(now)
+    if deadline is not None and deadline <= now:
         raise SpecError(
             f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
             hint="give a later time, or a duration after submit such as deadline: 36h",
