@@ -26,11 +26,23 @@ __all__ = ["providers"]  # the fixture, imported for pytest
 pytestmark = [pytest.mark.timeout(120)]
 
 
-def spot_request(identity: Identity, count: int, spot: bool | str) -> LaunchRequest:
+def spot_request(
+    identity: Identity, count: int, spot: bool | str, job: str = "job-1"
+) -> LaunchRequest:
     return LaunchRequest(
-        job_id="job-1", cluster="job-1", count=count, gpus_per_node=1,
+        job_id=job, cluster=job, count=count, gpus_per_node=1,
         public_key=identity.public_key, spot=spot,  # type: ignore[arg-type]
     )  # fmt: skip
+
+
+def loopback_provider(
+    tmp_path: Path, providers: list[LocalProvider]
+) -> tuple[LocalProvider, Identity]:
+    """A local provider on loopback nodes (on-demand $0.90/h), ended by the `providers`
+    fixture, and a key to launch with."""
+    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
+    providers.append(provider)
+    return provider, ensure_identity(tmp_path / "keys", "test")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -83,9 +95,7 @@ def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
 def test_spot_capacity_refused_and_auto_falls_back_to_on_demand(
     tmp_path: Path, providers: list[LocalProvider]
 ) -> None:
-    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
-    providers.append(provider)
-    identity = ensure_identity(tmp_path / "keys", "test")
+    provider, identity = loopback_provider(tmp_path, providers)
     provider.set_spot_available(False)
     with pytest.raises(CapacityError, match="no spot capacity"):
         provider.launch(spot_request(identity, 1, True))
@@ -100,9 +110,7 @@ def test_spot_capacity_refused_and_auto_falls_back_to_on_demand(
 def test_a_reclaim_under_notice_ends_as_soon_as_the_owner_lets_the_node_go(
     tmp_path: Path, providers: list[LocalProvider]
 ) -> None:
-    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
-    providers.append(provider)
-    identity = ensure_identity(tmp_path / "keys", "test")
+    provider, identity = loopback_provider(tmp_path, providers)
     (node,) = provider.launch(spot_request(identity, 1, True))
     outcome: list[datetime | None] = []
     reclaiming = threading.Thread(

@@ -11,13 +11,13 @@ import pytest
 
 from orchestrator.errors import CapacityError
 from orchestrator.ledger import Job, JobState, Ledger, make_engine
-from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local import LocalProvider
 from orchestrator.providers.local_spot import follow_trace, read_capacity
-from orchestrator.remote.keys import Identity, ensure_identity
+from orchestrator.remote.keys import ensure_identity
 from orchestrator.spot_traces import SpotTrace
 from tests.helpers import Background, orch_env, run_orch
 from tests.integration.test_local_provider import make_settings, providers
+from tests.integration.test_local_spot import loopback_provider, spot_request
 
 __all__ = ["providers"]  # the fixture, imported for pytest
 
@@ -26,19 +26,10 @@ pytestmark = [pytest.mark.timeout(180)]
 HOUR_TICKS = SpotTrace("hours.json", 3600.0, (1, 1, 0, 0, 2))  # an hour per tick at scale 1
 
 
-def spot_request(identity: Identity, count: int, spot: bool | str, job: str = "job-1"):
-    return LaunchRequest(
-        job_id=job, cluster=job, count=count, gpus_per_node=1,
-        public_key=identity.public_key, spot=spot,  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
 def test_spot_launches_follow_the_trace_tick_in_force(
     tmp_path: Path, providers: list[LocalProvider]
 ) -> None:
-    provider = LocalProvider(make_settings(tmp_path / "orch", "loopback", price="0.90"))
-    providers.append(provider)
-    identity = ensure_identity(tmp_path / "keys", "test")
+    provider, identity = loopback_provider(tmp_path, providers)
     provider.follow_trace(HOUR_TICKS, start_tick=2)  # no spot now, for an hour
     with pytest.raises(CapacityError, match="no spot capacity"):
         provider.launch(spot_request(identity, 1, True))
