@@ -399,8 +399,11 @@ class LocalProvider:
                 )
             )
         )
-        if rec.mode == "namespace":
+        if os.geteuid() == 0:
+            # sshd started as root refuses to run without its privilege separation directory,
+            # which only a booted system (systemd's tmpfiles) would have made.
             Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        if rec.mode == "namespace":
             Path(net.NODE_HOME).mkdir(parents=True, exist_ok=True)
             etc_dir = node_dir / "etc"
             etc_dir.mkdir(exist_ok=True)
