@@ -25,9 +25,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator import launch
-from orchestrator.checkpoints import listing_command, parse_listing
 from orchestrator.errors import ConfigError
 from orchestrator.gpu import CPU_MARK, cpu_ticks_command, nvidia_smi_argv
+from orchestrator.node.checkpoint_protocol import (
+    AgentConfig,
+    AgentLayout,
+    agent_source,
+    arm_command,
+    install_command,
+    parse_report,
+    read_command,
+)
 from orchestrator.remote.keys import HostAddress, Identity
 from orchestrator.remote.ssh import shell_command
 from orchestrator.remote.sync import (
@@ -269,16 +277,38 @@ def test_write_file_command_writes_exactly_there(home: Path, name: str) -> None:
     assert sorted(p.name for p in home.iterdir()) == [f"dir {name}"]
 
 
-def test_listing_command_lists_hostile_names(home: Path) -> None:
-    directory = home / "ck $(x) `y`"
-    directory.mkdir()
+def test_the_checkpoint_agent_reports_hostile_names_under_a_hostile_home(home: Path) -> None:
+    """Installed, armed and read back with the commands the controller sends, the agent
+    reports every file by its exact name."""
+    job = "job-3"
+    directory = "ck $(x) `y`"
+    (home / directory).mkdir()
+    layout = AgentLayout(job)
+    bash(install_command(layout), home, stdin=agent_source().encode())
+    run_dir = home / launch.NodeLayout(job).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "pid").write_text(str(os.getpid()))  # "the run": this process
+    config = AgentConfig(job, 0, directory).document()
+    bash(arm_command(layout), home, stdin=json.dumps(config).encode())
+
+    def report_when(ready) -> object:  # noqa: ANN001
+        deadline = time.monotonic() + 20
+        while True:
+            report = parse_report(bash(read_command(layout), home).decode(), 0, 0, 0)
+            if ready(report):
+                return report
+            assert time.monotonic() < deadline, (home / layout.root / "agent.log").read_text()
+            time.sleep(0.1)
+
+    report_when(lambda r: r.agent == "alive" and r.manifest is not None)  # it took its baseline
     for i, name in enumerate(NAMES):
-        (directory / name.replace("/", "_")).write_bytes(b"x" * i)
-    output = bash(listing_command(launch.home_expr(directory.name)), home).decode()
-    listing = parse_listing(output)
-    assert {k: v.size for k, v in listing.items()} == {
+        (home / directory / name.replace("/", "_")).write_bytes(b"x" * i)
+    (run_dir / "exit_code").write_text("0")  # the run ended: everything is staged at once
+    report = report_when(lambda r: r.manifest is not None and r.manifest.done)
+    assert {p: f.size for p, f in report.manifest.files.items()} == {
         name.replace("/", "_"): i for i, name in enumerate(NAMES)
     }
+    assert all(f.settled for f in report.manifest.files.values())
 
 
 def test_start_probe_stop_and_cpu_commands_under_a_hostile_home(home: Path) -> None:

@@ -1,0 +1,369 @@
+"""How the controller talks to a node's checkpoint agent: the commands it runs, what it reads back.
+
+Pure: command text, the agent's config, and the parser of its manifest. The agent itself is
+`orchestrator.node.checkpoint_agent`, sent to the node as its file's text. On a node, under the
+home directory:
+
+    orch-jobs/<job id>/checkpoint-agent/checkpoint_agent.py   the program
+    .../config.json     what `arm_command` wrote (0600: it may hold store credentials)
+    .../manifest.json   what is staged (see `NodeManifest`), replaced atomically
+    .../events          one line per new manifest; the controller follows it
+    .../objects/        the staged copies
+    .../pid, agent.log  the detached agent
+
+A manifest comes from a process the job's own scripts could tamper with, so the parser trusts
+nothing in it: paths must be canonical relative paths, digests and object names hex, numbers
+numbers. What does not fit is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.launch import NodeLayout, home_expr, write_file_command
+from orchestrator.node import checkpoint_agent
+from orchestrator.node.checkpoint_agent import canonical, skipped
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class AgentLayout:
+    """Where the agent of one job keeps its files on a node (home-relative paths)."""
+
+    job_id: str
+
+    @property
+    def root(self) -> str:
+        return f"{NodeLayout(self.job_id).root}/checkpoint-agent"
+
+    @property
+    def program(self) -> str:
+        return f"{self.root}/checkpoint_agent.py"
+
+    @property
+    def objects(self) -> str:
+        return f"{self.root}/{checkpoint_agent.OBJECTS}"
+
+
+def agent_source() -> str:
+    """The agent program, as it is sent to the nodes."""
+    return Path(checkpoint_agent.__file__).read_text()
+
+
+def install_command(layout: AgentLayout) -> str:
+    """Write the agent program (stdin: `agent_source()`) to the node."""
+    return write_file_command(layout.program, "0644")
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """How a node reaches the checkpoint store (`checkpoint.store`)."""
+
+    url: str  # s3://bucket/prefix or file:///path
+    endpoint_url: str | None = None  # S3 API endpoint other than AWS's (a sandbox, moto)
+    region: str | None = None
+    # Keys for providers whose nodes have no credentials of their own (local nodes); on AWS
+    # the nodes use their instance profile and this stays None.
+    credentials: Mapping[str, str] | None = None
+
+    def document(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "credentials": dict(self.credentials) if self.credentials else None,
+        }
+
+
+@dataclass(frozen=True)
+class RestoredFile:
+    """A checkpoint file orch put back on the node before the run: known, not staged again."""
+
+    sha256: str
+    size: int
+    key: str | None = None  # its store key, when it came from the store
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What one node's agent is told when it is armed."""
+
+    job_id: str
+    rank: int
+    checkpoint_dir: str  # home-relative or absolute (NodeLayout.node_path)
+    store: StoreAccess | None = None
+    restored: Mapping[str, RestoredFile] = field(default_factory=dict)
+    quiet_s: float = checkpoint_agent.QUIET_S
+    interval_s: float = checkpoint_agent.INTERVAL_S
+
+    def document(self) -> dict[str, object]:
+        node = NodeLayout(self.job_id)
+        agent = AgentLayout(self.job_id)
+        exclude = [node.run_dir, agent.root]
+        if not self.checkpoint_dir.startswith(node.root):
+            exclude.append("orch-jobs")  # a home-wide checkpoint dir: orch's own tree is no part
+        return {
+            "job_id": self.job_id,
+            "rank": self.rank,
+            "checkpoint_dir": self.checkpoint_dir,
+            "run_dir": node.run_dir,
+            "state_dir": agent.root,
+            "exclude": exclude,
+            "quiet_s": self.quiet_s,
+            "interval_s": self.interval_s,
+            "store": self.store.document() if self.store else None,
+            "restored": {
+                path: {"sha256": f.sha256, "size": f.size, "key": f.key}
+                for path, f in self.restored.items()
+            },
+        }
+
+
+def arm_command(layout: AgentLayout) -> str:
+    """Start the agent detached (stdin: the config as JSON); a no-op while one runs.
+
+    The config is written 0600, since it may hold store credentials; it never appears in a
+    command line."""
+    root = home_expr(layout.root)
+    program = shlex.quote(Path(layout.program).name)
+    return "\n".join(
+        [
+            f"mkdir -p {root} && cd {root} || exit 2",
+            'if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then cat > /dev/null; exit 0; fi',
+            "umask 077",
+            "cat > config.json.tmp && mv -f config.json.tmp config.json || exit 2",
+            "touch events",
+            f"setsid nohup python3 -u {program} watch --config config.json "
+            "> agent.log 2>&1 < /dev/null &",
+            "echo $! > pid",
+        ]
+    )
+
+
+def read_command(layout: AgentLayout) -> str:
+    """Print the node's clock (ns since the epoch) and whether the agent runs, then its
+    manifest (nothing when there is none yet)."""
+    root = home_expr(layout.root)
+    return (
+        f'cd {root} 2>/dev/null || {{ echo "$(date +%s%N) none"; exit 0; }}; '
+        'if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then s=alive; '
+        "elif [ -f pid ]; then s=dead; else s=none; fi; "
+        'echo "$(date +%s%N) $s"; cat manifest.json 2>/dev/null; true'
+    )
+
+
+def follow_command(layout: AgentLayout) -> str:
+    """Print a line each time the agent writes a new manifest, until the channel closes."""
+    root = home_expr(layout.root)
+    return f"mkdir -p {root} && cd {root} && touch events && exec tail -n 0 -F events"
+
+
+def restore_command(layout: AgentLayout) -> str:
+    """Run the agent's `restore` (stdin: `restore_plan(...)`); see `parse_restore_output`."""
+    root = home_expr(layout.root)
+    return f"cd {root} && python3 -u {shlex.quote(Path(layout.program).name)} restore"
+
+
+@dataclass(frozen=True)
+class RestoreItem:
+    path: str  # relative to the checkpoint directory
+    key: str
+    size: int
+    sha256: str
+
+
+def restore_plan(checkpoint_dir: str, store: StoreAccess, items: Sequence[RestoreItem]) -> str:
+    return json.dumps(
+        {
+            "checkpoint_dir": checkpoint_dir,
+            "store": store.document(),
+            "files": [
+                {"path": i.path, "key": i.key, "size": i.size, "sha256": i.sha256} for i in items
+            ],
+        }
+    )
+
+
+def restore_error(output: str) -> str | None:
+    """What a failed restore said (`error ...`), or None when it finished."""
+    lines = output.strip().splitlines()
+    if lines and lines[-1].startswith("restored "):
+        return None
+    errors = [line[6:] for line in lines if line.startswith("error ")]
+    return errors[-1] if errors else (lines[-1] if lines else "the restore printed nothing")
+
+
+# --- the manifest ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagedCopy:
+    """One version of a file, as the agent staged it."""
+
+    sha256: str
+    size: int
+    mtime_ns: int  # the file's mtime when staged, on the node's clock
+    ctime_ns: int  # and its ctime: a hard-linked copy is intact while both are unchanged
+    object: str | None  # name under objects/; None for a file orch restored (nothing to fetch)
+    linked: bool  # a hard link to the file itself: valid only while the file is unchanged
+    stored: str | None  # its store key once uploaded
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    """A file under the checkpoint directory of one node, as of the manifest."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    staged: StagedCopy | None
+
+    @property
+    def settled(self) -> bool:
+        """Staged, and unchanged since: what is on disk is what was staged."""
+        staged = self.staged
+        return staged is not None and (staged.size, staged.mtime_ns) == (self.size, self.mtime_ns)
+
+    @property
+    def usable(self) -> StagedCopy | None:
+        """The staged copy, if it still holds what was staged: a copy always does; a link only
+        while the file has not been written since."""
+        staged = self.staged
+        if staged is None or (staged.linked and not self.settled):
+            return None
+        return staged
+
+
+@dataclass(frozen=True)
+class DcpListing:
+    """A DCP checkpoint directory as its staged `.metadata` describes it."""
+
+    metadata_sha256: str
+    files: Mapping[str, int] | None  # shard name -> least size; None: the metadata was unreadable
+
+
+@dataclass(frozen=True)
+class NodeManifest:
+    """What one node's agent reported. `clock_offset_ns` is the node's clock minus the
+    controller's, measured when it was read; `files` mtimes are on the node's clock."""
+
+    rank: int
+    generation: int
+    done: bool  # the run ended and the agent staged (and uploaded) what it left
+    run_ended: bool
+    files: Mapping[str, NodeFile]
+    dcp: Mapping[str, DcpListing]
+    problems: tuple[str, ...]
+    clock_offset_ns: int = 0
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """The answer of `read_command`: the agent's state and its manifest (None: none yet)."""
+
+    agent: str  # alive | dead | none
+    manifest: NodeManifest | None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _hex(value: object) -> str | None:
+    return value if isinstance(value, str) and _HEX64.match(value) else None
+
+
+def _staged(value: object) -> StagedCopy | None:
+    if not isinstance(value, dict):
+        return None
+    sha256, size, mtime = (
+        _hex(value.get("sha256")),
+        _int(value.get("size")),
+        _int(value.get("mtime_ns")),
+    )
+    obj = value.get("object")
+    stored = value.get("stored")
+    ctime = _int(value.get("ctime_ns")) or 0
+    if sha256 is None or size is None or mtime is None:
+        return None
+    if obj is not None and _hex(obj) is None:
+        return None
+    return StagedCopy(
+        sha256=sha256,
+        size=size,
+        mtime_ns=mtime,
+        ctime_ns=ctime,
+        object=obj,
+        linked=value.get("linked") is True,
+        stored=stored if isinstance(stored, str) and stored else None,
+    )
+
+
+def _file_ok(path: object) -> bool:
+    return isinstance(path, str) and canonical(path) and not skipped(path)
+
+
+def parse_manifest(document: object, rank: int, clock_offset_ns: int = 0) -> NodeManifest | None:
+    """A manifest from its JSON document; None when it is not one."""
+    if (
+        not isinstance(document, dict)
+        or document.get("version") != checkpoint_agent.MANIFEST_VERSION
+    ):
+        return None
+    files: dict[str, NodeFile] = {}
+    raw_files = document.get("files")
+    for path, entry in raw_files.items() if isinstance(raw_files, dict) else ():
+        if not _file_ok(path) or not isinstance(entry, dict):
+            continue
+        size, mtime = _int(entry.get("size")), _int(entry.get("mtime_ns"))
+        if size is None or mtime is None:
+            continue
+        files[path] = NodeFile(path, size, mtime, _staged(entry.get("staged")))
+    dcp: dict[str, DcpListing] = {}
+    raw_dcp = document.get("dcp")
+    for directory, listing in raw_dcp.items() if isinstance(raw_dcp, dict) else ():
+        if not (directory == "" or _file_ok(directory)) or not isinstance(listing, dict):
+            continue
+        sha256 = _hex(listing.get("metadata_sha256"))
+        if sha256 is None:
+            continue
+        shards = listing.get("files")
+        parsed: dict[str, int] | None = None
+        if isinstance(shards, dict):
+            parsed = {}
+            for name, least in shards.items():
+                if _file_ok(name) and "/" not in name and _int(least) is not None:
+                    parsed[name] = least
+        dcp[directory] = DcpListing(sha256, parsed)
+    problems = document.get("problems")
+    return NodeManifest(
+        rank=rank,
+        generation=_int(document.get("generation")) or 0,
+        done=document.get("done") is True,
+        run_ended=document.get("run_ended") is True,
+        files=files,
+        dcp=dcp,
+        problems=tuple(str(p)[:500] for p in problems[:20]) if isinstance(problems, list) else (),
+        clock_offset_ns=clock_offset_ns,
+    )
+
+
+def parse_report(output: str, rank: int, sent_ns: int, received_ns: int) -> AgentReport:
+    """Parse `read_command`'s output, read between `sent_ns` and `received_ns` (controller
+    clock): the node's clock is taken to have been read half way."""
+    head, _, rest = output.partition("\n")
+    parts = head.split()
+    if len(parts) != 2 or not parts[0].isdigit() or parts[1] not in ("alive", "dead", "none"):
+        return AgentReport("none", None)
+    offset = int(parts[0]) - (sent_ns + received_ns) // 2
+    try:
+        document = json.loads(rest) if rest.strip() else None
+    except ValueError:
+        document = None
+    return AgentReport(parts[1], parse_manifest(document, rank, offset))

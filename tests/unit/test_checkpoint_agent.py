@@ -1,0 +1,270 @@
+"""The node's checkpoint agent, run in this process on a real directory: what it stages, and
+that a staged copy is never torn, whatever a script does to the file meanwhile."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node import checkpoint_agent as agent
+from orchestrator.node.checkpoint_agent import Agent, dcp_files, looks_whole, skipped, stage
+
+
+def make_agent(tmp_path: Path, **extra: object) -> Agent:
+    for name in ("ckpt", "run", "state"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    (tmp_path / "run" / "pid").write_text(str(os.getpid()))  # "the run": this process
+    config = {
+        "job_id": "j1",
+        "rank": 0,
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "run_dir": str(tmp_path / "run"),
+        "state_dir": str(tmp_path / "state"),
+        "exclude": [],
+        "quiet_s": 0.2,
+        "interval_s": 0.05,
+        "store": None,
+        "restored": {},
+        **extra,
+    }
+    return Agent(config)
+
+
+def staged(a: Agent, rel: str) -> dict | None:
+    return a.files.get(rel, {}).get("staged")
+
+
+def settle(a: Agent, *, ended: bool = False, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not a.pass_once(ended=ended):
+        assert time.monotonic() < deadline, a.files
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        ".tmp-step-000001/state.pt", "snapshot.pt.tmp", "step-000001/.metadata.tmp",
+        "__pycache__/m.cpython-311.pyc", "m.pyc", "pkg.egg-info/PKG-INFO", ".git/config",
+        "../x", "a//b", "./a", "bad\udcffname",
+    ],
+)  # fmt: skip
+def test_temporaries_tool_output_and_odd_names_are_never_staged(rel: str) -> None:
+    assert skipped(rel)
+
+
+@pytest.mark.parametrize("rel", ["snapshot.pt", "step-000001/COMPLETE", "a/.metadata", "..dots"])
+def test_checkpoint_names_are_staged(rel: str) -> None:
+    assert not skipped(rel)
+
+
+def test_what_was_there_before_the_run_is_left_alone_until_it_changes(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "train.py").write_text("code")  # synced by orch
+    (tmp_path / "ckpt" / "snapshot.pt").write_bytes(b"pushed back")  # restored by orch
+    restored = {"snapshot.pt": {"sha256": "ab" * 32, "size": 11, "key": "p/j1/snapshot.pt@ab"}}
+    a = make_agent(tmp_path, restored=restored)
+    settle(a)
+    assert "train.py" not in a.files
+    known = staged(a, "snapshot.pt")
+    assert known is not None and known["restored"] and known["object"] is None
+    assert known["stored"] == "p/j1/snapshot.pt@ab"
+    assert os.listdir(a.objects) == []  # nothing copied for either
+
+    time.sleep(0.01)
+    (tmp_path / "ckpt" / "train.py").write_text("changed by the run")
+    settle(a)
+    copy = staged(a, "train.py")
+    assert copy is not None and not copy["linked"]
+    assert (Path(a.objects) / copy["object"]).read_text() == "changed by the run"
+
+
+def test_a_new_file_waits_until_it_is_quiet(tmp_path: Path) -> None:
+    a = make_agent(tmp_path, quiet_s=30)
+    (tmp_path / "ckpt" / "snapshot.pt").write_bytes(b"x" * 10)
+    assert not a.pass_once(ended=False)
+    assert staged(a, "snapshot.pt") is None
+    assert a.pass_once(ended=True)  # the run ended: nothing is being written any more
+    assert staged(a, "snapshot.pt") is not None
+
+
+WRITER = """
+import hashlib, sys, time
+path, log = sys.argv[1], sys.argv[2]
+n = 0
+while True:
+    n += 1
+    body = bytes([n % 251]) * 400_000
+    with open(log, "a") as out:
+        out.write(hashlib.sha256(body).hexdigest() + "\\n")
+    with open(path, "r+b" if n > 1 else "wb") as handle:  # in place, as torch.save does
+        handle.truncate(0)
+        for start in range(0, len(body), 40_000):
+            handle.write(body[start : start + 40_000])
+            handle.flush()
+            time.sleep(0.002)
+    time.sleep(0.25)
+"""
+
+
+def test_a_file_rewritten_in_place_nonstop_is_only_ever_staged_whole(tmp_path: Path) -> None:
+    """A script rewrites its snapshot in place (truncate, then write in pieces) every quarter
+    of a second; every copy the agent stages must be exactly one save, never torn or mixed."""
+    a = make_agent(tmp_path, quiet_s=0.1)
+    path, log = tmp_path / "ckpt" / "snapshot.pt", tmp_path / "saves.log"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(log)])
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            a.pass_once(ended=False)
+            copy = staged(a, "snapshot.pt")
+            if copy is not None:
+                content = (Path(a.objects) / copy["object"]).read_bytes()
+                assert hashlib.sha256(content).hexdigest() == copy["sha256"]
+                seen.add(copy["sha256"])
+            time.sleep(0.02)
+    finally:
+        writer.kill()
+        writer.wait()
+    saves = set(log.read_text().split())
+    assert seen <= saves, "a staged copy that no save wrote (torn or mixed)"
+    assert len(seen) >= 3, "the agent should keep up with a script that saves often"
+
+
+def test_a_copy_that_changed_while_it_was_copied_is_refused(tmp_path: Path, monkeypatch) -> None:
+    src = tmp_path / "snapshot.pt"
+    src.write_bytes(b"a" * 1000)
+    real = agent._hash_fd
+
+    def hash_while_written(fd: int, out: int | None) -> str:
+        digest = real(fd, out)
+        with open(src, "r+b") as handle:  # a save lands in the middle of the copy
+            handle.write(b"b" * 10)
+        return digest
+
+    monkeypatch.setattr(agent, "_hash_fd", hash_while_written)
+    (tmp_path / "objects").mkdir()
+    assert stage(str(src), "snapshot.pt", str(tmp_path / "objects"), link=False, tag="t") == (
+        "changed while it was copied"
+    )
+    assert os.listdir(tmp_path / "objects") == []
+
+
+def test_a_linked_copy_rewritten_in_place_is_dropped_and_staged_again(tmp_path: Path) -> None:
+    a = make_agent(tmp_path)
+    shard = tmp_path / "ckpt" / "step-000001" / "__0_0.distcp"
+    shard.parent.mkdir()
+    shard.write_bytes(b"v1" * 100)
+    settle(a)
+    first = staged(a, "step-000001/__0_0.distcp")
+    assert first is not None and first["linked"]
+    time.sleep(0.01)
+    shard.write_bytes(b"v2" * 100)  # in place: the staged link holds v2 now too
+    a.pass_once(ended=False)
+    assert staged(a, "step-000001/__0_0.distcp") is None
+    settle(a)
+    second = staged(a, "step-000001/__0_0.distcp")
+    assert second is not None and second["sha256"] == hashlib.sha256(b"v2" * 100).hexdigest()
+
+
+def _zip_bytes() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", b"x" * 5000)
+    return buffer.getvalue()
+
+
+def test_a_torch_save_cut_short_is_not_whole(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.pt"
+    whole.write_bytes(_zip_bytes())
+    torn = tmp_path / "torn.pt"
+    torn.write_bytes(_zip_bytes()[:-30])  # no end of central directory yet
+    assert looks_whole(str(whole), "whole.pt")
+    assert not looks_whole(str(torn), "torn.pt")
+
+
+def test_a_safetensors_file_must_hold_what_its_header_says(tmp_path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    body = len(header).to_bytes(8, "little") + header + b"\0" * 16
+    (tmp_path / "ok.safetensors").write_bytes(body)
+    (tmp_path / "short.safetensors").write_bytes(body[:-4])
+    assert looks_whole(str(tmp_path / "ok.safetensors"), "ok.safetensors")
+    assert not looks_whole(str(tmp_path / "short.safetensors"), "short.safetensors")
+
+
+def test_a_torn_file_is_reported_once_and_not_staged(tmp_path: Path) -> None:
+    a = make_agent(tmp_path)
+    (tmp_path / "ckpt" / "model.pt").write_bytes(_zip_bytes()[:-30])
+    a.pass_once(ended=True)
+    assert staged(a, "model.pt") is None
+    assert any("not whole" in p for p in a.problems.values())
+
+
+def test_the_dcp_metadata_names_every_shard_and_its_least_size(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    state = {"a": torch.arange(100.0), "b": {"c": torch.ones(3, 4)}, "step": 7}
+    dcp.save(state, checkpoint_id=str(tmp_path / "step-000007"))
+    metadata = (tmp_path / "step-000007" / ".metadata").read_bytes()
+    files = dcp_files(metadata)
+    assert files is not None and set(files) == {"__0_0.distcp"}
+    assert 0 < files["__0_0.distcp"] <= (tmp_path / "step-000007" / "__0_0.distcp").stat().st_size
+
+
+class _Boom:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("touch /tmp/orch-agent-pickle-ran",))
+
+
+def test_reading_dcp_metadata_runs_nothing_it_names(tmp_path: Path) -> None:
+    sentinel = Path("/tmp/orch-agent-pickle-ran")
+    sentinel.unlink(missing_ok=True)
+    hostile = pickle.dumps({"storage_data": {"k": _Boom()}})
+    assert dcp_files(hostile) is None
+    assert not sentinel.exists()
+    assert dcp_files(b"not a pickle") is None
+
+
+def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    a = make_agent(tmp_path, store={"url": f"file://{store_dir}"})
+    (tmp_path / "ckpt" / "snapshot.pt").write_bytes(b"weights")
+    (tmp_path / "run" / "exit_code").write_text("0")
+    a.loop()  # the run ended: stage, upload, write the last manifest, exit
+    manifest = json.loads((tmp_path / "state" / "manifest.json").read_text())
+    assert manifest["done"] is True
+    copy = manifest["files"]["snapshot.pt"]["staged"]
+    key = copy["stored"]
+    assert key == f"j1/snapshot.pt@{copy['sha256'][:16]}"
+    assert (store_dir / key).read_bytes() == b"weights"
+    assert (tmp_path / "state" / "events").read_text().split()[-1] == str(manifest["generation"])
+
+    new_node = tmp_path / "new" / "ckpt"
+    plan = {
+        "checkpoint_dir": str(new_node),
+        "store": {"url": f"file://{store_dir}"},
+        "files": [{"path": "snapshot.pt", "key": key, "size": 7, "sha256": copy["sha256"]}],
+    }
+    out = io.StringIO()
+    assert agent.restore(plan, out) == 0, out.getvalue()
+    assert (new_node / "snapshot.pt").read_bytes() == b"weights"
+    assert out.getvalue().splitlines()[-1].startswith("restored 1 7 ")
+
+    (store_dir / key).write_bytes(b"tampered")
+    (new_node / "snapshot.pt").unlink()
+    out = io.StringIO()
+    assert agent.restore(plan, out) == 1
+    assert "SHA-256 is not the one recorded" in out.getvalue()
+    assert not (new_node / "snapshot.pt").exists()
