@@ -1,82 +1,63 @@
-"""Mirror rank 0's checkpoint directory into ORCH_HOME/jobs/<id>/checkpoints, safely.
+"""The mirror: the copy of a job's checkpoints on the user's machine (ORCH_HOME/jobs/<id>/).
 
-Two kinds of checkpoint are understood (DESIGN.md, "Checkpoints"):
+The mirror holds complete checkpoints only (`orchestrator.checkpoint_units.Unit`), laid out as
+under the job's checkpoint directory on the nodes, and an index beside it (`checkpoints.json`:
+every checkpoint it holds, each file's SHA-256) so that nothing is fetched twice.
 
-- orch's trainer contract: a directory `step-000123/` is complete once it holds `COMPLETE`;
-  an incomplete one, or anything whose name starts with `.tmp`, is never pulled.
-- any other file a script writes (`snapshot.pt` rewritten in place): taken only when it is
-  stable, i.e. same size and mtime on two consecutive looks (or when the job has ended).
+Installing is atomic per checkpoint. A file is renamed over its previous copy. A directory is
+built whole next to the mirror (from the fetched files, and hard links of files it already
+has), then swapped in with two renames; the previous copy stays readable until then, and one
+caught between the two renames by a crash is put back when the mirror is next opened. So a
+reader, a restart or a push never sees a checkpoint that is half there.
 
-Each pulled file lands in a staging directory first and is then moved into the mirror with an
-atomic rename, so the previous good copy stays readable until the new one is complete.
-`plan_pull` is pure; `CheckpointMirror` does the I/O through the callables it is given.
+Nothing outside the mirror is ever written, nor moved in from outside: fetched files are
+taken only when they are regular files reached through real directories, and installed only
+where no part of the destination is a symlink.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
-import re
 import shutil
 import stat
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-COMPLETE_MARKER = "COMPLETE"
-STEP_DIR = re.compile(r"^step-(\d+)$")
+from orchestrator.checkpoint_units import Unit, UnitFile, directory_of, newer
+from orchestrator.node.checkpoint_agent import COMPLETE_MARKER, DCP_METADATA
+
+INDEX_VERSION = 1
 
 
 @dataclass(frozen=True)
-class RemoteEntry:
-    """One entry of a remote listing (`find -printf '%P\\t%y\\t%s\\t%T@\\0'`)."""
+class MirroredUnit:
+    """A checkpoint the mirror holds, as its index records it."""
 
-    path: str  # relative to the checkpoint directory, '/'-separated
-    kind: str  # 'f' file, 'd' directory, 'l' symlink, ...
-    size: int
-    mtime: float
+    name: str
+    kind: str  # step | dcp | file
+    version: str
+    step: int | None
+    written_ns: int
+    files: Mapping[str, tuple[str, int]]  # path -> (sha256, size)
 
+    @property
+    def directory(self) -> str | None:
+        return directory_of(self.kind, self.name)
 
-def listing_command(checkpoint_dir_expr: str) -> str:
-    """Shell command listing a checkpoint dir (a quoted shell expression); empty if missing.
-
-    Records end with NUL, the one byte a file name cannot hold, so names with newlines or
-    tabs cannot forge entries.
-    """
-    return (
-        f'd={checkpoint_dir_expr}; [ -d "$d" ] || exit 0; '
-        "find \"$d\" -mindepth 1 -printf '%P\\t%y\\t%s\\t%T@\\0'"
-    )
-
-
-def parse_listing(text: str) -> dict[str, RemoteEntry]:
-    """Parse `listing_command` output; malformed records are skipped."""
-    entries: dict[str, RemoteEntry] = {}
-    for record in text.split("\0"):
-        parts = record.rsplit("\t", 3)  # the name may hold tabs; the other fields cannot
-        if len(parts) != 4:
-            continue
-        path, kind, size, mtime = parts
-        try:
-            entries[path] = RemoteEntry(path, kind, int(size), float(mtime))
-        except ValueError:
-            continue
-    return entries
+    @property
+    def order(self) -> tuple[int, int]:
+        """Sorts like `checkpoint_units.newer`: by step, then by time."""
+        return (-1 if self.step is None else self.step, self.written_ns)
 
 
-def _is_safe(path: str) -> bool:
-    """A relative, canonical name (no empty, `.` or `..` parts, so not absolute either) that
-    survived decoding: a name that was not UTF-8 on the node reads with U+FFFD and could not
-    be asked for by name."""
-    parts = path.split("/")  # not PurePosixPath: it would quietly drop `.` and `//`
-    return "\ufffd" not in path and all(p not in ("..", ".", "") for p in parts)
-
-
-def _plain_file(base: Path, rel: str) -> bool:
-    """Whether `base/rel` is a regular file reached through real directories only.
-
-    Checked with lstat component by component: a symlink anywhere below `base` (planted by a
-    transfer or by anyone else) would make a later move read or write outside `base`.
-    """
+def plain_file(base: Path, rel: str) -> bool:
+    """Whether `base/rel` is a regular file reached through real directories only (checked
+    with lstat part by part: a symlink anywhere would let a later move escape `base`)."""
     path = base
     parts = PurePosixPath(rel).parts
     for i, part in enumerate(parts):
@@ -91,177 +72,270 @@ def _plain_file(base: Path, rel: str) -> bool:
     return True
 
 
-def _safe_destination(root: Path, rel: str) -> bool:
+def _no_symlink_on_the_way(root: Path, rel: str) -> bool:
     """Whether writing `root/rel` stays under `root`: no existing part of it is a symlink."""
+    if root.is_symlink():
+        return False
     path = root
     for part in PurePosixPath(rel).parts:
         path = path / part
         if path.is_symlink():
             return False
-    return not root.is_symlink()
+    return True
 
 
-def _hidden_temp(path: str) -> bool:
-    return any(part.startswith(".tmp") for part in PurePosixPath(path).parts)
-
-
-def step_of(name: str) -> int | None:
-    """The step number of a `step-000123` name (its first path component), else None."""
-    match = STEP_DIR.match(PurePosixPath(name).parts[0]) if name else None
-    return int(match.group(1)) if match else None
-
-
-@dataclass(frozen=True)
-class PullPlan:
-    """What one pull should fetch and which mirror step directories are now obsolete."""
-
-    files: list[str] = field(default_factory=list)  # relative paths of regular files to pull
-    complete_dirs: list[str] = field(default_factory=list)  # step dirs complete on the node
-    obsolete_dirs: list[str] = field(default_factory=list)  # mirror step dirs gone on the node
-
-
-def plan_pull(
-    remote: Mapping[str, RemoteEntry],
-    previous: Mapping[str, RemoteEntry] | None,
-    mirror: Mapping[str, tuple[int, int]],
-    *,
-    final: bool = False,
-) -> PullPlan:
-    """Decide which remote files to pull now.
-
-    `previous` is the listing of the last look (None on the first). `mirror` maps relative paths
-    already mirrored to (size, integer mtime). With `final`, the writer has exited, so every
-    regular file counts as stable (incomplete step dirs are still refused).
-    """
-    top_dirs = {p for p, e in remote.items() if e.kind == "d" and "/" not in p}
-    complete = sorted(
-        d for d in top_dirs if STEP_DIR.match(d) and f"{d}/{COMPLETE_MARKER}" in remote
+def _marker_last(files: list[UnitFile]) -> list[UnitFile]:
+    return sorted(
+        files, key=lambda f: PurePosixPath(f.path).name in (COMPLETE_MARKER, DCP_METADATA)
     )
-    incomplete = {d for d in top_dirs if STEP_DIR.match(d)} - set(complete)
-    files: list[str] = []
-    for path, entry in sorted(remote.items()):
-        if entry.kind != "f" or not _is_safe(path) or _hidden_temp(path):
-            continue
-        top = PurePosixPath(path).parts[0]
-        if top in incomplete:
-            continue
-        in_complete_dir = top in complete
-        if not (in_complete_dir or final):
-            before = previous.get(path) if previous is not None else None
-            if before is None or (before.size, before.mtime) != (entry.size, entry.mtime):
-                continue
-        if mirror.get(path) == (entry.size, int(entry.mtime)):
-            continue
-        files.append(path)
-    mirrored_dirs = {PurePosixPath(p).parts[0] for p in mirror if "/" in p}
-    obsolete = (
-        sorted(d for d in mirrored_dirs if STEP_DIR.match(d) and d not in top_dirs)
-        if complete
-        else []
-    )
-    # The marker goes last so a reader of the mirror never sees it before the files it vouches for.
-    files.sort(key=lambda p: PurePosixPath(p).name == COMPLETE_MARKER)
-    return PullPlan(files=files, complete_dirs=complete, obsolete_dirs=obsolete)
-
-
-def scan_mirror(root: Path) -> dict[str, tuple[int, int]]:
-    """(size, integer mtime) of every regular file under the mirror, by relative path."""
-    found: dict[str, tuple[int, int]] = {}
-    if not root.is_dir():
-        return found
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            full = Path(dirpath) / name
-            stat = full.lstat()
-            if full.is_symlink():
-                continue
-            found[full.relative_to(root).as_posix()] = (stat.st_size, int(stat.st_mtime))
-    return found
-
-
-@dataclass
-class PulledCheckpoint:
-    """A checkpoint that became available in the mirror during one pull."""
-
-    name: str  # step dir name or file path, relative to the mirror
-    step: int | None
-    size_bytes: int
 
 
 class CheckpointMirror:
-    """The local mirror of one job's rank-0 checkpoint directory.
-
-    `fetch(files_from, staging)` must copy the listed remote files (relative paths, each
-    ended by NUL in the file `files_from`) into `staging`, preserving relative paths and
-    mtimes; it is rsync in production. Nothing outside `root` is ever written (nor moved in
-    from outside): remote names with `..`, absolute paths and symlinks are refused before the
-    fetch, and what the fetch delivered is installed only when it is a regular file reached
-    through real directories, to a destination with no symlink on the way.
-    """
+    """The mirror of one job (see the module docstring). Not thread-safe: one collector writes."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.staging = root.parent / ".incoming"
-        self._previous: dict[str, RemoteEntry] | None = None
+        self.index_path = root.parent / "checkpoints.json"
+        self.incoming = root.parent / ".incoming"
+        self._retired = root.parent / ".retired"
+        self._units: dict[str, MirroredUnit] = {}
+        self._loaded = False
 
-    def pull(
-        self,
-        listing: Mapping[str, RemoteEntry],
-        fetch: Callable[[Path, Path], None],
-        *,
-        final: bool = False,
-    ) -> list[PulledCheckpoint]:
-        plan = plan_pull(listing, self._previous, scan_mirror(self.root), final=final)
-        self._previous = dict(listing)
-        pulled: list[PulledCheckpoint] = []
-        if plan.files:
-            if self.staging.exists():
-                shutil.rmtree(self.staging)
-            self.staging.mkdir(parents=True)
-            list_file = self.root.parent / ".incoming.list"  # NUL-separated: rsync --from0
-            list_file.write_text("".join(f"{p}\0" for p in plan.files))
-            fetch(list_file, self.staging)
-            pulled = self._install(plan, listing)
-            shutil.rmtree(self.staging, ignore_errors=True)
-            list_file.unlink(missing_ok=True)
-        for name in plan.obsolete_dirs:
-            shutil.rmtree(self.root / name, ignore_errors=True)
-        return pulled
+    # --- the index ----------------------------------------------------------------------------
+    def units(self) -> dict[str, MirroredUnit]:
+        if not self._loaded:
+            self._recover()
+            self._units = self._read_index()
+            self._loaded = True
+        return self._units
 
-    def _install(
-        self, plan: PullPlan, listing: Mapping[str, RemoteEntry]
-    ) -> list[PulledCheckpoint]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        new_units: dict[str, int] = {}
-        for rel in plan.files:
-            src = self.staging / rel
-            if not _plain_file(self.staging, rel):
-                continue  # vanished (or became a link) since the listing; the next pull retries
-            dst = self.root / rel
-            if not _safe_destination(self.root, rel):
+    def _read_index(self) -> dict[str, MirroredUnit]:
+        try:
+            document = json.loads(self.index_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(document, dict) or document.get("version") != INDEX_VERSION:
+            return {}
+        units: dict[str, MirroredUnit] = {}
+        for name, entry in (document.get("units") or {}).items():
+            try:
+                units[name] = MirroredUnit(
+                    name=name,
+                    kind=entry["kind"],
+                    version=entry["version"],
+                    step=entry.get("step"),
+                    written_ns=int(entry.get("written_ns", 0)),
+                    files={p: (f[0], int(f[1])) for p, f in entry["files"].items()},
+                )
+            except (KeyError, TypeError, ValueError, IndexError):
                 continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
-            unit = PurePosixPath(rel).parts[0] if "/" in rel else rel
-            new_units[unit] = new_units.get(unit, 0) + listing[rel].size
-        result = []
-        for unit, size in new_units.items():
-            is_step_dir = unit in plan.complete_dirs
-            if is_step_dir and not (self.root / unit / COMPLETE_MARKER).exists():
+        return units
+
+    def _write_index(self) -> None:
+        document = {
+            "version": INDEX_VERSION,
+            "units": {
+                u.name: {
+                    "kind": u.kind,
+                    "version": u.version,
+                    "step": u.step,
+                    "written_ns": u.written_ns,
+                    "files": {p: list(f) for p, f in u.files.items()},
+                }
+                for u in self._units.values()
+            },
+        }
+        self.index_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.index_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(document))
+        os.replace(tmp, self.index_path)
+
+    def holds(self, path: str, sha256: str) -> bool:
+        """Whether the mirror has this content at this path (no need to fetch it again)."""
+        return any(u.files.get(path, ("",))[0] == sha256 for u in self.units().values())
+
+    def holds_unit(self, unit: Unit) -> bool:
+        held = self.units().get(unit.name)
+        return held is not None and held.version == unit.version
+
+    def files(self) -> dict[str, tuple[str, int]]:
+        """Every file the mirror holds: path -> (sha256, size)."""
+        found: dict[str, tuple[str, int]] = {}
+        for unit in self.units().values():
+            found.update(unit.files)
+        return found
+
+    def newest_directory(self) -> MirroredUnit | None:
+        """The newest directory checkpoint the mirror holds whole: what a restart resumes from."""
+        best: MirroredUnit | None = None
+        for unit in self.units().values():
+            if unit.kind == "file":
                 continue
-            result.append(PulledCheckpoint(unit, step_of(unit), size))
-        return result
+            marker = COMPLETE_MARKER if unit.kind == "step" else DCP_METADATA
+            directory = self.root / unit.directory if unit.directory else self.root
+            if not (directory / marker).is_file():
+                continue
+            if best is None or unit.order > best.order:
+                best = unit
+        return best
 
     def latest_complete(self) -> Path | None:
-        """Newest complete `step-*` directory of the mirror, or None."""
-        best: tuple[int, Path] | None = None
-        if not self.root.is_dir():
+        """The newest directory checkpoint on disk, or None."""
+        unit = self.newest_directory()
+        if unit is None:
             return None
-        for child in self.root.iterdir():
-            if child.is_symlink():
+        return self.root / unit.directory if unit.directory else self.root
+
+    # --- installing -------------------------------------------------------------------------
+    def install(self, unit: Unit, fetched: Mapping[str, Path]) -> bool:
+        """Install a complete checkpoint from `fetched` (path -> a fetched file under
+        `incoming`) and files the mirror already holds; True when it is in place.
+
+        False, and the mirror unchanged, when a file is missing, not a plain file, or its
+        destination would leave the mirror."""
+        self.units()
+        sources: dict[str, Path] = {}
+        have = self.files()
+        for f in unit.files:
+            src = fetched.get(f.path)
+            if src is not None:
+                if not plain_file(self.incoming, src.relative_to(self.incoming).as_posix()):
+                    return False
+            elif have.get(f.path, ("",))[0] == f.sha256 and plain_file(self.root, f.path):
+                src = self.root / f.path
+            else:
+                return False
+            if not _no_symlink_on_the_way(self.root, f.path):
+                return False
+            sources[f.path] = src
+        if unit.kind == "file":
+            self._install_file(unit.files[0].path, sources[unit.files[0].path])
+        else:
+            self._install_directory(unit, sources)
+        self._units[unit.name] = MirroredUnit(
+            name=unit.name,
+            kind=unit.kind,
+            version=unit.version,
+            step=unit.step,
+            written_ns=unit.written_ns,
+            files={f.path: (f.sha256, f.size) for f in unit.files},
+        )
+        self._write_index()
+        return True
+
+    def _scratch(self) -> Path:
+        path = self.incoming / "build" / uuid.uuid4().hex
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _install_file(self, rel: str, src: Path) -> None:
+        dst = self.root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst)  # a directory of that name once: the file is newer
+        tmp = self._scratch()
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+
+    def _install_directory(self, unit: Unit, sources: Mapping[str, Path]) -> None:
+        directory = unit.directory or ""
+        target = self.root / directory if directory else self.root
+        build = self._scratch()
+        build.mkdir()
+        members = set()
+        for f in _marker_last(list(unit.files)):
+            inside = f.path[len(directory) + 1 :] if directory else f.path
+            members.add(inside)
+            dst = build / inside
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(sources[f.path], dst)
+        if unit.kind == "dcp" and target.is_dir():
+            # A DCP checkpoint is the files right in its directory; what lies deeper (other
+            # checkpoints, when it is the checkpoint directory itself) moves with it.
+            for child in target.iterdir():
+                if child.name in members or not child.is_dir() or child.is_symlink():
+                    continue
+                shutil.copytree(child, build / child.name, symlinks=True, copy_function=os.link)
+            if not directory:
+                # Files beside it are other checkpoints (single files) unless its previous
+                # version held them.
+                earlier = self._direct_files_of(unit)
+                for child in target.iterdir():
+                    plain = child.is_file() and not child.is_symlink()
+                    if plain and child.name not in members and child.name not in earlier:
+                        os.link(child, build / child.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._swap(build, target)
+
+    def _direct_files_of(self, unit: Unit) -> set[str]:
+        """The files right in a DCP directory that an earlier version of it held."""
+        held = self._units.get(unit.name)
+        if held is None:
+            return set()
+        directory = held.directory or ""
+        return {
+            p[len(directory) + 1 :] if directory else p
+            for p in held.files
+            if "/" not in (p[len(directory) + 1 :] if directory else p)
+        }
+
+    def _swap(self, build: Path, target: Path) -> None:
+        """Put `build` where `target` is, keeping the old `target` until the new one is there.
+
+        A crash between the two renames leaves the old one under `.retired/` with a note of
+        where it belongs; `_recover` puts it back."""
+        if not target.exists():
+            os.rename(build, target)
+            return
+        slot = self._retired / hashlib.sha256(str(target).encode()).hexdigest()[:16]
+        self._retired.mkdir(parents=True, exist_ok=True)
+        if slot.exists():
+            shutil.rmtree(slot)
+        slot.with_suffix(".target").write_text(str(target))
+        os.rename(target, slot)
+        os.rename(build, target)
+        shutil.rmtree(slot, ignore_errors=True)
+        slot.with_suffix(".target").unlink(missing_ok=True)
+
+    def _recover(self) -> None:
+        if not self._retired.is_dir():
+            return
+        for note in self._retired.glob("*.target"):
+            slot = note.with_suffix("")
+            target = Path(note.read_text())
+            if slot.is_dir() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(slot, target)
+            shutil.rmtree(slot, ignore_errors=True)
+            note.unlink(missing_ok=True)
+
+    # --- pruning ----------------------------------------------------------------------------
+    def prune(self, names: list[str]) -> list[str]:
+        """Remove these directory checkpoints; the newest one is always kept. Returns what
+        was removed."""
+        newest = self.newest_directory()
+        removed = []
+        for name in names:
+            unit = self.units().get(name)
+            if unit is None or unit.kind == "file" or (newest and unit.name == newest.name):
                 continue
-            step = step_of(child.name)
-            complete = step is not None and (child / COMPLETE_MARKER).exists()
-            if complete and (best is None or step > best[0]):  # type: ignore[operator]
-                best = (step, child)  # type: ignore[assignment]
-        return best[1] if best else None
+            if unit.directory:
+                shutil.rmtree(self.root / unit.directory, ignore_errors=True)
+            else:
+                for path in unit.files:
+                    with contextlib.suppress(OSError):
+                        (self.root / path).unlink()
+            del self._units[name]
+            removed.append(name)
+        if removed:
+            self._write_index()
+        return removed
+
+    def clear_incoming(self) -> None:
+        shutil.rmtree(self.incoming, ignore_errors=True)
+
+
+def newest(units: list[Unit]) -> Unit | None:
+    """The newest directory checkpoint of `units`, or None."""
+    directories = [u for u in units if u.kind != "file"]
+    return max(directories, key=newer) if directories else None

@@ -28,7 +28,7 @@ from orchestrator.simulate_cli import simulate_command
 if TYPE_CHECKING:
     from orchestrator.plan import LaunchPlan
     from orchestrator.providers.base import Provider
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec import CheckpointSpec, JobSpec
 
 app = typer.Typer(
     name="orch",
@@ -46,6 +46,13 @@ FOREGROUND_WATCH_INTERVAL = 1.0
 
 def _ledger(settings: Settings) -> Ledger:
     return Ledger(make_engine(settings.db_path))
+
+
+def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
+    places = [] if checkpoint.mirror_mode == "none" else [f"{mirror} ({checkpoint.mirror_mode})"]
+    if checkpoint.store:
+        places.append(checkpoint.store)
+    return " and ".join(places)
 
 
 def _print_json(document: object) -> None:
@@ -206,8 +213,8 @@ def submit(
         console.print(
             f"[{style}]{outcome.state.value}[/] job {job.id}: step {document['step']}, "
             f"spend ${document['spend_usd']:.4f}, "
-            f"{len(document['checkpoints'])} checkpoint(s) in "
-            f"{settings.job_dir(job.id) / 'checkpoints'}"
+            f"{len(document['checkpoints'])} checkpoint(s) kept: "
+            f"{_kept_where(loaded.spec.checkpoint, settings.job_dir(job.id) / 'checkpoints')}"
         )
         if outcome.reason and outcome.state is not JobState.SUCCEEDED:
             console.print(outcome.reason, markup=False, highlight=False)

@@ -72,6 +72,9 @@ class AwsSettings(BaseModel):
     security_group_id: str | None = None
     subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
     tf_outputs: Path | None = None  # `terraform output -json` file of infra/
+    # instance profile the nodes of a job with a checkpoint store get (its role may write the
+    # store's prefix); None: Terraform's `instance_profile` output
+    instance_profile: str | None = None
     ssh_cidr: str = "0.0.0.0/0"  # who may reach port 22 of a security group orch creates
     spot_price_cache_s: float = Field(default=300.0, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running` and SSH
@@ -87,6 +90,17 @@ class AwsSettings(BaseModel):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+
+class StoreSettings(BaseModel):
+    """How the checkpoint store of a job (`checkpoint.store`) is reached where AWS's defaults
+    do not do: an S3-compatible service of one's own, or a sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint_url: str | None = None  # S3 API endpoint the controller uses (None: AWS's own)
+    node_endpoint_url: str | None = None  # the same endpoint as the nodes reach it, if it differs
+    region: str | None = None  # None: the region of the job's nodes, else boto3's default
 
 
 class ControllerSettings(BaseModel):
@@ -136,6 +150,7 @@ class Settings(BaseModel):
     local: LocalSettings = LocalSettings()
     aws: AwsSettings = AwsSettings()
     controller: ControllerSettings = ControllerSettings()
+    store: StoreSettings = StoreSettings()
 
     @property
     def db_path(self) -> Path:
@@ -156,6 +171,10 @@ _ENV_OVERRIDES = {
     "ORCH_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
     "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
     "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
+    "ORCH_AWS_INSTANCE_PROFILE": ("aws", "instance_profile"),
+    "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
+    "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),
+    "ORCH_STORE_REGION": ("store", "region"),
     "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
     "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),

@@ -140,10 +140,15 @@ def job_detail(doc: dict) -> list[object]:
             f"${lease['cost_usd']:.4f}",
         )
     checkpoints = Table(title="checkpoints")
-    for column in ("name", "step", "bytes", "path"):
+    for column in ("name", "step", "bytes", "kept in"):
         checkpoints.add_column(column)
     for item in doc["checkpoints"]:
-        checkpoints.add_row(item["name"], str(item["step"]), str(item["size_bytes"]), item["path"])
+        where = [item["path"]] if item.get("path") else []
+        if item.get("stored"):
+            where.append("the store")
+        checkpoints.add_row(
+            item["name"], str(item["step"]), str(item["size_bytes"]), " and ".join(where)
+        )
     events = events_table(doc, limit=15)
     parts: list[object] = [summary]
     if doc.get("gpus"):

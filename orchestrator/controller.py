@@ -22,7 +22,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator import launch
 from orchestrator.activity import ActivityThresholds, JobActivity
-from orchestrator.checkpoints import CheckpointMirror, step_of
+from orchestrator.checkpoint_keeper import CheckpointKeeper, KeeperOptions
+from orchestrator.checkpoints import CheckpointMirror
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
 from orchestrator.deadline_driver import (
@@ -43,7 +44,6 @@ from orchestrator.errors import (
     RemoteError,
 )
 from orchestrator.ledger import (
-    CheckpointRecord,
     Job,
     JobState,
     Lease,
@@ -55,7 +55,6 @@ from orchestrator.notice_watch import NoticeWatcher
 from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
-from orchestrator.pulls import pull_checkpoints
 from orchestrator.reconcile import lease_unrecorded
 from orchestrator.recovery import Interruption, backoff_seconds, may_recover, salvage_seconds
 from orchestrator.remote.keys import ensure_identity
@@ -105,6 +104,8 @@ class RunnerOptions:
     gpu_sample_every: float = 30.0  # the ledger keeps one averaged GPU sample per window
     notice_poll_interval: float = 5.0  # how often each node polls for a spot notice
     deadman_timeout: float = 600.0  # a node unheard from this long, idle, ends itself
+    final_pull_wait: float = 60.0  # at a run's end, how long the nodes' agents may take to stage
+    store_only_wait: float = 900.0  # the same with `mirror: none`: the store has the only copy
     launch_retries: int = 5  # refused spot-only launches retried before the job fails
     launch_backoff: float = 10.0  # first wait before such a retry; doubles each time
     policy_interval: float = 5.0  # spot policy (spec.spot_policy): seconds between decisions
@@ -161,12 +162,21 @@ class JobRunner:
         self.layout = launch.NodeLayout(job.id)
         self.job_dir = settings.job_dir(job.id)
         self.mirror = CheckpointMirror(self.job_dir / "checkpoints")
+        self.keeper = CheckpointKeeper(
+            job_id=job.id,
+            checkpoint=self.spec.checkpoint,
+            node_dir=self.layout.node_path(self.spec.checkpoint.dir),
+            mirror=self.mirror,
+            ledger=ledger,
+            settings=settings,
+            line=self.reporter.line,
+            options=KeeperOptions(pull_every=self.spec.checkpoint.pull_every),
+        )
         self.cluster: Cluster | None = None
         self.instances: list[Instance] = []
         self._started = False
         self._watch: RunWatch | None = None
         self._gone_ranks: set[int] = set()  # nodes of the cluster found lost, reclaimed or downed
-        self._head_gone = threading.Event()  # node 0 is among them: its pulls are cut short
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._last_step: int | None = None
         self._last_step_saved = 0.0
@@ -260,6 +270,7 @@ class JobRunner:
             max_price_per_hour=resources.max_price_per_hour,
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
             avoid_zones=self._avoid_zones,
+            store=self.spec.checkpoint.store,
             attempt=self._launch_attempt(),
         )
         self.instances = self._launch(request)
@@ -377,7 +388,8 @@ class JobRunner:
         assert self.cluster is not None
         head = self.cluster.head
         port = int(head.run(launch.free_port_command()).stdout.strip())
-        resume_from, resume_step = self._push_checkpoints()
+        resume = self.keeper.prepare(self.cluster, **self._node_access())
+        resume_from, resume_step = resume.path, resume.step
         resources = self.spec.resources
         cluster_launch = launch.ClusterLaunch(
             job_id=self.job.id,
@@ -424,36 +436,14 @@ class JobRunner:
 
         self.cluster.map(arm)
 
-    def _push_checkpoints(self) -> tuple[str, int | None]:
-        """Push the mirror of pulled checkpoints to every node's checkpoint dir.
-
-        Returns what to resume from (the node path of the newest complete `step-*` dir, or ""
-        when there is none: a script with its own checkpoint files finds them in place) and
-        its step. Does nothing on a first start, when nothing was pulled yet.
-        """
-        assert self.cluster is not None
-        root = self.mirror.root
-        if not root.is_dir() or not any(p.is_file() for p in root.rglob("*")):
-            return "", None
-        node_dir = self.layout.node_path(self.spec.checkpoint.dir)
-        started = time.monotonic()
-        run_parallel(
-            [
-                Transfer(
-                    f"checkpoints -> {address.name}",
-                    push_argv(root, address, self.cluster.identity, node_dir),
-                )
-                for address in self.cluster.addresses
-            ]
-        )
-        latest = self.mirror.latest_complete()
-        self.ledger.add_event(
-            self.job.id, "PUSHED", f"checkpoints to {len(self.cluster.addresses)} node(s) in "
-            f"{time.monotonic() - started:.1f} s",
-        )  # fmt: skip
-        if latest is None:
-            return "", None
-        return f"{node_dir}/{latest.name}", step_of(latest.name)
+    def _node_access(self) -> dict[str, object]:
+        """What the nodes bring to the checkpoint store: credentials of their own (an instance
+        profile) or none, and their region."""
+        instances = self.cluster.instances if self.cluster is not None else []
+        return {
+            "nodes_have_credentials": bool(instances) and all(i.credentials for i in instances),
+            "region": instances[0].region if instances else None,
+        }
 
     # --- supervision: APScheduler runs the periodic work, the main thread waits --------------
     def _supervise(self) -> StopOrder | Interruption | PlannedMove:
@@ -468,7 +458,6 @@ class JobRunner:
         assert self.cluster is not None
         self._watch = self._run_watch()
         self._gone_ranks = set()
-        self._head_gone = threading.Event()
         notices = NoticeWatcher(
             self.cluster, self._on_notice, interval_s=self.options.notice_poll_interval
         )
@@ -508,21 +497,19 @@ class JobRunner:
             self._guarded(self._tick_budget), "interval",
             seconds=self.options.budget_interval, next_run_time=now,
         )  # fmt: skip
-        scheduler.add_job(
-            self._guarded(lambda: self._pull_checkpoints(final=False)), "interval",
-            seconds=self.spec.checkpoint.pull_every,
-        )  # fmt: skip
         if self._driver is not None:
             scheduler.add_job(
                 self._guarded(self._tick_policy), "interval",
                 seconds=self.options.policy_interval,
             )  # fmt: skip
         scheduler.start()
+        self.keeper.watch(self.cluster, gone=lambda: set(self._gone_ranks), on_failure=self._decide)
         try:
             while not self._decided.wait(0.2):
                 pass
         finally:
             self._abort_gone_connections()
+            self.keeper.stop_watching()
             scheduler.shutdown(wait=True)
             notices.stop()
             self._activity.stop()
@@ -537,9 +524,8 @@ class JobRunner:
         keepalive timeout, so the decision is acted on seconds sooner."""
         if self.cluster is None:
             return
-        if 0 in self._gone_ranks:
-            self._head_gone.set()  # a checkpoint transfer from it is killed too
         for rank in self._gone_ranks:
+            self.keeper.node_gone(rank)  # a checkpoint transfer from it is killed too
             self.cluster.connections[rank].abort()
 
     def _guarded(self, task: Callable[[], None]) -> Callable[[], None]:
@@ -735,6 +721,10 @@ class JobRunner:
         )
         self._started = True
         self._last_step = self.job.step
+        try:
+            self.keeper.adopt(self.cluster, **self._node_access())
+        except OrchError as exc:
+            self.ledger.add_event(self.job.id, "WARNING", f"checkpoint agents: {exc}")
         self.ledger.add_event(
             self.job.id, "ADOPTED", f"controller {controller_identity()} took over "
             f"{len(self.instances)} node(s)", step=self.job.step,
@@ -747,39 +737,44 @@ class JobRunner:
         """Keep what the interrupted run can still give before its nodes go.
 
         After a notice the nodes still run: every trainer gets SIGTERM (rank 0 writes its
-        emergency checkpoint), and the checkpoint is pulled before the reclaim. Without a
-        notice, whatever node 0 still holds is pulled if node 0 is not among the lost.
+        emergency checkpoint), and what the agents stage of it is collected before the reclaim.
+        Without a notice, what the nodes that still answer hold is collected: a checkpoint
+        that needed a lost node's files is whole only if those arrived before it was lost.
         """
         self._note_interruption(interruption)
         started = time.monotonic()
         grace = salvage_seconds(interruption, utcnow(), self.options.stop_grace)
         if grace > 0:
             self._stop_trainers(grace)
-        if self._node0_answers(interruption):
+        skip = self._unanswering(interruption)
+        if len(skip) < len(self.instances):
+            wait = salvage_seconds(interruption, utcnow(), self.options.final_pull_wait)
             try:
-                self._pull_checkpoints(final=True)
+                self.keeper.finish(skip=skip, wait_s=wait if interruption.cause == "notice" else 0)
             except OrchError as exc:
                 self.ledger.add_event(self.job.id, "WARNING", f"salvage pull failed: {exc}")
         if interruption.cause == "notice" and self._watch is not None:
             with contextlib.suppress(OrchError):
                 self._watch.catch_up()
-        latest = self.mirror.latest_complete()
+        newest = self.keeper.newest()
         self.ledger.add_event(
-            self.job.id, "SALVAGED", f"newest checkpoint {latest.name if latest else 'none'}, "
+            self.job.id, "SALVAGED", f"newest checkpoint {newest.name if newest else 'none'}, "
             f"{time.monotonic() - started:.1f} s after detection",
-            step=step_of(latest.name) if latest else None,
+            step=newest.step if newest else None,
         )  # fmt: skip
 
-    def _node0_answers(self, interruption: Interruption) -> bool:
-        """Whether node 0 can still give its checkpoints: it was warned (a notice), or it is
-        not among the lost, answered the last probe and is not reported taken meanwhile."""
-        if interruption.cause == "notice":
-            return True
-        if 0 in interruption.ranks or not self.instances:
-            return False
-        if self._watch is not None and self._watch.misses[0]:
-            return False
-        return not self.provider.preempted([self.instances[0].instance_id])
+    def _unanswering(self, interruption: Interruption) -> set[int]:
+        """Nodes not to ask for checkpoints after an interruption: those lost or taken, and
+        those that missed the last probe or that the provider reports taken meanwhile (asking
+        them would cost a connection timeout). After a notice every node still runs."""
+        if interruption.cause == "notice" or not self.instances:
+            return set()
+        skip = set(interruption.ranks) | set(self._gone_ranks)
+        if self._watch is not None:
+            skip |= {rank for rank, misses in enumerate(self._watch.misses) if misses}
+        rest = [i for i in self.instances if i.rank not in skip]
+        taken = self.provider.preempted([i.instance_id for i in rest]) if rest else set()
+        return skip | {i.rank for i in rest if i.instance_id in taken}
 
     def _note_interruption(self, interruption: Interruption) -> None:
         self.ledger.add_event(
@@ -928,12 +923,12 @@ class JobRunner:
         self._set_state(state, f"switch {switches}: {move.describe()}", switches=switches)
         started = time.monotonic()
         self._end_nodes()
-        latest = self.mirror.latest_complete()
+        newest = self.keeper.newest()
         self.ledger.add_event(
             self.job.id, SWITCHED_EVENT, f"{move.source.value} -> {move.to.value}: nodes ended "
             f"{time.monotonic() - started:.1f} s after the decision, newest checkpoint "
-            f"{latest.name if latest else 'none'}",
-            step=step_of(latest.name) if latest else None,
+            f"{newest.name if newest else 'none'}",
+            step=newest.step if newest else None,
         )  # fmt: skip
 
     def _finish_move(self) -> None:
@@ -947,7 +942,7 @@ class JobRunner:
         if self.cluster is not None and self._started:
             self._stop_trainers(self.options.stop_grace)
             try:
-                self._pull_checkpoints(final=True)
+                self._final_pull()
             except OrchError as exc:
                 self.ledger.add_event(self.job.id, "WARNING", f"pull before the move: {exc}")
             if self._watch is not None:
@@ -960,31 +955,21 @@ class JobRunner:
 
     def _resume_step(self) -> int | None:
         """The step a start now would resume from."""
-        latest = self.mirror.latest_complete()
-        if latest is not None:
-            return step_of(latest.name)
+        newest = self.keeper.newest()
+        if newest is not None and newest.step is not None:
+            return newest.step
         return self._last_step if self._last_step is not None else self.job.step
 
     # --- checkpoints and logs --------------------------------------------------------------
-    def _pull_checkpoints(self, *, final: bool) -> None:
-        assert self.cluster is not None
-        for pulled in pull_checkpoints(
-            self.cluster, self.mirror, self.layout.node_path(self.spec.checkpoint.dir),
-            final=final, abort=self._head_gone,
-        ):  # fmt: skip
-            self.ledger.add_checkpoint(
-                CheckpointRecord(
-                    job_id=self.job.id,
-                    name=pulled.name,
-                    step=pulled.step,
-                    size_bytes=pulled.size_bytes,
-                    pulled_at=utcnow(),
-                )
-            )
-            self.ledger.add_event(
-                self.job.id, "CHECKPOINT", f"pulled {pulled.name}", step=pulled.step
-            )
-            self.reporter.line(f"[orch] checkpoint pulled: {pulled.name}")
+    def _final_pull(self) -> None:
+        """Collect what the run left, once the nodes' agents staged it (bounded wait; longer
+        when the store holds the only copy)."""
+        wait = (
+            self.options.store_only_wait
+            if self.spec.checkpoint.mirror_mode == "none"
+            else self.options.final_pull_wait
+        )
+        self.keeper.finish(skip=self._gone_ranks, wait_s=wait)
 
     def _catch_up_logs(self) -> None:
         if self._watch is None:
@@ -1049,7 +1034,7 @@ class JobRunner:
         if self.cluster is not None and self._started:
             if order.state is not JobState.SUCCEEDED:
                 self._stop_trainers(self.options.stop_grace)
-            for salvage in (lambda: self._pull_checkpoints(final=True), self._catch_up_logs):
+            for salvage in (self._final_pull, self._catch_up_logs):
                 try:
                     salvage()
                 except OrchError as exc:
@@ -1057,6 +1042,7 @@ class JobRunner:
         ended_at = self._terminate_all()
         if self.cluster is not None:
             self.cluster.close()
+        self.keeper.sweep_store()
         self.ledger.update_job(
             self.job.id,
             state=order.state,

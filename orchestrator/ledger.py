@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import String, event, inspect, text
 from sqlalchemy.engine import Engine
@@ -161,14 +162,24 @@ class GpuSampleRecord(SQLModel, table=True):
 
 
 class CheckpointRecord(SQLModel, table=True):
+    """One version of one complete checkpoint, from when orch knew it whole until it was
+    dropped from both the mirror and the store (`pruned_at`)."""
+
     __tablename__ = "checkpoint"
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(index=True, foreign_key="job.id")
-    name: str  # path relative to the job's checkpoint mirror, e.g. "step-000120"
+    name: str  # path relative to the job's checkpoint directory, e.g. "step-000120"
     step: int | None = None
     size_bytes: int
-    pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))  # when known complete
+    kind: str | None = None  # step | dcp | file (None: recorded by an older orch)
+    sha256: str | None = None  # digest of its files' paths and contents (Unit.version)
+    in_mirror: bool = True  # its bytes are in the mirror on this machine
+    stored_at: datetime | None = Field(default=None, sa_column=_utc_column())  # whole in the store
+    store_url: str | None = None  # the store it is in (checkpoint.store)
+    files_json: str | None = None  # [{path, sha256, size, key}] of its files, JSON
+    pruned_at: datetime | None = Field(default=None, sa_column=_utc_column())
 
 
 def make_engine(path: Path | str) -> Engine:
@@ -225,6 +236,9 @@ def total_cost(leases: Iterable[Lease], now: datetime) -> Decimal:
     return sum((lease_cost(lease, now) for lease in leases), Decimal(0))
 
 
+_Row = TypeVar("_Row", bound=SQLModel)
+
+
 class Ledger:
     """Reads and writes of the ledger; one short transaction per call."""
 
@@ -253,15 +267,19 @@ class Ledger:
             return list(session.exec(query))
 
     def update_job(self, job_id: str, **fields: object) -> Job:
+        return self._update(Job, job_id, f"no job {job_id!r} in the ledger", fields)
+
+    def _update(self, model: type[_Row], key: object, missing: str, fields: dict) -> _Row:
+        """Set `fields` on the row of `model` with primary key `key`, in one transaction."""
         with Session(self.engine, expire_on_commit=False) as session:
-            job = session.get(Job, job_id)
-            if job is None:
-                raise UnknownJob(f"no job {job_id!r} in the ledger")
-            for key, value in fields.items():
-                setattr(job, key, value)
-            session.add(job)
+            row = session.get(model, key)
+            if row is None:
+                raise UnknownJob(missing)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            session.add(row)
             session.commit()
-            return job
+            return row
 
     # --- leases -------------------------------------------------------------------------
     def open_lease(self, lease: Lease) -> Lease:
@@ -347,11 +365,19 @@ class Ledger:
             )
             return list(session.exec(query))
 
-    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
+    def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRecord]:
+        """A job's checkpoint records, oldest first; with `live_only`, those still kept in
+        the mirror or the store."""
         with Session(self.engine) as session:
             query = (
                 select(CheckpointRecord)
                 .where(CheckpointRecord.job_id == job_id)
                 .order_by(CheckpointRecord.id)  # type: ignore[arg-type]
             )
+            if live_only:
+                query = query.where(CheckpointRecord.pruned_at.is_(None))  # type: ignore[union-attr]
             return list(session.exec(query))
+
+    def update_checkpoint(self, record_id: int, **fields: object) -> CheckpointRecord:
+        missing = f"no checkpoint record {record_id} in the ledger"
+        return self._update(CheckpointRecord, record_id, missing, fields)

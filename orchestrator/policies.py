@@ -96,3 +96,42 @@ def idle_order(*, idle_for_s: float, idle_timeout_s: float | None, what: str) ->
             f"{what} idle for {idle_for_s:.0f} s (budget.idle_timeout {idle_timeout_s:.0f} s)",
         )
     return None
+
+
+@dataclass
+class PullStreak:
+    """Checkpoint collections that failed in a row (times are `time.monotonic()` seconds)."""
+
+    failures: int = 0
+    first_at: float | None = None
+    last_error: str = ""
+
+    def failed(self, now: float, error: str) -> None:
+        self.failures += 1
+        self.first_at = now if self.first_at is None else self.first_at
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self.failures, self.first_at, self.last_error = 0, None, ""
+
+    def retry_in(self, first_s: float, cap_s: float) -> float:
+        """The wait before the next try: `first_s`, doubling with each failure, at most `cap_s`."""
+        return min(cap_s, first_s * 2 ** max(0, self.failures - 1))
+
+
+def pull_failure_order(
+    streak: PullStreak, *, now: float, limit_s: float, min_failures: int
+) -> StopOrder | None:
+    """Fail the job once checkpoint collections have failed for `limit_s` seconds and at least
+    `min_failures` times in a row: training on would only pile up work that no copy keeps."""
+    if streak.first_at is None or streak.failures < min_failures:
+        return None
+    lasted = now - streak.first_at
+    if lasted < limit_s:
+        return None
+    return StopOrder(
+        JobState.FAILED,
+        1,
+        f"checkpoints could not be brought home for {lasted:.0f} s ({streak.failures} tries in "
+        f"a row); last error: {streak.last_error}",
+    )

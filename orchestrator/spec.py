@@ -8,7 +8,7 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     setup: pip install -r requirements.txt
     run: python -m trainer.train --epochs 5
     resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
-    checkpoint: {dir: ~/ckpt, pull_every: 60}
+    checkpoint: {dir: ~/ckpt, pull_every: 60, store: s3://bucket/prefix, mirror: latest}
     budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
     recovery: {max_recoveries: 5}
     env: {NCCL_DEBUG: WARN}
@@ -65,6 +65,7 @@ __all__ = [
     "Budget",
     "CheckpointSpec",
     "DataMount",
+    "MirrorMode",
     "JobSpec",
     "LoadedJob",
     "Recovery",
@@ -353,23 +354,80 @@ class DataMount(_Model):
         return _node_path(self.dst, home, home)
 
 
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_STORE_HELP = "s3://bucket/prefix, or file:///absolute/path (a directory every node can reach)"
+
+MirrorMode = Literal["all", "latest", "none"]
+"""What the user's machine keeps of a job's checkpoints (`checkpoint.mirror`)."""
+
+
+def _store_url(value: str) -> str:
+    if value.startswith("s3://"):
+        bucket, _, prefix = value[5:].partition("/")
+        if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+            raise ValueError(
+                f"invalid S3 bucket name {_show(bucket)}: 3-63 lowercase letters, digits, "
+                f"'.' and '-' (use {_STORE_HELP})"
+            )
+        if any(part in (".", "..") for part in prefix.split("/")) or "\x00" in prefix:
+            raise ValueError(f"invalid key prefix {_show(prefix)}: no '.' or '..' parts")
+        return "s3://" + bucket + ("/" + prefix.strip("/") if prefix.strip("/") else "")
+    if value.startswith("file://"):
+        path = value[7:]
+        if not path.startswith("/") or any(p in (".", "..") for p in path.split("/")):
+            raise ValueError(f"a file:// store needs an absolute path, like {_STORE_HELP}")
+        return "file://" + (path.rstrip("/") or "/")
+    raise ValueError(f"unknown store {_show(value)}: use {_STORE_HELP}")
+
+
 class CheckpointSpec(_Model):
-    """Where the run writes checkpoints on node 0, and how often orch mirrors them home."""
+    """Where the run writes checkpoints on the nodes, where orch keeps them, and how often it
+    looks for new ones."""
 
     dir: str | None = Field(
         default=None,
-        description="path on node 0; relative = under the workdir on the node; '~/' = node home;"
-        " None: the job's own directory on the node (ORCH_CHECKPOINT_DIR points there)",
+        description="path on the nodes; relative = under the workdir on the node; '~/' = node "
+        "home; None: the job's own directory on the node (ORCH_CHECKPOINT_DIR points there)",
     )
-    pull_every: Seconds = Field(default=60.0, description="seconds between checkpoint pulls")
+    pull_every: Seconds = Field(
+        default=60.0,
+        description="seconds between looks for new checkpoints when no node reports one "
+        "(new ones are fetched as soon as they are written)",
+    )
+    store: Annotated[str, AfterValidator(_store_url)] | None = Field(
+        default=None,
+        description="s3://bucket/prefix or file:///path: the nodes upload complete checkpoints "
+        "there and new nodes download them from there",
+    )
+    mirror: MirrorMode | None = Field(
+        default=None,
+        description="what the user's machine keeps: all, latest or none (none needs a store); "
+        "None: latest with a store, all without one",
+    )
 
     @field_validator("dir")
     @classmethod
     def _dir_ok(cls, value: str | None) -> str | None:
         return None if value is None else _check_node_path_text(value)
 
+    @model_validator(mode="after")
+    def _mirror_needs_a_home(self) -> CheckpointSpec:
+        if self.mirror == "none" and self.store is None:
+            raise ValueError(
+                "mirror: none keeps no copy anywhere without a store: set checkpoint.store "
+                f"({_STORE_HELP}), or mirror: latest"
+            )
+        return self
+
+    @property
+    def mirror_mode(self) -> MirrorMode:
+        """`mirror`, or its default: latest with a store, all without one."""
+        if self.mirror is not None:
+            return self.mirror
+        return "latest" if self.store else "all"
+
     def node_dir(self, home: PurePosixPath, workdir: PurePosixPath) -> PurePosixPath | None:
-        """The checkpoint directory on node 0 (None when unset), given its home and workdir."""
+        """The checkpoint directory on a node (None when unset), given its home and workdir."""
         return None if self.dir is None else _node_path(self.dir, home, workdir)
 
 

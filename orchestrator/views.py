@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
+from orchestrator.checkpoint_store import describe
 from orchestrator.config import Settings
-from orchestrator.ledger import Job, Ledger, lease_cost, total_cost, utcnow
+from orchestrator.ledger import CheckpointRecord, Job, Ledger, lease_cost, total_cost, utcnow
 
 
 def _time(value: datetime | None) -> str | None:
@@ -25,12 +28,34 @@ def money(value: Decimal) -> float:
     return float(value)
 
 
+def checkpoint_document(record: CheckpointRecord, mirror: Path) -> dict[str, Any]:
+    """One kept checkpoint: where its bytes are (the mirror on this machine, the store), and
+    its files with their digests (and store keys)."""
+    files = json.loads(record.files_json) if record.files_json else []
+    store = record.store_url if record.stored_at is not None else None
+    return {
+        "name": record.name,
+        "kind": record.kind,
+        "step": record.step,
+        "size_bytes": record.size_bytes,
+        "sha256": record.sha256,
+        "pulled_at": _time(record.pulled_at),
+        "path": str(mirror / record.name) if record.in_mirror else None,
+        "stored": store is not None,
+        "stored_at": _time(record.stored_at),
+        "files": [
+            {**f, "url": describe(store, f["key"]) if store and f.get("key") else None}
+            for f in files
+        ],
+    }
+
+
 def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
     """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
     spend_usd, checkpoints, recoveries; plus leases and events when `detail`)."""
     now = utcnow()
     leases = ledger.leases(job.id)
-    checkpoints = ledger.checkpoints(job.id)
+    checkpoints = ledger.checkpoints(job.id, live_only=True)
     mirror = settings.job_dir(job.id) / "checkpoints"
     doc: dict[str, Any] = {
         "id": job.id,
@@ -53,16 +78,7 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         "ended_at": _time(job.ended_at),
         "exit_code": job.exit_code,
         "reason": job.reason,
-        "checkpoints": [
-            {
-                "name": c.name,
-                "step": c.step,
-                "size_bytes": c.size_bytes,
-                "pulled_at": _time(c.pulled_at),
-                "path": str(mirror / c.name),
-            }
-            for c in checkpoints
-        ],
+        "checkpoints": [checkpoint_document(c, mirror) for c in checkpoints],
     }
     if detail:
         doc["gpus"] = [

@@ -135,6 +135,37 @@ def wait_for_state(
         time.sleep(0.5)
 
 
+def detach(spec: Path, env: dict[str, str]) -> str:
+    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def wait_for(job_id: str, env: dict[str, str], predicate, what: str, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_view(job_id, env)
+        if predicate(job):
+            return job
+        assert job["state"] not in ("FAILED", "SUCCEEDED"), f"{job_id} ended while {what}: {job}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
+        time.sleep(0.3)
+
+
+def preempt(job_id: str, env: dict[str, str], node: int, notice: float) -> dict:
+    result = run_orch(
+        ["local", "preempt", job_id, "--node", str(node), "--notice", str(notice), "--json"],
+        env,
+        timeout=notice + 60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def events(job: dict, kind: str) -> list[dict]:
+    return [e for e in job["events"] if e["kind"] == kind]
+
+
 class Background:
     """An orch command run in the background, its output collected by a thread."""
 

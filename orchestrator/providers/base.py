@@ -38,6 +38,7 @@ class LaunchRequest:
     max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
     min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
     avoid_zones: tuple[str, ...] = ()  # zones where the job was just interrupted: tried last
+    store: str | None = None  # the job's checkpoint store: the nodes must be able to write it
     attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
     #                   restart after its controller died, ...); part of the idempotency
     #                   token, so a retried call never launches twice while a new attempt
@@ -68,6 +69,9 @@ class Instance:
     #                                               switch); EC2 nodes terminate on shutdown
     metadata_url: str | None = None  # where the node reads its instance metadata (spot
     #                                  notices); None: EC2's http://169.254.169.254
+    credentials: bool = False  # the node has cloud credentials of its own (an instance
+    #                            profile) to reach the job's checkpoint store
+    region: str | None = None  # the cloud region the node runs in (None: the provider has none)
 
 
 @runtime_checkable

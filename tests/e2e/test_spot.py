@@ -25,10 +25,13 @@ from tests.helpers import (
     assert_nothing_left,
     counter_run,
     counter_workdir,
+    detach,
+    events,
     job_json,
-    job_view,
     orch_env,
+    preempt,
     run_orch,
+    wait_for,
     wait_for_state,
 )
 
@@ -78,37 +81,6 @@ def spot_env(home: Path, **extra: str) -> dict[str, str]:
         ORCH_LOCAL_PRICE_PER_HOUR="0.90",
         **extra,
     )
-
-
-def detach(spec: Path, env: dict[str, str]) -> str:
-    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.strip().splitlines()[-1]
-
-
-def wait_for(job_id: str, env: dict[str, str], predicate, what: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_view(job_id, env)
-        if predicate(job):
-            return job
-        assert job["state"] not in ("FAILED", "SUCCEEDED"), f"{job_id} ended while {what}: {job}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
-        time.sleep(0.3)
-
-
-def preempt(job_id: str, env: dict[str, str], node: int, notice: float) -> dict:
-    result = run_orch(
-        ["local", "preempt", job_id, "--node", str(node), "--notice", str(notice), "--json"],
-        env,
-        timeout=notice + 60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def events(job: dict, kind: str) -> list[dict]:
-    return [e for e in job["events"] if e["kind"] == kind]
 
 
 def assert_spend_is_leases(job: dict) -> None:
@@ -235,58 +207,6 @@ def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> No
 
 def first_ids(leases: list) -> set[str]:
     return {lease.instance_id for lease in leases}
-
-
-PLAIN_SCRIPT = """\
-import os, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-start = 0
-if os.path.exists("snapshot.pt"):
-    start = torch.load("snapshot.pt")["epoch"] + 1
-    print(f"resuming from snapshot.pt at epoch {start}", flush=True)
-for epoch in range(start, 40):
-    time.sleep(0.3)
-    dist.barrier()
-    if rank == 0 and epoch % 6 == 5:
-        torch.save({"epoch": epoch}, "snapshot.pt")  # in place, not atomic
-    print(f"epoch {epoch} done", flush=True)
-dist.destroy_process_group()
-print("finished all epochs", flush=True)
-"""
-
-
-def test_a_plain_script_resumes_from_its_pulled_snapshot(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "train.py").write_text(PLAIN_SCRIPT)
-    spec = tmp_path / "job.yaml"
-    spec.write_text(
-        "name: plain\nworkdir: work\nrun: python train.py\n"
-        "resources: {nodes: 2, gpus_per_node: 1, spot: true}\n"
-        "checkpoint: {dir: ., pull_every: 1}\n"
-    )
-    env = spot_env(tmp_path / "orch")
-    job_id = detach(spec, env)
-    mirror = tmp_path / "orch" / "jobs" / job_id / "checkpoints" / "snapshot.pt"
-    deadline = time.monotonic() + 120
-    while not mirror.exists():
-        assert time.monotonic() < deadline, job_json(job_id, env)
-        time.sleep(0.3)
-    time.sleep(3)
-    preempt(job_id, env, node=0, notice=0)
-    job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
-    assert job["state"] == "SUCCEEDED", job
-    assert job["recoveries"] == 1
-    log = (tmp_path / "orch" / "jobs" / job_id / "logs" / "node-0.log").read_text()
-    resumed = [line for line in log.splitlines() if "resuming from snapshot.pt at epoch" in line]
-    assert resumed, log[-3000:]
-    assert int(resumed[-1].rsplit(" ", 1)[1]) >= 6
-    assert "finished all epochs" in log
-    assert_nothing_left(job)
 
 
 @pytest.mark.soak

@@ -13,13 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import time
 from pathlib import Path
 
-from orchestrator.checkpoints import CheckpointMirror, listing_command, parse_listing
-from orchestrator.launch import home_expr
-from orchestrator.pulls import pull_checkpoints
-from orchestrator.remote.sync import pull_argv, push_argv, run_rsync
-from tests.helpers import loopback_cluster
+from orchestrator.remote.sync import push_argv, run_rsync
+from tests.checkpoint_nodes import end_run, keeper_nodes
 
 JOB = "paths-1"
 HOSTILE = "we ird $x;`id`\n\"q'\tt ü"
@@ -66,19 +64,22 @@ def _tree(root: Path, skip: list[Path]) -> dict[str, str]:
 
 def test_pulls_take_only_regular_files_and_write_only_inside_the_job(tmp_path: Path) -> None:
     home = tmp_path / "orch"
-    job_dir = home / "jobs" / JOB
-    mirror = CheckpointMirror(job_dir / "checkpoints")
-    job_dir.mkdir(parents=True)  # as the controller makes it before any pull
-    with loopback_cluster(home, JOB, count=1) as cluster:
-        cluster.head.run(["bash", "-c", SETUP])
-        skip = [job_dir, home / "local"]  # the job's own dir; the node's disk
+    with keeper_nodes(home, JOB) as nodes:
+        job_dir = nodes.mirror.root.parent
+        nodes.run(0, SETUP)  # written by "the run", after the agent started
+        end_run(nodes.cluster, JOB)
+        skip = [job_dir, home / "local", home / "orch.db", home / "orch.db-wal",
+                home / "orch.db-shm"]  # fmt: skip
         before = _tree(tmp_path, skip)
 
-        pulled = pull_checkpoints(cluster, mirror, "ckpt", final=True)
+        collected = nodes.keeper.finish(wait_s=30)
 
         assert _tree(tmp_path, skip) == before
         assert not (tmp_path / "x").exists() and not (home / "x").exists()
-        assert sorted(p.name for p in pulled) == sorted(["step-000001", HOSTILE, "..dots"])
+        assert sorted(u.name for u in collected.installed) == sorted(
+            ["step-000001", HOSTILE, "..dots", "latest"]
+        )
+        mirror = nodes.mirror
         files = {
             p.relative_to(mirror.root).as_posix(): p.read_bytes()
             for p in mirror.root.rglob("*")
@@ -93,34 +94,30 @@ def test_pulls_take_only_regular_files_and_write_only_inside_the_job(tmp_path: P
         }
         assert not any(p.is_symlink() for p in job_dir.rglob("*"))
         assert mirror.latest_complete() == mirror.root / "step-000001"
+        recorded = sorted(r.name for r in nodes.ledger.checkpoints(JOB))
+        assert recorded == sorted(["step-000001", HOSTILE, "..dots"])  # `latest` points only
 
 
-def test_a_step_dir_swapped_for_a_link_during_the_pull(tmp_path: Path) -> None:
-    """Listing first, then the directory becomes a link to elsewhere on the node, then the
-    transfer: whatever arrives lands inside the mirror and nothing else changes here."""
+def test_a_step_dir_swapped_for_a_link_after_it_was_staged(tmp_path: Path) -> None:
+    """The directory becomes a link to elsewhere on the node between staging and the pull:
+    whatever arrives lands inside the mirror, and nothing else changes here."""
     home = tmp_path / "orch"
-    job_dir = home / "jobs" / JOB
-    mirror = CheckpointMirror(job_dir / "checkpoints")
-    job_dir.mkdir(parents=True)  # as the controller makes it before any pull
-    with loopback_cluster(home, JOB, count=1) as cluster:
-        cluster.head.run(["bash", "-c", SETUP])
-        listing = parse_listing(
-            cluster.head.run(listing_command(home_expr("ckpt")), check=False).stdout
-        )
-        assert "step-000001/state.pt" in listing
-        skip = [job_dir, home / "local"]
+    with keeper_nodes(home, JOB) as nodes:
+        job_dir = nodes.mirror.root.parent
+        nodes.run(0, SETUP)
+        end_run(nodes.cluster, JOB)
+        deadline = time.monotonic() + 20
+        while not all(
+            r.manifest and r.manifest.done for r in nodes.keeper.collector.read().values()
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        nodes.run(0, 'cd ckpt; rm -r step-000001; ln -s "$HOME/outside/step" step-000001')
+        skip = [job_dir, home / "local", home / "orch.db", home / "orch.db-wal",
+                home / "orch.db-shm"]  # fmt: skip
         before = _tree(tmp_path, skip)
 
-        def swap_then_fetch(files_from: Path, staging: Path) -> None:
-            cluster.head.run(
-                ["bash", "-c", 'cd ckpt; rm -r step-000001; ln -s "$HOME/outside/step" step-000001']
-            )
-            argv = pull_argv(
-                cluster.addresses[0], cluster.identity, "ckpt", staging, files_from=files_from
-            )
-            run_rsync(argv, what="checkpoint pull", ok_codes=(0, 23, 24))
-
-        mirror.pull(listing, swap_then_fetch, final=True)
+        nodes.keeper.collect()
 
         assert _tree(tmp_path, skip) == before
         assert not any(p.is_symlink() for p in job_dir.rglob("*"))
@@ -131,17 +128,15 @@ def test_a_step_dir_swapped_for_a_link_during_the_pull(tmp_path: Path) -> None:
 def test_an_orch_home_with_spaces_quotes_and_percent_signs(tmp_path: Path) -> None:
     """Keys and known_hosts under such a home still reach ssh whole (through rsync's -e)."""
     home = tmp_path / "my 'orch' %d $x home"  # (the local provider refuses \" there)
-    job_dir = home / "jobs" / JOB
-    job_dir.mkdir(parents=True)
     source = tmp_path / "work dir"
     source.mkdir()
     (source / "train.py").write_text("print('hi')\n")
-    with loopback_cluster(home, JOB, count=1) as cluster:
-        address, identity = cluster.addresses[0], cluster.identity
+    with keeper_nodes(home, JOB) as nodes:
+        address, identity = nodes.cluster.addresses[0], nodes.cluster.identity
         run_rsync(push_argv(source, address, identity, "~/work", workdir=True), what="sync")
-        assert cluster.head.run(["cat", "work/train.py"]).stdout == "print('hi')\n"
-        cluster.head.run(["bash", "-c", "mkdir -p ckpt && printf w > ckpt/weights.pt"])
-        mirror = CheckpointMirror(job_dir / "checkpoints")
-        pulled = pull_checkpoints(cluster, mirror, "ckpt", final=True)
-        assert [p.name for p in pulled] == ["weights.pt"]
-        assert (mirror.root / "weights.pt").read_bytes() == b"w"
+        assert nodes.cluster.head.run(["cat", "work/train.py"]).stdout == "print('hi')\n"
+        nodes.run(0, "printf w > ckpt/weights.pt")
+        end_run(nodes.cluster, JOB)
+        collected = nodes.keeper.finish(wait_s=30)
+        assert [u.name for u in collected.installed] == ["weights.pt"]
+        assert (nodes.mirror.root / "weights.pt").read_bytes() == b"w"

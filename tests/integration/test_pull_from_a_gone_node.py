@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checkpoints import CheckpointMirror
 from orchestrator.errors import NodeUnreachable
-from orchestrator.pulls import pull_checkpoints
 from orchestrator.remote.sync import run_rsync
-from tests.helpers import loopback_cluster
+from tests.checkpoint_nodes import end_run, keeper_nodes
 
 HANGING_SSH = """#!/bin/sh
 # Stands in for ssh to a host that stopped answering: connected, then nothing, for long.
@@ -86,20 +84,25 @@ def test_node_0_refusing_the_transfer_pulls_nothing_and_the_next_pull_takes_it(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "orch"
-    mirror = CheckpointMirror(home / "jobs" / "gone-1" / "checkpoints")
-    with loopback_cluster(home, "gone-1", count=1) as cluster:
-        cluster.head.run(
-            "mkdir -p ckpt/step-000004 && printf w > ckpt/step-000004/state.pt"
-            " && : > ckpt/step-000004/COMPLETE"
-        )
+    with keeper_nodes(home, "gone-1") as nodes:
+        nodes.run(0, "mkdir -p ckpt/step-000004 && printf w > ckpt/step-000004/state.pt"
+                     " && : > ckpt/step-000004/COMPLETE")  # fmt: skip
+        end_run(nodes.cluster, "gone-1")
+        deadline = time.monotonic() + 20  # staged: the agent is done (no rsync has run yet)
+        while not all(
+            r.manifest and r.manifest.done for r in nodes.keeper.collector.read().values()
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
         (node_dir,) = [p for p in home.glob("local/nodes/*") if (p / "sshd.pid").exists()]
         sshd = int((node_dir / "sshd.pid").read_text())
         os.kill(sshd, signal.SIGSTOP)  # the listener stops taking connections; the open one
-        try:  # (the listing's) still answers, as when a node dies between the two
-            assert pull_checkpoints(cluster, mirror, "ckpt", final=True) == []
-            assert mirror.latest_complete() is None  # nothing half installed
+        try:  # (the manifest's) still answers, as when a node dies between the two
+            collected = nodes.keeper.collect()
+            assert collected.installed == []
+            assert nodes.mirror.latest_complete() is None  # nothing half installed
         finally:
             os.kill(sshd, signal.SIGCONT)
-        (pulled,) = pull_checkpoints(cluster, mirror, "ckpt", final=True)
-        assert pulled.name == "step-000004"
-        assert (mirror.root / "step-000004" / "state.pt").read_text() == "w"
+        collected = nodes.keeper.collect()
+        assert [u.name for u in collected.installed] == ["step-000004"]
+        assert (nodes.mirror.root / "step-000004" / "state.pt").read_text() == "w"

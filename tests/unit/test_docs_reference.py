@@ -96,6 +96,7 @@ def test_every_setting_and_variable_is_documented_with_its_default() -> None:
         "local": config.LocalSettings,
         "aws": config.AwsSettings,
         "controller": config.ControllerSettings,
+        "store": config.StoreSettings,
     }
     expected = set()
     for section, model in sections.items():

@@ -1,0 +1,600 @@
+"""A job's checkpoints over its life: the agents on its nodes, the mirror, the store, the ledger.
+
+The runner (`orchestrator.controller`) calls:
+
+- `prepare(cluster)` before each start: sends the checkpoint agent to every node, puts the
+  newest complete checkpoint back on every node (each node downloads it from the store, or the
+  mirror is pushed to it), then arms the agents. Returns what the run resumes from.
+- `adopt(cluster)` when a new controller takes a running job over: starts again any agent
+  that no longer runs (one that runs is left alone).
+- `watch(...)` and `stop_watching()` while the run runs: a collection starts as soon as a
+  node's agent staged something (the keeper follows every agent's events), and every
+  `checkpoint.pull_every` seconds in any case. A failed collection keeps what the mirror had;
+  it is recorded as a WARNING event (`orch status` shows it) and tried again with backoff.
+  After `failure_limit_s` of failures in a row (and at least `failure_min` tries), the runner
+  is handed a stop with the reason.
+- `finish(...)` at the end of a run (teardown, salvage, a planned move): waits, at most
+  `wait_s`, until the agents have staged and uploaded what the run left, then collects once
+  more. Raises OrchError when that collection fails.
+- `node_gone(rank)`: a transfer from that node in progress is cut short.
+
+Every complete checkpoint version is written to the ledger once (`CheckpointRecord`, with its
+files, their digests and store keys) and marked pruned once neither the mirror nor the store
+keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.checkpoint_collector import CheckpointCollector, Collected
+from orchestrator.checkpoint_retention import StoredVersion, keys_to_delete, retire
+from orchestrator.checkpoint_store import (
+    StoreClient,
+    describe,
+    job_prefix,
+    node_access,
+    open_client,
+)
+from orchestrator.checkpoint_units import LATEST_POINTER, Unit, present_directories
+from orchestrator.checkpoints import CheckpointMirror
+from orchestrator.cluster import Cluster
+from orchestrator.config import Settings
+from orchestrator.errors import OrchError, RemoteError
+from orchestrator.ledger import CheckpointRecord, JobState, Ledger, utcnow
+from orchestrator.node.checkpoint_protocol import (
+    AgentConfig,
+    AgentLayout,
+    AgentReport,
+    RestoredFile,
+    RestoreItem,
+    StoreAccess,
+    agent_source,
+    arm_command,
+    follow_command,
+    install_command,
+    restore_command,
+    restore_error,
+    restore_plan,
+)
+from orchestrator.policies import PullStreak, StopOrder, pull_failure_order
+from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.streams import LineStream
+from orchestrator.remote.sync import Transfer, push_argv, run_parallel
+from orchestrator.spec import CheckpointSpec
+
+
+@dataclass(frozen=True)
+class KeeperOptions:
+    """Timing of checkpoint collection (seconds)."""
+
+    pull_every: float = 60.0  # between collections when no agent reports anything new
+    backoff_first_s: float = 5.0  # wait before the first retry of a failed collection
+    backoff_cap_s: float = 120.0  # longest wait between retries
+    failure_limit_s: float = 600.0  # failures in a row for this long fail the job ...
+    failure_min: int = 5  # ... once there were at least this many
+    transfer_timeout_s: float = 3600.0  # one node's transfer, at most
+    restore_timeout_s: float = 3600.0  # every node's download from the store, at most
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest complete directory checkpoint: its name and step."""
+
+    name: str
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a start resumes from: the node path of the newest complete directory
+    checkpoint ("" when there is none) and its step."""
+
+    path: str
+    step: int | None
+
+
+class CheckpointKeeper:
+    """See the module docstring. Built with no I/O; bound to a cluster by `prepare`/`adopt`."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        checkpoint: CheckpointSpec,
+        node_dir: str,
+        mirror: CheckpointMirror,
+        ledger: Ledger,
+        settings: Settings,
+        line: Callable[[str], None],
+        options: KeeperOptions | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.spec = checkpoint
+        self.node_dir = node_dir
+        self.mirror = mirror
+        self.ledger = ledger
+        self.settings = settings
+        self.line = line
+        self.options = options or KeeperOptions(pull_every=checkpoint.pull_every)
+        self.layout = AgentLayout(job_id)
+        self.streak = PullStreak()
+        self._collector: CheckpointCollector | None = None
+        self._access: StoreAccess | None = None
+        self._aborts: dict[int, threading.Event] = {}
+        self._client: StoreClient | None = None
+        self._client_opened = False
+        self._problems_seen: set[str] = set()
+        self._streams: list[LineStream] = []
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    # --- binding to a cluster ---------------------------------------------------------------
+    def _bind(self, cluster: Cluster, *, nodes_have_credentials: bool, region: str | None) -> None:
+        self._collector = CheckpointCollector(
+            cluster, self.mirror, self.layout, mode=self.spec.mirror_mode,
+            timeout_s=self.options.transfer_timeout_s,
+        )  # fmt: skip
+        self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
+        self._access = None
+        if self.spec.store is not None:
+            self._access = node_access(
+                self.spec.store, self.settings,
+                nodes_have_credentials=nodes_have_credentials, region=region,
+            )  # fmt: skip
+
+    @property
+    def collector(self) -> CheckpointCollector:
+        if self._collector is None:
+            raise RuntimeError("the keeper is not bound to a cluster: prepare or adopt first")
+        return self._collector
+
+    def prepare(
+        self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
+    ) -> Resume:
+        """Before a start: agents sent, the newest checkpoint put back, agents armed."""
+        self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
+        self._install(cluster)
+        restored, resume = self._put_back(cluster)
+        self._arm(cluster, restored)
+        return resume
+
+    def adopt(
+        self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
+    ) -> None:
+        """A new controller took the job over: start any agent that is not running."""
+        self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
+        self._install(cluster)
+        self._arm(cluster, {})
+
+    def newest(self) -> Newest | None:
+        """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
+        candidates = []
+        held = self.mirror.newest_directory()
+        if held is not None:
+            candidates.append(Newest(held.name, held.step))
+        for record in self.ledger.checkpoints(self.job_id, live_only=True):
+            if record.kind in ("step", "dcp") and record.stored_at is not None:
+                candidates.append(Newest(record.name, record.step))
+        if not candidates:
+            return None
+        return max(candidates, key=lambda n: -1 if n.step is None else n.step)
+
+    def node_gone(self, rank: int) -> None:
+        event = self._aborts.get(rank)
+        if event is not None:
+            event.set()
+
+    def _install(self, cluster: Cluster) -> None:
+        source = agent_source()
+        command = install_command(self.layout)
+        cluster.map(lambda rank, c: c.run(command, stdin=source, timeout=60))
+
+    def _arm(self, cluster: Cluster, restored: dict[str, RestoredFile], ranks=None) -> None:  # noqa: ANN001
+        wanted = set(range(len(cluster.instances)) if ranks is None else ranks)
+
+        def arm(rank: int, connection: NodeConnection) -> None:
+            if rank not in wanted:
+                return
+            config = AgentConfig(
+                self.job_id, rank, self.node_dir, store=self._access, restored=restored
+            )
+            connection.run(
+                arm_command(self.layout), stdin=json.dumps(config.document()), timeout=30
+            )
+
+        cluster.map(arm)
+
+    # --- putting checkpoints back -----------------------------------------------------------
+    def _put_back(self, cluster: Cluster) -> tuple[dict[str, RestoredFile], Resume]:
+        from_store = self._store_plan() if self._access is not None else None
+        newest_held = self.mirror.newest_directory()
+        if from_store is not None:
+            items, name, step = from_store
+            mirror_is_newer = (
+                newest_held is not None
+                and newest_held.step is not None
+                and (step is None or newest_held.step > step)
+            )
+            if not mirror_is_newer:
+                try:
+                    self._restore(cluster, items)
+                    restored = {i.path: RestoredFile(i.sha256, i.size, i.key) for i in items}
+                    return restored, self._resume(name, step)
+                except RemoteError as exc:
+                    if not self.mirror.files():
+                        raise
+                    self.ledger.add_event(
+                        self.job_id, "WARNING",
+                        f"restore from the store failed, pushing the mirror instead: {exc}",
+                    )  # fmt: skip
+        held = self.mirror.files()
+        if not held:
+            return {}, Resume("", None)
+        self._push(cluster)
+        restored = {path: RestoredFile(sha, size) for path, (sha, size) in held.items()}
+        if newest_held is None:
+            return restored, Resume("", None)
+        return restored, self._resume(newest_held.name, newest_held.step)
+
+    def _resume(self, name: str | None, step: int | None) -> Resume:
+        if name is None:
+            return Resume("", None)
+        path = self.node_dir if name == "." else f"{self.node_dir}/{name}"
+        return Resume(path, step)
+
+    def _push(self, cluster: Cluster) -> None:
+        started = time.monotonic()
+        run_parallel(
+            [
+                Transfer(
+                    f"checkpoints -> {address.name}",
+                    push_argv(self.mirror.root, address, cluster.identity, self.node_dir),
+                )
+                for address in cluster.addresses
+            ]
+        )
+        self.ledger.add_event(
+            self.job_id, "PUSHED", f"checkpoints to {len(cluster.addresses)} node(s) in "
+            f"{time.monotonic() - started:.1f} s",
+        )  # fmt: skip
+
+    def _store_plan(self) -> tuple[list[RestoreItem], str | None, int | None] | None:
+        """What to download from the store: the newest stored directory checkpoint and the
+        newest stored version of every single-file one; None when nothing is stored."""
+        records = [
+            r
+            for r in self.ledger.checkpoints(self.job_id, live_only=True)
+            if r.stored_at is not None and r.files_json
+        ]
+        directories = [r for r in records if r.kind in ("step", "dcp")]
+        chosen: list[CheckpointRecord] = []
+        name: str | None = None
+        step: int | None = None
+        if directories:
+            best = max(directories, key=lambda r: (-1 if r.step is None else r.step, r.id or 0))
+            chosen.append(best)
+            name, step = best.name, best.step
+        singles: dict[str, CheckpointRecord] = {}
+        for record in records:
+            if record.kind == "file":
+                singles[record.name] = record  # ordered by id: the newest wins
+        chosen.extend(singles.values())
+        items = [
+            RestoreItem(f["path"], f["key"], int(f["size"]), f["sha256"])
+            for record in chosen
+            for f in json.loads(record.files_json or "[]")
+            if f.get("key")
+        ]
+        return (items, name, step) if items else None
+
+    def _restore(self, cluster: Cluster, items: list[RestoreItem]) -> None:
+        assert self._access is not None
+        plan = restore_plan(self.node_dir, self._access, items)
+        command = restore_command(self.layout)
+        started = time.monotonic()
+
+        def run(rank: int, connection: NodeConnection) -> None:
+            result = connection.run(
+                command, stdin=plan, timeout=self.options.restore_timeout_s, check=False
+            )
+            problem = restore_error(result.stdout + result.stderr)
+            if result.exited != 0 or problem is not None:
+                raise RemoteError(f"node {rank}: restore from the store failed: {problem}")
+
+        cluster.map(run)
+        size = sum(i.size for i in items)
+        self.ledger.add_event(
+            self.job_id, "RESTORED", f"{len(items)} file(s), {size / 1e6:.1f} MB, from the store "
+            f"to {len(cluster.instances)} node(s) in {time.monotonic() - started:.1f} s",
+        )  # fmt: skip
+
+    # --- collecting while the run runs -------------------------------------------------------
+    def watch(
+        self,
+        cluster: Cluster,
+        *,
+        gone: Callable[[], Collection[int]],
+        on_failure: Callable[[StopOrder], None],
+    ) -> None:
+        """Collect whenever an agent reports news, and every `pull_every` seconds."""
+        self._stop.clear()
+        self._wake.clear()
+        self._streams = [
+            LineStream(
+                connection,
+                follow_command(self.layout),
+                lambda _line: self._wake.set(),
+                name=f"checkpoints {rank}",
+            )  # fmt: skip
+            for rank, connection in enumerate(cluster.connections)
+        ]
+        for stream in self._streams:
+            stream.start()
+        self._thread = threading.Thread(
+            target=self._loop, args=(gone, on_failure), name="checkpoint-collector", daemon=True
+        )
+        self._thread.start()
+
+    def stop_watching(self) -> None:
+        """Stop following the agents; a collection in progress finishes first."""
+        self._stop.set()
+        self._wake.set()
+        for stream in self._streams:
+            stream.stop(wait_s=0)
+        for stream in self._streams:
+            stream.stop(wait_s=0.5)
+        self._streams = []
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(
+        self, gone: Callable[[], Collection[int]], on_failure: Callable[[StopOrder], None]
+    ) -> None:
+        next_at = time.monotonic() + self.options.pull_every
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_at - time.monotonic()))
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            if self.streak.failures and now < next_at:
+                self._stop.wait(next_at - now)  # backing off: news waits too
+                continue
+            self._wake.clear()
+            try:
+                self.collect(skip=gone())
+            except OrchError as exc:
+                order = self._failed(exc)
+                if order is not None:
+                    on_failure(order)
+                    return
+                next_at = time.monotonic() + self.streak.retry_in(
+                    self.options.backoff_first_s, self.options.backoff_cap_s
+                )
+                continue
+            except Exception as exc:  # noqa: BLE001 - handed to the runner, which ends the job
+                on_failure(StopOrder(JobState.FAILED, 1, f"internal error: {exc!r}"))
+                return
+            next_at = time.monotonic() + self.options.pull_every
+
+    def _failed(self, exc: OrchError) -> StopOrder | None:
+        now = time.monotonic()
+        self.streak.failed(now, exc.message)
+        wait = self.streak.retry_in(self.options.backoff_first_s, self.options.backoff_cap_s)
+        self.ledger.add_event(
+            self.job_id, "WARNING", f"checkpoint pull failed ({self.streak.failures} in a "
+            f"row; the mirror keeps what it had); next try in {wait:.0f} s: {exc.message}",
+        )  # fmt: skip
+        return pull_failure_order(
+            self.streak, now=now, limit_s=self.options.failure_limit_s,
+            min_failures=self.options.failure_min,
+        )  # fmt: skip
+
+    def finish(self, *, skip: Collection[int] = (), wait_s: float = 60.0) -> Collected:
+        """The run ended (or was stopped): wait until the agents are done (at most `wait_s`),
+        then collect once more."""
+        deadline = time.monotonic() + wait_s
+        rearmed = False
+        while True:
+            reports = self.collector.read(skip)
+            dead = [r for r, rep in reports.items() if _dead_unfinished(rep)]
+            if dead and not rearmed:
+                self._arm(self.collector.cluster, {}, ranks=dead)
+                rearmed = True
+            if all(_finished(rep) for rep in reports.values()):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        return self.collect(skip=skip)
+
+    def collect(self, *, skip: Collection[int] = ()) -> Collected:
+        """One collection, recorded in the ledger; raises OrchError when it failed."""
+        collected = self.collector.collect(skip=skip, aborts=self._aborts)
+        self.streak.succeeded()
+        self._note_problems(collected.reports)
+        dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
+        if dead:
+            self._arm(self.collector.cluster, {}, ranks=dead)
+        self._record(collected)
+        return collected
+
+    def _note_problems(self, reports: dict[int, AgentReport]) -> None:
+        for rank, report in sorted(reports.items()):
+            for problem in report.manifest.problems if report.manifest else ():
+                text = f"node {rank}: checkpoint agent: {problem}"
+                if text not in self._problems_seen:
+                    self._problems_seen.add(text)
+                    self.ledger.add_event(self.job_id, "WARNING", text)
+
+    # --- the ledger ---------------------------------------------------------------------------
+    def _record(self, collected: Collected) -> None:
+        now = utcnow()
+        live = self.ledger.checkpoints(self.job_id, live_only=True)
+        known = {(r.name, r.sha256): r for r in live}
+        installed = {(u.name, u.version) for u in collected.installed}
+        for unit in collected.complete:
+            if unit.name == LATEST_POINTER:
+                continue
+            key = (unit.name, unit.version)
+            in_mirror = key in installed or self.mirror.holds_unit(unit)
+            stored = self.spec.store is not None and unit.stored
+            record = known.get(key)
+            if record is None:
+                if not (in_mirror or stored):
+                    continue
+                record = self.ledger.add_checkpoint(self._new_record(unit, now, in_mirror, stored))
+                known[key] = record
+                self._announce(unit, "pulled" if in_mirror else "stored")
+                continue
+            fields: dict[str, object] = {}
+            if stored and record.stored_at is None:
+                fields.update(stored_at=now, files_json=_files_json(unit))
+                self._announce(unit, "stored")
+            if in_mirror and not record.in_mirror:
+                fields["in_mirror"] = True
+            if fields and record.id is not None:
+                updated = self.ledger.update_checkpoint(record.id, **fields)
+                known[key] = updated
+        self._drop_gone(known, collected, now)
+
+    def _new_record(
+        self, unit: Unit, now: datetime, in_mirror: bool, stored: bool
+    ) -> CheckpointRecord:
+        return CheckpointRecord(
+            job_id=self.job_id,
+            name=unit.name,
+            step=unit.step,
+            size_bytes=unit.size_bytes,
+            pulled_at=now,
+            kind=unit.kind,
+            sha256=unit.version,
+            in_mirror=in_mirror,
+            stored_at=now if stored else None,
+            store_url=self.spec.store,
+            files_json=_files_json(unit),
+        )
+
+    def _announce(self, unit: Unit, how: str) -> None:
+        where = "" if how == "pulled" else f" to {self.spec.store}"
+        self.ledger.add_event(
+            self.job_id, "CHECKPOINT", f"{how} {unit.name}{where} ({unit.size_bytes} bytes)",
+            step=unit.step,
+        )  # fmt: skip
+        self.line(f"[orch] checkpoint {how}: {unit.name}")
+
+    def _drop_gone(
+        self,
+        known: dict[tuple[str, str | None], CheckpointRecord],
+        collected: Collected,
+        now: datetime,
+    ) -> None:
+        """Mark what the mirror no longer holds, retire store versions no rule keeps, and
+        prune records neither keeps."""
+        retired = self._retire(list(known.values()), collected)
+        for key, record in known.items():
+            if record.id is None:
+                continue
+            name, version = key
+            held = self.mirror.units().get(name)
+            in_mirror = held is not None and held.version == version
+            in_store = record.stored_at is not None and record.id not in retired
+            fields: dict[str, object] = {}
+            if record.in_mirror and not in_mirror:
+                fields["in_mirror"] = False
+            if record.id in retired:
+                fields["stored_at"] = None
+            if not in_mirror and not in_store:
+                fields["pruned_at"] = now
+            if fields:
+                self.ledger.update_checkpoint(record.id, **fields)
+
+    def _retire(self, records: list[CheckpointRecord], collected: Collected) -> set[int]:
+        if self.spec.store is None:
+            return set()
+        client = self._store_client()
+        if client is None:
+            return set()
+        versions = [
+            StoredVersion(
+                record.id,
+                record.name,
+                record.kind or "file",
+                record.step,
+                frozenset(f["key"] for f in json.loads(record.files_json or "[]") if f.get("key")),
+            )  # fmt: skip
+            for record in records
+            if record.stored_at is not None and record.id is not None
+        ]
+        ranks = range(len(self.collector.cluster.instances))
+        present = present_directories(collected.manifests, ranks)
+        retired = retire(versions, present=present)
+        doomed = keys_to_delete(versions, retired)
+        if doomed:
+            try:
+                client.delete(doomed)
+            except OrchError as exc:
+                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
+                return set()
+        return retired
+
+    def _store_client(self) -> StoreClient | None:
+        if not self._client_opened and self.spec.store is not None:
+            self._client_opened = True
+            try:
+                self._client = open_client(self.spec.store, self.settings, self._region())
+            except Exception as exc:  # noqa: BLE001 - a store we cannot prune is no job failure
+                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup disabled: {exc}")
+        return self._client
+
+    def _region(self) -> str | None:
+        return self._access.region if self._access is not None else None
+
+    def sweep_store(self) -> None:
+        """At the job's end: delete what the job uploaded that no kept version uses (versions
+        that never became complete)."""
+        client = self._store_client() if self.spec.store is not None else None
+        if client is None or self.spec.store is None:
+            return
+        kept = {
+            f["key"]
+            for record in self.ledger.checkpoints(self.job_id, live_only=True)
+            if record.stored_at is not None
+            for f in json.loads(record.files_json or "[]")
+            if f.get("key")
+        }
+        try:
+            leftover = set(client.keys(job_prefix(self.spec.store, self.job_id))) - kept
+            client.delete(leftover)
+        except OrchError as exc:
+            self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
+            return
+        if leftover:
+            self.ledger.add_event(
+                self.job_id, "STORE", f"removed {len(leftover)} incomplete upload(s) from "
+                f"{describe(self.spec.store, job_prefix(self.spec.store, self.job_id))}",
+            )  # fmt: skip
+
+
+def _files_json(unit: Unit) -> str:
+    return json.dumps(
+        [{"path": f.path, "sha256": f.sha256, "size": f.size, "key": f.stored} for f in unit.files]
+    )
+
+
+def _finished(report: AgentReport) -> bool:
+    """The agent has nothing more to stage: it is done, or not running (and not coming back)."""
+    if report.agent != "alive":
+        return report.manifest is None or report.manifest.done or report.agent == "none"
+    return report.manifest is not None and report.manifest.done
+
+
+def _dead_unfinished(report: AgentReport) -> bool:
+    return report.agent == "dead" and (report.manifest is None or not report.manifest.done)

@@ -1,0 +1,131 @@
+"""Real local nodes with checkpoint agents on them, for the integration tests and benchmarks.
+
+`keeper_nodes` launches loopback nodes, starts a stand-in for the run on each (a process whose
+pid is the run's pid, as `launch.start_command` records it), and prepares a `CheckpointKeeper`
+against them: the agents are installed and armed exactly as for a real job. `end_run` records
+the run's exit, after which the agents stage what is left and finish.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from orchestrator import launch
+from orchestrator.checkpoint_keeper import CheckpointKeeper, KeeperOptions, Resume
+from orchestrator.checkpoints import CheckpointMirror
+from orchestrator.cluster import Cluster
+from orchestrator.config import LocalSettings, Settings
+from orchestrator.errors import UnknownJob
+from orchestrator.ledger import Job, Ledger, make_engine
+from orchestrator.spec import CheckpointSpec
+from tests.helpers import loopback_cluster
+
+CHECKPOINT_DIR = "ckpt"  # home-relative on every node
+
+
+@dataclass
+class KeeperNodes:
+    cluster: Cluster
+    keeper: CheckpointKeeper
+    ledger: Ledger
+    mirror: CheckpointMirror
+    job_id: str
+    settings: Settings
+    resume: Resume | None = None
+
+    def run(self, rank: int, script: str) -> str:
+        return self.cluster.connections[rank].run(["bash", "-c", script]).stdout
+
+    def events(self, kind: str) -> list[str]:
+        return [e.message for e in self.ledger.events(self.job_id) if e.kind == kind]
+
+
+def start_run(cluster: Cluster, job_id: str) -> None:
+    """A stand-in for the detached run on every node: its pid where the agents look."""
+    run_dir = launch.home_expr(launch.NodeLayout(job_id).run_dir)
+    script = (
+        f"mkdir -p {run_dir} && cd {run_dir} && "
+        "(setsid nohup sleep 3600 > /dev/null 2>&1 < /dev/null & echo $! > pid)"
+    )
+    cluster.map(lambda rank, c: c.run(script))
+
+
+def end_run(cluster: Cluster, job_id: str) -> None:
+    run_dir = launch.home_expr(launch.NodeLayout(job_id).run_dir)
+    cluster.map(lambda rank, c: c.run(f'cd {run_dir} && kill "$(cat pid)"; echo 0 > exit_code'))
+
+
+@contextmanager
+def keeper_nodes(
+    home: Path,
+    job_id: str,
+    *,
+    count: int = 1,
+    checkpoint: CheckpointSpec | None = None,
+    options: KeeperOptions | None = None,
+    settings: Settings | None = None,
+    before_arm: str | None = None,
+) -> Iterator[KeeperNodes]:
+    """Nodes with armed agents; `before_arm` runs on every node first, as a workdir sync or a
+    checkpoint push would (what it leaves is the agents' baseline). The job's ledger row and
+    mirror are kept between uses of the same `home`, as across a job's restarts."""
+    settings = settings or Settings(home=home, local=LocalSettings(network="loopback"))
+    ledger = Ledger(make_engine(home / "orch.db"))
+    try:
+        ledger.get_job(job_id)
+    except UnknownJob:
+        ledger.add_job(
+            Job(
+                id=job_id, name="j", provider="local", nodes=count, gpus_per_node=1,
+                spec_json="{}", spec_path="job.yaml", created_at=datetime.now(UTC),
+            )
+        )  # fmt: skip
+    spec = checkpoint or CheckpointSpec(dir=f"~/{CHECKPOINT_DIR}")
+    mirror = CheckpointMirror(settings.job_dir(job_id) / "checkpoints")
+    mirror.root.parent.mkdir(parents=True, exist_ok=True)
+    keeper = CheckpointKeeper(
+        job_id=job_id, checkpoint=spec, node_dir=CHECKPOINT_DIR, mirror=mirror, ledger=ledger,
+        settings=settings, line=lambda _text: None,
+        options=options or KeeperOptions(pull_every=3600),
+    )  # fmt: skip
+    with loopback_cluster(home, job_id, count=count) as cluster:
+        cluster.map(lambda rank, c: c.run(f"mkdir -p {CHECKPOINT_DIR}"))
+        if before_arm:
+            cluster.map(lambda rank, c: c.run(["bash", "-c", before_arm]))
+        start_run(cluster, job_id)
+        nodes = KeeperNodes(cluster, keeper, ledger, mirror, job_id, settings)
+        nodes.resume = keeper.prepare(cluster)
+        wait_for_agents(nodes)
+        try:
+            yield nodes
+        finally:
+            keeper.stop_watching()
+
+
+def wait_for_agents(nodes: KeeperNodes, timeout: float = 20.0) -> None:
+    """Until every agent has written its first manifest (its baseline is taken)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reports = nodes.keeper.collector.read()
+        if len(reports) == len(nodes.cluster.instances) and all(
+            r.manifest is not None for r in reports.values()
+        ):
+            return
+        assert time.monotonic() < deadline, reports
+        time.sleep(0.1)
+
+
+def collect_until(nodes: KeeperNodes, done, timeout: float = 30.0):  # noqa: ANN001, ANN201
+    """Collect again and again until `done(collected)` holds; returns that collection."""
+    deadline = time.monotonic() + timeout
+    while True:
+        collected = nodes.keeper.collect()
+        if done(collected):
+            return collected
+        assert time.monotonic() < deadline, [u.name for u in collected.complete]
+        time.sleep(0.2)
