@@ -24,3 +24,8 @@ output "key_name" {
   description = "Name of the EC2 key pair to launch nodes with."
   value       = aws_key_pair.orch.key_name
 }
+
+output "instance_profile" {
+  description = "Instance profile orch gives the nodes of jobs with a checkpoint store (empty without checkpoint_store)."
+  value       = local.with_store == 1 ? aws_iam_instance_profile.node[0].name : ""
+}

@@ -81,3 +81,18 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "checkpoint_store" {
+  description = <<-EOT
+    The checkpoint store of your jobs, s3://bucket/prefix (the job spec's checkpoint.store).
+    When set, an IAM role that may read and write only that prefix, and an instance profile
+    holding it (output `instance_profile`), are made for the nodes. Empty: none is made.
+  EOT
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.checkpoint_store == "" || can(regex("^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", var.checkpoint_store))
+    error_message = "checkpoint_store must be empty or s3://bucket/prefix."
+  }
+}

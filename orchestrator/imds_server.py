@@ -8,6 +8,10 @@ URLs it polls on AWS:
     GET /latest/meta-data/instance-id           -> the node's instance id
     GET /latest/meta-data/spot/instance-action  -> {"action": "terminate", "time": "<UTC>"}
                                                    or 404 while there is no notice
+    GET /latest/meta-data/iam/security-credentials/        -> the role name (with --role)
+    GET /latest/meta-data/iam/security-credentials/<role>  -> its temporary credentials, as
+                                                   boto3 reads them (keys a sandbox's moto
+                                                   accepts; no real AWS key is ever served)
     (every GET needs the header X-aws-ec2-metadata-token with a live token, else 401)
 
 The notice is whatever JSON document lies in the `--notice-file` when asked (written atomically
@@ -15,7 +19,7 @@ by whoever reclaims the node); no file means no notice. Stdlib only: this runs i
 network namespace with nothing but Python.
 
     python -m orchestrator.imds_server --bind 169.254.169.254 --port 80 \
-        --instance-id l-1234 --notice-file /path/to/notice.json
+        --instance-id l-1234 --notice-file /path/to/notice.json [--role orch-node]
 """
 
 from __future__ import annotations
@@ -34,15 +38,18 @@ INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
+CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials/"
+CREDENTIALS_TTL_S = 6 * 3600
 MAX_TTL_S = 21600  # EC2's upper bound for a token's lifetime
 
 
 class MetadataState:
     """Tokens issued so far and where the notice is read from. Thread-safe."""
 
-    def __init__(self, instance_id: str, notice_file: Path) -> None:
+    def __init__(self, instance_id: str, notice_file: Path, role: str | None = None) -> None:
         self.instance_id = instance_id
         self.notice_file = notice_file
+        self.role = role
         self._tokens: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -60,6 +67,21 @@ class MetadataState:
         with self._lock:
             expiry = self._tokens.get(token)
         return expiry is not None and expiry > time.monotonic()
+
+    def credentials(self) -> bytes:
+        """The role's temporary credentials document (EC2's shape), valid for six hours."""
+        now = time.time()
+        stamp = "%Y-%m-%dT%H:%M:%SZ"
+        document = {
+            "Code": "Success",
+            "LastUpdated": time.strftime(stamp, time.gmtime(now)),
+            "Type": "AWS-HMAC",
+            "AccessKeyId": "ASIASANDBOX" + self.instance_id[-8:].upper(),
+            "SecretAccessKey": "sandbox-secret-" + self.instance_id,
+            "Token": "sandbox-token-" + secrets.token_hex(8),
+            "Expiration": time.strftime(stamp, time.gmtime(now + CREDENTIALS_TTL_S)),
+        }
+        return json.dumps(document).encode()
 
     def notice(self) -> bytes | None:
         """The notice document as served, or None when there is none (or it is unreadable)."""
@@ -109,6 +131,10 @@ def make_handler(state: MetadataState) -> type[BaseHTTPRequestHandler]:
                     self._reply(404)
                 else:
                     self._reply(200, notice, "application/json")
+            elif state.role and self.path in (CREDENTIALS_PATH, CREDENTIALS_PATH.rstrip("/")):
+                self._reply(200, state.role.encode())
+            elif state.role and self.path == CREDENTIALS_PATH + state.role:
+                self._reply(200, state.credentials(), "application/json")
             else:
                 self._reply(404)
 
@@ -138,8 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instance-id", required=True)
     parser.add_argument("--notice-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path, help="written with the bound port once serving")
+    parser.add_argument("--role", help="the instance profile's role: serve its credentials")
     args = parser.parse_args(argv)
-    server = serve(args.bind, args.port, MetadataState(args.instance_id, args.notice_file))
+    state = MetadataState(args.instance_id, args.notice_file, args.role)
+    server = serve(args.bind, args.port, state)
     if args.ready_file:
         tmp = args.ready_file.with_suffix(".tmp")
         tmp.write_text(str(server.server_address[1]))

@@ -19,6 +19,7 @@ REGION=us-east-1
 ZONES='["us-east-1a", "us-east-1b", "us-east-1c"]'
 OWNER=orch-infra-test
 SSH_CIDR=192.0.2.0/24 # TEST-NET-1: documentation addresses only
+STORE=s3://orch-infra-test-ckpt/team/jobs # the nodes' role may touch this prefix only
 START=$SECONDS
 
 say() { echo "infra-test: $* [$((SECONDS - START))s]"; }
@@ -169,6 +170,7 @@ json.dump({
     "ssh_cidr_blocks": ["$SSH_CIDR"],
     "key_name": "orch-infra-test",
     "ssh_public_key": open(sys.argv[1]).read().strip(),
+    "checkpoint_store": "$STORE",
 }, open(sys.argv[2], "w"), indent=2)
 PY
 
@@ -194,6 +196,7 @@ check() { # check.py MODE: 'present' after apply, 'absent' after destroy
     "$PY" - "$1" "$ENDPOINT" "$REGION" "$WORK/outputs.json" "$WORK/test.expect.json" "$WORK/made.json" <<'PY'
 import json
 import sys
+import urllib.parse
 
 import boto3
 from botocore.exceptions import ClientError
@@ -201,6 +204,8 @@ from botocore.exceptions import ClientError
 mode, endpoint, region, outputs_path, expect_path, ids_path = sys.argv[1:]
 expect = json.load(open(expect_path))
 ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=region,
+                   aws_access_key_id="testing", aws_secret_access_key="testing")
+iam = boto3.client("iam", endpoint_url=endpoint, region_name=region,
                    aws_access_key_id="testing", aws_secret_access_key="testing")
 problems = []
 
@@ -287,6 +292,27 @@ if mode == "present":
     for rule in rules:
         owned(rule, f"security group rule {rule['SecurityGroupRuleId']}")
 
+    profile = out.get("instance_profile", "")
+    need(profile == "orch-node", f"instance_profile output {profile!r}, expected orch-node")
+    roles = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"] if profile else []
+    need(len(roles) == 1, f"instance profile holds {len(roles)} roles")
+    for role in roles:
+        assume = role["AssumeRolePolicyDocument"]
+        assume = json.loads(urllib.parse.unquote(assume)) if isinstance(assume, str) else assume
+        need(any(s.get("Principal", {}).get("Service") == "ec2.amazonaws.com" for s in assume["Statement"]),
+             f"role {role['RoleName']} cannot be assumed by EC2: {assume}")
+        document = iam.get_role_policy(RoleName=role["RoleName"], PolicyName="orch-checkpoint-store")["PolicyDocument"]
+        document = json.loads(urllib.parse.unquote(document)) if isinstance(document, str) else document
+        statements = document["Statement"]
+        resources = {r for s in statements for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+        need(resources == {expect["store_objects"], expect["store_bucket_arn"]},
+             f"the node role reaches {sorted(resources)}, expected only the store's prefix")
+        actions = {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+        need(not any(a.endswith("*") for a in actions), f"wildcard actions for the nodes: {sorted(actions)}")
+        listing = [s for s in statements if "s3:ListBucket" in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
+        need(listing and all("s3:prefix" in json.dumps(s.get("Condition", {})) for s in listing),
+             "the nodes may list the whole bucket, not only their prefix")
+
     keys = found(ec2.describe_key_pairs, "KeyPairs", KeyNames=[key_name])
     need(len(keys) == 1, f"key pair {key_name} not found")
     for key in keys:
@@ -301,6 +327,11 @@ else:
          f"key pair {key_name} still exists")
     # (moto keeps the tags of deleted resources, so describe_tags cannot answer this: look up
     # every resource made by the apply by its id instead.)
+    try:
+        iam.get_instance_profile(InstanceProfileName=out.get("instance_profile") or "orch-node")
+        need(False, "the nodes' instance profile still exists")
+    except ClientError as e:
+        need(e.response["Error"]["Code"] == "NoSuchEntity", f"instance profile lookup: {e}")
     made = json.load(open(ids_path))
     need(not found(ec2.describe_route_tables, "RouteTables", Filters=[{"Name": "route-table-id", "Values": made["route_tables"]}]),
          f"route tables {made['route_tables']} still exist")
@@ -320,11 +351,13 @@ PY
 }
 "$PY" - "$WORK/test.expect.json" <<PY
 import json, sys
-json.dump({"owner": "$OWNER", "zones": $ZONES, "ssh_cidrs": ["$SSH_CIDR"], "vpc_cidr": "10.42.0.0/16"},
+json.dump({"owner": "$OWNER", "zones": $ZONES, "ssh_cidrs": ["$SSH_CIDR"], "vpc_cidr": "10.42.0.0/16",
+           "store_objects": "arn:aws:s3:::orch-infra-test-ckpt/team/jobs/*",
+           "store_bucket_arn": "arn:aws:s3:::orch-infra-test-ckpt"},
           open(sys.argv[1], "w"))
 PY
 check present || fail "resources in moto after apply do not match (see above)"
-say "resources checked in moto: vpc, subnets, internet gateway, route table, security group, key pair"
+say "resources checked in moto: vpc, subnets, internet gateway, route table, security group, key pair, node role and instance profile"
 
 # A second plan must find nothing to change (the config round-trips through the API). One
 # known moto quirk is tolerated: DescribeSecurityGroupRules answers a rule that references a

@@ -54,7 +54,7 @@ from botocore.parsers import ResponseParserError
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
-from orchestrator.errors import CapacityError, OrchError, ProviderError
+from orchestrator.errors import CapacityError, ConfigError, OrchError, ProviderError
 from orchestrator.offers import (
     Offer,
     OfferQuery,
@@ -210,8 +210,11 @@ class AwsProvider:
         `aws.wait_for_ssh` is off). Raises `CapacityError` listing every offer tried when none
         could be launched (or none fits), and `ProviderError` on any other AWS error or when
         the nodes are not up within `aws.ready_timeout_s`; either way no node of this launch is
-        left running.
+        left running. A request with a checkpoint store launches its nodes with the
+        configured instance profile, and without one raises `ConfigError` before any launch.
         """
+        if request.store:
+            self._instance_profile()
         offers = self.offers(OfferQuery.from_resources(request))
         if not offers:
             raise CapacityError(
@@ -274,7 +277,7 @@ class AwsProvider:
         found: list[Instance] = []
         for region in self.regions():
             for desc in self._describe_filtered(region, filters):
-                node = self._instance(desc)
+                node = self._instance(desc, region)
                 owner = node.tags.get(TAG_OWNER) if node else None
                 if node is not None and owner in (None, self.owner):
                     found.append(node)
@@ -311,6 +314,18 @@ class AwsProvider:
 
     # --- launch internals -----------------------------------------------------------------------
 
+    def _instance_profile(self) -> str:
+        """The instance profile that lets nodes write the job's checkpoint store."""
+        profile = self.aws.instance_profile or aws_network.tf_outputs(self.aws).instance_profile
+        if not profile:
+            raise ConfigError(
+                "the job has a checkpoint store, and its nodes need credentials to write it: "
+                "no instance profile is configured",
+                hint="apply infra/ with checkpoint_store set (its `instance_profile` output), "
+                "or set aws.instance_profile (ORCH_AWS_INSTANCE_PROFILE)",
+            )
+        return profile
+
     def _network(self, region: str, public_key: str) -> aws_network.Network:
         key = (region, public_key.strip())
         if key not in self._networks:
@@ -335,7 +350,9 @@ class AwsProvider:
             deadline = time.monotonic() + self.aws.ready_timeout_s
             self._wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
             by_id = {d["InstanceId"]: d for d in self._describe(offer.region, ids)}
-            nodes = [n for n in (self._instance(by_id[i]) for i in ids) if n is not None]
+            nodes = [
+                n for n in (self._instance(by_id[i], offer.region) for i in ids) if n is not None
+            ]
             if self.aws.wait_for_ssh:
                 self._wait_ssh(offer.region, nodes, deadline)
             return nodes
@@ -402,6 +419,7 @@ class AwsProvider:
             token=token,
             user_data_text=user_data(request.public_key, host_key),
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
+            instance_profile=self._instance_profile() if request.store else None,
         )
         repeat = tries < self.aws.max_api_attempts
         try:
@@ -478,10 +496,12 @@ class AwsProvider:
 
     # --- describe helpers -----------------------------------------------------------------------
 
-    def _instance(self, desc: dict[str, Any]) -> Instance | None:
+    def _instance(self, desc: dict[str, Any], region: str) -> Instance | None:
         instance = instance_from_description(
             desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface
         )
+        if instance is not None:
+            instance = replace(instance, region=region)
         if instance is not None and self._local_cloud():
             # The hosts of a cloud on this machine (moto, `orch sandbox aws`) share its
             # software: their `shutdown` would stop this machine, not an instance.

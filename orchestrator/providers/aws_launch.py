@@ -160,8 +160,12 @@ def run_instances_args(
     token: str,
     user_data_text: str,
     max_price: Decimal | None,
+    instance_profile: str | None = None,
 ) -> dict[str, Any]:
-    """The exact keyword arguments of one node's `run_instances` call. Pure."""
+    """The exact keyword arguments of one node's `run_instances` call. Pure.
+
+    `instance_profile` (a name or an ARN) gives the node credentials of its own, for the
+    job's checkpoint store."""
     tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
     args: dict[str, Any] = {
         "ImageId": image_id,
@@ -181,6 +185,9 @@ def run_instances_args(
     }
     if key_name:
         args["KeyName"] = key_name
+    if instance_profile:
+        key = "Arn" if instance_profile.startswith("arn:") else "Name"
+        args["IamInstanceProfile"] = {key: instance_profile}
     if offer.market == "spot":
         spot: dict[str, Any] = {
             "SpotInstanceType": "one-time",
@@ -240,6 +247,7 @@ def instance_from_description(
         launched_at=launched_at,
         tags=tags,
         zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
+        credentials=bool((desc.get("IamInstanceProfile") or {}).get("Arn")),
     )
 
 
@@ -286,6 +294,7 @@ class TerraformOutputs:
     key_name: str | None = None
     security_group_id: str | None = None
     subnet_ids: dict[str, str] | None = None  # zone -> subnet id
+    instance_profile: str | None = None  # for nodes of jobs with a checkpoint store
 
 
 def read_tf_outputs(path: Path) -> TerraformOutputs:
@@ -308,4 +317,5 @@ def read_tf_outputs(path: Path) -> TerraformOutputs:
         key_name=values.get("key_name"),
         security_group_id=values.get("security_group_id"),
         subnet_ids={str(k): str(v) for k, v in subnets.items()} if subnets else None,
+        instance_profile=values.get("instance_profile") or None,
     )

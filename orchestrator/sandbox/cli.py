@@ -75,6 +75,10 @@ def aws(
             f"  use it: export ORCH_AWS_ENDPOINT_URL={endpoint}"
             " AWS_ACCESS_KEY_ID=sandbox AWS_SECRET_ACCESS_KEY=sandbox"
         )
+        _say(
+            f"  and for a checkpoint store on its S3: export ORCH_STORE_ENDPOINT_URL={endpoint}"
+            f" ORCH_STORE_NODE_ENDPOINT_URL={sandbox.host_endpoint}"
+        )
         while not stop.wait(0.5):
             pass
         _say("sandbox stopping: ending every host")

@@ -129,20 +129,22 @@ class HostFiles:
 
 
 def host_init_argv(
-    instance_id: str, files: HostFiles, home: str, sshd: str, python: str
+    instance_id: str, files: HostFiles, home: str, sshd: str, python: str, role: str | None = None
 ) -> list[str]:
     """Boot a host: in its network namespace and a private mount namespace, mount the disk on
     `home` and the host's own passwd, hosts and resolv.conf, start the metadata endpoint on
     169.254.169.254:80 in the background, and `exec` sshd (the started pid is sshd's own).
 
     Both programs see the host's resolv.conf, so neither waits on a DNS server it cannot reach.
+    With `role` (the instance's profile), the metadata endpoint serves its credentials.
     """
     script = (
         'mount --bind "$1" "$2" && mount --bind "$3/passwd" /etc/passwd && '
         'mount --bind "$3/hosts" /etc/hosts && mount --bind "$3/resolv.conf" /etc/resolv.conf '
         "|| exit 1\n"
         f'"$4" -m orchestrator.imds_server --bind {IMDS_ADDRESS} --port {IMDS_PORT} '
-        '--instance-id "$5" --notice-file "$6" --ready-file "$7" </dev/null >>"$8" 2>&1 &\n'
+        '--instance-id "$5" --notice-file "$6" --ready-file "$7" ${12:+--role "${12}"} '
+        '</dev/null >>"$8" 2>&1 &\n'
         'exec "$9" -D -f "${10}" -E "${11}"'
     )
     return [
@@ -151,7 +153,7 @@ def host_init_argv(
         "sh", "-c", script, "sandbox-host",
         str(files.disk), home, str(files.etc), python, instance_id, str(files.notice_file),
         str(files.imds_ready), str(files.imds_log), sshd, str(files.sshd_config),
-        str(files.sshd_log),
+        str(files.sshd_log), role or "",
     ]  # fmt: skip
 
 

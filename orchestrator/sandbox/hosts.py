@@ -54,6 +54,7 @@ class HostSpec:
     zone: str
     user_data: str  # decoded user data ("" when none)
     key_pair_public: str | None  # public key of the launch key pair, if any
+    role: str | None = None  # its instance profile's name: the metadata serves credentials
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Host:
     private_ip: str
     zone: str
     directory: Path
+    role: str | None = None
 
     @property
     def files(self) -> hostnet.HostFiles:
@@ -139,7 +141,7 @@ class HostFleet:
         if not hostnet.is_instance_id(iid) or not self.network.holds(spec.private_ip):
             raise SandboxError(f"cannot build a host for {iid!r} at {spec.private_ip!r}")
         directory = self.hosts_dir / iid
-        host = Host(iid, spec.private_ip, spec.zone, directory)
+        host = Host(iid, spec.private_ip, spec.zone, directory, spec.role)
         with self._lock:
             if iid in self._hosts:
                 return self._hosts[iid]
@@ -208,7 +210,7 @@ class HostFleet:
     def _start(self, host: Host) -> None:
         Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
         argv = hostnet.host_init_argv(
-            host.instance_id, host.files, str(self.home), self._sshd, sys.executable
+            host.instance_id, host.files, str(self.home), self._sshd, sys.executable, host.role
         )
         env = {
             "PATH": ":".join(local_net.SYSTEM_PATH),

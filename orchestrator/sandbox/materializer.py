@@ -97,6 +97,7 @@ class Materializer:
                 zone=desc.get("Placement", {}).get("AvailabilityZone", ""),
                 user_data=self.cloud.user_data(iid),
                 key_pair_public=self.cloud.key_pair_public(desc.get("KeyName")),
+                role=profile_name(desc),
             )
             delay = self.ssh_delay_s()
 
@@ -120,3 +121,9 @@ class Materializer:
         finally:
             with self._lock:
                 self._building.discard(iid)
+
+
+def profile_name(description: dict[str, Any]) -> str | None:
+    """The name of an instance's instance profile (from its ARN), or None without one."""
+    arn = (description.get("IamInstanceProfile") or {}).get("Arn") or ""
+    return arn.rsplit("/", 1)[-1] or None

@@ -60,6 +60,8 @@ class Sandbox:
         self.capacity = Capacity()
         self.prices: PriceTable | None = None
         self.endpoint: str | None = None
+        self.host_endpoint: str | None = None  # the same endpoint as the hosts reach it (S3)
+        self._host_server: Any = None
         self.fleet: HostFleet | None = None
         self._lock_fh: IO[str] | None = None
         self._server: Any = None
@@ -86,8 +88,10 @@ class Sandbox:
         for argv in hostnet.bridge_setup_argvs(self.network):
             run_checked(argv)
         self._bridge_made = True
-        self._serve(Gateway(self.cloud.app(), prices=self.prices, capacity=self.capacity,
-                            hooks=self, lock=self.cloud.lock))  # fmt: skip
+        gateway = Gateway(self.cloud.app(), prices=self.prices, capacity=self.capacity,
+                          hooks=self, lock=self.cloud.lock)  # fmt: skip
+        self._serve(gateway)
+        self._serve_hosts(gateway)
         assert self.endpoint is not None
         self.cloud.attach(self.endpoint)
         self.cloud.prepare_network(zones)
@@ -119,10 +123,11 @@ class Sandbox:
         if self._bridge_made:
             subprocess.run(hostnet.bridge_delete_argv(self.network), capture_output=True)
             self._bridge_made = False
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        for server in (self._server, self._host_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        self._server = self._host_server = None
         if self._lock_fh is not None:
             self._lock_fh.close()
             self._lock_fh = None
@@ -166,17 +171,8 @@ class Sandbox:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def _serve(self, gateway: Gateway) -> None:
-        from moto.moto_server.werkzeug_app import MotoRequestHandler
-        from werkzeug.serving import make_server
-
-        class QuietHandler(MotoRequestHandler):
-            def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-                pass
-
         try:
-            server = make_server(
-                "127.0.0.1", self.port, gateway, threaded=True, request_handler=QuietHandler
-            )
+            server = _listen("127.0.0.1", self.port, gateway)
         except OSError as exc:
             raise SandboxError(
                 f"cannot listen on 127.0.0.1:{self.port}: {exc}",
@@ -188,6 +184,20 @@ class Sandbox:
             target=server.serve_forever, name="sandbox-endpoint", daemon=True
         )
         self._server_thread.start()
+
+    def _serve_hosts(self, gateway: Gateway) -> None:
+        """The same endpoint on the bridge's address, the one the hosts reach (their nodes
+        upload checkpoints to its S3), on a port of its own."""
+        address = str(self.network.gateway)
+        try:
+            server = _listen(address, 0, gateway)
+        except OSError as exc:
+            raise SandboxError(f"cannot listen on {address} for the hosts: {exc}") from exc
+        self._host_server = server
+        self.host_endpoint = f"http://{address}:{server.server_port}"
+        threading.Thread(
+            target=server.serve_forever, name="sandbox-host-endpoint", daemon=True
+        ).start()
 
     # --- gateway hooks ----------------------------------------------------------------------
 
@@ -208,6 +218,7 @@ class Sandbox:
             reclaims = [dict(r) for r in self._reclaims.values()]
         return {
             "endpoint": self.endpoint,
+            "host_endpoint": self.host_endpoint,
             "region": self.region,
             "zones": list(self.prices.zones),
             "subnets": {
@@ -280,3 +291,15 @@ class Sandbox:
         with self._reclaims_lock:
             self._reclaims[instance_id]["done"] = True
         self.log(f"reclaimed {instance_id}: terminated ({SPOT_TERMINATION}), host ended")
+
+
+def _listen(address: str, port: int, gateway: Gateway) -> Any:
+    """A threaded HTTP server of `gateway` on `address:port` (0: any free port), not serving."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
+
+    class QuietHandler(MotoRequestHandler):
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            pass
+
+    return make_server(address, port, gateway, threaded=True, request_handler=QuietHandler)

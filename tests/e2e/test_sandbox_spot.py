@@ -1,6 +1,10 @@
 """A spot reclaim with notice on `orch sandbox aws`: the job's node 1 gets EC2's two-minute
 warning (shortened) while the first zone has no spot capacity left, and the job must come back
-in another zone from its emergency checkpoint and finish with nothing lost."""
+in another zone from its emergency checkpoint and finish with nothing lost.
+
+The job keeps its checkpoints in an S3 store of the sandbox's moto: the hosts upload with the
+credentials their metadata endpoint serves for the instance profile orch attached, through the
+sandbox's endpoint on the hosts' bridge, and the replacements download from it."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import boto3
 import pytest
 
 from orchestrator.ledger import Job, Ledger, make_engine
@@ -37,6 +42,26 @@ def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
             running.stop()
 
 
+BUCKET = "orch-sandbox-ckpt"
+PROFILE = "orch-node"
+
+
+def prepare_store(sandbox: SandboxProcess) -> None:
+    """What infra/ makes with `checkpoint_store` set: the bucket, a role, its profile."""
+
+    def client(service: str):  # noqa: ANN202
+        return boto3.client(
+            service, endpoint_url=sandbox.endpoint, region_name="us-east-1",
+            aws_access_key_id="sandbox", aws_secret_access_key="sandbox",
+        )  # fmt: skip
+
+    client("s3").create_bucket(Bucket=BUCKET)
+    iam = client("iam")
+    iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName=PROFILE)
+    iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
+
+
 def demo_job(tmp_path: Path) -> Path:
     """The demo job (templates/demo-ddp.yaml) with enough steps for a reclaim to land mid-run."""
     path = tmp_path / "demo-spot.yaml"
@@ -48,7 +73,7 @@ def demo_job(tmp_path: Path) -> Path:
         f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
         "  --log-every 2\n"
         "resources: {nodes: 2, gpus_per_node: 2}\n"
-        "checkpoint: {dir: ~/ckpt, pull_every: 2}\n"
+        f"checkpoint: {{dir: ~/ckpt, pull_every: 2, store: 's3://{BUCKET}/runs'}}\n"
         "env: {OMP_NUM_THREADS: '1'}\n"
     )
     return path
@@ -73,11 +98,15 @@ def events(job: dict, kind: str) -> list[dict]:
 def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
     tmp_path: Path, sandbox: SandboxProcess
 ) -> None:
+    prepare_store(sandbox)
     env = orch_env(
         tmp_path / "orch",
         **aws_env(sandbox.endpoint),
         ORCH_WATCH_INTERVAL="1",
         ORCH_NOTICE_POLL_INTERVAL="1",
+        ORCH_AWS_INSTANCE_PROFILE=PROFILE,
+        ORCH_STORE_ENDPOINT_URL=sandbox.endpoint,
+        ORCH_STORE_NODE_ENDPOINT_URL=SandboxClient(sandbox.endpoint).status()["host_endpoint"],
     )
     submitted = run_orch(
         ["submit", str(demo_job(tmp_path)), "--nodes", "2", "--gpus", "2", "--provider", "aws",
@@ -115,10 +144,18 @@ def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
     assert salvaged["step"] is not None and salvaged["step"] >= step_at_notice, job["events"]
     pulled = {e["step"] for e in events(job, "CHECKPOINT")}
     assert salvaged["step"] in pulled
-    # ... and the run resumed from it on the replacements.
+    # ... and the run resumed from it on the replacements, which downloaded it from S3.
     (resumed,) = events(job, "RESUMED")
     assert resumed["step"] == salvaged["step"], job["events"]
     assert f"step-{salvaged['step']:06d}" in resumed["message"]
+    (restored,) = events(job, "RESTORED")
+    assert "from the store to 2 node(s)" in restored["message"], job["events"]
+    s3 = boto3.client("s3", endpoint_url=sandbox.endpoint, region_name="us-east-1",
+                      aws_access_key_id="sandbox", aws_secret_access_key="sandbox")  # fmt: skip
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])}
+    stored = [c for c in job["checkpoints"] if c["stored"]]
+    assert stored and all({f["key"] for f in c["files"]} <= keys for c in stored), stored
+    assert all(key.startswith(f"runs/{job_id}/") for key in keys)
 
     # Four leases: the first two in the first zone, the replacements in the next one, each at
     # the sandbox's spot price of its zone.

@@ -514,3 +514,33 @@ def test_hosts_of_a_cloud_on_this_machine_never_run_shutdown(provider: AwsProvid
     (node,) = provider.launch(request(count=1))
     assert "shutdown" not in node.poweroff_command
     assert all("shutdown" not in n.poweroff_command for n in provider.list_owned())
+
+
+def test_nodes_of_a_job_with_a_store_get_the_instance_profile(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=moto_endpoint, region_name=REGION)
+    iam.create_role(RoleName="orch-node", AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName="orch-node")
+    iam.add_role_to_instance_profile(InstanceProfileName="orch-node", RoleName="orch-node")
+    provider = make_provider(tmp_path, moto_endpoint, instance_profile="orch-node")
+    (with_store,) = provider.launch(request(job="stored", count=1, store="s3://b/p"))
+    (plain,) = provider.launch(request(job="plain", count=1))
+    descs = {d["InstanceId"]: d for d in running(provider)}
+    assert descs[with_store.instance_id]["IamInstanceProfile"]["Arn"].endswith("/orch-node")
+    assert "IamInstanceProfile" not in descs[plain.instance_id]
+    assert with_store.credentials and not plain.credentials
+    assert with_store.region == REGION
+    (adopted,) = provider.list_owned(job_id="stored")
+    assert adopted.credentials and adopted.region == REGION
+
+
+def test_a_store_without_an_instance_profile_launches_nothing(provider: AwsProvider) -> None:
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no instance profile is configured") as caught:
+        provider.launch(request(store="s3://b/p"))
+    assert "instance_profile" in (caught.value.hint or "")
+    assert running(provider) == []

@@ -62,3 +62,30 @@ def test_instance_action_is_404_until_a_notice_is_written(endpoint: tuple[str, P
     code, body = _request(action, headers=headers)
     assert code == 200
     assert json.loads(body) == {"action": "terminate", "time": "2026-11-30T10:00:00Z"}
+
+
+def test_an_instance_profile_s_credentials_reach_boto3(tmp_path: Path) -> None:
+    """botocore's own instance-metadata fetcher (what the nodes' agents use) reads them."""
+    from botocore.utils import InstanceMetadataFetcher
+
+    server = serve("127.0.0.1", 0, MetadataState("l-abc", tmp_path / "n.json", role="orch-node"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        fetched = InstanceMetadataFetcher(timeout=2, num_attempts=1, base_url=base)
+        credentials = fetched.retrieve_iam_role_credentials()
+        assert credentials["role_name"] == "orch-node"
+        assert credentials["access_key"].startswith("ASIA") and credentials["token"]
+        listing = base + "latest/meta-data/iam/security-credentials/"
+        token = _token(base.rstrip("/"))
+        assert _request(listing, headers={"X-aws-ec2-metadata-token": token}) == (200, "orch-node")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_role_no_credentials(endpoint: tuple[str, Path]) -> None:
+    base, _ = endpoint
+    headers = {"X-aws-ec2-metadata-token": _token(base)}
+    path = "/latest/meta-data/iam/security-credentials/"
+    assert _request(base + path, headers=headers)[0] == 404

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import UTC, datetime
 from decimal import Decimal
 from ipaddress import IPv4Network
@@ -235,8 +236,19 @@ def test_host_init_mounts_the_host_files_then_starts_metadata_and_sshd(tmp_path:
     assert args == [
         str(files.disk), "/srv/home", str(files.etc), "/venv/python", IID,
         str(files.notice_file), str(files.imds_ready), str(files.imds_log), "/usr/sbin/sshd",
-        str(files.sshd_config), str(files.sshd_log),
+        str(files.sshd_config), str(files.sshd_log), "",
     ]  # fmt: skip
+    with_role = hostnet.host_init_argv(IID, files, "/h", "/sshd", "/py", role="orch-node")
+    assert with_role[-1] == "orch-node"
+    # The metadata endpoint gets --role only when there is one (sh expands the 12th argument).
+    metadata_line = next(line for line in script.splitlines() if "imds_server" in line)
+    role_part = metadata_line[metadata_line.index("${12:+") :].split(" </dev/null")[0]
+    for role, expected in (("orch-node", "--role orch-node"), ("", "")):
+        shown = subprocess.run(
+            ["sh", "-c", f"echo {role_part}", "x", *[str(i) for i in range(1, 12)], role],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert shown == expected
 
 
 def test_passwd_gives_the_image_user_uid_0_and_the_disk_as_home() -> None:
