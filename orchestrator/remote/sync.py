@@ -7,6 +7,7 @@ Remote paths given as `~/x` or relative are relative to the node's home director
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shlex
@@ -30,10 +31,35 @@ WORKDIR_FILTERS = (
 )
 
 
+FAST_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+"""ssh's ciphers for transfers where this CPU has AES instructions: AES-GCM first (two to three
+times ChaCha20's throughput there, and rsync over ssh is bound by it), ssh's default after."""
+
+
+def cipher_option(cpu_flags: str | None) -> list[str]:
+    """`-o Ciphers=...` preferring AES-GCM when `cpu_flags` (the `flags` line of
+    /proc/cpuinfo) has `aes`; nothing (ssh's own order) otherwise or when unknown."""
+    if cpu_flags is None or "aes" not in cpu_flags.split():
+        return []
+    return ["-o", f"Ciphers={FAST_CIPHERS}"]
+
+
+@functools.cache
+def _cpu_flags() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1]
+    except OSError:
+        pass
+    return None
+
+
 def ssh_transport_argv(
     address: HostAddress, identity: Identity, connect_timeout: int, *, multiplex: bool = True
 ) -> list[str]:
-    """The `ssh` invocation rsync uses: batch mode, pinned host key, the cluster's key only.
+    """The `ssh` invocation rsync uses: batch mode, pinned host key, the cluster's key only,
+    AES-GCM first where this CPU has AES instructions (`cipher_option`).
 
     With `multiplex`, transfers to a node share one ssh connection that stays up for a minute
     after the last use, so checkpoint and log pulls skip the handshake (~0.3 s each).
@@ -50,6 +76,7 @@ def ssh_transport_argv(
         "-o", f"ConnectTimeout={connect_timeout}",
         "-o", "ServerAliveInterval=5",
         "-o", "LogLevel=ERROR",
+        *cipher_option(_cpu_flags()),
     ]  # fmt: skip
     if multiplex:
         # The host key in the socket's name: a node replaced at the same address (a spot

@@ -186,6 +186,18 @@ def test_ssh_reads_the_quoted_key_and_known_hosts_paths_back(tmp_path: Path, val
     assert ssh_option_path('/a b/"q"\'s') == '"/a b/\\"q\\"\'s"'
 
 
+def test_ssh_takes_aes_gcm_first_only_where_the_cpu_has_aes() -> None:
+    from orchestrator.remote.sync import FAST_CIPHERS, cipher_option
+
+    assert cipher_option(" fpu sse2 aes avx2") == ["-o", f"Ciphers={FAST_CIPHERS}"]
+    assert cipher_option(" fp asimd aes pmull sha1") == ["-o", f"Ciphers={FAST_CIPHERS}"]  # arm
+    assert cipher_option(" fpu sse2 aesni_fake") == [] and cipher_option(None) == []
+    shown = subprocess.run(
+        ["ssh", "-G", *cipher_option(" aes"), "node"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"ciphers {FAST_CIPHERS}" in shown.splitlines()  # an option ssh accepts as is
+
+
 def test_a_key_path_that_ssh_would_expand_is_refused(tmp_path: Path) -> None:
     identity = _identity(tmp_path / "keys ${HOME}")
     with pytest.raises(ConfigError, match=r"ORCH_HOME without '\$\{'"):
