@@ -43,6 +43,7 @@ class Figure:
     target: str = ""  # what the benchmark aims at, as it says it ("ratio <= 1.3", "< 3 %")
     bound: float | None = None  # the target as a number: value (or ratio) <= bound
     bound_on_ratio: bool = False
+    at_least: bool = False  # the target is a floor: value (or ratio) >= bound
 
     @property
     def ratio(self) -> float | None:
@@ -56,7 +57,9 @@ class Figure:
         if self.bound is None:
             return None
         measured = self.ratio if self.bound_on_ratio else self.value
-        return measured is not None and measured <= self.bound
+        if measured is None:
+            return False
+        return measured >= self.bound if self.at_least else measured <= self.bound
 
 
 Parser = Callable[[str], list[Figure]]
@@ -256,6 +259,37 @@ def parse_spot_recovery(text: str) -> list[Figure]:
     return figures
 
 
+_CHECKPOINT_ROW = re.compile(
+    rf"^\s+(?P<name>\S.*?)\s+orch\s+(?P<ours>{_NUMBER}) (?P<unit>\S+)\s+baseline\s+"
+    rf"(?P<base>{_NUMBER}) \S+\s+\((?P<bname>[^)]*)\)\s+ratio\s+{_NUMBER}\s+"
+    r"target (?P<target>.+?)\s*$",
+    re.MULTILINE,
+)
+_TARGET = re.compile(rf"^(?P<ratio>ratio )?(?P<op><=|>=) (?P<bound>{_NUMBER})")
+
+
+def parse_checkpoint_speed(text: str) -> list[Figure]:
+    """Rows of `bench.checkpoint_speed`: each with its own target (`<= N s`, `ratio <= N`,
+    `ratio >= N`, or `-` for none)."""
+    figures = []
+    for m in _CHECKPOINT_ROW.finditer(text):
+        target = _TARGET.match(m.group("target"))
+        figures.append(
+            Figure(
+                name=m.group("name"),
+                value=float(m.group("ours")),
+                unit=m.group("unit"),
+                baseline=float(m.group("base")),
+                baseline_name=m.group("bname"),
+                target=m.group("target") if target else "",
+                bound=float(target.group("bound")) if target else None,
+                bound_on_ratio=bool(target and target.group("ratio")),
+                at_least=bool(target and target.group("op") == ">="),
+            )
+        )
+    return figures
+
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "launch_overhead",
@@ -298,6 +332,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "cold start of the same job on fresh nodes, measured in the same trial",
         parse_spot_recovery,
         quick_args=("--trials", "2"),
+        timeout_s=2400.0,
+    ),
+    Benchmark(
+        "checkpoint_speed",
+        "Checkpoints at real sizes: save to mirror, 2 GB pulls and resumes, store uploads",
+        "raw rsync of the same file over the same ssh options; a plain boto3 upload_file; the "
+        "same training loop saving where orch does not look",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "2", "--saves", "4", "--rate-s", "15", "--upload-mb", "256"),
         timeout_s=2400.0,
     ),
 )

@@ -101,3 +101,26 @@ def test_every_benchmark_module_is_run() -> None:
 def test_the_page_says_whether_the_machine_was_busy() -> None:
     assert "was shared" in run_all._load_note("3.83, 8.12, 7.69", 2)
     assert "otherwise idle" in run_all._load_note("0.10, 0.20, 0.30", 2)
+
+
+def test_the_checkpoint_figures_are_read_with_their_own_targets() -> None:
+    text = (
+        "\ncheckpoint speed (machine: 2 cores, 23 GiB RAM; medians)\n"
+        "  save -> copy in the mirror (100 MB)          orch     2.400 s        baseline     0.700"
+        " s        (raw rsync of the file from the node)  ratio  3.43  target <= 5 s\n"
+        "  pull of a 2048 MB checkpoint                 orch    12.000 s        baseline    11.000"
+        " s        (raw rsync of the same file)  ratio  1.09  target ratio <= 1.1\n"
+        "  resume push from the mirror to 2 nodes       orch    30.000 s        baseline    12.000"
+        " s        (raw rsync to 1 node)  ratio  2.50  target -\n"
+        "  step rate while checkpoints move             orch    18.000 steps/s  baseline    20.000"
+        " steps/s  (the same loop saving where orch does not look)  ratio  0.90  target ratio >= 0.9\n"
+    )
+    latency, pull, push, rate = run_all.parse_checkpoint_speed(text)
+    assert (latency.value, latency.met, latency.target) == (2.4, True, "<= 5 s")
+    assert (pull.baseline_name, round(pull.ratio or 0, 3), pull.met) == (
+        "raw rsync of the same file", 1.091, True,
+    )  # fmt: skip
+    assert (push.met, push.target) == (None, "")
+    assert (rate.unit, rate.met) == ("steps/s", True)
+    slower = run_all.parse_checkpoint_speed(text.replace("orch    18.000", "orch    17.000"))
+    assert slower[-1].met is False
