@@ -578,7 +578,8 @@ class CheckpointKeeper:
             return
         if leftover:
             self.ledger.add_event(
-                self.job_id, "STORE", f"removed {len(leftover)} incomplete upload(s) from "
+                self.job_id, "STORE", f"removed {len(leftover)} object(s) no kept checkpoint "
+                "uses (superseded, or never complete) from "
                 f"{describe(self.spec.store, job_prefix(self.spec.store, self.job_id))}",
             )  # fmt: skip
 

@@ -511,6 +511,7 @@ class Agent:
         self.uploading: set[str] = set()
         self.upload_failures: dict[str, tuple[int, float]] = {}  # path -> (count, retry at)
         self.ended_at: float | None = None
+        self.scan_s = 0.0  # how long the last walk of the checkpoint directory took
         self.baseline = self._load_baseline()
         self._resume_manifest()
 
@@ -576,7 +577,6 @@ class Agent:
         while True:
             if not os.path.isdir(self.state_dir):
                 return  # the job's directory was removed: nothing left to do
-            started = time.monotonic()
             ended = self.run_ended()
             if ended and self.ended_at is None:
                 self.ended_at = time.time()
@@ -586,13 +586,16 @@ class Agent:
                 return
             if self.dirty:
                 self.write_manifest(done=False)
-            spent = time.monotonic() - started
-            time.sleep(max(self.interval_s, 10 * spent))
+            # Looking costs: a huge directory is looked at less often (at most a tenth of
+            # the time spent walking it). Staging is not counted: it is what the looks are for.
+            time.sleep(max(self.interval_s, 10 * self.scan_s))
 
     def pass_once(self, *, ended: bool) -> bool:
         """One look at the checkpoint directory; True when nothing is left to stage."""
+        began = time.monotonic()
         found = scan(self.root, self.exclude)
         now_ns, now = time.time_ns(), time.monotonic()
+        self.scan_s = now - began
         settled = True
         with self.lock:
             for rel in [r for r in self.files if r not in found]:
