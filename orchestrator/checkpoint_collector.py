@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestrator.checkpoint_units import Unit, UnitFile, find_units, newer, present_directories
 from orchestrator.checkpoints import CheckpointMirror
 from orchestrator.cluster import Cluster
-from orchestrator.errors import NodeUnreachable, OrchError
+from orchestrator.errors import CheckpointError, NodeUnreachable, OrchError
 from orchestrator.launch import home_expr
 from orchestrator.node.checkpoint_protocol import (
     AgentLayout,
@@ -112,7 +112,14 @@ class CheckpointCollector:
         """One collection (see the module docstring). `aborts[rank]`, once set, cuts that
         node's transfer short (it was found gone)."""
         with self._lock:
-            return self._collect(set(skip), aborts or {})
+            try:
+                return self._collect(set(skip), aborts or {})
+            except OSError as exc:  # this machine's side: the mirror's disk, most likely
+                raise CheckpointError(
+                    f"checkpoint pull: {exc}",
+                    hint=f"check the disk of {self.mirror.root.parent} (free space, "
+                    "permissions); the mirror keeps what it had",
+                ) from exc
 
     def _collect(self, skip: set[int], aborts: Mapping[int, threading.Event]) -> Collected:
         result = Collected(reports=self.read(skip))
@@ -129,8 +136,8 @@ class CheckpointCollector:
         changed = self._changed_links(needed, fetched, failed_ranks)
         try:
             for unit in wanted:
-                if any(f.rank in failed_ranks or f.path in changed for f in unit.files):
-                    continue
+                if any(f.path in changed for f in unit.files):
+                    continue  # (one that needed a lost node's files finds them missing below)
                 sources = {
                     f.path: fetched[f.rank][f.object]
                     for f in unit.files

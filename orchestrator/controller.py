@@ -1037,12 +1037,15 @@ class JobRunner:
             for salvage in (self._final_pull, self._catch_up_logs):
                 try:
                     salvage()
-                except OrchError as exc:
+                except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
                     self.ledger.add_event(self.job.id, "WARNING", f"during teardown: {exc}")
         ended_at = self._terminate_all()
         if self.cluster is not None:
             self.cluster.close()
-        self.keeper.sweep_store()
+        try:
+            self.keeper.sweep_store()
+        except Exception as exc:  # noqa: BLE001 - the job's end is recorded whatever happens here
+            self.ledger.add_event(self.job.id, "WARNING", f"store cleanup: {exc}")
         self.ledger.update_job(
             self.job.id,
             state=order.state,

@@ -65,6 +65,11 @@ class HostKeyMismatch(RemoteError):
     """A node presented a host key other than the one its provider reported: refused."""
 
 
+class CheckpointError(OrchError):
+    """Checkpoints could not be brought home or put back (the mirror's disk, a node's answer);
+    the mirror keeps what it had."""
+
+
 class JobFailed(OrchError):
     """The job's training command failed on at least one node."""
 
