@@ -18,9 +18,8 @@ The runner (`orchestrator.controller`) calls:
   more. Raises OrchError when that collection fails.
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
-Every complete checkpoint version is written to the ledger once (`CheckpointRecord`, with its
-files, their digests and store keys) and marked pruned once neither the mirror nor the store
-keeps it.
+What is complete is written to the ledger, and what the store keeps decided, by
+`orchestrator.checkpoint_records`.
 """
 
 from __future__ import annotations
@@ -30,23 +29,17 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
 
 from orchestrator.checkpoint_collector import CheckpointCollector, Collected
-from orchestrator.checkpoint_retention import StoredVersion, keys_to_delete, retire
+from orchestrator.checkpoint_records import CheckpointRecords, Newest
 from orchestrator.checkpoint_store import (
-    StoreClient,
-    describe,
-    job_prefix,
     node_access,
-    open_client,
 )
-from orchestrator.checkpoint_units import LATEST_POINTER, Unit, present_directories
 from orchestrator.checkpoints import CheckpointMirror
 from orchestrator.cluster import Cluster
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError, RemoteError
-from orchestrator.ledger import CheckpointRecord, JobState, Ledger, utcnow
+from orchestrator.ledger import JobState, Ledger
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
@@ -80,14 +73,6 @@ class KeeperOptions:
     failure_min: int = 5  # ... once there were at least this many
     transfer_timeout_s: float = 3600.0  # one node's transfer, at most
     restore_timeout_s: float = 3600.0  # every node's download from the store, at most
-
-
-@dataclass(frozen=True)
-class Newest:
-    """The newest complete directory checkpoint: its name and step."""
-
-    name: str
-    step: int | None
 
 
 @dataclass(frozen=True)
@@ -127,8 +112,10 @@ class CheckpointKeeper:
         self._collector: CheckpointCollector | None = None
         self._access: StoreAccess | None = None
         self._aborts: dict[int, threading.Event] = {}
-        self._client: StoreClient | None = None
-        self._client_opened = False
+        self.records = CheckpointRecords(
+            job_id=job_id, store=checkpoint.store, mirror=mirror, ledger=ledger,
+            settings=settings, line=line,
+        )  # fmt: skip
         self._problems_seen: set[str] = set()
         self._streams: list[LineStream] = []
         self._thread: threading.Thread | None = None
@@ -143,6 +130,7 @@ class CheckpointKeeper:
         )  # fmt: skip
         self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
         self._access = None
+        self.records.region = region
         if self.spec.store is not None:
             self._access = node_access(
                 self.spec.store, self.settings,
@@ -175,16 +163,11 @@ class CheckpointKeeper:
 
     def newest(self) -> Newest | None:
         """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
-        candidates = []
-        held = self.mirror.newest_directory()
-        if held is not None:
-            candidates.append(Newest(held.name, held.step))
-        for record in self.ledger.checkpoints(self.job_id, live_only=True):
-            if record.kind in ("step", "dcp") and record.stored_at is not None:
-                candidates.append(Newest(record.name, record.step))
-        if not candidates:
-            return None
-        return max(candidates, key=lambda n: -1 if n.step is None else n.step)
+        return self.records.newest()
+
+    def sweep_store(self) -> None:
+        """At the job's end: delete what the job left in the store that no kept version uses."""
+        self.records.sweep_store()
 
     def node_gone(self, rank: int) -> None:
         event = self._aborts.get(rank)
@@ -196,7 +179,12 @@ class CheckpointKeeper:
         command = install_command(self.layout)
         cluster.map(lambda rank, c: c.run(command, stdin=source, timeout=60))
 
-    def _arm(self, cluster: Cluster, restored: dict[str, RestoredFile], ranks=None) -> None:  # noqa: ANN001
+    def _arm(
+        self,
+        cluster: Cluster,
+        restored: dict[str, RestoredFile],
+        ranks: Collection[int] | None = None,
+    ) -> None:
         wanted = set(range(len(cluster.instances)) if ranks is None else ranks)
 
         def arm(rank: int, connection: NodeConnection) -> None:
@@ -213,10 +201,10 @@ class CheckpointKeeper:
 
     # --- putting checkpoints back -----------------------------------------------------------
     def _put_back(self, cluster: Cluster) -> tuple[dict[str, RestoredFile], Resume]:
-        from_store = self._store_plan() if self._access is not None else None
+        from_store = self.records.store_plan() if self._access is not None else None
         newest_held = self.mirror.newest_directory()
         if from_store is not None:
-            items, name, step = from_store
+            items, name, step = from_store.items, from_store.name, from_store.step
             mirror_is_newer = (
                 newest_held is not None
                 and newest_held.step is not None
@@ -264,35 +252,6 @@ class CheckpointKeeper:
             self.job_id, "PUSHED", f"checkpoints to {len(cluster.addresses)} node(s) in "
             f"{time.monotonic() - started:.1f} s",
         )  # fmt: skip
-
-    def _store_plan(self) -> tuple[list[RestoreItem], str | None, int | None] | None:
-        """What to download from the store: the newest stored directory checkpoint and the
-        newest stored version of every single-file one; None when nothing is stored."""
-        records = [
-            r
-            for r in self.ledger.checkpoints(self.job_id, live_only=True)
-            if r.stored_at is not None and r.files_json
-        ]
-        directories = [r for r in records if r.kind in ("step", "dcp")]
-        chosen: list[CheckpointRecord] = []
-        name: str | None = None
-        step: int | None = None
-        if directories:
-            best = max(directories, key=lambda r: (-1 if r.step is None else r.step, r.id or 0))
-            chosen.append(best)
-            name, step = best.name, best.step
-        singles: dict[str, CheckpointRecord] = {}
-        for record in records:
-            if record.kind == "file":
-                singles[record.name] = record  # ordered by id: the newest wins
-        chosen.extend(singles.values())
-        items = [
-            RestoreItem(f["path"], f["key"], int(f["size"]), f["sha256"])
-            for record in chosen
-            for f in json.loads(record.files_json or "[]")
-            if f.get("key")
-        ]
-        return (items, name, step) if items else None
 
     def _restore(self, cluster: Cluster, items: list[RestoreItem]) -> None:
         assert self._access is not None
@@ -423,7 +382,7 @@ class CheckpointKeeper:
         dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
         if dead:
             self._arm(self.collector.cluster, {}, ranks=dead)
-        self._record(collected)
+        self.records.record(collected, range(len(self.collector.cluster.instances)))
         return collected
 
     def _note_problems(self, reports: dict[int, AgentReport]) -> None:
@@ -433,161 +392,6 @@ class CheckpointKeeper:
                 if text not in self._problems_seen:
                     self._problems_seen.add(text)
                     self.ledger.add_event(self.job_id, "WARNING", text)
-
-    # --- the ledger ---------------------------------------------------------------------------
-    def _record(self, collected: Collected) -> None:
-        now = utcnow()
-        live = self.ledger.checkpoints(self.job_id, live_only=True)
-        known = {(r.name, r.sha256): r for r in live}
-        installed = {(u.name, u.version) for u in collected.installed}
-        for unit in collected.complete:
-            if unit.name == LATEST_POINTER:
-                continue
-            key = (unit.name, unit.version)
-            in_mirror = key in installed or self.mirror.holds_unit(unit)
-            stored = self.spec.store is not None and unit.stored
-            record = known.get(key)
-            if record is None:
-                if not (in_mirror or stored):
-                    continue
-                record = self.ledger.add_checkpoint(self._new_record(unit, now, in_mirror, stored))
-                known[key] = record
-                self._announce(unit, "pulled" if in_mirror else "stored")
-                continue
-            fields: dict[str, object] = {}
-            if stored and record.stored_at is None:
-                fields.update(stored_at=now, files_json=_files_json(unit))
-                self._announce(unit, "stored")
-            if in_mirror and not record.in_mirror:
-                fields["in_mirror"] = True
-            if fields and record.id is not None:
-                updated = self.ledger.update_checkpoint(record.id, **fields)
-                known[key] = updated
-        self._drop_gone(known, collected, now)
-
-    def _new_record(
-        self, unit: Unit, now: datetime, in_mirror: bool, stored: bool
-    ) -> CheckpointRecord:
-        return CheckpointRecord(
-            job_id=self.job_id,
-            name=unit.name,
-            step=unit.step,
-            size_bytes=unit.size_bytes,
-            pulled_at=now,
-            kind=unit.kind,
-            sha256=unit.version,
-            in_mirror=in_mirror,
-            stored_at=now if stored else None,
-            store_url=self.spec.store,
-            files_json=_files_json(unit),
-        )
-
-    def _announce(self, unit: Unit, how: str) -> None:
-        where = "" if how == "pulled" else f" to {self.spec.store}"
-        self.ledger.add_event(
-            self.job_id, "CHECKPOINT", f"{how} {unit.name}{where} ({unit.size_bytes} bytes)",
-            step=unit.step,
-        )  # fmt: skip
-        self.line(f"[orch] checkpoint {how}: {unit.name}")
-
-    def _drop_gone(
-        self,
-        known: dict[tuple[str, str | None], CheckpointRecord],
-        collected: Collected,
-        now: datetime,
-    ) -> None:
-        """Mark what the mirror no longer holds, retire store versions no rule keeps, and
-        prune records neither keeps."""
-        retired = self._retire(list(known.values()), collected)
-        for key, record in known.items():
-            if record.id is None:
-                continue
-            name, version = key
-            held = self.mirror.units().get(name)
-            in_mirror = held is not None and held.version == version
-            in_store = record.stored_at is not None and record.id not in retired
-            fields: dict[str, object] = {}
-            if record.in_mirror and not in_mirror:
-                fields["in_mirror"] = False
-            if record.id in retired:
-                fields["stored_at"] = None
-            if not in_mirror and not in_store:
-                fields["pruned_at"] = now
-            if fields:
-                self.ledger.update_checkpoint(record.id, **fields)
-
-    def _retire(self, records: list[CheckpointRecord], collected: Collected) -> set[int]:
-        if self.spec.store is None:
-            return set()
-        client = self._store_client()
-        if client is None:
-            return set()
-        versions = [
-            StoredVersion(
-                record.id,
-                record.name,
-                record.kind or "file",
-                record.step,
-                frozenset(f["key"] for f in json.loads(record.files_json or "[]") if f.get("key")),
-            )  # fmt: skip
-            for record in records
-            if record.stored_at is not None and record.id is not None
-        ]
-        ranks = range(len(self.collector.cluster.instances))
-        present = present_directories(collected.manifests, ranks)
-        retired = retire(versions, present=present)
-        doomed = keys_to_delete(versions, retired)
-        if doomed:
-            try:
-                client.delete(doomed)
-            except OrchError as exc:
-                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
-                return set()
-        return retired
-
-    def _store_client(self) -> StoreClient | None:
-        if not self._client_opened and self.spec.store is not None:
-            self._client_opened = True
-            try:
-                self._client = open_client(self.spec.store, self.settings, self._region())
-            except Exception as exc:  # noqa: BLE001 - a store we cannot prune is no job failure
-                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup disabled: {exc}")
-        return self._client
-
-    def _region(self) -> str | None:
-        return self._access.region if self._access is not None else None
-
-    def sweep_store(self) -> None:
-        """At the job's end: delete what the job uploaded that no kept version uses (versions
-        that never became complete)."""
-        client = self._store_client() if self.spec.store is not None else None
-        if client is None or self.spec.store is None:
-            return
-        kept = {
-            f["key"]
-            for record in self.ledger.checkpoints(self.job_id, live_only=True)
-            if record.stored_at is not None
-            for f in json.loads(record.files_json or "[]")
-            if f.get("key")
-        }
-        try:
-            leftover = set(client.keys(job_prefix(self.spec.store, self.job_id))) - kept
-            client.delete(leftover)
-        except OrchError as exc:
-            self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
-            return
-        if leftover:
-            self.ledger.add_event(
-                self.job_id, "STORE", f"removed {len(leftover)} object(s) no kept checkpoint "
-                "uses (superseded, or never complete) from "
-                f"{describe(self.spec.store, job_prefix(self.spec.store, self.job_id))}",
-            )  # fmt: skip
-
-
-def _files_json(unit: Unit) -> str:
-    return json.dumps(
-        [{"path": f.path, "sha256": f.sha256, "size": f.size, "key": f.stored} for f in unit.files]
-    )
 
 
 def _finished(report: AgentReport) -> bool:
