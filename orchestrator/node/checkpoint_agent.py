@@ -283,6 +283,14 @@ def _hash_fd(fd: int, out: int | None) -> str:
                 written += os.write(out, view[written:count])
 
 
+def file_sha256(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _hash_fd(fd, None)
+    finally:
+        os.close(fd)
+
+
 def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict | str:
     """Stage one file into `objects_dir`; the staged entry, or why it was not taken.
 
@@ -409,11 +417,18 @@ class FileStore:
                 os.unlink(tmp)
             raise StoreError(f"{self.root}: {exc.strerror or exc}") from exc
 
-    def download(self, key: str, path: str) -> None:
+    def download(self, key: str, path: str) -> str:
+        """Copy the object to `path`; its SHA-256. The kernel copies while this thread hashes
+        the object (it never changes: keys are per version), so the two overlap."""
+        source = self._path(key)
         try:
-            shutil.copyfile(self._path(key), path)
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                copied = pool.submit(shutil.copyfile, source, path)
+                digest = file_sha256(source)
+                copied.result()
         except OSError as exc:
             raise StoreError(f"{key}: {exc.strerror or exc}") from exc
+        return digest
 
 
 class S3Store:
@@ -455,11 +470,13 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001 - boto3 raises many kinds; all mean "not stored"
             raise StoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
 
-    def download(self, key: str, path: str) -> None:
+    def download(self, key: str, path: str) -> str:
+        """Download the object to `path` (in parts, in parallel); the SHA-256 of what arrived."""
         try:
             self.client.download_file(self.bucket, key, path, Config=self.transfer)
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
+        return file_sha256(path)
 
 
 def open_store(settings: dict) -> FileStore | S3Store:
@@ -842,12 +859,7 @@ def restore(plan: dict, out: io.TextIOBase) -> int:
 
     def fetch(index: int, item: dict) -> None:
         tmp = os.path.join(staging, str(index))
-        store.download(item["key"], tmp)
-        digest = hashlib.sha256()
-        with open(tmp, "rb") as handle:
-            for chunk in iter(lambda: handle.read(CHUNK), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != item["sha256"]:
+        if store.download(item["key"], tmp) != item["sha256"]:
             raise StoreError(f"{item['key']}: its SHA-256 is not the one recorded")
         os.replace(tmp, _safe_destination(root, item["path"]))
         with lock:
