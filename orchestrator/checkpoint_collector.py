@@ -130,7 +130,7 @@ class CheckpointCollector:
         needed: dict[int, dict[str, UnitFile]] = {}
         for unit in wanted:
             for f in unit.files:
-                if not self.mirror.holds(f.path, f.sha256) and f.object is not None:
+                if not self.mirror.holds(f.path, f.digest) and f.object is not None:
                     needed.setdefault(f.rank, {})[f.object] = f
         fetched, failed_ranks, error = self._fetch(needed, aborts)
         changed = self._changed_links(needed, fetched, failed_ranks)

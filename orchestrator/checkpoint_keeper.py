@@ -213,7 +213,7 @@ class CheckpointKeeper:
             if not mirror_is_newer:
                 try:
                     self._restore(cluster, items)
-                    restored = {i.path: RestoredFile(i.sha256, i.size, i.key) for i in items}
+                    restored = {i.path: RestoredFile(i.digest, i.size, i.key) for i in items}
                     return restored, self._resume(name, step)
                 except RemoteError as exc:
                     if not self.mirror.files():

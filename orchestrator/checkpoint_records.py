@@ -1,6 +1,6 @@
 """A job's checkpoints in the ledger, and what its store keeps of them.
 
-Every complete checkpoint version is written once (`CheckpointRecord`: its files, their SHA-256
+Every complete checkpoint version is written once (`CheckpointRecord`: its files, their digests
 and store keys, its step) when the mirror or the store first holds it whole; it is marked
 pruned once neither does. The store's retention (`orchestrator.checkpoint_retention`) is
 applied here too: versions no rule keeps are deleted from the store by the controller (the
@@ -101,7 +101,7 @@ class CheckpointRecords:
                 singles[record.name] = record  # ordered by id: the newest wins
         chosen.extend(singles.values())
         items = [
-            RestoreItem(f["path"], f["key"], int(f["size"]), f["sha256"])
+            RestoreItem(f["path"], f["key"], int(f["size"]), f["digest"])
             for record in chosen
             for f in json.loads(record.files_json or "[]")
             if f.get("key")
@@ -114,7 +114,7 @@ class CheckpointRecords:
         `ranks` are the cluster's nodes (for what they still hold)."""
         now = utcnow()
         known = {
-            (r.name, r.sha256): r for r in self.ledger.checkpoints(self.job_id, live_only=True)
+            (r.name, r.digest): r for r in self.ledger.checkpoints(self.job_id, live_only=True)
         }
         installed = {(u.name, u.version) for u in collected.installed}
         for unit in collected.complete:
@@ -148,7 +148,7 @@ class CheckpointRecords:
             size_bytes=unit.size_bytes,
             pulled_at=now,
             kind=unit.kind,
-            sha256=unit.version,
+            digest=unit.version,
             in_mirror=in_mirror,
             stored_at=now if stored else None,
             store_url=self.store,
@@ -244,9 +244,9 @@ class CheckpointRecords:
 
 
 def files_json(unit: Unit) -> str:
-    """The files of a checkpoint as the ledger keeps them: path, SHA-256, size, store key."""
+    """The files of a checkpoint as the ledger keeps them: path, digest, size, store key."""
     return json.dumps(
-        [{"path": f.path, "sha256": f.sha256, "size": f.size, "key": f.stored} for f in unit.files]
+        [{"path": f.path, "digest": f.digest, "size": f.size, "key": f.stored} for f in unit.files]
     )
 
 

@@ -5,7 +5,8 @@ them on resume (`orchestrator.node.checkpoint_agent`). The controller only tells
 to reach the store (`node_access`), lists what a job left there, and deletes versions that no
 rule keeps (`orchestrator.checkpoint_retention`).
 
-Keys: `<prefix>/<job id>/<path>@<first 16 hex of its SHA-256>`, one per version of a file.
+Keys: `<prefix>/<job id>/<path>@<first 16 hex of its digest>`, one per version of a file (the
+digest is BLAKE2b-256: `orchestrator.node.checkpoint_agent.new_digest`).
 Credentials: on AWS the nodes use the instance profile the provider attaches; nodes with no
 credentials of their own (local nodes) get the controller's, in their agent's 0600 config.
 """

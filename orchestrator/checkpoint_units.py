@@ -58,7 +58,7 @@ class UnitFile:
 
     path: str  # relative to the checkpoint directory
     rank: int  # the node that holds the copy
-    sha256: str
+    digest: str
     size: int
     object: str | None  # the staged copy's name on that node (None: orch restored it there)
     stored: str | None  # its key in the store, once uploaded
@@ -89,7 +89,7 @@ class Unit:
         """A digest of what the checkpoint holds: its files' paths and contents."""
         digest = hashlib.sha256()
         for f in sorted(self.files, key=lambda f: f.path):
-            digest.update(f"{f.path}\0{f.sha256}\n".encode())
+            digest.update(f"{f.path}\0{f.digest}\n".encode())
         return digest.hexdigest()
 
     @property
@@ -120,7 +120,7 @@ def _member(path: str, rank: int, node_file: NodeFile) -> UnitFile:
     staged = node_file.staged
     assert staged is not None  # callers pass settled or usable files only
     return UnitFile(
-        path, rank, staged.sha256, staged.size, staged.object, staged.stored,
+        path, rank, staged.digest, staged.size, staged.object, staged.stored,
         staged.linked, staged.mtime_ns, staged.ctime_ns,
     )  # fmt: skip
 
@@ -188,7 +188,7 @@ def _dcp_unit(
             for rank in sorted(by_rank)
             if by_rank[rank].settled
             and directory in manifests[rank].dcp
-            and manifests[rank].dcp[directory].metadata_sha256 == by_rank[rank].staged.sha256  # type: ignore[union-attr]
+            and manifests[rank].dcp[directory].metadata_digest == by_rank[rank].staged.digest  # type: ignore[union-attr]
         ),
         None,
     )

@@ -2,7 +2,7 @@
 
 The mirror holds complete checkpoints only (`orchestrator.checkpoint_units.Unit`), laid out as
 under the job's checkpoint directory on the nodes, and an index beside it (`checkpoints.json`:
-every checkpoint it holds, each file's SHA-256) so that nothing is fetched twice.
+every checkpoint it holds, each file's digest) so that nothing is fetched twice.
 
 Installing is atomic per checkpoint. A file is renamed over its previous copy. A directory is
 built whole next to the mirror (from the fetched files, and hard links of files it already
@@ -43,7 +43,7 @@ class MirroredUnit:
     version: str
     step: int | None
     written_ns: int
-    files: Mapping[str, tuple[str, int]]  # path -> (sha256, size)
+    files: Mapping[str, tuple[str, int]]  # path -> (digest, size)
 
     @property
     def directory(self) -> str | None:
@@ -150,16 +150,16 @@ class CheckpointMirror:
         tmp.write_text(json.dumps(document))
         os.replace(tmp, self.index_path)
 
-    def holds(self, path: str, sha256: str) -> bool:
+    def holds(self, path: str, digest: str) -> bool:
         """Whether the mirror has this content at this path (no need to fetch it again)."""
-        return any(u.files.get(path, ("",))[0] == sha256 for u in self.units().values())
+        return any(u.files.get(path, ("",))[0] == digest for u in self.units().values())
 
     def holds_unit(self, unit: Unit) -> bool:
         held = self.units().get(unit.name)
         return held is not None and held.version == unit.version
 
     def files(self) -> dict[str, tuple[str, int]]:
-        """Every file the mirror holds: path -> (sha256, size)."""
+        """Every file the mirror holds: path -> (digest, size)."""
         found: dict[str, tuple[str, int]] = {}
         for unit in self.units().values():
             found.update(unit.files)
@@ -201,7 +201,7 @@ class CheckpointMirror:
             if src is not None:
                 if not plain_file(self.incoming, src.relative_to(self.incoming).as_posix()):
                     return False
-            elif have.get(f.path, ("",))[0] == f.sha256 and plain_file(self.root, f.path):
+            elif have.get(f.path, ("",))[0] == f.digest and plain_file(self.root, f.path):
                 src = self.root / f.path
             else:
                 return False
@@ -218,7 +218,7 @@ class CheckpointMirror:
             version=unit.version,
             step=unit.step,
             written_ns=unit.written_ns,
-            files={f.path: (f.sha256, f.size) for f in unit.files},
+            files={f.path: (f.digest, f.size) for f in unit.files},
         )
         self._write_index()
         return True

@@ -174,11 +174,11 @@ class CheckpointRecord(SQLModel, table=True):
     size_bytes: int
     pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))  # when known complete
     kind: str | None = None  # step | dcp | file (None: recorded by an older orch)
-    sha256: str | None = None  # digest of its files' paths and contents (Unit.version)
+    digest: str | None = None  # digest of its files' paths and contents (Unit.version)
     in_mirror: bool = True  # its bytes are in the mirror on this machine
     stored_at: datetime | None = Field(default=None, sa_column=_utc_column())  # whole in the store
     store_url: str | None = None  # the store it is in (checkpoint.store)
-    files_json: str | None = None  # [{path, sha256, size, key}] of its files, JSON
+    files_json: str | None = None  # [{path, digest, size, key}] of its files, JSON
     pruned_at: datetime | None = Field(default=None, sa_column=_utc_column())
 
 

@@ -38,7 +38,7 @@ def checkpoint_document(record: CheckpointRecord, mirror: Path) -> dict[str, Any
         "kind": record.kind,
         "step": record.step,
         "size_bytes": record.size_bytes,
-        "sha256": record.sha256,
+        "digest": record.digest,
         "pulled_at": _time(record.pulled_at),
         "path": str(mirror / record.name) if record.in_mirror else None,
         "stored": store is not None,

@@ -29,8 +29,8 @@ on S3), and the manifest says which are stored. Once the run has ended, the agen
 is left, finishes its uploads, writes `"done": true` and exits.
 
 `restore` (run by the controller before a start) downloads files from the store into the
-checkpoint directory, several at a time, and checks every file's SHA-256 before it moves the
-file into place.
+checkpoint directory, several at a time, and checks every file's digest (BLAKE2b-256, see
+`new_digest`) before it moves the file into place.
 
 Stdlib only, Python 3.8 or newer (boto3 for an `s3://` store); it never imports torch.
 
@@ -149,15 +149,15 @@ def _identity(info: os.stat_result) -> tuple[int, ...]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def object_name(rel: str, sha256: str) -> str:
+def object_name(rel: str, digest: str) -> str:
     """The staged copy's file name: one per path and content, hex only."""
-    return hashlib.sha256(f"{rel}\0{sha256}".encode()).hexdigest()
+    return hashlib.sha256(f"{rel}\0{digest}".encode()).hexdigest()
 
 
-def store_key(prefix: str, job_id: str, rel: str, sha256: str) -> str:
+def store_key(prefix: str, job_id: str, rel: str, digest: str) -> str:
     """Where a file's version lives in the store: the path, then its content's first 16 hex."""
     base = "/".join(p for p in (prefix.strip("/"), job_id) if p)
-    return f"{base}/{rel}@{sha256[:16]}"
+    return f"{base}/{rel}@{digest[:16]}"
 
 
 # --- whole files ---------------------------------------------------------------------------
@@ -266,9 +266,16 @@ def dcp_files(metadata: bytes) -> dict[str, int] | None:
 # --- staging ---------------------------------------------------------------------------------
 
 
+def new_digest() -> hashlib._Hash:  # type: ignore[name-defined]
+    """The content digest of checkpoint files: BLAKE2b-256 (`b2sum -l 256` prints it). It runs
+    at about twice SHA-256's speed on CPUs without SHA instructions, the Cascade Lake nodes of
+    many GPU instance types among them, and every staged and restored byte is hashed."""
+    return hashlib.blake2b(digest_size=32)
+
+
 def _hash_fd(fd: int, out: int | None) -> str:
-    """SHA-256 of what `fd` holds from its start, written to `out` too when given."""
-    digest = hashlib.sha256()
+    """The digest (`new_digest`) of what `fd` holds from its start, also written to `out`."""
+    digest = new_digest()
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     os.lseek(fd, 0, os.SEEK_SET)
@@ -283,7 +290,7 @@ def _hash_fd(fd: int, out: int | None) -> str:
                 written += os.write(out, view[written:count])
 
 
-def file_sha256(path: str) -> str:
+def file_digest(path: str) -> str:
     fd = os.open(path, os.O_RDONLY)
     try:
         return _hash_fd(fd, None)
@@ -321,7 +328,7 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         if linked:
-            sha256 = _hash_fd(fd, None)
+            digest = _hash_fd(fd, None)
         else:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -331,7 +338,7 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
 
                     fcntl.ioctl(out, FICLONE, fd)
                     cloned = True
-                sha256 = _hash_fd(fd, None if cloned else out)
+                digest = _hash_fd(fd, None if cloned else out)
                 # The copy looks like the file: its permissions and mtime travel with it.
                 os.fchmod(out, stat.S_IMODE(before.st_mode))
                 os.utime(out, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -356,7 +363,7 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return "not whole (a write cut short)"
-    name = object_name(rel, sha256)
+    name = object_name(rel, digest)
     final = os.path.join(objects_dir, name)
     os.replace(tmp, final)
     ctime_ns = before.st_ctime_ns
@@ -368,7 +375,7 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
             return "changed while it was copied"
         ctime_ns = placed.st_ctime_ns
     return {
-        "sha256": sha256,
+        "digest": digest,
         "size": before.st_size,
         "mtime_ns": before.st_mtime_ns,
         "ctime_ns": ctime_ns,
@@ -418,13 +425,13 @@ class FileStore:
             raise StoreError(f"{self.root}: {exc.strerror or exc}") from exc
 
     def download(self, key: str, path: str) -> str:
-        """Copy the object to `path`; its SHA-256. The kernel copies while this thread hashes
-        the object (it never changes: keys are per version), so the two overlap."""
+        """Copy the object to `path`; its digest. The kernel copies while this thread hashes the
+        object (it never changes: keys are per version), so the two overlap."""
         source = self._path(key)
         try:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 copied = pool.submit(shutil.copyfile, source, path)
-                digest = file_sha256(source)
+                digest = file_digest(source)
                 copied.result()
         except OSError as exc:
             raise StoreError(f"{key}: {exc.strerror or exc}") from exc
@@ -471,12 +478,12 @@ class S3Store:
             raise StoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
 
     def download(self, key: str, path: str) -> str:
-        """Download the object to `path` (in parts, in parallel); the SHA-256 of what arrived."""
+        """Download the object to `path` (in parts, in parallel); the digest of what arrived."""
         try:
             self.client.download_file(self.bucket, key, path, Config=self.transfer)
         except Exception as exc:  # noqa: BLE001
             raise StoreError(f"s3://{self.bucket}/{key}: {exc}") from exc
-        return file_sha256(path)
+        return file_digest(path)
 
 
 def open_store(settings: dict) -> FileStore | S3Store:
@@ -549,7 +556,7 @@ class Agent:
                     "size": info.st_size,
                     "mtime_ns": info.st_mtime_ns,
                     "staged": {
-                        "sha256": known["sha256"], "size": info.st_size,
+                        "digest": known["digest"], "size": info.st_size,
                         "mtime_ns": info.st_mtime_ns, "object": None, "linked": False,
                         "stored": known.get("key"), "restored": True,
                     },
@@ -712,7 +719,7 @@ class Agent:
                 files = dcp_files(handle.read())
         except OSError:
             files = None
-        self.dcp[directory] = {"metadata_sha256": staged["sha256"], "files": files}
+        self.dcp[directory] = {"metadata_digest": staged["digest"], "files": files}
 
     def _forget(self, rel: str) -> None:
         entry = self.files.pop(rel)
@@ -757,7 +764,7 @@ class Agent:
 
     def _upload(self, rel: str, staged: dict) -> None:
         _scheme, _where, prefix = parse_store(self.store_settings["url"])
-        key = store_key(prefix, self.config["job_id"], rel, staged["sha256"])
+        key = store_key(prefix, self.config["job_id"], rel, staged["digest"])
         path = os.path.join(self.objects, staged["object"])
         error = None
         try:
@@ -775,7 +782,7 @@ class Agent:
             current = entry["staged"] if entry else None
             if error is None:
                 self.upload_failures.pop(rel, None)
-                if current is not None and current["sha256"] == staged["sha256"]:
+                if current is not None and current["digest"] == staged["digest"]:
                     current["stored"] = key
                 if self.problems.pop("store", None) is not None or current is not None:
                     self.dirty = True
@@ -842,7 +849,7 @@ def _safe_destination(root: str, rel: str) -> str:
 
 def restore(plan: dict, out: io.TextIOBase) -> int:
     """Download `plan["files"]` from the store into the checkpoint directory; 0 when every one
-    arrived with its SHA-256. Prints `progress DONE TOTAL` lines and `restored N BYTES S`."""
+    arrived with its digest. Prints `progress DONE TOTAL` lines and `restored N BYTES S`."""
     root = _home_path(plan["checkpoint_dir"])
     files = plan["files"]
     total = sum(int(f["size"]) for f in files)
@@ -859,8 +866,8 @@ def restore(plan: dict, out: io.TextIOBase) -> int:
 
     def fetch(index: int, item: dict) -> None:
         tmp = os.path.join(staging, str(index))
-        if store.download(item["key"], tmp) != item["sha256"]:
-            raise StoreError(f"{item['key']}: its SHA-256 is not the one recorded")
+        if store.download(item["key"], tmp) != item["digest"]:
+            raise StoreError(f"{item['key']}: its digest is not the one recorded")
         os.replace(tmp, _safe_destination(root, item["path"]))
         with lock:
             done[0] += int(item["size"])

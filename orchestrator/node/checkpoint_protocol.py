@@ -85,7 +85,7 @@ class StoreAccess:
 class RestoredFile:
     """A checkpoint file orch put back on the node before the run: known, not staged again."""
 
-    sha256: str
+    digest: str
     size: int
     key: str | None = None  # its store key, when it came from the store
 
@@ -119,7 +119,7 @@ class AgentConfig:
             "interval_s": self.interval_s,
             "store": self.store.document() if self.store else None,
             "restored": {
-                path: {"sha256": f.sha256, "size": f.size, "key": f.key}
+                path: {"digest": f.digest, "size": f.size, "key": f.key}
                 for path, f in self.restored.items()
             },
         }
@@ -175,7 +175,7 @@ class RestoreItem:
     path: str  # relative to the checkpoint directory
     key: str
     size: int
-    sha256: str
+    digest: str
 
 
 def restore_plan(checkpoint_dir: str, store: StoreAccess, items: Sequence[RestoreItem]) -> str:
@@ -184,7 +184,7 @@ def restore_plan(checkpoint_dir: str, store: StoreAccess, items: Sequence[Restor
             "checkpoint_dir": checkpoint_dir,
             "store": store.document(),
             "files": [
-                {"path": i.path, "key": i.key, "size": i.size, "sha256": i.sha256} for i in items
+                {"path": i.path, "key": i.key, "size": i.size, "digest": i.digest} for i in items
             ],
         }
     )
@@ -206,7 +206,7 @@ def restore_error(output: str) -> str | None:
 class StagedCopy:
     """One version of a file, as the agent staged it."""
 
-    sha256: str
+    digest: str
     size: int
     mtime_ns: int  # the file's mtime when staged, on the node's clock
     ctime_ns: int  # and its ctime: a hard-linked copy is intact while both are unchanged
@@ -244,7 +244,7 @@ class NodeFile:
 class DcpListing:
     """A DCP checkpoint directory as its staged `.metadata` describes it."""
 
-    metadata_sha256: str
+    metadata_digest: str
     files: Mapping[str, int] | None  # shard name -> least size; None: the metadata was unreadable
 
 
@@ -282,20 +282,20 @@ def _hex(value: object) -> str | None:
 def _staged(value: object) -> StagedCopy | None:
     if not isinstance(value, dict):
         return None
-    sha256, size, mtime = (
-        _hex(value.get("sha256")),
+    digest, size, mtime = (
+        _hex(value.get("digest")),
         _int(value.get("size")),
         _int(value.get("mtime_ns")),
     )
     obj = value.get("object")
     stored = value.get("stored")
     ctime = _int(value.get("ctime_ns")) or 0
-    if sha256 is None or size is None or mtime is None:
+    if digest is None or size is None or mtime is None:
         return None
     if obj is not None and _hex(obj) is None:
         return None
     return StagedCopy(
-        sha256=sha256,
+        digest=digest,
         size=size,
         mtime_ns=mtime,
         ctime_ns=ctime,
@@ -330,8 +330,8 @@ def parse_manifest(document: object, rank: int, clock_offset_ns: int = 0) -> Nod
     for directory, listing in raw_dcp.items() if isinstance(raw_dcp, dict) else ():
         if not (directory == "" or _file_ok(directory)) or not isinstance(listing, dict):
             continue
-        sha256 = _hex(listing.get("metadata_sha256"))
-        if sha256 is None:
+        digest = _hex(listing.get("metadata_digest"))
+        if digest is None:
             continue
         shards = listing.get("files")
         parsed: dict[str, int] | None = None
@@ -340,7 +340,7 @@ def parse_manifest(document: object, rank: int, clock_offset_ns: int = 0) -> Nod
             for name, least in shards.items():
                 if _file_ok(name) and "/" not in name and _int(least) is not None:
                     parsed[name] = least
-        dcp[directory] = DcpListing(sha256, parsed)
+        dcp[directory] = DcpListing(digest, parsed)
     problems = document.get("problems")
     return NodeManifest(
         rank=rank,

@@ -65,7 +65,7 @@ def test_nodes_upload_the_ledger_records_and_new_nodes_restore_from_s3(
         for f in files:
             assert f["key"].startswith(f"team/runs/{job}/step-000010/")
             body = s3.get_object(Bucket=BUCKET, Key=f["key"])["Body"].read()
-            assert hashlib.sha256(body).hexdigest() == f["sha256"]
+            assert hashlib.blake2b(body, digest_size=32).hexdigest() == f["digest"]
         # A version that never became whole (no COMPLETE yet) is swept at the end.
         nodes.run(0, "mkdir -p ckpt/step-000020 && printf half > ckpt/step-000020/state.pt")
         deadline = time.monotonic() + 30
@@ -81,9 +81,9 @@ def test_nodes_upload_the_ledger_records_and_new_nodes_restore_from_s3(
     with keeper_nodes(home, job, count=2, checkpoint=spec, settings=settings) as nodes:
         assert nodes.resume is not None and nodes.resume.path == "ckpt/step-000010"
         for rank in (0, 1):
-            out = nodes.run(rank, "sha256sum ckpt/step-000010/state.pt")
+            out = nodes.run(rank, "b2sum -l 256 ckpt/step-000010/state.pt")
             assert out.split()[0] == next(
-                f["sha256"] for f in files if f["path"] == "step-000010/state.pt"
+                f["digest"] for f in files if f["path"] == "step-000010/state.pt"
             )
         (restored,) = nodes.events("RESTORED")
         assert "from the store to 2 node(s)" in restored
@@ -100,11 +100,11 @@ def test_a_snapshot_saved_again_and_again_keeps_two_versions_in_the_store(
         for n in range(4):
             body = f"version {n}\n" * (n + 1)
             nodes.run(0, f"printf '{body}' > ckpt/snapshot.pt")
-            digest = hashlib.sha256(body.encode()).hexdigest()
+            digest = hashlib.blake2b(body.encode(), digest_size=32).hexdigest()
             collect_until(
                 nodes,
                 lambda c, digest=digest: any(
-                    u.name == "snapshot.pt" and u.stored and u.files[0].sha256 == digest
+                    u.name == "snapshot.pt" and u.stored and u.files[0].digest == digest
                     for u in c.complete
                 ),
             )

@@ -72,7 +72,7 @@ def test_what_was_there_before_the_run_is_left_alone_until_it_changes(tmp_path: 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "train.py").write_text("code")  # synced by orch
     (tmp_path / "ckpt" / "snapshot.pt").write_bytes(b"pushed back")  # restored by orch
-    restored = {"snapshot.pt": {"sha256": "ab" * 32, "size": 11, "key": "p/j1/snapshot.pt@ab"}}
+    restored = {"snapshot.pt": {"digest": "ab" * 32, "size": 11, "key": "p/j1/snapshot.pt@ab"}}
     a = make_agent(tmp_path, restored=restored)
     settle(a)
     assert "train.py" not in a.files
@@ -106,7 +106,7 @@ while True:
     n += 1
     body = bytes([n % 251]) * 400_000
     with open(log, "a") as out:
-        out.write(hashlib.sha256(body).hexdigest() + "\\n")
+        out.write(hashlib.blake2b(body, digest_size=32).hexdigest() + "\\n")
     with open(path, "r+b" if n > 1 else "wb") as handle:  # in place, as torch.save does
         handle.truncate(0)
         for start in range(0, len(body), 40_000):
@@ -131,8 +131,8 @@ def test_a_file_rewritten_in_place_nonstop_is_only_ever_staged_whole(tmp_path: P
             copy = staged(a, "snapshot.pt")
             if copy is not None:
                 content = (Path(a.objects) / copy["object"]).read_bytes()
-                assert hashlib.sha256(content).hexdigest() == copy["sha256"]
-                seen.add(copy["sha256"])
+                assert hashlib.blake2b(content, digest_size=32).hexdigest() == copy["digest"]
+                seen.add(copy["digest"])
             time.sleep(0.02)
     finally:
         writer.kill()
@@ -175,7 +175,10 @@ def test_a_linked_copy_rewritten_in_place_is_dropped_and_staged_again(tmp_path: 
     assert staged(a, "step-000001/__0_0.distcp") is None
     settle(a)
     second = staged(a, "step-000001/__0_0.distcp")
-    assert second is not None and second["sha256"] == hashlib.sha256(b"v2" * 100).hexdigest()
+    assert (
+        second is not None
+        and second["digest"] == hashlib.blake2b(b"v2" * 100, digest_size=32).hexdigest()
+    )
 
 
 def _zip_bytes() -> bytes:
@@ -247,7 +250,7 @@ def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path
     assert manifest["done"] is True
     copy = manifest["files"]["snapshot.pt"]["staged"]
     key = copy["stored"]
-    assert key == f"j1/snapshot.pt@{copy['sha256'][:16]}"
+    assert key == f"j1/snapshot.pt@{copy['digest'][:16]}"
     assert (store_dir / key).read_bytes() == b"weights"
     assert (tmp_path / "state" / "events").read_text().split()[-1] == str(manifest["generation"])
 
@@ -255,7 +258,7 @@ def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path
     plan = {
         "checkpoint_dir": str(new_node),
         "store": {"url": f"file://{store_dir}"},
-        "files": [{"path": "snapshot.pt", "key": key, "size": 7, "sha256": copy["sha256"]}],
+        "files": [{"path": "snapshot.pt", "key": key, "size": 7, "digest": copy["digest"]}],
     }
     out = io.StringIO()
     assert agent.restore(plan, out) == 0, out.getvalue()
@@ -266,5 +269,5 @@ def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path
     (new_node / "snapshot.pt").unlink()
     out = io.StringIO()
     assert agent.restore(plan, out) == 1
-    assert "SHA-256 is not the one recorded" in out.getvalue()
+    assert "digest is not the one recorded" in out.getvalue()
     assert not (new_node / "snapshot.pt").exists()

@@ -14,7 +14,7 @@ from orchestrator.checkpoints import CheckpointMirror
 
 
 def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
 
 
 class Fetched:

@@ -23,7 +23,7 @@ UNSAFE = ["../escape", "/etc/passwd", "a//b", "./x", "a/./b", "..", ".", "", "st
 
 
 def staged(**extra: object) -> dict:
-    return {"sha256": SHA, "size": 1, "mtime_ns": 5, "ctime_ns": 6, "object": SHA,
+    return {"digest": SHA, "size": 1, "mtime_ns": 5, "ctime_ns": 6, "object": SHA,
             "linked": False, "stored": None, **extra}  # fmt: skip
 
 
@@ -37,7 +37,7 @@ def test_unsafe_paths_and_forged_fields_are_dropped() -> None:
     files["obj.pt"] = {"size": 1, "mtime_ns": 5, "staged": staged(object="../../etc/passwd")}
     files["neg.pt"] = {"size": -1, "mtime_ns": 5, "staged": staged()}
     files["bool.pt"] = {"size": True, "mtime_ns": 5, "staged": staged()}
-    files["sha.pt"] = {"size": 1, "mtime_ns": 5, "staged": staged(sha256="not hex")}
+    files["sha.pt"] = {"size": 1, "mtime_ns": 5, "staged": staged(digest="not hex")}
     manifest = parse_manifest(document(files), rank=1)
     assert manifest is not None
     assert sorted(manifest.files) == ["obj.pt", "ok.pt", "sha.pt"]  # no size, no entry

@@ -55,7 +55,7 @@ def test_a_step_directory_is_complete_with_its_marker_and_every_file_settled() -
 def _dcp(rank0_files, rank1_files, *, expected=None, offset1: int = 0):
     meta_at = 20 * S
     metadata = node_file("ckpt/.metadata", meta_at)
-    listing = DcpListing(metadata.staged.sha256, expected)  # type: ignore[union-attr]
+    listing = DcpListing(metadata.staged.digest, expected)  # type: ignore[union-attr]
     node0 = manifest(0, metadata, *rank0_files, dcp={"ckpt": listing})
     node1 = manifest(1, *rank1_files, offset=offset1)
     return node0, node1
@@ -181,7 +181,7 @@ def test_every_file_of_a_unit_is_a_copy_that_holds_what_was_staged(files, metada
     dcp = {}
     if "d/.metadata" in by_rank[0]:
         expected = {"__0_0.distcp": 1, "__1_0.distcp": 1} if metadata_lists else None
-        dcp = {"d": DcpListing(by_rank[0]["d/.metadata"].staged.sha256, expected)}  # type: ignore[union-attr]
+        dcp = {"d": DcpListing(by_rank[0]["d/.metadata"].staged.digest, expected)}  # type: ignore[union-attr]
     manifests = {
         0: manifest(0, *by_rank[0].values(), dcp=dcp),
         1: manifest(1, *by_rank[1].values()),
@@ -189,7 +189,7 @@ def test_every_file_of_a_unit_is_a_copy_that_holds_what_was_staged(files, metada
     for unit in find_units(manifests, [0, 1]):
         for f in unit.files:
             held = manifests[f.rank].files[f.path]
-            assert held.usable is not None and held.usable.sha256 == f.sha256
+            assert held.usable is not None and held.usable.digest == f.digest
             if unit.kind != "file":
                 assert held.settled  # directory checkpoints take only settled files
         if unit.kind == "step":
