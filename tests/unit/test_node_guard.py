@@ -1,0 +1,191 @@
+"""The node guard's decisions and the controller's side of it: terms, leases, boot parts.
+
+The guard program runs here as it runs on a node, against real files in a temporary home; no
+process is signalled and nothing is powered off (its `act` is not called).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import yaml
+
+from orchestrator.node import guard
+from orchestrator.node.guard_protocol import (
+    GuardLayout,
+    GuardTerms,
+    cloud_init_parts,
+    lease_document,
+    lease_until,
+    parse_status,
+)
+from orchestrator.providers.aws_launch import new_host_key, user_data
+
+NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
+
+
+def terms(**overrides: object) -> GuardTerms:
+    base: dict = dict(
+        job_id="j-1",
+        interval_s=1.0,
+        silence_s=10.0,
+        allowance_s=100.0,
+        deadman_s=600.0,
+        stop_grace_s=5.0,
+        upload_wait_s=0.0,
+        idle_util_pct=5.0,
+        idle_cpu_pct=10.0,
+    )
+    base.update(overrides)
+    return GuardTerms(**base)
+
+
+def test_the_lease_never_reaches_past_what_the_budget_buys() -> None:
+    # $1 left at $3.60/h buys 1000 s; 20 s are kept back for the stop itself.
+    until = lease_until(
+        now=NOW, budget_left_usd=Decimal("1"), hourly_usd=Decimal("3.6"), reserve_s=20
+    )
+    assert until == NOW + timedelta(seconds=980)
+    spent = lease_until(
+        now=NOW, budget_left_usd=Decimal("-0.5"), hourly_usd=Decimal(1), reserve_s=0
+    )
+    assert spent == NOW
+    assert lease_until(now=NOW, budget_left_usd=None, hourly_usd=Decimal(1), reserve_s=0) is None
+    free = lease_until(now=NOW, budget_left_usd=Decimal(1), hourly_usd=Decimal(0), reserve_s=0)
+    assert free is None
+
+
+def test_a_node_gets_its_lease_from_the_launch_price() -> None:
+    doc = json.loads(
+        terms(budget_left_usd=Decimal("0.5"), runtime_deadline=NOW + timedelta(hours=1)).for_node(
+            now=NOW, hourly_usd=Decimal("1.8"), poweroff="shutdown -h now", home="/home/u"
+        )
+    )
+    assert doc["lease_until"] == (NOW + timedelta(seconds=1000 - 20)).timestamp()
+    assert doc["runtime_deadline"] == (NOW + timedelta(hours=1)).timestamp()
+    assert doc["poweroff"] == "shutdown -h now" and doc["home"] == "/home/u"
+    assert "budget_left_usd" not in doc
+
+
+def test_cloud_init_arms_the_guard_as_a_unit_within_ec2s_user_data_limit() -> None:
+    document = terms().for_node(
+        now=NOW, hourly_usd=Decimal(1), poweroff="shutdown -h now", home="/home/ubuntu"
+    )
+    text = user_data("ssh-ed25519 AAAA test", new_host_key(), document)
+    assert len(text.encode()) <= 16384
+    config = yaml.safe_load(text)
+    paths = {f["path"] for f in config["write_files"]}
+    assert {"/opt/orch-guard/guard.py", "/opt/orch-guard/terms.json"} <= paths
+    assert "/etc/systemd/system/orch-guard.service" in paths
+    assert "systemctl enable --now orch-guard.service" in config["runcmd"][0][2]
+    assert config["ssh_keys"]["ed25519_public"].startswith("ssh-ed25519 ")
+    assert set(cloud_init_parts(document)) == {"write_files", "runcmd"}
+
+
+def test_the_status_parser_trusts_only_the_guards_json() -> None:
+    alive = parse_status('{"pid": 12, "problem": null}\n@@orch-guard-alive\n')
+    assert alive.armed and alive.problem is None
+    dead = parse_status('{"pid": 12, "problem": "sudo asks for a password"}\n')
+    assert not dead.armed and dead.problem == "sudo asks for a password"
+    assert parse_status("garbage\n@@orch-guard-alive") == parse_status("")
+    assert not parse_status("").armed
+
+
+def test_the_guard_finds_the_program_behind_env_and_setsid() -> None:
+    line = "env -u ORCH_LOCAL_NODE PYTHONPATH=/x setsid /usr/bin/python3 -m m >> log 2>&1 &"
+    assert guard.first_program(line.split()) == "/usr/bin/python3"
+    assert guard.first_program(["sudo", "shutdown", "-h", "now"]) == "sudo"
+    assert guard.first_program(["env"]) is None
+
+
+class Node:
+    """A job's files on a node, in a temporary home, and the guard reading them."""
+
+    def __init__(self, home: Path, **overrides: object) -> None:
+        self.home = home
+        self.layout = GuardLayout("j-1")
+        doc = terms(**overrides).for_node(
+            now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true", home=str(home)
+        )
+        self.terms = home / "terms.json"
+        self.terms.write_text(doc)
+        self.run_dir = home / "orch-jobs/j-1/run"
+        self.run_dir.mkdir(parents=True)
+        self.guard = guard.Guard(str(self.terms))
+
+    def training(self) -> None:
+        (self.run_dir / "pid").write_text(f"{os.getpid()}\n")  # a live process
+
+    def heartbeat(self, age_s: float) -> None:
+        beat = self.run_dir / "heartbeat"
+        beat.touch()
+        when = time.time() - age_s
+        os.utime(beat, (when, when))
+        self.guard.armed_at = when  # armed before that
+
+    def lease(self, **fields: object) -> None:
+        (self.home / self.layout.lease).write_text(json.dumps(fields))
+        when = time.time() - 60  # written a minute ago
+        os.utime(self.home / self.layout.lease, (when, when))
+
+
+def test_a_limit_is_left_to_a_live_controller_until_its_allowance_runs_out(tmp_path: Path) -> None:
+    now = time.time()
+    node = Node(tmp_path, runtime_deadline=datetime.fromtimestamp(now - 30, UTC))
+    node.training()
+    node.heartbeat(age_s=1)
+    assert node.guard.due(now)[0] == "max_runtime"
+    acted: list[str] = []
+    node.guard.act = lambda kind, message: acted.append(kind)  # type: ignore[method-assign]
+    assert not node.guard.step(now)  # the controller decides first
+    assert node.guard.step(now + 100)  # ... but not forever
+    node.heartbeat(age_s=20)
+    assert node.guard.step(now)  # a silent controller is gone
+    assert acted == ["max_runtime", "max_runtime"]
+
+
+def test_the_controllers_lease_replaces_the_boot_terms(tmp_path: Path) -> None:
+    now = time.time()
+    node = Node(tmp_path, runtime_deadline=datetime.fromtimestamp(now - 1, UTC))
+    node.training()
+    node.heartbeat(age_s=30)
+    node.lease(runtime_deadline=now + 3600, lease_until=now - 5)
+    kind, since, _ = node.guard.due(now)
+    assert (kind, since) == ("budget", now - 5)
+    node.lease(runtime_deadline=now + 3600, lease_until=now + 3600)
+    assert node.guard.due(now) is None
+
+
+def test_nothing_set_trains_on_and_the_dead_man_waits_for_the_run_to_end(tmp_path: Path) -> None:
+    node = Node(tmp_path, deadman_s=5.0)
+    node.training()
+    node.heartbeat(age_s=3600)
+    assert node.guard.due(time.time()) is None  # a run outlives its controller
+    (node.run_dir / "exit_code").write_text("0\n")
+    assert node.guard.due(time.time())[0] == "deadman"
+
+
+def test_idle_counts_only_readings_below_the_threshold(tmp_path: Path) -> None:
+    node = Node(tmp_path, idle_timeout_s=10.0)
+    g = node.guard
+    assert g._idle_clock(100.0, True) == 0.0
+    assert g._idle_clock(105.0, None) == 5.0  # unknown keeps the clock, never starts it
+    assert g._idle_clock(111.0, True) == 11.0
+    assert g._idle_clock(112.0, False) == 0.0
+    assert g._idle_clock(113.0, None) == 0.0
+
+
+def test_the_lease_document_carries_what_the_guard_reads(tmp_path: Path) -> None:
+    doc = json.loads(
+        lease_document(now=NOW, runtime_deadline=None, lease_until=NOW + timedelta(seconds=5))
+    )
+    assert doc == {
+        "renewed_at": NOW.timestamp(),
+        "runtime_deadline": None,
+        "lease_until": NOW.timestamp() + 5,
+    }
