@@ -116,7 +116,7 @@ class ControllerSettings(BaseModel):
     idle_cpu_pct: float = Field(default=10.0, ge=0)  # CPU fallback: % of one core, per node
     gpu_sample_every: float = Field(default=30.0, gt=0)  # ledger keeps one sample per window
     notice_poll_interval: float = Field(default=5.0, gt=0)  # nodes poll for spot notices
-    deadman_timeout: float = Field(default=600.0, gt=0)  # a node without controller ends itself
+    deadman_timeout: float = Field(default=600.0, gt=0)  # no controller, no training: node ends
     launch_retries: int = Field(default=5, ge=0)  # spot-only launches refused before failing
     launch_backoff: float = Field(default=10.0, ge=0)  # first wait between them (doubles)
     policy_interval: float = Field(default=5.0, gt=0)  # spot policy: between two decisions
@@ -181,6 +181,7 @@ _ENV_OVERRIDES = {
     "ORCH_GPU_SAMPLE_EVERY": ("controller", "gpu_sample_every"),
     "ORCH_NOTICE_POLL_INTERVAL": ("controller", "notice_poll_interval"),
     "ORCH_DEADMAN_TIMEOUT": ("controller", "deadman_timeout"),
+    "ORCH_STOP_GRACE": ("controller", "stop_grace"),
     "ORCH_LAUNCH_RETRIES": ("controller", "launch_retries"),
     "ORCH_LAUNCH_BACKOFF": ("controller", "launch_backoff"),
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),

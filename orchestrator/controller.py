@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Protocol
 
@@ -33,7 +33,6 @@ from orchestrator.deadline_driver import (
     price_request,
 )
 from orchestrator.deadline_inputs import PROGRESS_EVENT, DriverState
-from orchestrator.deadman import watchdog_command
 from orchestrator.errors import (
     CapacityError,
     JobCancelled,
@@ -51,10 +50,19 @@ from orchestrator.ledger import (
     total_cost,
     utcnow,
 )
+from orchestrator.node.guard_protocol import (
+    GuardLayout,
+    GuardTerms,
+    lease_document,
+    lease_until,
+    parse_status,
+    renew_command,
+    status_command,
+)
 from orchestrator.notice_watch import NoticeWatcher
 from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.progress import Metrics
-from orchestrator.providers.base import Instance, LaunchRequest, Provider
+from orchestrator.providers.base import Instance, LaunchRequest, NodeEnd, Provider
 from orchestrator.reconcile import lease_unrecorded
 from orchestrator.recovery import Interruption, backoff_seconds, may_recover, salvage_seconds
 from orchestrator.remote.keys import ensure_identity
@@ -103,7 +111,7 @@ class RunnerOptions:
     idle_cpu_pct: float = 10.0  # without GPUs: job CPU (% of one core) below which it is idle
     gpu_sample_every: float = 30.0  # the ledger keeps one averaged GPU sample per window
     notice_poll_interval: float = 5.0  # how often each node polls for a spot notice
-    deadman_timeout: float = 600.0  # a node unheard from this long, idle, ends itself
+    deadman_timeout: float = 600.0  # a node unheard from this long, not training, ends itself
     final_pull_wait: float = 60.0  # at a run's end, how long the nodes' agents may take to stage
     store_only_wait: float = 900.0  # the same with `mirror: none`: the store has the only copy
     launch_retries: int = 5  # refused spot-only launches retried before the job fails
@@ -209,6 +217,8 @@ class JobRunner:
             if self.job.state == JobState.RUNNING:
                 gone = self._adopt(require_all=True)
                 if gone is not None:
+                    held = self._ended_by_guard(gone.instance_ids)
+                if gone is not None and held is None:
                     self._note_interruption(gone)
                     self._replace_nodes(gone)
                     held = self._bring_up_on_policy()
@@ -271,6 +281,7 @@ class JobRunner:
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
             avoid_zones=self._avoid_zones,
             store=self.spec.checkpoint.store,
+            guard=self._guard_terms(),
             attempt=self._launch_attempt(),
         )
         self.instances = self._launch(request)
@@ -405,7 +416,7 @@ class JobRunner:
             user_env=dict(self.spec.env),
         )
 
-        self._arm_deadman_switches()
+        self._check_guards()
         pids = start_on_nodes(self.cluster, cluster_launch)
         self._started = True
         self._awaiting_progress = True
@@ -416,6 +427,7 @@ class JobRunner:
             f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
             started_at=self.job.started_at or utcnow(),
         )
+        self._renew_guard_leases()
         if self.job.recoveries or resume_from:
             self.ledger.add_event(
                 self.job.id, "RESUMED", f"from {resume_from}" if resume_from else
@@ -423,18 +435,144 @@ class JobRunner:
                 step=resume_step,
             )  # fmt: skip
 
-    def _arm_deadman_switches(self) -> None:
-        """Start every node's watchdog (see `orchestrator.deadman`) before its run starts."""
+    # --- the nodes' guards (see orchestrator.node.guard) -------------------------------------
+    def _guard_terms(self) -> GuardTerms:
+        """The job's limits for the guards of the nodes about to be launched.
+
+        max_runtime counts from the job's start (its first RUNNING); before that, from now,
+        which is earlier than any start: the guard never acts later than the controller would.
+        The budget is what is left of `max_cost_usd` now."""
+        budget, options = self.spec.budget, self.options
+        now = utcnow()
+        deadline = None
+        if budget.max_runtime is not None:
+            deadline = (self.job.started_at or now) + timedelta(seconds=budget.max_runtime)
+        left = None
+        if budget.max_cost_usd is not None:
+            left = budget.max_cost_usd - self.ledger.spend(self.job.id, now)
+        store_only = self.spec.checkpoint.mirror_mode == "none"
+        pull_wait = options.store_only_wait if store_only else options.final_pull_wait
+        return GuardTerms(
+            job_id=self.job.id,
+            interval_s=options.watch_interval,
+            silence_s=max(10.0, 3 * options.watch_interval),
+            allowance_s=options.stop_grace + pull_wait + options.stop_allowance + 30.0,
+            deadman_s=options.deadman_timeout,
+            stop_grace_s=options.stop_grace,
+            upload_wait_s=pull_wait if self.spec.checkpoint.store else 0.0,
+            idle_util_pct=options.idle_util_pct,
+            idle_cpu_pct=options.idle_cpu_pct,
+            runtime_deadline=deadline,
+            budget_left_usd=left,
+            idle_timeout_s=budget.idle_timeout,
+            stop_allowance_s=options.stop_allowance,
+        )
+
+    def _check_guards(self) -> None:
+        """Record whether every node's guard is armed and can power its node off; a guard that
+        cannot act is a warning (the controller's own limits still hold while it lives)."""
         assert self.cluster is not None
-        instances = self.cluster.instances
+        command = status_command(GuardLayout(self.job.id))
 
-        def arm(rank: int, connection: NodeConnection) -> None:
-            poweroff = instances[rank].poweroff_command
-            connection.run(
-                watchdog_command(self.layout, self.options.deadman_timeout, poweroff), timeout=30
+        def read(rank: int, connection: NodeConnection) -> str:
+            return connection.run(command, timeout=15, check=False).stdout
+
+        try:
+            statuses = [parse_status(text) for text in self.cluster.map(read)]
+        except OrchError as exc:
+            self.ledger.add_event(self.job.id, "WARNING", f"could not read the guards: {exc}")
+            return
+        problems = [
+            f"node {rank}: " + (status.problem or "no guard runs")
+            for rank, status in enumerate(statuses)
+            if not status.armed or status.problem
+        ]
+        if problems:
+            text = "; ".join(problems)
+            self.ledger.add_event(
+                self.job.id, "WARNING", f"a guard cannot end its node without the controller: "
+                f"{text}; keep this controller running, or fix the node's poweroff (sudo -n)",
+            )  # fmt: skip
+            self.reporter.line(f"[orch] warning: guard: {text}")
+        else:
+            self.ledger.add_event(self.job.id, "GUARDED", self._guard_summary(len(statuses)))
+
+    def _guard_summary(self, nodes: int) -> str:
+        budget = self.spec.budget
+        limits = [
+            f"max_runtime {budget.max_runtime:.0f} s" if budget.max_runtime else "",
+            f"budget lease on ${budget.max_cost_usd}" if budget.max_cost_usd is not None else "",
+            f"idle {budget.idle_timeout:.0f} s" if budget.idle_timeout else "",
+        ]
+        named = ", ".join(limit for limit in limits if limit) or "no limit: training runs on"
+        return (
+            f"guards armed on {nodes} node(s): {named}; dead-man "
+            f"{self.options.deadman_timeout:.0f} s"
+        )
+
+    def _lease(self, now: datetime) -> str:
+        """The lease the nodes get now: the run's deadline, and how long the rest of the
+        budget lasts at the open leases' prices."""
+        budget = self.spec.budget
+        deadline = None
+        if budget.max_runtime is not None and self.job.started_at is not None:
+            deadline = self.job.started_at + timedelta(seconds=budget.max_runtime)
+        until = None
+        if budget.max_cost_usd is not None:
+            leases = self.ledger.leases(self.job.id)
+            hourly = sum(
+                (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
             )
+            until = lease_until(
+                now=now,
+                budget_left_usd=budget.max_cost_usd - total_cost(leases, now),
+                hourly_usd=hourly,
+                reserve_s=self.options.stop_grace + self.options.stop_allowance,
+            )
+        return lease_document(now=now, runtime_deadline=deadline, lease_until=until)
 
-        self.cluster.map(arm)
+    def _renew_guard_leases(self) -> None:
+        """Write the lease to every node that answers (best effort: a node that misses it
+        keeps its last lease, which never reaches past the budget)."""
+        if self.cluster is None:
+            return
+        document = self._lease(utcnow())
+        command = renew_command(GuardLayout(self.job.id))
+        gone = set(self._gone_ranks)
+
+        def renew(rank: int, connection: NodeConnection) -> None:
+            if rank not in gone:
+                connection.run(command, stdin=document, timeout=10, check=False)
+
+        with contextlib.suppress(OrchError):
+            self.cluster.map(renew)
+
+    def _ended_by_guard(self, instance_ids: tuple[str, ...]) -> StopOrder | None:
+        """The stop for nodes that powered themselves off: their guard acted on a limit, so
+        the job ends as that limit says instead of launching new nodes. Their leases close at
+        the time the provider says they ended."""
+        if not instance_ids:
+            return None
+        ended = self.provider.self_ended(list(instance_ids))
+        if not ended:
+            return None
+        self._close_self_ended(ended)
+        first = min(ended.values(), key=lambda end: end.at or utcnow())
+        words = f"node(s) {', '.join(sorted(ended))} powered themselves off: {first.message}"
+        states = {
+            "max_runtime": (JobState.TIMED_OUT, 1),
+            "budget": (JobState.BUDGET_STOPPED, 4),
+            "idle": (JobState.IDLE_STOPPED, 1),
+        }
+        state, code = states.get(first.kind, (JobState.FAILED, 1))
+        if first.kind == "deadman":
+            words += " (the run had ended while no controller watched; its exit code is lost)"
+        return StopOrder(state, code, words)
+
+    def _close_self_ended(self, ended: dict[str, NodeEnd]) -> None:
+        for instance_id, end in ended.items():
+            if end.at is not None:
+                self.ledger.close_leases([instance_id], end.at)
 
     def _node_access(self) -> dict[str, object]:
         """What the nodes bring to the checkpoint store: credentials of their own (an instance
@@ -582,7 +720,9 @@ class JobRunner:
             verdict = self._watch.tick()
         except NodeLost as lost:
             self._gone_ranks.add(lost.rank)
-            ended = self._ended_by_orch((lost.rank,))
+            ended = self._ended_by_orch((lost.rank,)) or self._ended_by_guard(
+                (self.instances[lost.rank].instance_id,)
+            )
             self._decide(ended or self._gone((lost.rank,), str(lost.message)))
             return
         missing = tuple(rank for rank, misses in enumerate(self._watch.misses) if misses)
@@ -670,6 +810,9 @@ class JobRunner:
         )
         if order is not None:
             self._decide(order)
+            return
+        if self.spec.budget.max_cost_usd is not None or self.spec.budget.max_runtime:
+            self._renew_guard_leases()
 
     def _record_metrics(self, metrics: Metrics, read_at: float) -> None:
         self.reporter.metrics(metrics)
@@ -1074,6 +1217,8 @@ class JobRunner:
         lease_unrecorded(
             self.ledger, self.provider, self.job.id, sorted(ids), known=[*self.instances, *owned]
         )
+        with contextlib.suppress(OrchError):  # nodes that ended themselves billed until then
+            self._close_self_ended(self.provider.self_ended(sorted(ids)))
         ended_at = self.provider.terminate(sorted(ids))
         self.ledger.close_leases(ids, ended_at)
         self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)")

@@ -232,7 +232,7 @@ def probe_command(layout: NodeLayout, log_offset: int | None) -> str:
     run_dir = home_expr(layout.run_dir)
     status = (
         f"cd {run_dir} 2>/dev/null || {{ echo '{PROBE_MARK} not-started 0'; exit 0; }}; "
-        "touch heartbeat; "  # the controller is alive: see orchestrator.deadman
+        "touch heartbeat; "  # the controller is alive: see orchestrator.node.guard
         "size=$(stat -c %s node.log 2>/dev/null || echo 0); "
         f'if [ -f exit_code ]; then echo "{PROBE_MARK} exit $(cat exit_code) $size"; '
         f'elif [ ! -f pid ]; then echo "{PROBE_MARK} not-started $size"; '

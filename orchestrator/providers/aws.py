@@ -55,6 +55,7 @@ from botocore.parsers import ResponseParserError
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, ConfigError, OrchError, ProviderError
+from orchestrator.node.guard_protocol import AWS_POWEROFF
 from orchestrator.offers import (
     Offer,
     OfferQuery,
@@ -67,6 +68,7 @@ from orchestrator.providers.aws_launch import (
     CAPACITY_CODES,
     GONE_STATES,
     LIVE_STATES,
+    SELF_SHUTDOWN_CODE,
     SPOT_RECLAIM_CODE,
     TAG_JOB,
     TAG_OWNER,
@@ -81,9 +83,10 @@ from orchestrator.providers.aws_launch import (
     new_host_key,
     node_tags,
     run_instances_args,
+    transition_time,
     user_data,
 )
-from orchestrator.providers.base import Instance, LaunchRequest, MarketPrices
+from orchestrator.providers.base import Instance, LaunchRequest, MarketPrices, NodeEnd
 from orchestrator.providers.ssh_banner import answers_ssh
 
 _CHUNK = 200  # ids per describe/terminate call
@@ -137,6 +140,7 @@ class AwsProvider:
         # per ClientToken: a repeated call must send the same parameters (EC2 refuses a token
         # reused with others: IdempotentParameterMismatch), host key included
         self._host_keys: dict[str, HostKey] = {}
+        self._user_data: dict[str, str] = {}  # by launch token
         self._networks: dict[tuple[str, str], aws_network.Network] = {}
         self._sleep = sleep
         self.spot_source = spot_source or SpotPriceSource(
@@ -406,6 +410,10 @@ class AwsProvider:
         Capacity refusals raise `_Refused` at once; anything else `ProviderError`."""
         if token not in self._host_keys:
             self._host_keys[token] = new_host_key()
+            # The same text on every try: EC2 refuses a repeated token with other parameters.
+            self._user_data[token] = user_data(
+                request.public_key, self._host_keys[token], self._guard_terms(request, offer)
+            )
         host_key = self._host_keys[token]
         args = run_instances_args(
             offer,
@@ -417,7 +425,7 @@ class AwsProvider:
                 request, rank, offer, owner=self.owner, host_key=host_key.public_line, token=token
             ),
             token=token,
-            user_data_text=user_data(request.public_key, host_key),
+            user_data_text=self._user_data[token],
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
             instance_profile=self._instance_profile() if request.store else None,
         )
@@ -507,6 +515,35 @@ class AwsProvider:
             # software: their `shutdown` would stop this machine, not an instance.
             instance = replace(instance, poweroff_command=LOCAL_CLOUD_POWEROFF)
         return instance
+
+    def _guard_terms(self, request: LaunchRequest, offer: Offer) -> str | None:
+        """The terms of the guard cloud-init arms on a node of this launch (None: no guard)."""
+        if request.guard is None:
+            return None
+        return request.guard.for_node(
+            now=datetime.now(UTC),
+            hourly_usd=offer.price_per_hour * request.count,
+            poweroff=LOCAL_CLOUD_POWEROFF if self._local_cloud() else AWS_POWEROFF,
+            home=f"/home/{self.aws.ssh_user}",
+        )
+
+    def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
+        """Nodes that shut themselves down (state reason `Client.InstanceInitiatedShutdown`:
+        their guard's poweroff, EC2 terminating them on shutdown). EC2 keeps no word of why:
+        `kind` is empty; the time is that of the state transition when EC2 states one."""
+        ids = list(dict.fromkeys(instance_ids))
+        ended: dict[str, NodeEnd] = {}
+        for region in self.regions() if ids else []:
+            for desc in self._describe(region, ids):
+                reason = desc.get("StateReason") or {}
+                code, message = reason.get("Code", ""), reason.get("Message", "")
+                if SELF_SHUTDOWN_CODE in (code, message.split(":")[0]):
+                    ended[desc["InstanceId"]] = NodeEnd(
+                        at=transition_time(desc.get("StateTransitionReason") or ""),
+                        kind="",
+                        message="the node shut itself down (its guard)",
+                    )
+        return ended
 
     def _local_cloud(self) -> bool:
         host = urlsplit(self.aws.endpoint_url or "").hostname

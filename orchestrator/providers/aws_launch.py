@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -25,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from orchestrator.errors import ConfigError
+from orchestrator.node.guard_protocol import cloud_init_parts
 from orchestrator.offers import Offer
 from orchestrator.providers.base import Instance, LaunchRequest
 
@@ -70,6 +72,7 @@ SERVER_ERROR_CODES = frozenset(
 GONE_STATES = frozenset({"shutting-down", "terminated"})
 LIVE_STATES = ("pending", "running", "stopping", "stopped")  # what list_owned reports
 SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
+SELF_SHUTDOWN_CODE = "Client.InstanceInitiatedShutdown"  # the node ran `shutdown` itself
 
 
 @dataclass(frozen=True)
@@ -96,12 +99,14 @@ def new_host_key() -> HostKey:
     return HostKey(private_openssh=private, public_line=public)
 
 
-def user_data(public_key: str, host_key: HostKey) -> str:
-    """cloud-config that authorizes `public_key` for the default user and installs `host_key`.
+def user_data(public_key: str, host_key: HostKey, guard_terms: str | None = None) -> str:
+    """cloud-config that authorizes `public_key` for the default user and installs `host_key`;
+    with `guard_terms` (the document of `GuardTerms.for_node`), it also arms the node's guard
+    at boot as a systemd unit (`orchestrator.node.guard_protocol.cloud_init_parts`).
 
     JSON is valid YAML, so the document is `#cloud-config` + JSON (no YAML quoting pitfalls).
     """
-    doc = {
+    doc: dict[str, object] = {
         "ssh_authorized_keys": [public_key.strip()],
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
@@ -110,6 +115,8 @@ def user_data(public_key: str, host_key: HostKey) -> str:
             "ed25519_public": host_key.public_line,
         },
     }
+    if guard_terms is not None:
+        doc.update(cloud_init_parts(guard_terms))
     return "#cloud-config\n" + json.dumps(doc, indent=1) + "\n"
 
 
@@ -319,3 +326,15 @@ def read_tf_outputs(path: Path) -> TerraformOutputs:
         subnet_ids={str(k): str(v) for k, v in subnets.items()} if subnets else None,
         instance_profile=values.get("instance_profile") or None,
     )
+
+
+_TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) GMT\)")
+
+
+def transition_time(reason: str) -> datetime | None:
+    """The UTC time in an EC2 `StateTransitionReason` ("User initiated (2026-12-02 04:00:00
+    GMT)"), or None when it states none."""
+    found = _TRANSITION_TIME.search(reason)
+    if found is None:
+        return None
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)

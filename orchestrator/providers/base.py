@@ -19,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from orchestrator.node.guard_protocol import GuardTerms
 
 Market = Literal["spot", "on-demand"]
 
@@ -39,6 +42,8 @@ class LaunchRequest:
     min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
     avoid_zones: tuple[str, ...] = ()  # zones where the job was just interrupted: tried last
     store: str | None = None  # the job's checkpoint store: the nodes must be able to write it
+    guard: GuardTerms | None = None  # the job's limits for each node's guard, armed at boot
+    #                                  (None: no guard; see orchestrator.node.guard)
     attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
     #                   restart after its controller died, ...); part of the idempotency
     #                   token, so a retried call never launches twice while a new attempt
@@ -74,6 +79,15 @@ class Instance:
     region: str | None = None  # the cloud region the node runs in (None: the provider has none)
 
 
+@dataclass(frozen=True)
+class NodeEnd:
+    """How a node that ended itself (its guard powered it off) ended, as far as known."""
+
+    at: datetime | None  # UTC time billing stopped, as the provider says (None: unknown)
+    kind: str  # the limit its guard acted on: max_runtime, budget, idle, deadman ("": unknown)
+    message: str  # the guard's words, or the provider's
+
+
 @runtime_checkable
 class Provider(Protocol):
     """A source of machines. Implementations hold their own clients; no global state."""
@@ -105,6 +119,12 @@ class Provider(Protocol):
         A node ended by anything else (the user, orch, a crash) is not in the set; neither is
         a node the provider knows nothing about.
         """
+        ...
+
+    def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
+        """Those of the given nodes that powered themselves off (their guard acted), with
+        when and why as far as the provider can tell. Nodes that run, that something else
+        ended, or that the provider knows nothing about are left out."""
         ...
 
 

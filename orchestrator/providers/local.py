@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pwd
 import shutil
@@ -38,9 +39,11 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, OrchError, ProviderError
+from orchestrator.node import guard
+from orchestrator.node.guard_protocol import GuardLayout, guard_source, local_boot_command
 from orchestrator.providers import local_net as net
 from orchestrator.providers import local_spot
-from orchestrator.providers.base import Instance, LaunchRequest, Market, MarketPrices
+from orchestrator.providers.base import Instance, LaunchRequest, Market, MarketPrices, NodeEnd
 from orchestrator.providers.local_host import (
     answers_ssh,
     live_namespace_ips,
@@ -107,9 +110,10 @@ class LocalProvider:
                 self._allocate(records)
             for rec in records:
                 local_spot.start_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
+            hourly = self._price(market) * len(records)
             for rec in records:
                 local_spot.wait_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
-                self._start(rec, sshd)
+                self._start(rec, sshd, self._arm_guard(rec, request, hourly))
             self._wait_ready(records, sshd)
         except BaseException as exc:
             try:
@@ -173,6 +177,46 @@ class LocalProvider:
             for iid in instance_ids
             if (rec := self.store.load(iid)) is not None and rec.reclaimed_at is not None
         }
+
+    def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
+        """Nodes that powered themselves off (`local_poweroff`), from their kept records."""
+        ended: dict[str, NodeEnd] = {}
+        for iid in instance_ids:
+            if not net.is_instance_id(iid):
+                continue
+            try:
+                doc = json.loads((self._powered_off_dir / f"{iid}.json").read_text())
+                ended[iid] = NodeEnd(
+                    at=datetime.fromisoformat(doc["at"]),
+                    kind=str(doc.get("kind") or ""),
+                    message=str(doc.get("message") or "the node powered itself off"),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return ended
+
+    def guard_decision(self, instance_id: str) -> dict[str, str]:
+        """What the node's guard wrote before it asked for the poweroff ({} if nothing)."""
+        disk = self.store.node_dir(instance_id) / "disk"
+        for path in sorted(disk.glob(f"orch-jobs/*/guard/{guard.DECISION}")):
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads(path.read_text())
+                if isinstance(doc, dict):
+                    kind, message = doc.get("kind", ""), doc.get("message", "")
+                    return {"kind": str(kind), "message": str(message)}
+        return {}
+
+    def record_self_end(self, instance_id: str, at: datetime, decision: dict[str, str]) -> None:
+        """Keep, after the node is gone, that it powered itself off at `at` and why."""
+        self._powered_off_dir.mkdir(parents=True, exist_ok=True)
+        path = self._powered_off_dir / f"{instance_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"at": at.isoformat(), **decision}) + "\n")
+        tmp.replace(path)
+
+    @property
+    def _powered_off_dir(self) -> Path:
+        return self.store.root / "powered-off"
 
     def _instance(self, rec: NodeRecord) -> Instance:
         return dataclasses.replace(
@@ -382,8 +426,9 @@ class LocalProvider:
                 return port
         raise ProviderError("found no free port on 127.0.0.1 for a local node")
 
-    def _start(self, rec: NodeRecord, sshd: str) -> int:
-        """Write the node's sshd_config, start its sshd and return its pid; billing starts now."""
+    def _start(self, rec: NodeRecord, sshd: str, boot: str = "") -> int:
+        """Write the node's sshd_config, start `boot` (shell text, detached, in the node) and
+        its sshd, and return sshd's pid; billing starts now."""
         node_dir = self.store.node_dir(rec.instance_id)
         config, log = Path(self._config_path(rec.instance_id)), node_dir / "sshd.log"
         venv_bin = Path(sys.prefix) / "bin"
@@ -410,11 +455,16 @@ class LocalProvider:
             (etc_dir / "hosts").write_text(net.node_hosts_text(rec.ip, os.uname().nodename))
             (etc_dir / "resolv.conf").write_text(net.NODE_RESOLV_CONF)
             argv = net.namespaced_sshd_argv(
-                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir
+                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir, boot
             )
         else:
             argv = net.loopback_sshd_argv(sshd, config, log)
         env = {"PATH": ":".join(net.SYSTEM_PATH), net.NODE_MARKER: rec.instance_id}
+        if boot and rec.mode != "namespace":
+            subprocess.run(
+                net.detached_argv(["sh", "-c", boot], node_dir / "boot.log"),
+                capture_output=True, env=env, cwd="/", check=False,
+            )  # fmt: skip
         out = subprocess.run(
             net.detached_argv(argv, log), capture_output=True, text=True, env=env, cwd="/",
             check=False,
@@ -451,6 +501,27 @@ class LocalProvider:
                 )
             if pending:
                 time.sleep(0.05)
+
+    def _arm_guard(self, rec: NodeRecord, request: LaunchRequest, hourly: Decimal) -> str:
+        """Put the job's guard and its terms on the node's disk; returns the node's boot
+        command that starts it ("" when the request has no guard)."""
+        if request.guard is None:
+            return ""
+        layout = GuardLayout(request.job_id)
+        disk = self.store.node_dir(rec.instance_id) / "disk"
+        (disk / layout.root).mkdir(parents=True, exist_ok=True)
+        (disk / layout.program).write_text(guard_source())
+        (disk / layout.terms).write_text(
+            request.guard.for_node(
+                now=datetime.now(UTC),
+                hourly_usd=hourly,
+                poweroff=poweroff_command(self.settings.home, rec.instance_id),
+                home=rec.home,
+            )
+        )
+        path = net.node_path(rec.home, Path(sys.prefix) / "bin")
+        inside = f"{rec.home}/{layout.root}"
+        return local_boot_command(rec.home, f"{inside}/guard.py", f"{inside}/terms.json", path)
 
     def _restart_on_new_port(self, rec: NodeRecord, sshd: str) -> int:
         """Loopback: another program took the node's port before sshd bound it; take another."""

@@ -248,23 +248,33 @@ NODE_RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
 def namespaced_sshd_argv(
-    instance_id: str, disk: Path, sshd: str, config: Path, log: Path, etc_dir: Path
+    instance_id: str,
+    disk: Path,
+    sshd: str,
+    config: Path,
+    log: Path,
+    etc_dir: Path,
+    boot: str = "",
 ) -> list[str]:
     """Start sshd inside the node's namespace, with the node's disk mounted on `NODE_HOME`
     and its own `hosts` and `resolv.conf` (from `etc_dir`) over the host's.
 
+    `boot` (shell text) is what the node starts at boot, before sshd: it runs detached, in
+    the node's namespaces, as cloud-init's commands run before anyone logs in to a machine.
     The mounts live in a private mount namespace, so other nodes and the host never see them.
     sshd replaces each process in the chain (`exec`), so the started pid is sshd's own.
     """
     script = (
         'mkdir -p "$2" && mount --bind "$1" "$2" && mount --bind "$6/hosts" /etc/hosts && '
-        'mount --bind "$6/resolv.conf" /etc/resolv.conf && exec "$3" -D -f "$4" -E "$5"'
+        'mount --bind "$6/resolv.conf" /etc/resolv.conf && '
+        '{ [ -z "$7" ] || setsid sh -c "$7" </dev/null >/dev/null 2>&1 & } && '
+        'exec "$3" -D -f "$4" -E "$5"'
     )
     return [
         "ip", "netns", "exec", netns_name(instance_id),
         "unshare", "--mount", "--propagation", "private",
         "sh", "-c", script, "orch-node", str(disk), NODE_HOME, sshd, str(config), str(log),
-        str(etc_dir),
+        str(etc_dir), boot,
     ]  # fmt: skip
 
 

@@ -1,8 +1,10 @@
 """What a local node runs to power itself off: the local provider's `terminate` of itself.
 
-The dead-man switch on a local node calls this, as an EC2 node calls `shutdown -h now` (its
-instance set to terminate on shutdown): every process of the node ends, its namespace and
-disk are removed, and its record with them.
+A node's guard calls this, as an EC2 node calls `shutdown -h now` (its instance set to
+terminate on shutdown): every process of the node ends, its namespace and disk are removed,
+and its record with them. What the guard decided (`decision.json`) is kept, with the time
+billing stopped, in `ORCH_HOME/local/powered-off/<id>.json`, as EC2 keeps a terminated instance's
+state reason: the provider's `self_ended` reads it.
 
     python -m orchestrator.providers.local_poweroff --home ORCH_HOME INSTANCE_ID
 """
@@ -41,7 +43,10 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = load_settings({**os.environ, "ORCH_HOME": str(args.home)})
     print(f"powering off local node {args.instance_id}", flush=True)
-    LocalProvider(settings).terminate([args.instance_id])
+    provider = LocalProvider(settings)
+    decision = provider.guard_decision(args.instance_id)
+    stopped = provider.terminate([args.instance_id])
+    provider.record_self_end(args.instance_id, stopped, decision)
     print(f"local node {args.instance_id} is off", flush=True)
 
 

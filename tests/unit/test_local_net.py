@@ -157,12 +157,17 @@ def test_sshd_argv_in_a_namespace_mounts_the_disk_then_execs_sshd() -> None:
         Path("/h/cfg"),
         Path("/h/log"),
         Path("/h/etc"),
+        "start the guard",
     )
     assert argv[:4] == ["ip", "netns", "exec", "orch-l-0123456789"]
     assert argv[4:8] == ["unshare", "--mount", "--propagation", "private"]
-    assert argv[-6:] == [
+    assert argv[-7:] == [
         "/h/disk", net.NODE_HOME, "/usr/sbin/sshd", "/h/cfg", "/h/log", "/h/etc",
+        "start the guard",
     ]  # fmt: skip
+    # The boot command starts detached, after the mounts and before sshd.
+    script = argv[10]
+    assert script.index("/etc/resolv.conf") < script.index('"$7"') < script.index("exec")
     assert "exec" in argv[10] and "-D" in argv[10]
     assert "/etc/hosts" in argv[10] and "/etc/resolv.conf" in argv[10]
     assert net.loopback_sshd_argv("/usr/sbin/sshd", Path("/c"), Path("/l")) == [
