@@ -26,8 +26,9 @@ from orchestrator.providers import get_provider
 from orchestrator.simulate_cli import simulate_command
 
 if TYPE_CHECKING:
+    from orchestrator.ownership import Partition
     from orchestrator.plan import LaunchPlan
-    from orchestrator.providers.base import Provider
+    from orchestrator.providers.base import Instance, Provider
     from orchestrator.spec import CheckpointSpec, JobSpec
 
 app = typer.Typer(
@@ -353,7 +354,8 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
             console.print(f"job {job_id} already ended: {job.state}")
             return
         provider = get_provider(job.provider, settings)
-        ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
+        _check_job_identity(ledger, job_id, provider)
+        ids = [i.instance_id for i in _ours(ledger, provider.list_owned(job_id=job_id))]
         if ids:
             end_nodes(ledger, provider, job_id, ids)
         ledger.update_job(
@@ -406,9 +408,13 @@ def report(
 @app.command()
 def down(
     cluster: Annotated[str | None, typer.Argument(help="cluster (job id) to shut down")] = None,
-    all_clusters: Annotated[bool, typer.Option("--all", help="every cluster orch runs")] = False,
+    all_clusters: Annotated[
+        bool, typer.Option("--all", help="every cluster of this ledger")
+    ] = False,
 ) -> None:
-    """Terminate a cluster's nodes now (or all of them), whatever their job is doing."""
+    """Terminate a cluster's nodes now (or all of this ledger's), whatever their job is doing;
+    nodes of other ledgers are listed, never ended."""
+    from orchestrator.ownership import not_ours_line
     from orchestrator.reconcile import end_nodes
     from orchestrator.supervision import controller_running
 
@@ -417,11 +423,14 @@ def down(
     settings = load_settings()
     ledger = _ledger(settings)
     ended = 0
+    others: list[str] = []
     for provider in _providers_in_use(settings, ledger):
+        wanted = [i for i in provider.list_owned() if all_clusters or i.cluster == cluster]
+        found = _partition(ledger, wanted)
+        others += [i.instance_id for i in found.others]
         by_job: dict[str, list[str]] = {}
-        for instance in provider.list_owned():
-            if all_clusters or instance.cluster == cluster:
-                by_job.setdefault(instance.job_id, []).append(instance.instance_id)
+        for instance in found.ours:
+            by_job.setdefault(instance.job_id, []).append(instance.instance_id)
         for job_id, ids in by_job.items():
             end_nodes(ledger, provider, job_id, ids)
             ended += len(ids)
@@ -433,10 +442,37 @@ def down(
                         ended_at=utcnow(),
                     )  # fmt: skip
             Console().print(f"{job_id}: terminated {len(ids)} {provider.name} node(s)")
+    if line := not_ours_line(others):
+        Console().print(line)
     if cluster is not None and not ended:
-        raise SpecError(f"no running cluster {cluster!r}", hint="`orch status` lists jobs")
+        raise SpecError(
+            f"no running cluster {cluster!r} of this ledger",
+            hint="`orch status` lists jobs; a cluster of another ledger is ended from there",
+        )
     if not ended:
         Console().print("nothing to shut down")
+
+
+def _partition(ledger: Ledger, instances: list[Instance]) -> Partition:
+    """`instances` split into this ledger's and the others (`orchestrator.ownership`)."""
+    from orchestrator.ownership import partition
+
+    leased = {lease.instance_id for lease in ledger.leases()}
+    return partition(instances, ledger.ledger_id, leased=leased)
+
+
+def _ours(ledger: Ledger, instances: list[Instance]) -> list[Instance]:
+    return _partition(ledger, instances).ours
+
+
+def _check_job_identity(ledger: Ledger, job_id: str, provider: Provider) -> None:
+    """Raise `IdentityMismatch` when the provider acts as another identity than the job's."""
+    from orchestrator.ownership import check_identity
+
+    recorded = [ledger.get_job(job_id).identity]
+    recorded += [lease.identity for lease in ledger.leases(job_id, open_only=True)]
+    if any(text is not None for text in recorded):
+        check_identity(job_id, recorded, provider.identity())
 
 
 @app.command()
@@ -490,7 +526,9 @@ def reconcile(
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Give unfinished jobs whose controller died a new one; end nodes no live job owns."""
+    """Give unfinished jobs whose controller died a new one; end this ledger's nodes that no
+    live job owns (other ledgers' nodes are listed, never ended)."""
+    from orchestrator.ownership import not_ours_line
     from orchestrator.reconcile import reconcile as run_reconcile
 
     settings = load_settings()
@@ -498,7 +536,12 @@ def reconcile(
     report = run_reconcile(settings, ledger, _providers_in_use(settings, ledger), dry_run=dry_run)
     if json_out:
         _print_json(
-            {"terminated": report.terminated, "revived": report.revived, "dry_run": dry_run}
+            {
+                "terminated": report.terminated,
+                "revived": report.revived,
+                "not_ours": report.not_ours,
+                "dry_run": dry_run,
+            }
         )
         return
     console = Console()
@@ -507,6 +550,8 @@ def reconcile(
         console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
     for job_id in report.revived:
         console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
+    if line := not_ours_line(report.not_ours):
+        console.print(line)
     if not report.terminated and not report.revived:
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 

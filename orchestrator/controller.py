@@ -35,6 +35,8 @@ from orchestrator.deadline_driver import (
 from orchestrator.deadline_inputs import PROGRESS_EVENT, DriverState
 from orchestrator.errors import (
     CapacityError,
+    IdentityMismatch,
+    InstancesNotFound,
     JobCancelled,
     JobFailed,
     NodeLost,
@@ -60,6 +62,7 @@ from orchestrator.node.guard_protocol import (
     status_command,
 )
 from orchestrator.notice_watch import NoticeWatcher
+from orchestrator.ownership import check_identity, partition
 from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, NodeEnd, Provider
@@ -202,7 +205,11 @@ class JobRunner:
         replaced and the run resumed, at most `recovery.max_recoveries` times. With a
         `spot_policy`, the policy picks the market of every launch and may move the job (or
         make it wait) while it runs; one found SWITCHING or WAITING finishes that move first.
+
+        A job started as another cloud identity than the provider's raises `IdentityMismatch`
+        before anything is touched: no node ended or launched, no lease closed, no state set.
         """
+        self._claim_identity()
         order = StopOrder(JobState.FAILED, 1, "")
         try:
             if self.job.state == JobState.STOPPING and self.job.stop_state:
@@ -282,6 +289,7 @@ class JobRunner:
             avoid_zones=self._avoid_zones,
             store=self.spec.checkpoint.store,
             guard=self._guard_terms(),
+            ledger_id=self.ledger.ledger_id,
             attempt=self._launch_attempt(),
         )
         self.instances = self._launch(request)
@@ -297,6 +305,7 @@ class JobRunner:
                     instance_type=instance.instance_type,
                     price_per_hour=instance.price_per_hour,
                     launched_at=instance.launched_at,
+                    identity=self.job.identity,
                 )
             )
             self.ledger.add_event(
@@ -833,6 +842,37 @@ class JobRunner:
             self.ledger.update_job(self.job.id, **fields)
             self._last_step_saved = now
 
+    # --- ownership and identity ----------------------------------------------------------------
+    def _claim_identity(self) -> None:
+        """Refuse a job whose nodes were launched as another cloud identity (`IdentityMismatch`,
+        also written as a REFUSED event); record the provider's on a job that has none yet.
+
+        When the cloud cannot say who this is, a job with a recorded identity is refused too
+        (the error as is): nothing may be touched that cannot be seen.
+        """
+        recorded = [self.job.identity]
+        recorded += [lease.identity for lease in self.ledger.leases(self.job.id, open_only=True)]
+        try:
+            current = self.provider.identity()
+        except OrchError:
+            if any(text is not None for text in recorded):
+                raise
+            return  # nothing recorded to protect: a launch says what is wrong
+        try:
+            check_identity(self.job.id, recorded, current)
+        except IdentityMismatch as exc:
+            last = self.ledger.events(self.job.id)[-1:]
+            if not last or (last[0].kind, last[0].message) != ("REFUSED", str(exc)):
+                self.ledger.add_event(self.job.id, "REFUSED", str(exc), step=self.job.step)
+            raise
+        if self.job.identity is None:
+            self.job = self.ledger.update_job(self.job.id, identity=current.to_json())
+
+    def _ours(self, instances: list[Instance]) -> list[Instance]:
+        """Those of `instances` that are this ledger's (`orchestrator.ownership`)."""
+        leased = {lease.instance_id for lease in self.ledger.leases(self.job.id)}
+        return partition(instances, self.ledger.ledger_id, leased=leased).ours
+
     # --- adoption -------------------------------------------------------------------------------
     def _adopt(self, *, require_all: bool) -> Interruption | None:
         """Take over the job's running nodes after a controller died; training goes on.
@@ -840,7 +880,7 @@ class JobRunner:
         With `require_all`, recorded nodes that are gone (reclaimed or lost while the job had
         no controller) come back as the interruption to recover from.
         """
-        instances = self.provider.list_owned(job_id=self.job.id)
+        instances = self._ours(self.provider.list_owned(job_id=self.job.id))
         running = {i.instance_id for i in instances}
         missing = [
             lease
@@ -1201,12 +1241,17 @@ class JobRunner:
         self.reporter.phase(order.state.value.lower())
 
     def _terminate_all(self) -> datetime:
-        """Terminate the recorded nodes and anything else the provider runs for this job."""
+        """Terminate the recorded nodes and anything else of this ledger the provider runs for
+        this job.
+
+        Ids the provider cannot find at all (`InstancesNotFound`) have their leases closed
+        too: `run` checked that this controller acts as the job's identity, so the cloud forgot
+        them (they ended long ago)."""
         ids = {i.instance_id for i in self.instances}
         ids |= {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
         owned: list[Instance] = []
         try:
-            owned = self.provider.list_owned(job_id=self.job.id)
+            owned = self._ours(self.provider.list_owned(job_id=self.job.id))
             ids |= {i.instance_id for i in owned}
         except OrchError as exc:
             self.ledger.add_event(self.job.id, "WARNING", f"could not list nodes: {exc}")
@@ -1219,7 +1264,11 @@ class JobRunner:
         )
         with contextlib.suppress(OrchError):  # nodes that ended themselves billed until then
             self._close_self_ended(self.provider.self_ended(sorted(ids)))
-        ended_at = self.provider.terminate(sorted(ids))
+        try:
+            ended_at = self.provider.terminate(sorted(ids))
+        except InstancesNotFound as exc:
+            ended_at = exc.ended_at or utcnow()
+            self.ledger.add_event(self.job.id, "WARNING", f"{exc.message}; their leases end now")
         self.ledger.close_leases(ids, ended_at)
         self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)")
         return ended_at

@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from orchestrator.config import load_settings
 from orchestrator.controller import JobRunner, RunnerOptions
+from orchestrator.errors import IdentityMismatch
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.progress import Metrics
 from orchestrator.providers import get_provider
@@ -67,7 +68,11 @@ def main(argv: list[str]) -> int:
             reporter=LogReporter(),
             options=RunnerOptions(**settings.controller.runner_options()),
         )
-        outcome = runner.run()
+        try:
+            outcome = runner.run()
+        except IdentityMismatch as exc:  # the job is left as it was, for the right controller
+            LogReporter().line(f"refused: {exc}")
+            return exc.exit_code
         return outcome.exit_code
     finally:
         lock.release()

@@ -6,6 +6,8 @@ next. The CLI maps `exit_code` to the process exit status; library code never ca
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class OrchError(Exception):
     """Root of every error orch raises on purpose. Exit code 1 unless a subclass says otherwise."""
@@ -47,6 +49,31 @@ class ProviderError(OrchError):
 
 class CapacityError(ProviderError):
     """No offer could be launched: every type, zone and market tried was refused."""
+
+
+class InstancesNotFound(ProviderError):
+    """`terminate` was given ids the provider cannot find at all (not even as ended nodes):
+    they belong to another account, region or endpoint, or never existed. The other ids were
+    ended; billing of those stopped at `ended_at`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        instance_ids: tuple[str, ...],
+        ended_at: datetime | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.instance_ids = instance_ids  # the ids not found
+        self.ended_at = ended_at  # when billing of the found ones stopped
+
+
+class IdentityMismatch(OrchError):
+    """A controller acting as another cloud identity (account, region, endpoint) than the one
+    that started the job was asked to drive it: it refused, and touched nothing."""
+
+    exit_code = 3
 
 
 class RemoteError(OrchError):

@@ -11,6 +11,7 @@ re-read from a catalog; spend = sum over leases of seconds x price / 3600.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -118,6 +119,9 @@ class Job(SQLModel, table=True):
     controller: str | None = None  # "host:pid" of the process driving the job
     # While STOPPING: the final state the stop leads to, so an adopting controller can finish it.
     stop_state: str | None = None
+    # The cloud identity (CloudIdentity JSON) the job's nodes were launched as; a controller
+    # acting as another refuses the job. None: not launched yet (or by an older orch).
+    identity: str | None = None
 
 
 class Lease(SQLModel, table=True):
@@ -134,6 +138,19 @@ class Lease(SQLModel, table=True):
     price_per_hour: Decimal = Field(sa_column=Column(DecimalText(), nullable=False))
     launched_at: datetime = Field(sa_column=_utc_column(nullable=False))
     ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
+    identity: str | None = None  # cloud identity (CloudIdentity JSON) the node was launched as
+
+
+class LedgerMeta(SQLModel, table=True):
+    """Facts about the ledger itself, one row per key (e.g. its id)."""
+
+    __tablename__ = "ledger_meta"
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
+LEDGER_ID_KEY = "ledger_id"
 
 
 class Event(SQLModel, table=True):
@@ -244,6 +261,29 @@ class Ledger:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._ledger_id: str | None = None
+
+    # --- the ledger itself --------------------------------------------------------------
+    @property
+    def ledger_id(self) -> str:
+        """This ledger's random id, made on first use and kept for the ledger's life.
+
+        Every node orch launches is tagged with it, and only nodes that carry it are this
+        ledger's to end. Two processes asking at once get the same id (insert if absent).
+        """
+        if self._ledger_id is None:
+            with self.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "INSERT INTO ledger_meta (key, value) VALUES (:key, :value) "
+                        "ON CONFLICT (key) DO NOTHING"
+                    ),
+                    {"key": LEDGER_ID_KEY, "value": secrets.token_hex(8)},
+                )
+                self._ledger_id = connection.execute(
+                    text("SELECT value FROM ledger_meta WHERE key = :key"), {"key": LEDGER_ID_KEY}
+                ).scalar_one()
+        return self._ledger_id
 
     # --- jobs ---------------------------------------------------------------------------
     def add_job(self, job: Job) -> Job:

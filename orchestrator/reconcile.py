@@ -1,9 +1,11 @@
 """Make the world match the ledger: every unfinished job driven, no node left unowned.
 
 An unfinished job whose controller died gets a new, detached controller that adopts it (its
-training never stopped). Nodes of finished or unknown jobs are terminated and their leases
-closed at the time the provider acknowledged; a node of a known job that has no lease (its
-launch was cut short before the lease was written) gets one first, so its seconds are billed.
+training never stopped). Nodes of this ledger (`orchestrator.ownership`) whose job is finished
+or unknown are terminated and their leases closed at the time the provider acknowledged; a
+node of a known job that has no lease (its launch was cut short before the lease was written)
+gets one first, so its seconds are billed. Nodes of another ledger, or with no ledger tag and
+no lease here, are reported as not ours and never touched.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.config import Settings
-from orchestrator.errors import UnknownJob
+from orchestrator.errors import OrchError, UnknownJob
 from orchestrator.ledger import JobState, Lease, Ledger
+from orchestrator.ownership import partition
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.supervision import controller_running, revive_controllers
 
@@ -24,6 +27,7 @@ from orchestrator.supervision import controller_running, revive_controllers
 class ReconcileReport:
     terminated: dict[str, list[str]] = field(default_factory=dict)  # job id -> instance ids
     revived: list[str] = field(default_factory=list)  # jobs given a new controller
+    not_ours: list[str] = field(default_factory=list)  # ids of other ledgers' nodes: untouched
 
 
 def lease_unrecorded(
@@ -64,6 +68,7 @@ def lease_unrecorded(
                 instance_type=instance.instance_type,
                 price_per_hour=instance.price_per_hour,
                 launched_at=instance.launched_at,
+                identity=identity_json(provider),
             )
         )
         ledger.add_event(
@@ -72,6 +77,14 @@ def lease_unrecorded(
         )  # fmt: skip
         leased.append(instance.instance_id)
     return leased
+
+
+def identity_json(provider: Provider) -> str | None:
+    """The provider's identity as a lease records it; None when the cloud cannot say."""
+    try:
+        return provider.identity().to_json()
+    except OrchError:
+        return None
 
 
 def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: list[str]) -> None:
@@ -87,7 +100,8 @@ def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: lis
 def reconcile(
     settings: Settings, ledger: Ledger, providers: list[Provider], *, dry_run: bool = False
 ) -> ReconcileReport:
-    """Revive lost controllers, then end every node no driven job owns. Idempotent.
+    """Revive lost controllers, then end every node of this ledger that no driven job owns.
+    Idempotent. Nodes that are not this ledger's are only listed (`ReconcileReport.not_ours`).
 
     With `dry_run`, nothing is revived or terminated: the report says what would be.
     """
@@ -101,9 +115,12 @@ def reconcile(
         revived = revive_controllers(settings, ledger)
     report = ReconcileReport(revived=revived)
     jobs = {job.id: job for job in ledger.jobs()}
+    leased = {lease.instance_id for lease in ledger.leases()}
     for provider in providers:
+        found = partition(provider.list_owned(), ledger.ledger_id, leased=leased)
+        report.not_ours.extend(i.instance_id for i in found.others)
         by_job: dict[str, list[str]] = defaultdict(list)
-        for instance in provider.list_owned():
+        for instance in found.ours:
             by_job[instance.job_id].append(instance.instance_id)
         for job_id, ids in by_job.items():
             job = jobs.get(job_id)
@@ -113,4 +130,5 @@ def reconcile(
             if not dry_run:
                 end_nodes(ledger, provider, job_id, ids)
             report.terminated[job_id] = sorted(ids)
+    report.not_ours.sort()
     return report

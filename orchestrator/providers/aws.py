@@ -12,11 +12,14 @@ Lifecycle:
                       after terminating the nodes that did start in the refused zone. Billing
                       of a node starts at its `LaunchTime` (`Instance.launched_at`); its price is
                       the offer's price.
-    list_owned(...)   instances tagged `orch-job` (and `orch-owner` = this owner, or none) that are
-                      not shutting down or terminated, in every region in use.
+    list_owned(...)   instances tagged `orch-job` that are not shutting down or terminated, in
+                      every region in use, whoever launched them: `Instance.ledger_id` (tag
+                      `orch-ledger`) says which ledger's each is; `orch-owner` is a label.
     terminate(ids)    `terminate_instances`, then wait until EC2 reports every one as
                       `shutting-down` or `terminated`: billing stops then (the returned time).
-                      Ids that are gone or unknown are skipped.
+                      Ids already ended are skipped; ids that no region in use knows raise
+                      `InstancesNotFound` (after the others are ended).
+    identity()        account (sts:GetCallerIdentity), regions in use and endpoint; asked once.
     preempted(ids)    the ids EC2 reclaimed (state reason `Server.SpotInstanceTermination`): the
                       controller treats those as spot interruptions, not failures.
 
@@ -54,7 +57,13 @@ from botocore.parsers import ResponseParserError
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.config import Settings
-from orchestrator.errors import CapacityError, ConfigError, OrchError, ProviderError
+from orchestrator.errors import (
+    CapacityError,
+    ConfigError,
+    InstancesNotFound,
+    OrchError,
+    ProviderError,
+)
 from orchestrator.node.guard_protocol import AWS_POWEROFF
 from orchestrator.offers import (
     Offer,
@@ -71,7 +80,6 @@ from orchestrator.providers.aws_launch import (
     SELF_SHUTDOWN_CODE,
     SPOT_RECLAIM_CODE,
     TAG_JOB,
-    TAG_OWNER,
     TAG_TOKEN,
     HostKey,
     client_token,
@@ -86,7 +94,13 @@ from orchestrator.providers.aws_launch import (
     transition_time,
     user_data,
 )
-from orchestrator.providers.base import Instance, LaunchRequest, MarketPrices, NodeEnd
+from orchestrator.providers.base import (
+    CloudIdentity,
+    Instance,
+    LaunchRequest,
+    MarketPrices,
+    NodeEnd,
+)
 from orchestrator.providers.ssh_banner import answers_ssh
 
 _CHUNK = 200  # ids per describe/terminate call
@@ -142,6 +156,7 @@ class AwsProvider:
         self._host_keys: dict[str, HostKey] = {}
         self._user_data: dict[str, str] = {}  # by launch token
         self._networks: dict[tuple[str, str], aws_network.Network] = {}
+        self._identity: CloudIdentity | None = None
         self._sleep = sleep
         self.spot_source = spot_source or SpotPriceSource(
             self.client, ttl_s=self.aws.spot_price_cache_s
@@ -245,17 +260,18 @@ class AwsProvider:
         """Terminate the nodes and wait until EC2 acknowledges each (shutting-down/terminated).
 
         Returns the UTC time of that acknowledgement: billing of the nodes stops there. Ids that
-        are already gone, or that no region in use knows, are skipped. Raises `ProviderError` if
-        EC2 has not acknowledged within `aws.ready_timeout_s`.
+        are already shutting down or terminated are skipped. Ids that no region in use knows (an
+        instance of another account, region or endpoint, or none at all) raise
+        `InstancesNotFound` once the others are ended: they are never reported as ended. Raises
+        `ProviderError` if EC2 has not acknowledged within `aws.ready_timeout_s`.
         """
         ids = list(dict.fromkeys(instance_ids))
+        unknown = set(ids)
         for region in self.regions() if ids else []:
             ec2 = self.client(region)
-            live = [
-                d["InstanceId"]
-                for d in self._describe(region, ids)
-                if d["State"]["Name"] not in GONE_STATES
-            ]
+            described = self._describe(region, ids)
+            unknown -= {d["InstanceId"] for d in described}
+            live = [d["InstanceId"] for d in described if d["State"]["Name"] not in GONE_STATES]
             for i in range(0, len(live), _CHUNK):
                 self._api(
                     "terminate instances",
@@ -264,13 +280,26 @@ class AwsProvider:
                     ),
                 )
             self._wait(region, live, GONE_STATES, "shutting-down")
-        return datetime.now(UTC)
+        ended_at = datetime.now(UTC)
+        if unknown:
+            missing = tuple(i for i in ids if i in unknown)
+            raise InstancesNotFound(
+                f"EC2 in {', '.join(self.regions())} (endpoint "
+                f"{self.aws.endpoint_url or 'default'}) knows no instance {', '.join(missing)}: "
+                "not ended, and not counted as ended",
+                instance_ids=missing,
+                ended_at=ended_at,
+                hint="run orch with the AWS credentials, ORCH_AWS_REGIONS and endpoint that "
+                "launched them",
+            )
+        return ended_at
 
     def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
         """Live (pending, running, stopping, stopped) instances tagged by orch, from EC2's tags.
 
-        An instance counts when it has an `orch-job` tag (equal to `job_id` when given) and its
-        `orch-owner` tag is this provider's owner or is missing. Ordered by job, cluster, rank.
+        An instance counts when it has an `orch-job` tag (equal to `job_id` when given), whoever
+        launched it: its `orch-ledger` tag, as `Instance.ledger_id`, says which ledger it is
+        (callers end only their own, `orchestrator.ownership`). Ordered by job, cluster, rank.
         """
         job_filter = (
             {"Name": f"tag:{TAG_JOB}", "Values": [job_id]}
@@ -282,10 +311,34 @@ class AwsProvider:
         for region in self.regions():
             for desc in self._describe_filtered(region, filters):
                 node = self._instance(desc, region)
-                owner = node.tags.get(TAG_OWNER) if node else None
-                if node is not None and owner in (None, self.owner):
+                if node is not None:
                     found.append(node)
         return sorted(found, key=lambda n: (n.job_id, n.cluster, n.rank, n.instance_id))
+
+    def identity(self) -> CloudIdentity:
+        """The account (sts:GetCallerIdentity), the regions in use and the endpoint override
+        (None: AWS's own). Asked of STS once per provider; `ProviderError` when STS cannot say
+        (no or bad credentials)."""
+        if self._identity is None:
+            regions = self.regions()
+            sts = boto3.client(
+                "sts",
+                region_name=regions[0],
+                endpoint_url=self.aws.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "total_max_attempts": self.aws.max_api_attempts},
+                    connect_timeout=10,
+                    read_timeout=60,
+                ),
+            )
+            reply = self._api("ask STS who this is", sts.get_caller_identity)
+            self._identity = CloudIdentity(
+                provider=self.name,
+                account=str(reply["Account"]),
+                region=",".join(sorted(regions)),
+                endpoint=self.aws.endpoint_url,
+            )
+        return self._identity
 
     # --- beyond the protocol --------------------------------------------------------------------
 

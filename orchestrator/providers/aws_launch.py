@@ -33,7 +33,8 @@ from orchestrator.providers.base import Instance, LaunchRequest
 TAG_JOB = "orch-job"
 TAG_CLUSTER = "orch-cluster"
 TAG_RANK = "orch-node-rank"
-TAG_OWNER = "orch-owner"
+TAG_OWNER = "orch-owner"  # the login name (or `aws.owner`): a label, not ownership
+TAG_LEDGER = "orch-ledger"  # id of the ledger that launched the node: only it ends the node
 TAG_HOST_KEY = "orch-host-key"  # the node's public ed25519 host key line
 TAG_PRICE = "orch-price"  # USD per hour at launch (the offer's price)
 TAG_MARKET = "orch-market"
@@ -123,11 +124,13 @@ def user_data(public_key: str, host_key: HostKey, guard_terms: str | None = None
 def client_token(request: LaunchRequest, rank: int, offer: Offer) -> str:
     """The idempotency token of one node's `run_instances` call (<= 64 ASCII characters).
 
-    Derived from job, cluster, attempt and rank, and from the offer (type, zone, market): a
-    retried call for the same node in the same place returns the node already launched; another
-    zone or type is another request, and a new attempt always launches new nodes.
+    Derived from ledger, job, cluster, attempt and rank, and from the offer (type, zone,
+    market): a retried call for the same node in the same place returns the node already
+    launched; another zone or type is another request, a new attempt always launches new nodes,
+    and another ledger's job of the same name never adopts this one's node.
     """
     parts = (
+        *((request.ledger_id,) if request.ledger_id is not None else ()),
         request.job_id,
         request.cluster,
         str(request.attempt),
@@ -142,8 +145,9 @@ def client_token(request: LaunchRequest, rank: int, offer: Offer) -> str:
 def node_tags(
     request: LaunchRequest, rank: int, offer: Offer, *, owner: str, host_key: str, token: str
 ) -> dict[str, str]:
-    """Tags of one node (its instance and its volumes)."""
-    return {
+    """Tags of one node (its instance and its volumes); `orch-ledger` when the request names
+    its ledger."""
+    tags = {
         TAG_JOB: request.job_id,
         TAG_CLUSTER: request.cluster,
         TAG_RANK: str(rank),
@@ -154,6 +158,9 @@ def node_tags(
         TAG_TOKEN: token,
         "Name": f"orch-{request.cluster}-{rank}",
     }
+    if request.ledger_id is not None:
+        tags[TAG_LEDGER] = request.ledger_id
+    return tags
 
 
 def run_instances_args(
@@ -255,6 +262,7 @@ def instance_from_description(
         tags=tags,
         zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
         credentials=bool((desc.get("IamInstanceProfile") or {}).get("Arn")),
+        ledger_id=tags.get(TAG_LEDGER),
     )
 
 

@@ -8,7 +8,16 @@ Lifecycle of a cluster, for every provider:
                         on-disk node records), never from orch's database
     terminate(ids)   -> returns only when the provider has acknowledged that every node is gone;
                         billing of a node stops at the time returned. Idempotent: terminating a
-                        node that is already gone is not an error.
+                        node that is already gone is not an error; an id the provider cannot
+                        find at all is (`InstancesNotFound`), so a caller never takes a node it
+                        cannot see (another account, region or endpoint) for an ended one.
+    identity()       -> the cloud identity the provider acts as (account, region, endpoint); a
+                        job records it, and a controller acting as another refuses the job.
+
+Ownership: every node carries the id of the ledger whose orch launched it
+(`LaunchRequest.ledger_id` -> `Instance.ledger_id`). `list_owned` reports every orch node it
+can see, whatever its ledger; callers end only the nodes of their own ledger
+(`orchestrator.ownership`).
 
 A provider never opens an SSH connection: it reports addresses and host keys, and the SSH layer
 does the talking.
@@ -16,6 +25,7 @@ does the talking.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -44,6 +54,8 @@ class LaunchRequest:
     store: str | None = None  # the job's checkpoint store: the nodes must be able to write it
     guard: GuardTerms | None = None  # the job's limits for each node's guard, armed at boot
     #                                  (None: no guard; see orchestrator.node.guard)
+    ledger_id: str | None = None  # id of the orch ledger the job is in; tagged on every node
+    #                               (None: no ledger tag, e.g. a request built only for prices)
     attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
     #                   restart after its controller died, ...); part of the idempotency
     #                   token, so a retried call never launches twice while a new attempt
@@ -77,6 +89,54 @@ class Instance:
     credentials: bool = False  # the node has cloud credentials of its own (an instance
     #                            profile) to reach the job's checkpoint store
     region: str | None = None  # the cloud region the node runs in (None: the provider has none)
+    ledger_id: str | None = None  # the ledger that launched it, from its tags (None: no tag,
+    #                               so no ledger can claim it by tag)
+
+
+@dataclass(frozen=True)
+class CloudIdentity:
+    """Who a provider acts as: where its calls go and whose nodes they can see.
+
+    Two identities are the same only when every field is equal. Recorded as JSON on jobs and
+    leases (`to_json`, `from_json`).
+    """
+
+    provider: str  # the provider's name ("aws", "local")
+    account: str  # AWS: the account id (sts:GetCallerIdentity); local: "host:ORCH_HOME"
+    region: str | None = None  # AWS: the regions in use, comma-separated; local: None
+    endpoint: str | None = None  # the API endpoint override (None: the cloud's own endpoint)
+
+    def describe(self) -> str:
+        """One line for people: "aws account 123456789012, region us-east-1, endpoint ..."."""
+        parts = [f"{self.provider} account {self.account}"]
+        if self.region is not None:
+            parts.append(f"region {self.region}")
+        parts.append(f"endpoint {self.endpoint or 'default'}")
+        return ", ".join(parts)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "provider": self.provider,
+                "account": self.account,
+                "region": self.region,
+                "endpoint": self.endpoint,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CloudIdentity:
+        """The identity `to_json` wrote; raises ValueError on anything else."""
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or not isinstance(raw.get("account"), str):
+            raise ValueError(f"not a cloud identity: {text!r}")
+        return cls(
+            provider=str(raw.get("provider", "")),
+            account=raw["account"],
+            region=raw.get("region"),
+            endpoint=raw.get("endpoint"),
+        )
 
 
 @dataclass(frozen=True)
@@ -105,12 +165,20 @@ class Provider(Protocol):
     def terminate(self, instance_ids: list[str]) -> datetime:
         """End the given nodes and every process on them; return the UTC time billing stopped.
 
-        Idempotent: ids that are already gone are skipped silently.
+        Idempotent: ids of nodes that exist but already ended are skipped silently. Ids the
+        provider cannot find at all raise `InstancesNotFound` after the others were ended (its
+        `ended_at` is when their billing stopped), never counted as ended.
         """
         ...
 
     def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
-        """Nodes this provider runs for orch (optionally only those of one job)."""
+        """Live nodes orch launched that this provider can see (optionally those of one job),
+        of every ledger: `Instance.ledger_id` says whose each is."""
+        ...
+
+    def identity(self) -> CloudIdentity:
+        """The identity this provider acts as. Asked of the cloud at most once per provider
+        object (cached); raises `ProviderError` when the cloud cannot say."""
         ...
 
     def preempted(self, instance_ids: list[str]) -> set[str]:

@@ -38,12 +38,19 @@ from decimal import Decimal
 from pathlib import Path
 
 from orchestrator.config import Settings
-from orchestrator.errors import CapacityError, OrchError, ProviderError
+from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
 from orchestrator.node import guard
 from orchestrator.node.guard_protocol import GuardLayout, guard_source, local_boot_command
 from orchestrator.providers import local_net as net
 from orchestrator.providers import local_spot
-from orchestrator.providers.base import Instance, LaunchRequest, Market, MarketPrices, NodeEnd
+from orchestrator.providers.base import (
+    CloudIdentity,
+    Instance,
+    LaunchRequest,
+    Market,
+    MarketPrices,
+    NodeEnd,
+)
 from orchestrator.providers.local_host import (
     answers_ssh,
     live_namespace_ips,
@@ -58,7 +65,7 @@ from orchestrator.providers.local_host import (
 )
 from orchestrator.providers.local_net import SshdConfig
 from orchestrator.providers.local_poweroff import poweroff_command
-from orchestrator.providers.local_state import NodeRecord, NodeStore, file_lock
+from orchestrator.providers.local_state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
 from orchestrator.spot_traces import SpotTrace, TraceClock
 
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
@@ -117,7 +124,7 @@ class LocalProvider:
             self._wait_ready(records, sshd)
         except BaseException as exc:
             try:
-                self.terminate(ids)
+                self._end(ids)
             except Exception as cleanup:  # keep the launch error; say what is left
                 exc.add_note(f"cleaning up the failed launch failed too: {cleanup}")
             if isinstance(exc, OrchError) or not isinstance(exc, Exception):
@@ -130,10 +137,32 @@ class LocalProvider:
 
         Billing stops at the returned UTC time, taken once no process of any of the nodes is
         left. Then the nodes' namespaces, veths, records and disks are removed, and the bridge
-        too when no node uses it any more. Idempotent: ids of nodes that are already gone (or
-        that this ORCH_HOME never launched) are skipped silently. Raises `ProviderError` only if a
+        too when no node uses it any more. Idempotent: ids of nodes this ORCH_HOME already ended
+        are skipped silently. Ids it never launched (another ORCH_HOME's nodes, or none at all)
+        raise `InstancesNotFound` once the others are ended. Raises `ProviderError` if a
         process of a node survives repeated SIGKILLs.
         """
+        ids = list(dict.fromkeys(instance_ids))
+        unknown = tuple(
+            iid
+            for iid in ids
+            if not net.is_instance_id(iid)
+            or not (self.store.node_dir(iid).exists() or self.store.was_ended(iid))
+        )
+        stopped = self._end(ids)
+        if unknown:
+            raise InstancesNotFound(
+                f"no local node {', '.join(unknown)} was launched from {self.settings.home}: "
+                "not ended, and not counted as ended",
+                instance_ids=unknown,
+                ended_at=stopped,
+                hint="run orch with the ORCH_HOME (and on the host) that launched them",
+            )
+        return stopped
+
+    def _end(self, instance_ids: list[str]) -> datetime:
+        """`terminate` without the check for unknown ids (a failed launch ends ids it may not
+        have made yet)."""
         ids = [
             iid
             for iid in dict.fromkeys(instance_ids)
@@ -169,6 +198,13 @@ class LocalProvider:
             for rec in self.store.all()
             if (job_id is None or rec.job_id == job_id) and rec.reclaimed_at is None
         ]
+
+    def identity(self) -> CloudIdentity:
+        """This host and ORCH_HOME: local nodes live under ORCH_HOME/local on this host, and
+        only an orch using both can see them. No I/O."""
+        return CloudIdentity(
+            provider=self.name, account=f"{os.uname().nodename}:{self.settings.home}"
+        )
 
     def preempted(self, instance_ids: list[str]) -> set[str]:
         """Those of the given nodes that a reclaim (`orch local preempt`) took."""
@@ -385,6 +421,7 @@ class LocalProvider:
                 "orch:cluster": request.cluster,
                 "orch:rank": str(rank),
                 "orch:role": "master" if rank == 0 else "worker",
+                **({LEDGER_TAG: request.ledger_id} if request.ledger_id is not None else {}),
             },
         )
 

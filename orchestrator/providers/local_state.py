@@ -23,6 +23,7 @@ from orchestrator.providers.local_net import is_instance_id
 
 RECORD_VERSION = 1
 LAUNCH_LOCK = "launch.lock"  # held (shared) by launches while they make node directories
+LEDGER_TAG = "orch:ledger"  # tag with the id of the ledger that launched the node
 
 
 @dataclass
@@ -68,6 +69,7 @@ class NodeRecord:
             price_per_hour=Decimal(self.price_per_hour),
             launched_at=datetime.fromisoformat(self.launched_at),
             tags=dict(self.tags),
+            ledger_id=self.tags.get(LEDGER_TAG),
             metadata_url=(
                 None
                 if self.mode == "namespace" or self.metadata_port is None
@@ -82,6 +84,7 @@ class NodeStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.nodes_dir = root / "nodes"
+        self.ended_dir = root / "ended"  # one empty file per node ended (its id), kept
 
     def node_dir(self, instance_id: str) -> Path:
         """Directory of a node: its record, sshd files and `disk/`."""
@@ -161,9 +164,16 @@ class NodeStore:
             return removed
 
     def remove(self, instance_id: str) -> None:
-        """Delete a node's directory, record and disk included. Missing directories are fine."""
+        """Delete a node's directory, record and disk included, and remember that the node
+        existed and ended (`was_ended`). Missing directories are fine."""
         if is_instance_id(instance_id):
+            self.ended_dir.mkdir(parents=True, exist_ok=True)
+            (self.ended_dir / instance_id).touch()
             shutil.rmtree(self.nodes_dir / instance_id, ignore_errors=True)
+
+    def was_ended(self, instance_id: str) -> bool:
+        """Whether a node of this id was removed by `remove` (so it existed here)."""
+        return is_instance_id(instance_id) and (self.ended_dir / instance_id).exists()
 
 
 @contextlib.contextmanager

@@ -174,6 +174,7 @@ def test_status_in_a_loop_while_a_job_runs_never_hits_a_locked_database(tmp_path
 
 def test_reconcile_ends_nodes_no_job_owns(tmp_path: Path) -> None:
     from orchestrator.config import LocalSettings, Settings
+    from orchestrator.ledger import Ledger, make_engine
     from orchestrator.providers.base import LaunchRequest
     from orchestrator.providers.local import LocalProvider
     from orchestrator.remote.keys import ensure_identity
@@ -181,9 +182,13 @@ def test_reconcile_ends_nodes_no_job_owns(tmp_path: Path) -> None:
     home = tmp_path / "orch"
     provider = LocalProvider(Settings(home=home, local=LocalSettings()))
     key = ensure_identity(home / "keys" / "ghost", "ghost").public_key
+    ledger_id = Ledger(make_engine(home / "orch.db")).ledger_id  # the ledger the CLI opens
     ghosts = provider.launch(
-        LaunchRequest(job_id="ghost", cluster="ghost", count=2, gpus_per_node=1, public_key=key)
-    )
+        LaunchRequest(
+            job_id="ghost", cluster="ghost", count=2, gpus_per_node=1, public_key=key,
+            ledger_id=ledger_id,
+        )
+    )  # fmt: skip
     env = orch_env(home)
     result = run_orch(["reconcile", "--json"], env)
     assert result.returncode == 0, result.stderr

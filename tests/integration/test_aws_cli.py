@@ -7,6 +7,7 @@ from pathlib import Path
 
 import boto3
 
+from orchestrator.ledger import Ledger, make_engine
 from tests.helpers import orch_env, run_orch
 
 
@@ -53,7 +54,10 @@ def test_reconcile_ends_orphans_tagged_by_orch_only(tmp_path: Path, moto_endpoin
         )
         return reply["Instances"][0]["InstanceId"]
 
-    ghost = launch([{"Key": "orch-job", "Value": "ghost"}])
+    ledger = Ledger(make_engine(tmp_path / "orch" / "orch.db"))  # the one the CLI opens
+    ghost = launch(
+        [{"Key": "orch-job", "Value": "ghost"}, {"Key": "orch-ledger", "Value": ledger.ledger_id}]
+    )
     bystander = launch([])
     env = orch_env(
         tmp_path / "orch", ORCH_AWS_ENDPOINT_URL=moto_endpoint, ORCH_AWS_REGIONS="us-east-1"

@@ -142,7 +142,7 @@ def test_launch_tags_market_ips_one_zone_then_terminate(provider: AwsProvider, s
             {"Key": "orch-job", "Value": "job1"} in v.get("Tags", []) for v in volumes
         )
     assert {n.instance_id for n in provider.list_owned(job_id="job1")} == set(descs)
-    ended = provider.terminate([n.instance_id for n in nodes] + ["i-0000000000000dead"])
+    ended = provider.terminate([n.instance_id for n in nodes])
     assert ended.tzinfo is not None
     assert running(provider) == [] and provider.list_owned() == []
     provider.terminate([n.instance_id for n in nodes])  # idempotent
@@ -420,13 +420,15 @@ def test_list_owned_finds_orphans_and_ignores_untagged(provider: AwsProvider) ->
             ]
         return ec2.run_instances(**args)["Instances"][0]["InstanceId"]
 
-    ghost = start({"orch-job": "ghost"})
+    ghost = start({"orch-job": "ghost", "orch-ledger": "aaaa"})
     untagged = start({})
     foreign = start({"orch-job": "theirs", "orch-owner": "someone-else"})
-    owned = provider.list_owned()
-    assert [n.instance_id for n in owned] == [ghost]
-    assert owned[0].job_id == "ghost"
-    provider.terminate([n.instance_id for n in owned])
+    owned = provider.list_owned()  # every orch node, whoever's: the ledger tag says whose
+    assert [(n.instance_id, n.job_id, n.ledger_id) for n in owned] == [
+        (ghost, "ghost", "aaaa"),
+        (foreign, "theirs", None),
+    ]
+    provider.terminate([ghost])
     assert {d["InstanceId"] for d in running(provider)} == {untagged, foreign}
 
 
@@ -436,13 +438,22 @@ def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -
 
     ec2 = provider.client(REGION)
     image = ec2.describe_images()["Images"][0]["ImageId"]
-    tags = [{"ResourceType": "instance", "Tags": [{"Key": "orch-job", "Value": "ghost"}]}]
-    ghost = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, TagSpecifications=tags)
-    untagged = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)
     ledger = Ledger(make_engine(provider.settings.db_path))
+
+    def start(tags: dict[str, str]) -> str:
+        spec = [
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ]
+        reply = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, TagSpecifications=spec)
+        return reply["Instances"][0]["InstanceId"]
+
+    ghost = start({"orch-job": "ghost", "orch-ledger": ledger.ledger_id})
+    no_ledger = start({"orch-job": "ghost"})  # an orch node no ledger tag claims: not ours
+    untagged = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0]
     report = reconcile(provider.settings, ledger, [provider])
-    assert report.terminated == {"ghost": [ghost["Instances"][0]["InstanceId"]]}
-    assert [d["InstanceId"] for d in running(provider)] == [untagged["Instances"][0]["InstanceId"]]
+    assert report.terminated == {"ghost": [ghost]}
+    assert report.not_ours == [no_ledger]
+    assert {d["InstanceId"] for d in running(provider)} == {untagged["InstanceId"], no_ledger}
 
 
 def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) -> None:
@@ -457,8 +468,9 @@ def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) 
             gpus_per_node=1, spec_json="{}", spec_path="job.yaml", created_at=utcnow(),
             ended_at=utcnow(), exit_code=1)
     )  # fmt: skip
-    nodes = {n.instance_id: n for n in provider.launch(request())}
-    (ghost,) = provider.launch(request(job="ghost", count=1))  # a job the ledger never knew
+    nodes = {n.instance_id: n for n in provider.launch(request(ledger_id=ledger.ledger_id))}
+    # a job the ledger never knew
+    (ghost,) = provider.launch(request(job="ghost", count=1, ledger_id=ledger.ledger_id))
     report = reconcile(provider.settings, ledger, [provider])
     assert report.terminated == {"job1": sorted(nodes), "ghost": [ghost.instance_id]}
     assert running(provider) == []

@@ -392,3 +392,33 @@ def test_nodes_outlive_their_launcher_and_a_fresh_provider_ends_them(
     for instance_id in ids:
         assert_node_gone(provider, instance_id)
     assert provider.list_owned() == []
+
+
+def test_nodes_carry_their_ledger_and_unknown_ids_are_not_taken_for_ended(
+    tmp_path: Path, client_key: Path, providers: list[LocalProvider]
+) -> None:
+    from dataclasses import replace
+
+    from orchestrator.errors import InstancesNotFound
+    from orchestrator.providers.base import CloudIdentity
+
+    provider = LocalProvider(make_settings(tmp_path / "a", "loopback"))
+    other = LocalProvider(make_settings(tmp_path / "b", "loopback"))
+    providers.extend([provider, other])
+    (node,) = provider.launch(replace(request(client_key, count=1), ledger_id="aaaa"))
+    assert node.ledger_id == "aaaa" and node.tags["orch:ledger"] == "aaaa"
+    assert [n.ledger_id for n in provider.list_owned()] == ["aaaa"]
+    assert provider.identity() == CloudIdentity("local", f"{os.uname().nodename}:{tmp_path / 'a'}")
+    assert other.identity() != provider.identity()
+
+    # another ORCH_HOME cannot see the node: it says so instead of calling it ended
+    with pytest.raises(InstancesNotFound) as raised:
+        other.terminate([node.instance_id])
+    assert raised.value.instance_ids == (node.instance_id,)
+    assert [n.instance_id for n in provider.list_owned()] == [node.instance_id]
+
+    with pytest.raises(InstancesNotFound) as raised:
+        provider.terminate([node.instance_id, "l-00000dead0"])
+    assert raised.value.instance_ids == ("l-00000dead0",)
+    assert_node_gone(provider, node.instance_id)  # the known one was ended
+    provider.terminate([node.instance_id])  # ended here before: idempotent

@@ -156,6 +156,14 @@ def test_its_ec2_sells_the_price_table_on_its_own_network(
     assert len(images) == 1
 
 
+def test_its_sts_names_the_account_a_job_is_launched_as(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    identity = make_provider(tmp_path, sandbox.endpoint, regions=["us-east-1"]).identity()
+    assert identity.account.isdigit() and len(identity.account) == 12
+    assert (identity.region, identity.endpoint) == ("us-east-1", sandbox.endpoint)
+
+
 def test_a_launched_node_is_a_host_orch_logs_into(
     sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
 ) -> None:
