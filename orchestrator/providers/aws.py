@@ -340,6 +340,13 @@ class AwsProvider:
     def _launch_offer(self, request: LaunchRequest, offer: Offer) -> list[Instance]:
         """All nodes on `offer`, or `_Refused` (capacity) with none of them left running."""
         network = self._network(offer.region, request.public_key)
+        image_gb, disk_gb = network.root_volume_gb, request.disk_size_gb
+        if disk_gb is not None and image_gb is not None and disk_gb < image_gb:
+            raise ConfigError(
+                f"resources.disk_size_gb is {disk_gb} GB, smaller than the {image_gb} GB root "
+                f"volume of image {network.image_id}",
+                hint=f"set resources.disk_size_gb to at least {image_gb}, or leave it out",
+            )
         subnet = network.subnets.get(offer.zone)
         if subnet is None:
             raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
@@ -420,6 +427,10 @@ class AwsProvider:
             user_data_text=user_data(request.public_key, host_key),
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
             instance_profile=self._instance_profile() if request.store else None,
+            root_device_name=network.root_device_name,
+            # the image's own size unless the spec asks for more: the size its root mapping
+            # gives, which is what EC2 takes when none is sent (None: EC2's choice)
+            disk_size_gb=request.disk_size_gb or network.root_volume_gb,
         )
         repeat = tries < self.aws.max_api_attempts
         try:

@@ -32,6 +32,8 @@ class Network:
     key_name: str | None
     security_group_id: str
     subnets: dict[str, str]  # zone -> subnet id; a zone not listed cannot be used
+    root_device_name: str  # the image's root device (DescribeImages: RootDeviceName)
+    root_volume_gb: int | None = None  # size of the image's root snapshot (None: unknown)
 
 
 def tf_outputs(settings: AwsSettings) -> TerraformOutputs:
@@ -55,12 +57,16 @@ def resolve_network(ec2: Any, region: str, settings: AwsSettings, public_key: st
         vpc = default_vpc(ec2, region)
         group = group or ensure_security_group(ec2, vpc, settings.ssh_cidr)
         subnets = subnets or default_subnets(ec2, vpc)
+    image = describe_image(ec2, region, settings.ami_id) if settings.ami_id else None
+    image = image or find_image(ec2, region, settings)
     return Network(
         region=region,
-        image_id=settings.ami_id or find_image(ec2, region, settings),
+        image_id=image["ImageId"],
         key_name=key_name,
         security_group_id=group,
         subnets=subnets,
+        root_device_name=root_device_name(image),
+        root_volume_gb=root_volume_gb(image),
     )
 
 
@@ -134,7 +140,45 @@ def default_subnets(ec2: Any, vpc_id: str) -> dict[str, str]:
     return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
 
 
-def find_image(ec2: Any, region: str, settings: AwsSettings) -> str:
+def describe_image(ec2: Any, region: str, image_id: str) -> dict[str, Any]:
+    """The description of image `image_id` (`aws.ami_id`); `ProviderError` when unknown."""
+    try:
+        found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as exc:
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
+        found = []
+    if not found:
+        raise ProviderError(
+            f"image {image_id} (aws.ami_id) does not exist in {region}",
+            hint="image ids differ per region: set aws.ami_id to one of this region's images",
+        )
+    return found[0]
+
+
+def root_device_name(image: dict[str, Any]) -> str:
+    """The device name of an image's root volume, where its block device mapping goes. Pure."""
+    name = image.get("RootDeviceName")
+    if not name:
+        raise ProviderError(
+            f"image {image.get('ImageId')} reports no root device name, so its root volume "
+            "cannot be encrypted",
+            hint="use an EBS-backed image (aws.ami_id / aws.ami_name)",
+        )
+    return str(name)
+
+
+def root_volume_gb(image: dict[str, Any]) -> int | None:
+    """The size of an image's root snapshot in GB (a smaller root volume is refused). Pure."""
+    name = image.get("RootDeviceName")
+    for mapping in image.get("BlockDeviceMappings") or []:
+        size = (mapping.get("Ebs") or {}).get("VolumeSize")
+        if mapping.get("DeviceName") == name and isinstance(size, int):
+            return size
+    return None
+
+
+def find_image(ec2: Any, region: str, settings: AwsSettings) -> dict[str, Any]:
     """Newest available x86_64 image named like `aws.ami_name` (owners `aws.ami_owners`)."""
     args: dict[str, Any] = {
         "Filters": [
@@ -151,4 +195,4 @@ def find_image(ec2: Any, region: str, settings: AwsSettings) -> str:
             f"no image named {settings.ami_name!r} in {region}",
             hint="set aws.ami_id (ORCH_AWS_AMI_ID) or aws.ami_name in ORCH_HOME/config.yaml",
         )
-    return max(images, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))["ImageId"]
+    return max(images, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))

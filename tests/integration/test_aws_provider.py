@@ -544,3 +544,42 @@ def test_a_store_without_an_instance_profile_launches_nothing(provider: AwsProvi
         provider.launch(request(store="s3://b/p"))
     assert "instance_profile" in (caught.value.hint or "")
     assert running(provider) == []
+
+
+def _root_volume(provider: AwsProvider, desc: dict) -> dict:
+    root = desc["RootDeviceName"]
+    [mapping] = [m for m in desc["BlockDeviceMappings"] if m["DeviceName"] == root]
+    volume_id = mapping["Ebs"]["VolumeId"]
+    [volume] = provider.client(REGION).describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    return volume
+
+
+def test_nodes_require_imdsv2_and_boot_from_an_encrypted_root_volume(
+    provider: AwsProvider,
+) -> None:
+    (node,) = provider.launch(request(count=1))
+    (sized,) = provider.launch(request(job="sized", count=1, disk_size_gb=120))
+    descs = {d["InstanceId"]: d for d in running(provider)}
+    for instance in (node, sized):
+        desc = descs[instance.instance_id]
+        options = desc["MetadataOptions"]
+        assert options["HttpTokens"] == "required" and options["HttpEndpoint"] == "enabled"
+        assert options["HttpPutResponseHopLimit"] == 2
+        volume = _root_volume(provider, desc)
+        assert volume["Encrypted"] is True and volume["VolumeType"] == "gp3"
+        [root] = [m for m in desc["BlockDeviceMappings"] if m["DeviceName"] == "/dev/sda1"]
+        assert root["Ebs"]["DeleteOnTermination"] is True
+    assert _root_volume(provider, descs[sized.instance_id])["Size"] == 120
+
+
+def test_a_root_volume_smaller_than_the_image_launches_nothing(provider: AwsProvider) -> None:
+    from orchestrator.errors import ConfigError
+
+    # moto's images have a 15 GB root snapshot
+    with pytest.raises(ConfigError, match="disk_size_gb is 10 GB, smaller than the 15 GB") as err:
+        provider.launch(request(count=1, disk_size_gb=10))
+    assert "at least 15" in (err.value.hint or "")
+    assert running(provider) == []
+    (node,) = provider.launch(request(count=1))  # no size asked: the image's own
+    [desc] = running(provider)
+    assert desc["InstanceId"] == node.instance_id and _root_volume(provider, desc)["Size"] == 15
