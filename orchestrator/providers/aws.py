@@ -28,7 +28,9 @@ exponential backoff, at most `aws.max_api_attempts` tries per call; except RunIn
 refuses capacity with HTTP 500, which botocore would retry for half a minute before orch could
 try the next zone, so its calls go through a client that makes one try, and the provider
 repeats throttled and other 5xx answers itself (same backoff and limit, looking for the node by
-its token before each repeat), while a capacity code moves on at once.
+its token before each repeat), while a capacity code moves on at once. After any failed launch
+the instances carrying one of its nodes' tokens are looked up and terminated before the error
+is raised: a call whose answer was lost on its last try started a node orch never heard of.
 
 Host keys are generated here and passed in user data; see `aws_launch`. The provider never
 connects to a node.
@@ -364,12 +366,30 @@ class AwsProvider:
                 self._wait_ssh(offer.region, nodes, deadline)
             return nodes
         except BaseException as exc:
-            if ids:
-                try:
-                    self.terminate(ids)
-                except Exception as cleanup:
-                    exc.add_note(f"terminating the partial launch {ids} failed too: {cleanup}")
+            tokens = [client_token(request, rank, offer) for rank in range(request.count)]
+            try:
+                # A RunInstances whose answer was lost on its last try started a node whose id
+                # orch never heard: its token tag finds it.
+                ids = list(dict.fromkeys(ids + self._launched_with(offer.region, tokens)))
+                self.terminate(ids)
+            except Exception as cleanup:
+                exc.add_note(
+                    f"terminating the partial launch {ids or tokens} failed too: {cleanup}"
+                )
             raise
+
+    def _launched_with(self, region: str, tokens: list[str]) -> list[str]:
+        """Ids of the live instances launched by calls with these ClientTokens (their tag)."""
+        if not tokens:
+            return []
+        found = self._describe_filtered(
+            region,
+            [
+                {"Name": f"tag:{TAG_TOKEN}", "Values": tokens},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ],
+        )
+        return [d["InstanceId"] for d in found]
 
     def _launch_node(
         self,

@@ -583,3 +583,101 @@ def test_a_root_volume_smaller_than_the_image_launches_nothing(provider: AwsProv
     (node,) = provider.launch(request(count=1))  # no size asked: the image's own
     [desc] = running(provider)
     assert desc["InstanceId"] == node.instance_id and _root_volume(provider, desc)["Size"] == 15
+
+
+class _CuttingProxy:
+    """An HTTP proxy on 127.0.0.1 in front of moto. `fate(n)` decides what becomes of the n-th
+    RunInstances call (from 1): "pass" hands it on, "throttle" answers 503 RequestLimitExceeded
+    without handing it on, "cut" hands it on and hangs up once moto has answered, so the
+    instance exists and the caller never hears of it. Every other call is handed on."""
+
+    def __init__(self, upstream: str, fate: Any) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        self.run_instances = 0
+        self.cut_ids: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+            def _send(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                what = "pass"
+                if b"Action=RunInstances" in body:
+                    proxy.run_instances += 1
+                    what = fate(proxy.run_instances)
+                if what == "throttle":
+                    error = (
+                        "<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>"
+                        "slow down</Message></Error></Errors><RequestID>x</RequestID></Response>"
+                    )
+                    self._send(503, [], error.encode())
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                upstream.request("POST", self.path, body=body, headers=headers)
+                reply = upstream.getresponse()
+                data = reply.read()
+                upstream.close()
+                if what == "cut":
+                    proxy.cut_ids.append(data.decode().split("<instanceId>")[1].split("<")[0])
+                    self.close_connection = True  # hang up: no answer at all
+                    return
+                self._send(reply.status, reply.getheaders(), data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _CuttingProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+FATES = {
+    # one node, one try, and its answer lost
+    "only try lost": (1, 1, lambda n: "cut"),
+    # rank 0 launches; rank 1 is throttled twice, then its third and last try's answer is lost
+    "last try of rank 1 lost": (
+        2,
+        3,
+        lambda n: {1: "pass", 2: "throttle", 3: "throttle"}.get(n, "cut"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FATES))
+def test_a_launch_whose_last_answer_was_lost_leaves_nothing_running(
+    tmp_path: Path, moto_endpoint: str, case: str
+) -> None:
+    count, attempts, fate = FATES[case]
+    with _CuttingProxy(moto_endpoint, fate) as proxy:
+        provider = AwsProvider(
+            make_provider(tmp_path, proxy.url, max_api_attempts=attempts).settings,
+            sleep=lambda s: None,
+        )
+        with pytest.raises(ProviderError, match="could not be reached"):
+            provider.launch(request(count=count))
+        assert len(proxy.cut_ids) == 1  # EC2 did start the node whose answer was lost
+    direct = make_provider(tmp_path, moto_endpoint)
+    assert running(direct) == [] and direct.list_owned() == []
