@@ -681,3 +681,63 @@ def test_a_launch_whose_last_answer_was_lost_leaves_nothing_running(
         assert len(proxy.cut_ids) == 1  # EC2 did start the node whose answer was lost
     direct = make_provider(tmp_path, moto_endpoint)
     assert running(direct) == [] and direct.list_owned() == []
+
+
+def _orch_group(provider: AwsProvider) -> dict:
+    [group] = provider.client(REGION).describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["orch"]}]
+    )["SecurityGroups"]
+    return group
+
+
+def _ingress(group: dict) -> set[tuple]:
+    rules = set()
+    for p in group["IpPermissions"]:
+        ports = (p["IpProtocol"], p.get("FromPort"), p.get("ToPort"))
+        rules |= {(*ports, r["CidrIp"]) for r in p.get("IpRanges", [])}
+        rules |= {(*ports, r["CidrIpv6"]) for r in p.get("Ipv6Ranges", [])}
+        rules |= {(ports[0], g["GroupId"]) for g in p.get("UserIdGroupPairs", [])}
+    return rules
+
+
+def test_an_existing_orch_group_open_to_the_world_is_set_right_on_launch(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
+    ec2 = provider.client(REGION)
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
+    group = ec2.create_security_group(GroupName="orch", Description="old", VpcId=vpc["VpcId"])
+    ec2.authorize_security_group_ingress(
+        GroupId=group["GroupId"],
+        IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+            {"IpProtocol": "tcp", "FromPort": 8888, "ToPort": 8888,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+        ],
+    )  # fmt: skip
+    (node,) = provider.launch(request(count=1))
+    assert running(provider)[0]["SecurityGroups"][0]["GroupId"] == group["GroupId"]
+    assert _ingress(_orch_group(provider)) == {
+        ("tcp", 22, 22, "198.51.100.7/32"),
+        ("-1", group["GroupId"]),
+    }
+    # the next launch with another address moves the rule; nothing else changes
+    moved = make_provider(tmp_path, moto_endpoint, ssh_cidr="203.0.113.9/32")
+    moved.launch(request(job="job2", count=1))
+    assert _ingress(_orch_group(moved)) == {
+        ("tcp", 22, 22, "203.0.113.9/32"),
+        ("-1", group["GroupId"]),
+    }
+
+
+def test_without_ssh_cidr_a_cloud_on_this_machine_lets_in_only_this_machine(
+    provider: AwsProvider,
+) -> None:
+    from ipaddress import ip_network
+
+    provider.launch(request(count=1))
+    group = _orch_group(provider)
+    [ssh] = [rule for rule in _ingress(group) if rule[0] == "tcp"]
+    assert ssh[:3] == ("tcp", 22, 22)
+    assert ip_network(ssh[3]).prefixlen == 32 and ssh[3] != "0.0.0.0/0"
