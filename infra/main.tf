@@ -82,6 +82,13 @@ resource "aws_vpc_security_group_ingress_rule" "ssh" {
   cidr_ipv4         = each.value
 
   tags = merge(local.tags, { Name = "${var.name}-ssh" })
+
+  lifecycle {
+    precondition {
+      condition     = var.ssh_from_anywhere || !endswith(each.value, "/0")
+      error_message = "ssh_cidr_blocks holds ${each.value}, which lets anyone on the internet try to log into the nodes: give your own address, e.g. [\"203.0.113.7/32\"], or set ssh_from_anywhere = true if that is really meant."
+    }
+  }
 }
 
 # torchrun's rendezvous, NCCL and gloo use ports chosen at run time: allow everything

@@ -60,6 +60,12 @@ variable "ssh_cidr_blocks" {
   }
 }
 
+variable "ssh_from_anywhere" {
+  description = "Consent to an ssh_cidr_blocks entry of 0.0.0.0/0 (refused without it: anyone could try to log into the nodes)."
+  type        = bool
+  default     = false
+}
+
 variable "key_name" {
   description = "Name of the EC2 key pair to create; orch launches nodes with it."
   type        = string

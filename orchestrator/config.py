@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, ip_network
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.errors import ConfigError
 
@@ -75,7 +82,11 @@ class AwsSettings(BaseModel):
     # instance profile the nodes of a job with a checkpoint store get (its role may write the
     # store's prefix); None: Terraform's `instance_profile` output
     instance_profile: str | None = None
-    ssh_cidr: str = "0.0.0.0/0"  # who may reach port 22 of a security group orch creates
+    # who may reach port 22 of the `orch` security group (kept to exactly that on each launch):
+    # an address or a CIDR block, e.g. your public address/32; None: for a cloud on this machine
+    # (a loopback endpoint_url) this machine's own address toward its VPC, else a ConfigError
+    ssh_cidr: str | None = None
+    ssh_from_anywhere: bool = False  # consent to an ssh_cidr of 0.0.0.0/0 or ::/0
     spot_price_cache_s: float = Field(default=300.0, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running` and SSH
     poll_interval_s: float = Field(default=5.0, gt=0)
@@ -83,6 +94,33 @@ class AwsSettings(BaseModel):
     # launch returns once each node's sshd sends its banner on ssh_host:22 (off: once `running`;
     # for nodes this machine cannot reach directly)
     wait_for_ssh: bool = True
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(ip_network(value.strip(), strict=True))
+        except ValueError as exc:
+            raise ValueError(
+                f"{value!r} is not an IP address or CIDR block ({exc}); give your own address,"
+                " e.g. 203.0.113.7/32, or the block your addresses come from"
+            ) from exc
+
+    @model_validator(mode="after")
+    def _not_the_whole_internet(self) -> AwsSettings:
+        if (
+            self.ssh_cidr
+            and ip_network(self.ssh_cidr).prefixlen == 0
+            and not self.ssh_from_anywhere
+        ):
+            raise ValueError(
+                f"ssh_cidr {self.ssh_cidr} lets anyone on the internet try to log into the nodes;"
+                " give your own address (e.g. 203.0.113.7/32), or set aws.ssh_from_anywhere:"
+                " true if that is really meant"
+            )
+        return self
 
     @field_validator("regions", "ami_owners", mode="before")
     @classmethod
@@ -172,6 +210,7 @@ _ENV_OVERRIDES = {
     "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
     "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
     "ORCH_AWS_INSTANCE_PROFILE": ("aws", "instance_profile"),
+    "ORCH_AWS_SSH_CIDR": ("aws", "ssh_cidr"),
     "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
     "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),
     "ORCH_STORE_REGION": ("store", "region"),

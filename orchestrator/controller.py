@@ -286,6 +286,7 @@ class JobRunner:
             accelerator=resources.accelerator,
             max_price_per_hour=resources.max_price_per_hour,
             min_gpu_memory_gb=resources.min_gpu_memory_gb,
+            disk_size_gb=resources.disk_size_gb,
             avoid_zones=self._avoid_zones,
             store=self.spec.checkpoint.store,
             guard=self._guard_terms(),

@@ -313,6 +313,13 @@ class Resources(_Model):
     min_gpu_memory_gb: Annotated[float, BeforeValidator(_not_bool)] | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="least memory per GPU, in GB"
     )
+    disk_size_gb: Count | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="root volume per node, in GB (AWS: an encrypted gp3 volume);"
+        " None: the image's own size",
+    )
 
     @field_validator("accelerator")
     @classmethod

@@ -185,6 +185,14 @@ tf init -no-color -input=false >"$WORK/init.log" 2>&1 || {
 say "init ok"
 
 # --- apply, check ---------------------------------------------------------------------------
+# SSH open to the whole internet is refused without the explicit opt-in.
+if tf plan -no-color -input=false -var-file=test.tfvars.json -var 'ssh_cidr_blocks=["0.0.0.0/0"]' \
+    >"$WORK/wide.log" 2>&1; then
+    fail "plan with ssh_cidr_blocks = [\"0.0.0.0/0\"] was accepted without ssh_from_anywhere"
+fi
+grep -q "ssh_from_anywhere" "$WORK/wide.log" || { cat "$WORK/wide.log" >&2; fail "the refusal of 0.0.0.0/0 does not say how to opt in"; }
+say "plan with SSH from 0.0.0.0/0: refused"
+
 tf apply -no-color -input=false -auto-approve -var-file=test.tfvars.json >"$WORK/apply.log" 2>&1 || {
     cat "$WORK/apply.log" >&2
     fail "terraform apply"

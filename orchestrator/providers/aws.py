@@ -31,7 +31,9 @@ exponential backoff, at most `aws.max_api_attempts` tries per call; except RunIn
 refuses capacity with HTTP 500, which botocore would retry for half a minute before orch could
 try the next zone, so its calls go through a client that makes one try, and the provider
 repeats throttled and other 5xx answers itself (same backoff and limit, looking for the node by
-its token before each repeat), while a capacity code moves on at once.
+its token before each repeat), while a capacity code moves on at once. After any failed launch
+the instances carrying one of its nodes' tokens are looked up and terminated before the error
+is raised: a call whose answer was lost on its last try started a node orch never heard of.
 
 Host keys are generated here and passed in user data; see `aws_launch`. The provider never
 connects to a node.
@@ -397,6 +399,13 @@ class AwsProvider:
     def _launch_offer(self, request: LaunchRequest, offer: Offer) -> list[Instance]:
         """All nodes on `offer`, or `_Refused` (capacity) with none of them left running."""
         network = self._network(offer.region, request.public_key)
+        image_gb, disk_gb = network.root_volume_gb, request.disk_size_gb
+        if disk_gb is not None and image_gb is not None and disk_gb < image_gb:
+            raise ConfigError(
+                f"resources.disk_size_gb is {disk_gb} GB, smaller than the {image_gb} GB root "
+                f"volume of image {network.image_id}",
+                hint=f"set resources.disk_size_gb to at least {image_gb}, or leave it out",
+            )
         subnet = network.subnets.get(offer.zone)
         if subnet is None:
             raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
@@ -414,12 +423,30 @@ class AwsProvider:
                 self._wait_ssh(offer.region, nodes, deadline)
             return nodes
         except BaseException as exc:
-            if ids:
-                try:
-                    self.terminate(ids)
-                except Exception as cleanup:
-                    exc.add_note(f"terminating the partial launch {ids} failed too: {cleanup}")
+            tokens = [client_token(request, rank, offer) for rank in range(request.count)]
+            try:
+                # A RunInstances whose answer was lost on its last try started a node whose id
+                # orch never heard: its token tag finds it.
+                ids = list(dict.fromkeys(ids + self._launched_with(offer.region, tokens)))
+                self.terminate(ids)
+            except Exception as cleanup:
+                exc.add_note(
+                    f"terminating the partial launch {ids or tokens} failed too: {cleanup}"
+                )
             raise
+
+    def _launched_with(self, region: str, tokens: list[str]) -> list[str]:
+        """Ids of the live instances launched by calls with these ClientTokens (their tag)."""
+        if not tokens:
+            return []
+        found = self._describe_filtered(
+            region,
+            [
+                {"Name": f"tag:{TAG_TOKEN}", "Values": tokens},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ],
+        )
+        return [d["InstanceId"] for d in found]
 
     def _launch_node(
         self,
@@ -481,6 +508,10 @@ class AwsProvider:
             user_data_text=self._user_data[token],
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
             instance_profile=self._instance_profile() if request.store else None,
+            root_device_name=network.root_device_name,
+            # the image's own size unless the spec asks for more: the size its root mapping
+            # gives, which is what EC2 takes when none is sent (None: EC2's choice)
+            disk_size_gb=request.disk_size_gb or network.root_volume_gb,
         )
         repeat = tries < self.aws.max_api_attempts
         try:

@@ -74,6 +74,12 @@ GONE_STATES = frozenset({"shutting-down", "terminated"})
 LIVE_STATES = ("pending", "running", "stopping", "stopped")  # what list_owned reports
 SPOT_RECLAIM_CODE = "Server.SpotInstanceTermination"
 SELF_SHUTDOWN_CODE = "Client.InstanceInitiatedShutdown"  # the node ran `shutdown` itself
+# Instance metadata: IMDSv2 only (a GET without a session token is refused, so a server-side
+# request forgery on a node cannot read the instance profile's credentials), and a hop limit of
+# 2 so that a container started by the job's `setup` on the node still gets a token, as AWS
+# sets it for its own IMDSv2-only images.
+IMDS_HOP_LIMIT = 2
+ROOT_VOLUME_TYPE = "gp3"
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,29 @@ def node_tags(
     return tags
 
 
+def metadata_options() -> dict[str, Any]:
+    """`MetadataOptions` of every node: endpoint on, session tokens required (IMDSv2). Pure."""
+    return {
+        "HttpEndpoint": "enabled",
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": IMDS_HOP_LIMIT,
+    }
+
+
+def root_volume_mapping(root_device_name: str, disk_size_gb: int | None) -> list[dict[str, Any]]:
+    """`BlockDeviceMappings` for the image's root device: encrypted (the account's default
+    EBS key), gp3, deleted with the node; `disk_size_gb` None keeps the image's own size. Pure.
+    """
+    ebs: dict[str, Any] = {
+        "Encrypted": True,
+        "VolumeType": ROOT_VOLUME_TYPE,
+        "DeleteOnTermination": True,
+    }
+    if disk_size_gb is not None:
+        ebs["VolumeSize"] = disk_size_gb
+    return [{"DeviceName": root_device_name, "Ebs": ebs}]
+
+
 def run_instances_args(
     offer: Offer,
     *,
@@ -174,12 +203,16 @@ def run_instances_args(
     token: str,
     user_data_text: str,
     max_price: Decimal | None,
+    root_device_name: str,
+    disk_size_gb: int | None = None,
     instance_profile: str | None = None,
 ) -> dict[str, Any]:
     """The exact keyword arguments of one node's `run_instances` call. Pure.
 
     `instance_profile` (a name or an ARN) gives the node credentials of its own, for the
-    job's checkpoint store."""
+    job's checkpoint store. Every node requires IMDSv2 (`metadata_options`); its root volume
+    (the image's `root_device_name`, as DescribeImages reports it) is encrypted, gp3, of
+    `disk_size_gb` GB (None: the image's size) and deleted with it (`root_volume_mapping`)."""
     tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
     args: dict[str, Any] = {
         "ImageId": image_id,
@@ -196,6 +229,8 @@ def run_instances_args(
             {"ResourceType": "volume", "Tags": tag_list},
         ],
         "InstanceInitiatedShutdownBehavior": "terminate",
+        "MetadataOptions": metadata_options(),
+        "BlockDeviceMappings": root_volume_mapping(root_device_name, disk_size_gb),
     }
     if key_name:
         args["KeyName"] = key_name

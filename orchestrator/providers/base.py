@@ -50,6 +50,7 @@ class LaunchRequest:
     accelerator: str | None = None  # GPU model wanted (None: any)
     max_price_per_hour: Decimal | None = None  # refuse offers above this hourly price per node
     min_gpu_memory_gb: float | None = None  # least memory per GPU (None: any)
+    disk_size_gb: int | None = None  # root volume per node, GB (None: the image's; AWS only)
     avoid_zones: tuple[str, ...] = ()  # zones where the job was just interrupted: tried last
     store: str | None = None  # the job's checkpoint store: the nodes must be able to write it
     guard: GuardTerms | None = None  # the job's limits for each node's guard, armed at boot

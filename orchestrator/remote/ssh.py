@@ -81,6 +81,7 @@ class NodeConnection:
                 port=self.address.port,
                 user=self.address.user,
                 config=config,
+                forward_agent=False,  # never the user's agent on a node, whatever the config
                 connect_timeout=int(max(1, self.connect_timeout)),
                 connect_kwargs={
                     "key_filename": str(self.identity.private_key),

@@ -55,17 +55,35 @@ def _cpu_flags() -> str | None:
     return None
 
 
+UNTRUSTED_HOST_OPTIONS = (
+    "-o", "ForwardAgent=no",
+    "-o", "ForwardX11=no",
+    "-o", "ClearAllForwardings=yes",
+    "-o", "PermitLocalCommand=no",
+)  # fmt: skip
+"""ssh options for a connection to a node: no agent or X11 forwarding, no port forwardings
+from any configuration, no `LocalCommand`. (An `orch ssh -L` would have to leave out
+`ClearAllForwardings`, which also clears forwardings given on the command line.)"""
+
+
 def ssh_transport_argv(
     address: HostAddress, identity: Identity, connect_timeout: int, *, multiplex: bool = True
 ) -> list[str]:
     """The `ssh` invocation rsync uses: batch mode, pinned host key, the cluster's key only,
     AES-GCM first where this CPU has AES instructions (`cipher_option`).
 
+    No configuration file is read (`-F /dev/null`: neither ~/.ssh/config nor the system's), and
+    nothing is forwarded or run locally whatever ssh's defaults (`UNTRUSTED_HOST_OPTIONS`): a
+    cloud node must never get the user's agent, and a `LocalCommand` or `ProxyCommand` meant
+    for the user's own hosts must never run for one.
+
     With `multiplex`, transfers to a node share one ssh connection that stays up for a minute
     after the last use, so checkpoint and log pulls skip the handshake (~0.3 s each).
     """
     argv = [
         "ssh",
+        "-F", "/dev/null",
+        *UNTRUSTED_HOST_OPTIONS,
         "-o", f"IdentityFile={ssh_option_path(identity.private_key)}",
         "-p", str(address.port),
         "-o", "BatchMode=yes",

@@ -556,3 +556,200 @@ def test_a_store_without_an_instance_profile_launches_nothing(provider: AwsProvi
         provider.launch(request(store="s3://b/p"))
     assert "instance_profile" in (caught.value.hint or "")
     assert running(provider) == []
+
+
+def _root_volume(provider: AwsProvider, desc: dict) -> dict:
+    root = desc["RootDeviceName"]
+    [mapping] = [m for m in desc["BlockDeviceMappings"] if m["DeviceName"] == root]
+    volume_id = mapping["Ebs"]["VolumeId"]
+    [volume] = provider.client(REGION).describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    return volume
+
+
+def test_nodes_require_imdsv2_and_boot_from_an_encrypted_root_volume(
+    provider: AwsProvider,
+) -> None:
+    (node,) = provider.launch(request(count=1))
+    (sized,) = provider.launch(request(job="sized", count=1, disk_size_gb=120))
+    descs = {d["InstanceId"]: d for d in running(provider)}
+    for instance in (node, sized):
+        desc = descs[instance.instance_id]
+        options = desc["MetadataOptions"]
+        assert options["HttpTokens"] == "required" and options["HttpEndpoint"] == "enabled"
+        assert options["HttpPutResponseHopLimit"] == 2
+        volume = _root_volume(provider, desc)
+        assert volume["Encrypted"] is True and volume["VolumeType"] == "gp3"
+        [root] = [m for m in desc["BlockDeviceMappings"] if m["DeviceName"] == "/dev/sda1"]
+        assert root["Ebs"]["DeleteOnTermination"] is True
+    assert _root_volume(provider, descs[sized.instance_id])["Size"] == 120
+
+
+def test_a_root_volume_smaller_than_the_image_launches_nothing(provider: AwsProvider) -> None:
+    from orchestrator.errors import ConfigError
+
+    # moto's images have a 15 GB root snapshot
+    with pytest.raises(ConfigError, match="disk_size_gb is 10 GB, smaller than the 15 GB") as err:
+        provider.launch(request(count=1, disk_size_gb=10))
+    assert "at least 15" in (err.value.hint or "")
+    assert running(provider) == []
+    (node,) = provider.launch(request(count=1))  # no size asked: the image's own
+    [desc] = running(provider)
+    assert desc["InstanceId"] == node.instance_id and _root_volume(provider, desc)["Size"] == 15
+
+
+class _CuttingProxy:
+    """An HTTP proxy on 127.0.0.1 in front of moto. `fate(n)` decides what becomes of the n-th
+    RunInstances call (from 1): "pass" hands it on, "throttle" answers 503 RequestLimitExceeded
+    without handing it on, "cut" hands it on and hangs up once moto has answered, so the
+    instance exists and the caller never hears of it. Every other call is handed on."""
+
+    def __init__(self, upstream: str, fate: Any) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        self.run_instances = 0
+        self.cut_ids: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+            def _send(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                what = "pass"
+                if b"Action=RunInstances" in body:
+                    proxy.run_instances += 1
+                    what = fate(proxy.run_instances)
+                if what == "throttle":
+                    error = (
+                        "<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>"
+                        "slow down</Message></Error></Errors><RequestID>x</RequestID></Response>"
+                    )
+                    self._send(503, [], error.encode())
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                upstream.request("POST", self.path, body=body, headers=headers)
+                reply = upstream.getresponse()
+                data = reply.read()
+                upstream.close()
+                if what == "cut":
+                    proxy.cut_ids.append(data.decode().split("<instanceId>")[1].split("<")[0])
+                    self.close_connection = True  # hang up: no answer at all
+                    return
+                self._send(reply.status, reply.getheaders(), data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _CuttingProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+FATES = {
+    # one node, one try, and its answer lost
+    "only try lost": (1, 1, lambda n: "cut"),
+    # rank 0 launches; rank 1 is throttled twice, then its third and last try's answer is lost
+    "last try of rank 1 lost": (
+        2,
+        3,
+        lambda n: {1: "pass", 2: "throttle", 3: "throttle"}.get(n, "cut"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FATES))
+def test_a_launch_whose_last_answer_was_lost_leaves_nothing_running(
+    tmp_path: Path, moto_endpoint: str, case: str
+) -> None:
+    count, attempts, fate = FATES[case]
+    with _CuttingProxy(moto_endpoint, fate) as proxy:
+        provider = AwsProvider(
+            make_provider(tmp_path, proxy.url, max_api_attempts=attempts).settings,
+            sleep=lambda s: None,
+        )
+        with pytest.raises(ProviderError, match="could not be reached"):
+            provider.launch(request(count=count))
+        assert len(proxy.cut_ids) == 1  # EC2 did start the node whose answer was lost
+    direct = make_provider(tmp_path, moto_endpoint)
+    assert running(direct) == [] and direct.list_owned() == []
+
+
+def _orch_group(provider: AwsProvider) -> dict:
+    [group] = provider.client(REGION).describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": ["orch"]}]
+    )["SecurityGroups"]
+    return group
+
+
+def _ingress(group: dict) -> set[tuple]:
+    rules = set()
+    for p in group["IpPermissions"]:
+        ports = (p["IpProtocol"], p.get("FromPort"), p.get("ToPort"))
+        rules |= {(*ports, r["CidrIp"]) for r in p.get("IpRanges", [])}
+        rules |= {(*ports, r["CidrIpv6"]) for r in p.get("Ipv6Ranges", [])}
+        rules |= {(ports[0], g["GroupId"]) for g in p.get("UserIdGroupPairs", [])}
+    return rules
+
+
+def test_an_existing_orch_group_open_to_the_world_is_set_right_on_launch(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
+    ec2 = provider.client(REGION)
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
+    group = ec2.create_security_group(GroupName="orch", Description="old", VpcId=vpc["VpcId"])
+    ec2.authorize_security_group_ingress(
+        GroupId=group["GroupId"],
+        IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+            {"IpProtocol": "tcp", "FromPort": 8888, "ToPort": 8888,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+        ],
+    )  # fmt: skip
+    (node,) = provider.launch(request(count=1))
+    assert running(provider)[0]["SecurityGroups"][0]["GroupId"] == group["GroupId"]
+    assert _ingress(_orch_group(provider)) == {
+        ("tcp", 22, 22, "198.51.100.7/32"),
+        ("-1", group["GroupId"]),
+    }
+    # the next launch with another address moves the rule; nothing else changes
+    moved = make_provider(tmp_path, moto_endpoint, ssh_cidr="203.0.113.9/32")
+    moved.launch(request(job="job2", count=1))
+    assert _ingress(_orch_group(moved)) == {
+        ("tcp", 22, 22, "203.0.113.9/32"),
+        ("-1", group["GroupId"]),
+    }
+
+
+def test_without_ssh_cidr_a_cloud_on_this_machine_lets_in_only_this_machine(
+    provider: AwsProvider,
+) -> None:
+    from ipaddress import ip_network
+
+    provider.launch(request(count=1))
+    group = _orch_group(provider)
+    [ssh] = [rule for rule in _ingress(group) if rule[0] == "tcp"]
+    assert ssh[:3] == ("tcp", 22, 22)
+    assert ip_network(ssh[3]).prefixlen == 32 and ssh[3] != "0.0.0.0/0"

@@ -100,3 +100,77 @@ def test_workdir_sync_honours_ignore_files_on_every_node(cluster: Cluster, tmp_p
     sockets = list(cluster.identity.control_dir.iterdir())
     assert len(sockets) == len(cluster.addresses)
     assert cluster.identity.control_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_user_s_own_ssh_config_never_applies_to_nodes(cluster: Cluster, tmp_path: Path) -> None:
+    """A ~/.ssh/config meant for one's own hosts (`ForwardAgent yes`, a `LocalCommand`) must
+    not reach cloud nodes through orch's rsync and ssh. ssh finds ~/.ssh in the password
+    database, not in $HOME, so the config is put there in a mount namespace of the command's
+    own (this machine's real home is never touched)."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    from orchestrator.remote.sync import ssh_transport_argv
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ssh-agent") is None:
+        pytest.skip("needs root, unshare and ssh-agent")
+    marker = tmp_path / "local-command-ran"
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    config = home / ".ssh" / "config"
+    config.write_text(
+        f"Host *\n  ForwardAgent yes\n  PermitLocalCommand yes\n  LocalCommand touch {marker}\n"
+    )
+    config.chmod(0o600)
+    real_home = pwd.getpwuid(os.getuid()).pw_dir
+    in_home = [
+        "unshare", "--mount", "--propagation", "private", "--",
+        "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(home), real_home,
+    ]  # fmt: skip
+    agent_socket = tmp_path / "agent.sock"
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(agent_socket)], stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not agent_socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {**os.environ, "HOME": str(home), "SSH_AUTH_SOCK": str(agent_socket)}
+        # the config does apply to a plain ssh in that namespace: the check below is real
+        probe = subprocess.run(
+            [*in_home, "ssh", "-G", "somehost"], env=env, capture_output=True, text=True
+        )
+        assert "permitlocalcommand yes" in probe.stdout and "forwardagent yes" in probe.stdout
+        # a master of its own (a short path: a socket's name has at most 107 bytes)
+        control = Path(tempfile.mkdtemp(prefix="oc", dir="/tmp"))
+        identity = dataclasses.replace(cluster.identity, control_dir=control)
+        address = cluster.addresses[0]
+        source = tmp_path / "src"
+        source.mkdir()
+        (source / "a.txt").write_text("a\n")
+        pushed = subprocess.run(
+            [*in_home, *push_argv(source, address, identity, "from-config-test")],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert pushed.returncode == 0, pushed.stderr
+        shell = ssh_transport_argv(address, identity, 10, multiplex=False)
+        seen = subprocess.run(
+            [*in_home, *shell, f"{address.user}@{address.host}",
+             "echo agent=${SSH_AUTH_SOCK:-none}; cat from-config-test/a.txt"],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.split() == ["agent=none", "a"]  # no agent forwarded to the node
+        assert not marker.exists()  # and no LocalCommand ran here
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
+        for master in control.iterdir() if "control" in locals() else ():
+            subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={master}", "x"],
+                           capture_output=True, timeout=10)  # fmt: skip
+        if "control" in locals():
+            shutil.rmtree(control, ignore_errors=True)

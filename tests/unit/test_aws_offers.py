@@ -266,11 +266,43 @@ def test_launch_arguments_and_token() -> None:
         token=token,
         user_data_text="#cloud-config\n",
         max_price=Decimal("0.5"),
+        root_device_name="/dev/sda1",
     )
     assert args["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "0.5"
     assert args["MinCount"] == args["MaxCount"] == 1 and "KeyName" not in args
     assert [s["ResourceType"] for s in args["TagSpecifications"]] == ["instance", "volume"]
     assert args["Placement"] == {"AvailabilityZone": "us-east-1b"}
+
+
+def test_every_node_requires_imdsv2_and_an_encrypted_root_volume() -> None:
+    offer = rank(spot=False, accelerator="A10G")[0]
+    common: dict = {
+        "image_id": "ami-1",
+        "subnet_id": "subnet-1",
+        "security_group_id": "sg-1",
+        "key_name": "k",
+        "tags": {"orch-job": "j1"},
+        "token": "t",
+        "user_data_text": "#cloud-config\n",
+        "max_price": None,
+    }
+    args = run_instances_args(offer, **common, root_device_name="/dev/xvda")
+    assert args["MetadataOptions"] == {
+        "HttpEndpoint": "enabled",
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 2,
+    }
+    # the image's own size when the spec gives none: no VolumeSize at all
+    assert args["BlockDeviceMappings"] == [
+        {
+            "DeviceName": "/dev/xvda",
+            "Ebs": {"Encrypted": True, "VolumeType": "gp3", "DeleteOnTermination": True},
+        }
+    ]
+    sized = run_instances_args(offer, **common, root_device_name="/dev/sda1", disk_size_gb=200)
+    [root] = sized["BlockDeviceMappings"]
+    assert root["DeviceName"] == "/dev/sda1" and root["Ebs"]["VolumeSize"] == 200
+    assert root["Ebs"]["Encrypted"] is True
 
 
 def test_instance_from_description() -> None:

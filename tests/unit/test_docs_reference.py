@@ -214,3 +214,67 @@ def test_the_spot_service_linked_role_is_limited_to_spot() -> None:
         s for s in _documented_policy()["Statement"] if "iam:CreateServiceLinkedRole" in s["Action"]
     ]
     assert statement["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
+
+
+def _statements_allowing(action: str) -> list[dict]:
+    found = []
+    for statement in _documented_policy()["Statement"]:
+        listed = statement["Action"]
+        if action in ({listed} if isinstance(listed, str) else set(listed)):
+            assert statement["Effect"] == "Allow"
+            found.append(statement)
+    return found
+
+
+def _resources(statement: dict) -> set[str]:
+    listed = statement["Resource"]
+    return {listed} if isinstance(listed, str) else set(listed)
+
+
+def test_the_documented_policy_ends_only_orch_s_instances() -> None:
+    for action in ("ec2:TerminateInstances", "ec2:StopInstances", "ec2:RebootInstances"):
+        for statement in _statements_allowing(action):
+            assert _resources(statement) == {"arn:aws:ec2:*:*:instance/*"}
+            assert statement["Condition"] == {"Null": {"aws:ResourceTag/orch-job": "false"}}
+    assert _statements_allowing("ec2:TerminateInstances")
+
+
+def test_the_documented_policy_tags_only_at_launch() -> None:
+    [statement] = _statements_allowing("ec2:CreateTags")
+    assert "*" not in _resources(statement)
+    allowed = statement["Condition"]["StringEquals"]["ec2:CreateAction"]
+    assert set(allowed) <= {"RunInstances", "CreateSecurityGroup"} and "RunInstances" in allowed
+    assert list(statement["Condition"]) == ["StringEquals"]
+
+
+def test_the_documented_policy_launches_only_tagged_instances() -> None:
+    statements = _statements_allowing("ec2:RunInstances")
+    created = {"arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"}
+    for statement in statements:
+        resources = _resources(statement)
+        assert "*" not in resources
+        if resources & created:  # what the call creates must carry the orch-job tag
+            assert statement["Condition"] == {"Null": {"aws:RequestTag/orch-job": "false"}}
+        else:  # what it only uses (image, subnet, group, key) carries no condition to meet
+            assert "Condition" not in statement
+    covered = set().union(*(_resources(s) for s in statements))
+    assert created <= covered and "arn:aws:ec2:*::image/*" in covered
+    # and the launch does tag both with orch-job
+    from orchestrator.providers.aws_launch import TAG_JOB, run_instances_args
+    from tests.unit.test_aws_offers import rank
+
+    args = run_instances_args(
+        rank(spot=False, accelerator="A10G")[0],
+        image_id="ami-1",
+        subnet_id="subnet-1",
+        security_group_id="sg-1",
+        key_name=None,
+        tags={TAG_JOB: "j"},
+        token="t",
+        user_data_text="",
+        max_price=None,
+        root_device_name="/dev/sda1",
+    )
+    tagged = {s["ResourceType"] for s in args["TagSpecifications"] if
+              {"Key": TAG_JOB, "Value": "j"} in s["Tags"]}  # fmt: skip
+    assert tagged == {"instance", "volume"}

@@ -184,6 +184,10 @@ def test_ssh_reads_the_quoted_key_and_known_hosts_paths_back(tmp_path: Path, val
     # IdentityFile is shown before ssh expands its %-tokens; %% is how a literal % is kept.
     assert options["identityfile"] == str(identity.private_key).replace("%", "%%")
     assert ssh_option_path('/a b/"q"\'s') == '"/a b/\\"q\\"\'s"'
+    # nothing of the user's ssh config, no forwarding, no local command, whatever ssh's defaults
+    assert argv[1:3] == ["-F", "/dev/null"]
+    assert options["forwardagent"] == "no" and options["forwardx11"] == "no"
+    assert options["clearallforwardings"] == "yes" and options["permitlocalcommand"] == "no"
 
 
 def test_ssh_takes_aes_gcm_first_only_where_the_cpu_has_aes() -> None:

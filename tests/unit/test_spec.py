@@ -20,6 +20,7 @@ from orchestrator.spec_loading import load_job
 from tests.unit.spec_cases import (
     FULL_EXAMPLE,
     MINIMAL,
+    spec_error,
     write,
 )
 
@@ -76,6 +77,7 @@ def test_defaults(project: Path) -> None:
     assert spec.resources.spot is False
     assert spec.resources.max_price_per_hour is None
     assert spec.resources.min_gpu_memory_gb is None
+    assert spec.resources.disk_size_gb is None  # the image's own root volume size
     assert spec.checkpoint.dir is None
     assert spec.checkpoint.pull_every == 60.0
     assert spec.budget.max_cost_usd is None
@@ -86,6 +88,14 @@ def test_defaults(project: Path) -> None:
     assert spec.env == {}
     assert spec.provider == "local"
     assert job.data_sources == []
+
+
+def test_disk_size_is_a_whole_number_of_gigabytes(project: Path) -> None:
+    sized = load_job(write(project, MINIMAL + "resources: {disk_size_gb: 200}\n")).spec
+    assert sized.resources.disk_size_gb == 200
+    for bad in ("0", "1.5", "true", "big"):
+        message = spec_error(write(project, MINIMAL + f"resources: {{disk_size_gb: {bad}}}\n"))
+        assert "resources.disk_size_gb" in message
 
 
 def test_empty_sections_mean_defaults(project: Path) -> None:
