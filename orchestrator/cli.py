@@ -355,7 +355,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
         provider = get_provider(job.provider, settings)
         ids = [i.instance_id for i in provider.list_owned(job_id=job_id)]
         if ids:
-            end_nodes(ledger, provider, job_id, ids)
+            end_nodes(ledger, provider, job_id, ids, home=settings.home)
         ledger.update_job(
             job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
         )
@@ -423,7 +423,7 @@ def down(
             if all_clusters or instance.cluster == cluster:
                 by_job.setdefault(instance.job_id, []).append(instance.instance_id)
         for job_id, ids in by_job.items():
-            end_nodes(ledger, provider, job_id, ids)
+            end_nodes(ledger, provider, job_id, ids, home=settings.home)
             ended += len(ids)
             with contextlib.suppress(UnknownJob):
                 job = ledger.get_job(job_id)
@@ -498,7 +498,12 @@ def reconcile(
     report = run_reconcile(settings, ledger, _providers_in_use(settings, ledger), dry_run=dry_run)
     if json_out:
         _print_json(
-            {"terminated": report.terminated, "revived": report.revived, "dry_run": dry_run}
+            {
+                "terminated": report.terminated,
+                "revived": report.revived,
+                "recorded": report.recorded,
+                "dry_run": dry_run,
+            }
         )
         return
     console = Console()
@@ -507,7 +512,9 @@ def reconcile(
         console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
     for job_id in report.revived:
         console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
-    if not report.terminated and not report.revived:
+    for job_id in report.recorded:
+        console.print(f"{job_id}: wrote the end its stop could not write into the ledger")
+    if not report.terminated and not report.revived and not report.recorded:
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 
 
