@@ -267,7 +267,11 @@ def logs(
     node: Annotated[int | None, typer.Option("--node", help="this node's whole log")] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
 ) -> None:
-    """Print a job's logs (rank 0 by default) as pulled from its nodes."""
+    """Print a job's logs (rank 0 by default) as pulled from its nodes.
+
+    The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
+    first, oldest first; -f follows the log across rotations."""
+    from orchestrator.log_files import read_from
     from orchestrator.progress import rank_lines
 
     settings = load_settings()
@@ -280,18 +284,20 @@ def logs(
     node_index = node if node is not None else (rank or 0) // job.gpus_per_node
     local_rank = None if node is not None else (rank or 0) % job.gpus_per_node
     path = settings.job_dir(job.id) / "logs" / f"node-{node_index}.log"
-    printed = 0
+    consumed = 0  # position in the log's stream, across its rotated files
     while True:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        lines = rank_lines(text, local_rank)
-        for line in lines[printed:]:
+        done = not follow or JobState(ledger.get_job(job.id).state).is_final
+        first, data = read_from(path, consumed)
+        if not done:  # a line still being written is printed once it is whole
+            data = data[: data.rfind(b"\n") + 1]
+        for line in rank_lines(data.decode(errors="replace"), local_rank):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        printed = len(lines)
-        if not follow or JobState(ledger.get_job(job.id).state).is_final:
+        consumed = first + len(data)
+        if done:
             break
         time.sleep(1.0)
-    if not text:
+    if not consumed:
         Console(stderr=True).print(
             f"no log of node {node_index} yet (logs arrive with the controller's next watch tick)"
         )

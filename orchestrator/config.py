@@ -6,7 +6,7 @@ Layout of ORCH_HOME (default ~/.orch):
     config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
                              {aws: {regions: [us-east-1], ami_id: ami-...}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
-    jobs/<job id>/           pulled checkpoints, logs
+    jobs/<job id>/           pulled checkpoints, logs (capped and rotated: `logs` settings)
     local/                   the local provider's nodes and network state
 """
 
@@ -103,6 +103,15 @@ class StoreSettings(BaseModel):
     region: str | None = None  # None: the region of the job's nodes, else boto3's default
 
 
+class LogSettings(BaseModel):
+    """The node logs mirrored under ORCH_HOME/jobs/<id>/logs (see `orchestrator.log_files`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_bytes: int = Field(default=50 * 1024 * 1024, ge=0)  # cap per log file; 0: no cap
+    keep: int = Field(default=3, ge=0)  # rotated files kept per node log (node-0.log.1, ...)
+
+
 class ControllerSettings(BaseModel):
     """Timing of the controller's periodic work (seconds) and its idleness thresholds."""
 
@@ -151,6 +160,7 @@ class Settings(BaseModel):
     aws: AwsSettings = AwsSettings()
     controller: ControllerSettings = ControllerSettings()
     store: StoreSettings = StoreSettings()
+    logs: LogSettings = LogSettings()
 
     @property
     def db_path(self) -> Path:
@@ -186,6 +196,8 @@ _ENV_OVERRIDES = {
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
     "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
     "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
+    "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
+    "ORCH_LOGS_KEEP": ("logs", "keep"),
 }
 
 

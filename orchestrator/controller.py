@@ -563,6 +563,8 @@ class JobRunner:
             on_line=self.reporter.line,
             lost_after=self.options.lost_after,
             probe_timeout=max(self.options.probe_timeout, self.options.watch_interval),
+            max_log_bytes=self.settings.logs.max_bytes,
+            log_keep=self.settings.logs.keep,
         )
 
     def _decide(self, order: StopOrder | Interruption | PlannedMove) -> None:
