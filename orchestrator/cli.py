@@ -79,6 +79,26 @@ def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[Launch
     return offer_plan(spec, offers[0]), offers_dry_run(spec, offers)
 
 
+def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
+    """Ask before a job without a budget bills a paid provider (`spend_guard`); without a
+    terminal to ask on, refuse (SpecError, exit 2). Declined: exit 130, nothing launched."""
+    from orchestrator.spend_guard import needs_confirmation
+
+    notice = needs_confirmation(spec, plan)
+    if notice is None:
+        return
+    if not sys.stdin.isatty():
+        raise SpecError(
+            f"{notice.text()}; not launched: there is no terminal to ask on",
+            hint="pass --yes to launch anyway, or set a budget: --max-cost USD, "
+            "budget.max_runtime in the spec, or controller.default_max_runtime "
+            "(ORCH_DEFAULT_MAX_RUNTIME)",
+        )
+    if not typer.confirm(f"{notice.text()}. Launch?", default=False, err=True):
+        Console(stderr=True).print("not launched", highlight=False)
+        raise typer.Exit(130)
+
+
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -102,12 +122,21 @@ def submit(
     detach: Annotated[
         bool, typer.Option("--detach", help="hand the job to a background controller")
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="launch without asking, even on a paid provider with no budget"
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
 
     In the foreground this process is the job's controller (Ctrl-C cancels the job); with
     --detach a background controller drives it and the job id is printed on the last line.
+    On a paid provider (aws), a job with neither budget.max_cost_usd nor budget.max_runtime
+    shows its hourly price and asks first (exit 2 without a terminal; --yes for scripts);
+    controller.default_max_runtime gives such jobs a max_runtime instead.
     """
     from orchestrator.controller import JobRunner, RunnerOptions
     from orchestrator.spec_loading import load_job
@@ -135,6 +164,9 @@ def submit(
         "budget.idle_timeout": idle_timeout,
     }
     loaded = load_job(job_file, overrides)
+    default_runtime = settings.controller.default_max_runtime
+    if default_runtime is not None and loaded.spec.budget.max_runtime is None:
+        loaded = load_job(job_file, {**overrides, "budget.max_runtime": default_runtime})
     now = utcnow()
     deadline = loaded.spec.deadline_at(now)
     if deadline is not None and deadline <= now:
@@ -165,6 +197,8 @@ def submit(
             f"the plan costs ${plan.hourly_usd}/h, above budget.max_hourly_usd ${max_hourly}/h",
             hint="use fewer or cheaper nodes, or raise budget.max_hourly_usd",
         )
+    if not yes:
+        _confirm_spend(loaded.spec, plan)
     ledger = _ledger(settings)
     job_id = new_job_id(loaded.spec.name)
     if detach:

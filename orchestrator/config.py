@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.spec import Seconds
 
 LocalNetworkMode = Literal["auto", "namespace", "loopback"]
 
@@ -131,6 +132,9 @@ class ControllerSettings(BaseModel):
     policy_interval: float = Field(default=5.0, gt=0)  # spot policy: between two decisions
     restart_overhead_prior: float = Field(default=720.0, ge=0)  # spot policy: a restart's
     #   cost in seconds until the job has measured its own (12 min, the paper's 0.2 h)
+    # budget.max_runtime of jobs that set none (seconds, or a duration such as 4h); with it,
+    # `orch submit` on a paid provider does not ask before launching a job without a budget
+    default_max_runtime: Seconds | None = None
 
     def runner_options(self) -> dict[str, float | int]:
         return {
@@ -196,6 +200,7 @@ _ENV_OVERRIDES = {
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
     "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
     "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
+    "ORCH_DEFAULT_MAX_RUNTIME": ("controller", "default_max_runtime"),
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
 }
