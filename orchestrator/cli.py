@@ -80,6 +80,26 @@ def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[Launch
     return offer_plan(spec, offers[0]), offers_dry_run(spec, offers)
 
 
+def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
+    """Ask before a job without a budget bills a paid provider (`spend_guard`); without a
+    terminal to ask on, refuse (SpecError, exit 2). Declined: exit 130, nothing launched."""
+    from orchestrator.spend_guard import needs_confirmation
+
+    notice = needs_confirmation(spec, plan)
+    if notice is None:
+        return
+    if not sys.stdin.isatty():
+        raise SpecError(
+            f"{notice.text()}; not launched: there is no terminal to ask on",
+            hint="pass --yes to launch anyway, or set a budget: --max-cost USD, "
+            "budget.max_runtime in the spec, or controller.default_max_runtime "
+            "(ORCH_DEFAULT_MAX_RUNTIME)",
+        )
+    if not typer.confirm(f"{notice.text()}. Launch?", default=False, err=True):
+        Console(stderr=True).print("not launched", highlight=False)
+        raise typer.Exit(130)
+
+
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -103,12 +123,21 @@ def submit(
     detach: Annotated[
         bool, typer.Option("--detach", help="hand the job to a background controller")
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="launch without asking, even on a paid provider with no budget"
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
 
     In the foreground this process is the job's controller (Ctrl-C cancels the job); with
     --detach a background controller drives it and the job id is printed on the last line.
+    On a paid provider (aws), a job with neither budget.max_cost_usd nor budget.max_runtime
+    shows its hourly price and asks first (exit 2 without a terminal; --yes for scripts);
+    controller.default_max_runtime gives such jobs a max_runtime instead.
     """
     from orchestrator.controller import JobRunner, RunnerOptions
     from orchestrator.spec_loading import load_job
@@ -136,6 +165,9 @@ def submit(
         "budget.idle_timeout": idle_timeout,
     }
     loaded = load_job(job_file, overrides)
+    default_runtime = settings.controller.default_max_runtime
+    if default_runtime is not None and loaded.spec.budget.max_runtime is None:
+        loaded = load_job(job_file, {**overrides, "budget.max_runtime": default_runtime})
     now = utcnow()
     deadline = loaded.spec.deadline_at(now)
     if deadline is not None and deadline <= now:
@@ -166,6 +198,8 @@ def submit(
             f"the plan costs ${plan.hourly_usd}/h, above budget.max_hourly_usd ${max_hourly}/h",
             hint="use fewer or cheaper nodes, or raise budget.max_hourly_usd",
         )
+    if not yes:
+        _confirm_spend(loaded.spec, plan)
     ledger = _ledger(settings)
     job_id = new_job_id(loaded.spec.name)
     if detach:
@@ -268,7 +302,11 @@ def logs(
     node: Annotated[int | None, typer.Option("--node", help="this node's whole log")] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
 ) -> None:
-    """Print a job's logs (rank 0 by default) as pulled from its nodes."""
+    """Print a job's logs (rank 0 by default) as pulled from its nodes.
+
+    The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
+    first, oldest first; -f follows the log across rotations."""
+    from orchestrator.log_files import read_from
     from orchestrator.progress import rank_lines
 
     settings = load_settings()
@@ -281,18 +319,20 @@ def logs(
     node_index = node if node is not None else (rank or 0) // job.gpus_per_node
     local_rank = None if node is not None else (rank or 0) % job.gpus_per_node
     path = settings.job_dir(job.id) / "logs" / f"node-{node_index}.log"
-    printed = 0
+    consumed = 0  # position in the log's stream, across its rotated files
     while True:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        lines = rank_lines(text, local_rank)
-        for line in lines[printed:]:
+        done = not follow or JobState(ledger.get_job(job.id).state).is_final
+        first, data = read_from(path, consumed)
+        if not done:  # a line still being written is printed once it is whole
+            data = data[: data.rfind(b"\n") + 1]
+        for line in rank_lines(data.decode(errors="replace"), local_rank):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        printed = len(lines)
-        if not follow or JobState(ledger.get_job(job.id).state).is_final:
+        consumed = first + len(data)
+        if done:
             break
         time.sleep(1.0)
-    if not text:
+    if not consumed:
         Console(stderr=True).print(
             f"no log of node {node_index} yet (logs arrive with the controller's next watch tick)"
         )
@@ -357,7 +397,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
         _check_job_identity(ledger, job_id, provider)
         ids = [i.instance_id for i in _ours(ledger, provider.list_owned(job_id=job_id))]
         if ids:
-            end_nodes(ledger, provider, job_id, ids)
+            end_nodes(ledger, provider, job_id, ids, home=settings.home)
         ledger.update_job(
             job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
         )
@@ -432,7 +472,7 @@ def down(
         for instance in found.ours:
             by_job.setdefault(instance.job_id, []).append(instance.instance_id)
         for job_id, ids in by_job.items():
-            end_nodes(ledger, provider, job_id, ids)
+            end_nodes(ledger, provider, job_id, ids, home=settings.home)
             ended += len(ids)
             with contextlib.suppress(UnknownJob):
                 job = ledger.get_job(job_id)
@@ -540,6 +580,7 @@ def reconcile(
                 "terminated": report.terminated,
                 "revived": report.revived,
                 "not_ours": report.not_ours,
+                "recorded": report.recorded,
                 "dry_run": dry_run,
             }
         )
@@ -552,7 +593,9 @@ def reconcile(
         console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
     if line := not_ours_line(report.not_ours):
         console.print(line)
-    if not report.terminated and not report.revived:
+    for job_id in report.recorded:
+        console.print(f"{job_id}: wrote the end its stop could not write into the ledger")
+    if not report.terminated and not report.revived and not report.recorded:
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 
 

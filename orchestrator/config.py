@@ -6,7 +6,7 @@ Layout of ORCH_HOME (default ~/.orch):
     config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
                              {aws: {regions: [us-east-1], ami_id: ami-...}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
-    jobs/<job id>/           pulled checkpoints, logs
+    jobs/<job id>/           pulled checkpoints, logs (capped and rotated: `logs` settings)
     local/                   the local provider's nodes and network state
 """
 
@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import ConfigError
+from orchestrator.spec import Seconds
 
 LocalNetworkMode = Literal["auto", "namespace", "loopback"]
 
@@ -141,6 +142,15 @@ class StoreSettings(BaseModel):
     region: str | None = None  # None: the region of the job's nodes, else boto3's default
 
 
+class LogSettings(BaseModel):
+    """The node logs mirrored under ORCH_HOME/jobs/<id>/logs (see `orchestrator.log_files`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_bytes: int = Field(default=50 * 1024 * 1024, ge=0)  # cap per log file; 0: no cap
+    keep: int = Field(default=3, ge=0)  # rotated files kept per node log (node-0.log.1, ...)
+
+
 class ControllerSettings(BaseModel):
     """Timing of the controller's periodic work (seconds) and its idleness thresholds."""
 
@@ -160,6 +170,9 @@ class ControllerSettings(BaseModel):
     policy_interval: float = Field(default=5.0, gt=0)  # spot policy: between two decisions
     restart_overhead_prior: float = Field(default=720.0, ge=0)  # spot policy: a restart's
     #   cost in seconds until the job has measured its own (12 min, the paper's 0.2 h)
+    # budget.max_runtime of jobs that set none (seconds, or a duration such as 4h); with it,
+    # `orch submit` on a paid provider does not ask before launching a job without a budget
+    default_max_runtime: Seconds | None = None
 
     def runner_options(self) -> dict[str, float | int]:
         return {
@@ -189,6 +202,7 @@ class Settings(BaseModel):
     aws: AwsSettings = AwsSettings()
     controller: ControllerSettings = ControllerSettings()
     store: StoreSettings = StoreSettings()
+    logs: LogSettings = LogSettings()
 
     @property
     def db_path(self) -> Path:
@@ -226,6 +240,9 @@ _ENV_OVERRIDES = {
     "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
     "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
     "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
+    "ORCH_DEFAULT_MAX_RUNTIME": ("controller", "default_max_runtime"),
+    "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
+    "ORCH_LOGS_KEEP": ("logs", "keep"),
 }
 
 

@@ -75,6 +75,12 @@ from orchestrator.spec import LoadedJob
 from orchestrator.spot_notice import SpotNotice
 from orchestrator.spot_policy import Decision
 from orchestrator.supervision import controller_identity
+from orchestrator.unrecorded import (
+    LEDGER_FAILURES,
+    DeferredWrites,
+    UnrecordedEnd,
+    save_unrecorded,
+)
 from orchestrator.watch import RunWatch
 
 
@@ -193,6 +199,8 @@ class JobRunner:
         self._last_step_saved = 0.0
         self._driver = self._deadline_driver()  # None unless the spec names a spot_policy
         self._awaiting_progress = False  # a run started and has not reported progress yet
+        self._writes = DeferredWrites(self.reporter.line)  # teardown's best-effort writes
+        self._unclosed: list[tuple[list[str], datetime]] = []  # ended, lease end not written
 
     # --- the whole run ----------------------------------------------------------------------
     def run(self) -> JobOutcome:
@@ -703,6 +711,8 @@ class JobRunner:
             on_line=self.reporter.line,
             lost_after=self.options.lost_after,
             probe_timeout=max(self.options.probe_timeout, self.options.watch_interval),
+            max_log_bytes=self.settings.logs.max_bytes,
+            log_keep=self.settings.logs.keep,
         )
 
     def _decide(self, order: StopOrder | Interruption | PlannedMove) -> None:
@@ -1198,20 +1208,32 @@ class JobRunner:
         """Salvage what can be salvaged, then end every node of the job and close its leases.
 
         The final state is written first (as `stop_state`, with the job STOPPING), so a
-        controller that adopts a half-finished stop knows how the job must end.
+        controller that adopts a half-finished stop knows how the job must end. Every ledger
+        write here is best effort (`DeferredWrites`): a ledger that refuses writes never keeps
+        the nodes from ending; what it refused is tried once more after the termination, and
+        what it still refuses is saved under ORCH_HOME/unrecorded/ for `orch reconcile`.
         """
         reason = order.reason or None
-        self.ledger.update_job(
-            self.job.id,
-            state=JobState.STOPPING,
-            stop_state=order.state.value,
-            exit_code=order.exit_code,
-            reason=reason,
+        writes = self._writes
+        writes.write(
+            "the job's stop (STOPPING)",
+            lambda: self.ledger.update_job(
+                self.job.id,
+                state=JobState.STOPPING,
+                stop_state=order.state.value,
+                exit_code=order.exit_code,
+                reason=reason,
+            ),
         )
-        self.ledger.add_event(
-            self.job.id, "STOPPING", f"{order.state.value}: {reason or 'finished'}",
-            step=self._last_step,
-        )  # fmt: skip
+        writes.write(
+            "the STOPPING event",
+            lambda: self.ledger.add_event(
+                self.job.id,
+                "STOPPING",
+                f"{order.state.value}: {reason or 'finished'}",
+                step=self._last_step,
+            ),  # fmt: skip
+        )
         self.reporter.phase(
             f"stopping ({order.state.value}): pulling checkpoints and logs, shutting nodes down"
         )
@@ -1222,24 +1244,67 @@ class JobRunner:
                 try:
                     salvage()
                 except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
-                    self.ledger.add_event(self.job.id, "WARNING", f"during teardown: {exc}")
+                    self._warn(f"during teardown: {exc}")
         ended_at = self._terminate_all()
         if self.cluster is not None:
             self.cluster.close()
         try:
             self.keeper.sweep_store()
         except Exception as exc:  # noqa: BLE001 - the job's end is recorded whatever happens here
-            self.ledger.add_event(self.job.id, "WARNING", f"store cleanup: {exc}")
-        self.ledger.update_job(
-            self.job.id,
-            state=order.state,
-            ended_at=ended_at,
-            exit_code=order.exit_code,
-            reason=reason,
-            step=self._last_step if self._last_step is not None else self.job.step,
+            self._warn(f"store cleanup: {exc}")
+        step = self._last_step if self._last_step is not None else self.job.step
+        writes.write(
+            f"the job's end ({order.state.value})",
+            lambda: self.ledger.update_job(
+                self.job.id,
+                state=order.state,
+                ended_at=ended_at,
+                exit_code=order.exit_code,
+                reason=reason,
+                step=step,
+            ),  # fmt: skip
         )
-        self.ledger.add_event(self.job.id, order.state.value, reason or "", step=self._last_step)
+        writes.write(
+            f"the {order.state.value} event",
+            lambda: self.ledger.add_event(
+                self.job.id, order.state.value, reason or "", step=self._last_step
+            ),
+        )
+        if writes.retry():
+            self._save_unrecorded(
+                UnrecordedEnd(
+                    self.job.id,
+                    list(self._unclosed),
+                    order.state,
+                    order.exit_code,
+                    reason,
+                    step,
+                    ended_at,
+                )  # fmt: skip
+            )
         self.reporter.phase(order.state.value.lower())
+
+    def _warn(self, message: str) -> None:
+        """A WARNING event, best effort (see `_teardown`)."""
+        self._writes.write(
+            "a warning", lambda: self.ledger.add_event(self.job.id, "WARNING", message)
+        )
+
+    def _save_unrecorded(self, record: UnrecordedEnd) -> None:
+        """Keep what the ledger refused for `orch reconcile`, and say so."""
+        ended = ", ".join(f"{' '.join(ids)} at {at.isoformat()}" for ids, at in record.ended)
+        try:
+            path = save_unrecorded(self.settings.home, record)
+        except OSError as exc:
+            self.reporter.line(
+                f"[orch] could not save the unwritten records either ({exc}); the job ended "
+                f"{record.state}, nodes ended: {ended or 'none'}"
+            )
+            return
+        self.reporter.line(
+            f"[orch] every node is ended; what the ledger refused is kept in {path}: "
+            "`orch reconcile` writes it once the ledger takes writes again"
+        )
 
     def _terminate_all(self) -> datetime:
         """Terminate the recorded nodes and anything else of this ledger the provider runs for
@@ -1247,31 +1312,52 @@ class JobRunner:
 
         Ids the provider cannot find at all (`InstancesNotFound`) have their leases closed
         too: `run` checked that this controller acts as the job's identity, so the cloud forgot
-        them (they ended long ago)."""
+        them (they ended long ago). The termination never waits on the ledger: its writes
+        (leases of nodes launched without one, the leases' end, the event) are best effort
+        (`self._writes`); a lease whose end was not written is kept in `self._unclosed` with
+        the provider's end time. Nodes that powered themselves off are billed until they did.
+        """
         ids = {i.instance_id for i in self.instances}
-        ids |= {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
+        try:
+            ids |= {lease.instance_id for lease in self.ledger.leases(self.job.id, open_only=True)}
+        except LEDGER_FAILURES as exc:
+            self.reporter.line(f"[orch] could not read the job's leases ({exc}); ending the rest")
         owned: list[Instance] = []
         try:
             owned = self._ours(self.provider.list_owned(job_id=self.job.id))
             ids |= {i.instance_id for i in owned}
         except OrchError as exc:
-            self.ledger.add_event(self.job.id, "WARNING", f"could not list nodes: {exc}")
+            self._warn(f"could not list nodes: {exc}")
         if not ids:
             return utcnow()
         # A launch cut short (a controller killed before it wrote the leases) left nodes that
         # bill without a lease: they get one before they end, so the bill holds their seconds.
-        lease_unrecorded(
-            self.ledger, self.provider, self.job.id, sorted(ids), known=[*self.instances, *owned]
-        )
-        with contextlib.suppress(OrchError):  # nodes that ended themselves billed until then
+        known = [*self.instances, *owned]
+        try:
+            self._writes.write(
+                "leases of nodes launched without one",
+                lambda: lease_unrecorded(
+                    self.ledger, self.provider, self.job.id, sorted(ids), known=known
+                ),
+            )
+        except OrchError as exc:
+            self.reporter.line(f"[orch] could not describe unleased nodes: {exc}")
+        with contextlib.suppress(OrchError, *LEDGER_FAILURES):
             self._close_self_ended(self.provider.self_ended(sorted(ids)))
         try:
             ended_at = self.provider.terminate(sorted(ids))
         except InstancesNotFound as exc:
             ended_at = exc.ended_at or utcnow()
-            self.ledger.add_event(self.job.id, "WARNING", f"{exc.message}; their leases end now")
-        self.ledger.close_leases(ids, ended_at)
-        self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)")
+            self._warn(f"{exc.message}; their leases end now")
+        if not self._writes.write(
+            f"the end of {len(ids)} lease(s) at {ended_at.isoformat()}",
+            lambda: self.ledger.close_leases(ids, ended_at),
+        ):
+            self._unclosed.append((sorted(ids), ended_at))
+        self._writes.write(
+            "the TERMINATED event",
+            lambda: self.ledger.add_event(self.job.id, "TERMINATED", f"{len(ids)} node(s)"),
+        )
         return ended_at
 
 

@@ -15,11 +15,12 @@ from typing import NoReturn
 
 from orchestrator.config import load_settings
 from orchestrator.controller import JobRunner, RunnerOptions
-from orchestrator.errors import IdentityMismatch
+from orchestrator.errors import IdentityMismatch, LedgerError
 from orchestrator.ledger import JobState, Ledger, make_engine
 from orchestrator.progress import Metrics
 from orchestrator.providers import get_provider
 from orchestrator.supervision import ControllerLock, controller_identity, load_job_record
+from orchestrator.unrecorded import finish_unrecorded, has_unrecorded
 
 
 class LogReporter:
@@ -55,6 +56,14 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, _cancel)
         signal.signal(signal.SIGINT, _cancel)
         ledger = Ledger(make_engine(settings.db_path))
+        # A stop whose records the ledger refused: write them, and never drive the job again.
+        finish_unrecorded(settings.home, ledger, job_id)
+        if has_unrecorded(settings.home, job_id):
+            print(
+                f"{job_id}: its stop is not written yet (the ledger refuses writes)",
+                file=sys.stderr,
+            )
+            return LedgerError.exit_code
         job = ledger.get_job(job_id)
         if JobState(job.state).is_final:
             return 0

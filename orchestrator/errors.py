@@ -127,3 +127,8 @@ class UnknownJob(OrchError):
     """No job with that id exists in the ledger."""
 
     exit_code = 2
+
+
+class LedgerError(OrchError):
+    """The ledger refused writes (disk full, locked too long, read-only); nodes were still
+    ended, and what could not be written waits under ORCH_HOME/unrecorded/."""

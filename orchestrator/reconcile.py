@@ -14,13 +14,20 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.config import Settings
-from orchestrator.errors import OrchError, UnknownJob
+from orchestrator.errors import LedgerError, OrchError, UnknownJob
 from orchestrator.ledger import JobState, Lease, Ledger
 from orchestrator.ownership import partition
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.supervision import controller_running, revive_controllers
+from orchestrator.unrecorded import (
+    DeferredWrites,
+    UnrecordedEnd,
+    finish_unrecorded,
+    save_unrecorded,
+)
 
 
 @dataclass
@@ -28,6 +35,7 @@ class ReconcileReport:
     terminated: dict[str, list[str]] = field(default_factory=dict)  # job id -> instance ids
     revived: list[str] = field(default_factory=list)  # jobs given a new controller
     not_ours: list[str] = field(default_factory=list)  # ids of other ledgers' nodes: untouched
+    recorded: list[str] = field(default_factory=list)  # jobs whose unwritten stop was written
 
 
 def lease_unrecorded(
@@ -87,14 +95,56 @@ def identity_json(provider: Provider) -> str | None:
         return None
 
 
-def end_nodes(ledger: Ledger, provider: Provider, job_id: str, instance_ids: list[str]) -> None:
+def end_nodes(
+    ledger: Ledger,
+    provider: Provider,
+    job_id: str,
+    instance_ids: list[str],
+    *,
+    home: Path | None = None,
+) -> None:
     """Terminate nodes and close their leases at the provider's acknowledged end time (nodes
-    without a lease get one first: `lease_unrecorded`)."""
-    lease_unrecorded(ledger, provider, job_id, instance_ids)
+    without a lease get one first: `lease_unrecorded`).
+
+    The termination never waits on the ledger: its writes are best effort, tried once more
+    after the nodes ended. What the ledger still refuses is saved under `home`/unrecorded/
+    (ORCH_HOME; `finish_unrecorded` writes it later) and `LedgerError` is raised, the nodes
+    being gone by then.
+    """
+    lines: list[str] = []
+    writes = DeferredWrites(lines.append)
+    with contextlib.suppress(OrchError):  # cannot describe them: they end unleased
+        writes.write(
+            "leases of nodes launched without one",
+            lambda: lease_unrecorded(ledger, provider, job_id, instance_ids),
+        )
     ended_at = provider.terminate(sorted(instance_ids))
-    ledger.close_leases(instance_ids, ended_at)
-    with contextlib.suppress(UnknownJob):  # nodes of a job the ledger never knew
-        ledger.add_event(ledger.get_job(job_id).id, "TERMINATED", f"{len(instance_ids)} node(s)")
+    writes.write("the end of their leases", lambda: ledger.close_leases(instance_ids, ended_at))
+
+    def event() -> None:
+        with contextlib.suppress(UnknownJob):  # nodes of a job the ledger never knew
+            ledger.add_event(
+                ledger.get_job(job_id).id, "TERMINATED", f"{len(instance_ids)} node(s)"
+            )
+
+    writes.write("the TERMINATED event", event)
+    left = writes.retry()
+    if not left:
+        return
+    ended = f"{', '.join(sorted(instance_ids))} ended at {ended_at.isoformat()}"
+    kept = "not kept (no ORCH_HOME given)"
+    if home is not None:
+        record = UnrecordedEnd(job_id, [(sorted(instance_ids), ended_at)])
+        try:
+            kept = f"kept in {save_unrecorded(home, record)}"
+        except OSError as exc:
+            kept = f"not kept ({exc})"
+    raise LedgerError(
+        f"{job_id}: nodes {ended}, but the ledger refused writes ({writes.error}); "
+        f"not written: {'; '.join(left)}; {kept}",
+        hint="free the ledger (disk space, the process holding its lock), then run "
+        "`orch reconcile`: it closes the leases at the time above",
+    )
 
 
 def reconcile(
@@ -104,7 +154,9 @@ def reconcile(
     Idempotent. Nodes that are not this ledger's are only listed (`ReconcileReport.not_ours`).
 
     With `dry_run`, nothing is revived or terminated: the report says what would be.
+    Records a stop could not write (ORCH_HOME/unrecorded/) are written first.
     """
+    recorded = [] if dry_run else finish_unrecorded(settings.home, ledger)
     if dry_run:
         revived = [
             job.id
@@ -113,7 +165,7 @@ def reconcile(
         ]
     else:
         revived = revive_controllers(settings, ledger)
-    report = ReconcileReport(revived=revived)
+    report = ReconcileReport(revived=revived, recorded=recorded)
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
     for provider in providers:
@@ -128,7 +180,7 @@ def reconcile(
             if job is not None and not JobState(job.state).is_final and driven:
                 continue
             if not dry_run:
-                end_nodes(ledger, provider, job_id, ids)
+                end_nodes(ledger, provider, job_id, ids, home=settings.home)
             report.terminated[job_id] = sorted(ids)
     report.not_ours.sort()
     return report

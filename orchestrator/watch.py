@@ -2,8 +2,9 @@
 
 `RunWatch.tick()` probes every node over its open connection (one command each), appends new
 log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
-terminal while the job runs), reports rank 0's progress, and returns the verdict. A node that
-fails `lost_after` probes in a row is lost (`NodeLost`): one missed probe is not enough.
+terminal while the job runs; capped and rotated, see `orchestrator.log_files`), reports rank
+0's progress, and returns the verdict. A node that fails `lost_after` probes in a row is lost
+(`NodeLost`): one missed probe is not enough.
 
 A check never waits longer than `probe_timeout` for a node: a node that has not answered by
 then missed the check, and its probe may go on (a dead link can hold a command or a reconnect
@@ -19,7 +20,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from orchestrator import launch
+from orchestrator import launch, log_files
 from orchestrator.cluster import Cluster
 from orchestrator.errors import NodeLost, NodeUnreachable
 from orchestrator.policies import Verdict, assess
@@ -53,6 +54,8 @@ class RunWatch:
         on_line: Callable[[str], None],
         lost_after: int = 3,
         probe_timeout: float = 30.0,
+        max_log_bytes: int = 0,
+        log_keep: int = 3,
     ) -> None:
         self.cluster = cluster
         self.layout = layout
@@ -61,6 +64,8 @@ class RunWatch:
         self.on_line = on_line
         self.lost_after = lost_after
         self.probe_timeout = probe_timeout
+        self.max_log_bytes = max_log_bytes  # cap per log file, 0: none (see log_files)
+        self.log_keep = log_keep  # rotated files kept per log
         logs_dir.mkdir(parents=True, exist_ok=True)
         count = len(cluster.instances)
         self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
@@ -141,8 +146,7 @@ class RunWatch:
 
     def _append(self, rank: int, text: str) -> None:
         data = text.encode()
-        with self.paths[rank].open("ab") as handle:
-            handle.write(data)
+        log_files.append(self.paths[rank], data, max_bytes=self.max_log_bytes, keep=self.log_keep)
         self.offsets[rank] += len(data)
 
     def _remote_offset(self, path: Path, instance_id: str) -> int:
@@ -152,7 +156,7 @@ class RunWatch:
         spot reclaim) before this node's; where this node's part starts is kept in
         `.starts/<instance id>`, written when the node is first watched.
         """
-        size = path.stat().st_size if path.exists() else 0
+        size = log_files.logical_size(path)  # rotated parts count too
         start_file = self.logs_dir / ".starts" / instance_id
         try:
             start = int(start_file.read_text())

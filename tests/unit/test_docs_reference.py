@@ -97,6 +97,7 @@ def test_every_setting_and_variable_is_documented_with_its_default() -> None:
         "aws": config.AwsSettings,
         "controller": config.ControllerSettings,
         "store": config.StoreSettings,
+        "logs": config.LogSettings,
     }
     expected = set()
     for section, model in sections.items():

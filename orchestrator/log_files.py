@@ -1,0 +1,105 @@
+"""The mirrored node logs under ORCH_HOME/jobs/<id>/logs: capped in size and rotated.
+
+`node-0.log` is the newest part of node 0's log; once it would pass `logs.max_bytes` it becomes
+`node-0.log.1`, the previous `.1` becomes `.2`, and so on up to `logs.keep` rotated files (the
+oldest is then deleted). So a job keeps at most about (keep + 1) x max_bytes per node; a single
+append larger than the cap (at most one probe's worth, 1 MiB) still goes whole into a fresh file.
+
+Every log also has a count of the bytes rotated out of it, `.rotated/<name>` (all of them,
+deleted ones too), so the log reads as one stream whose byte positions never move:
+`logical_size` = rotated + current size. The watch resumes from those positions and
+`orch logs -f` follows them across rotations (`read_from`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROTATED_DIR = ".rotated"
+
+
+def needs_rotation(current_size: int, incoming: int, max_bytes: int) -> bool:
+    """Whether a log holding `current_size` bytes is rotated before `incoming` more are
+    appended: when it holds something and would pass `max_bytes` (0: never). Pure."""
+    return max_bytes > 0 and current_size > 0 and current_size + incoming > max_bytes
+
+
+def rotation_moves(name: str, keep: int) -> list[tuple[str, str | None]]:
+    """The renames of one rotation, in the order they are made: (from, to), to None meaning
+    the file is deleted. `keep` rotated files are kept (0: the current one is deleted). Pure."""
+    if keep <= 0:
+        return [(name, None)]
+    moves: list[tuple[str, str | None]] = [(f"{name}.{keep}", None)]
+    moves += [(f"{name}.{n}", f"{name}.{n + 1}") for n in range(keep - 1, 0, -1)]
+    moves.append((name, f"{name}.1"))
+    return moves
+
+
+def rotated_bytes(path: Path) -> int:
+    """Bytes rotated out of the log at `path` so far (0 for a log never rotated)."""
+    try:
+        return int((path.parent / ROTATED_DIR / path.name).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def logical_size(path: Path) -> int:
+    """The log's length as one stream: bytes rotated out plus the current file's."""
+    size = path.stat().st_size if path.exists() else 0
+    return rotated_bytes(path) + size
+
+
+def rotate(path: Path, keep: int) -> None:
+    """Rotate the log at `path` once (see `rotation_moves`) and count the bytes moved out."""
+    size = path.stat().st_size if path.exists() else 0
+    counter = path.parent / ROTATED_DIR / path.name
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    tmp = counter.with_suffix(".tmp")
+    tmp.write_text(str(rotated_bytes(path) + size))
+    for source, target in rotation_moves(path.name, keep):
+        src = path.parent / source
+        if not src.exists():
+            continue
+        if target is None:
+            src.unlink()
+        else:
+            src.rename(path.parent / target)
+    tmp.replace(counter)
+
+
+def append(path: Path, data: bytes, *, max_bytes: int, keep: int) -> None:
+    """Append `data` to the log at `path`, rotating it first when it would pass the cap."""
+    size = path.stat().st_size if path.exists() else 0
+    if needs_rotation(size, len(data), max_bytes):
+        rotate(path, keep)
+    with path.open("ab") as handle:
+        handle.write(data)
+
+
+def log_parts(path: Path) -> list[Path]:
+    """The files of the log at `path` that exist, oldest first (`.N` ... `.1`, then the
+    current one)."""
+    rotated = []
+    for candidate in path.parent.glob(f"{path.name}.*"):
+        suffix = candidate.name[len(path.name) + 1 :]
+        if suffix.isdigit():
+            rotated.append((int(suffix), candidate))
+    parts = [p for _, p in sorted(rotated, reverse=True)]
+    return [*parts, path] if path.exists() else parts
+
+
+def read_from(path: Path, offset: int) -> tuple[int, bytes]:
+    """The log's bytes from stream position `offset` on, as far as the kept files reach:
+    returns (the position of the first byte returned, the bytes). Bytes before the oldest
+    kept file are gone; reading starts at that file then."""
+    parts = log_parts(path)
+    start = rotated_bytes(path) - sum(p.stat().st_size for p in parts if p != path)
+    position, chunks = max(start, 0), []
+    first = max(offset, position)
+    for part in parts:
+        data = part.read_bytes()
+        end = position + len(data)
+        if end > first:
+            chunks.append(data[max(0, first - position) :])
+        position = end
+    return first, b"".join(chunks)

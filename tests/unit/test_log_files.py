@@ -1,0 +1,56 @@
+"""The cap and rotation of mirrored node logs: the pure decision, and files on a real disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator import log_files
+from orchestrator.config import load_settings
+
+
+def test_a_log_rotates_only_when_it_holds_something_and_would_pass_the_cap() -> None:
+    assert not log_files.needs_rotation(0, 10, 100)
+    assert not log_files.needs_rotation(90, 10, 100)
+    assert log_files.needs_rotation(90, 11, 100)
+    assert log_files.needs_rotation(1, 500, 100)  # a big append goes into a fresh file
+    assert not log_files.needs_rotation(0, 500, 100)  # ... whole, even above the cap
+    assert not log_files.needs_rotation(10**9, 10**9, 0)  # 0: no cap
+
+
+def test_a_rotation_shifts_every_kept_file_up_and_drops_the_oldest() -> None:
+    assert log_files.rotation_moves("node-0.log", 3) == [
+        ("node-0.log.3", None),
+        ("node-0.log.2", "node-0.log.3"),
+        ("node-0.log.1", "node-0.log.2"),
+        ("node-0.log", "node-0.log.1"),
+    ]
+    assert log_files.rotation_moves("node-0.log", 1) == [
+        ("node-0.log.1", None),
+        ("node-0.log", "node-0.log.1"),
+    ]
+    assert log_files.rotation_moves("node-0.log", 0) == [("node-0.log", None)]
+
+
+def test_the_stream_keeps_its_positions_across_rotations(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    chunks = [f"chunk {n}\n".encode() * 3 for n in range(6)]  # 24 bytes each
+    for chunk in chunks:
+        log_files.append(log, chunk, max_bytes=40, keep=2)
+    assert [p.name for p in log_files.log_parts(log)] == [
+        "node-0.log.2",
+        "node-0.log.1",
+        "node-0.log",
+    ]
+    assert all(p.stat().st_size <= 40 for p in log_files.log_parts(log))
+    assert log_files.logical_size(log) == 6 * 24
+    # what is kept reads in order; what was dropped is skipped, not invented
+    assert log_files.read_from(log, 0) == (3 * 24, b"".join(chunks[3:]))
+    assert log_files.read_from(log, 4 * 24 + 5) == (4 * 24 + 5, b"".join(chunks[4:])[5:])
+    assert log_files.read_from(log, 6 * 24) == (6 * 24, b"")
+
+
+def test_the_cap_and_the_kept_files_are_settings(tmp_path: Path) -> None:
+    settings = load_settings({"ORCH_HOME": str(tmp_path)})
+    assert (settings.logs.max_bytes, settings.logs.keep) == (50 * 1024 * 1024, 3)
+    env = {"ORCH_HOME": str(tmp_path), "ORCH_LOGS_MAX_BYTES": "1024", "ORCH_LOGS_KEEP": "1"}
+    assert (load_settings(env).logs.max_bytes, load_settings(env).logs.keep) == (1024, 1)
