@@ -63,7 +63,13 @@ from orchestrator.node.guard_protocol import (
 )
 from orchestrator.notice_watch import NoticeWatcher
 from orchestrator.ownership import check_identity, partition
-from orchestrator.policies import StopOrder, budget_order, idle_order, runtime_order
+from orchestrator.policies import (
+    StopOrder,
+    budget_order,
+    guard_limit_at,
+    idle_order,
+    runtime_order,
+)
 from orchestrator.progress import Metrics
 from orchestrator.providers.base import Instance, LaunchRequest, NodeEnd, Provider
 from orchestrator.reconcile import lease_unrecorded
@@ -577,15 +583,38 @@ class JobRunner:
         self._close_self_ended(ended)
         first = min(ended.values(), key=lambda end: end.at or utcnow())
         words = f"node(s) {', '.join(sorted(ended))} powered themselves off: {first.message}"
+        kind = first.kind or self._limit_behind(first.at or utcnow())
         states = {
             "max_runtime": (JobState.TIMED_OUT, 1),
             "budget": (JobState.BUDGET_STOPPED, 4),
             "idle": (JobState.IDLE_STOPPED, 1),
         }
-        state, code = states.get(first.kind, (JobState.FAILED, 1))
-        if first.kind == "deadman":
+        state, code = states.get(kind, (JobState.FAILED, 1))
+        if not first.kind and kind:
+            words += f" (by the job's limits at that time: {kind})"
+        if kind == "deadman":
             words += " (the run had ended while no controller watched; its exit code is lost)"
         return StopOrder(state, code, words)
+
+    def _limit_behind(self, at: datetime) -> str:
+        """Which limit a guard most likely acted on when nodes powered themselves off at `at`
+        and the provider cannot say why (EC2 keeps no word of it)."""
+        budget = self.spec.budget
+        leases = self.ledger.leases(self.job.id)
+        hourly = sum(
+            (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
+        )
+        return guard_limit_at(
+            at=at,
+            started_at=self.job.started_at,
+            max_runtime_s=budget.max_runtime,
+            spend=total_cost(leases, at),
+            max_cost=budget.max_cost_usd,
+            reserve_usd=hourly
+            * Decimal(str(self.options.stop_grace + self.options.stop_allowance))
+            / 3600,
+            idle_timeout_s=budget.idle_timeout,
+        )
 
     def _close_self_ended(self, ended: dict[str, NodeEnd]) -> None:
         for instance_id, end in ended.items():

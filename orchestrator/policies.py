@@ -7,6 +7,7 @@ controller does the I/O. Money is exact (Decimal); times are seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from orchestrator.launch import NodeProbe
@@ -96,6 +97,35 @@ def idle_order(*, idle_for_s: float, idle_timeout_s: float | None, what: str) ->
             f"{what} idle for {idle_for_s:.0f} s (budget.idle_timeout {idle_timeout_s:.0f} s)",
         )
     return None
+
+
+def guard_limit_at(
+    *,
+    at: datetime,
+    started_at: datetime | None,
+    max_runtime_s: float | None,
+    spend: Decimal,
+    max_cost: Decimal | None,
+    reserve_usd: Decimal,
+    idle_timeout_s: float | None,
+) -> str:
+    """The limit a node's guard acted on when its node powered off at `at`, inferred from the
+    job's limits (for providers that cannot say why a node shut itself down).
+
+    max_runtime when the run had reached it, budget when the spend was within `reserve_usd`
+    (what a stop costs) of the cap, else idle when an idle timeout is set, else the dead-man
+    switch (the run had ended and no controller was heard)."""
+    if (
+        max_runtime_s is not None
+        and started_at is not None
+        and (at - started_at).total_seconds() >= max_runtime_s
+    ):
+        return "max_runtime"
+    if max_cost is not None and spend + reserve_usd >= max_cost:
+        return "budget"
+    if idle_timeout_s:
+        return "idle"
+    return "deadman"
 
 
 @dataclass

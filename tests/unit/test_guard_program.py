@@ -24,6 +24,7 @@ from orchestrator.node.guard_protocol import (
     lease_until,
     parse_status,
 )
+from orchestrator.policies import guard_limit_at
 from orchestrator.providers.aws_launch import new_host_key, user_data
 
 NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
@@ -189,3 +190,22 @@ def test_the_lease_document_carries_what_the_guard_reads(tmp_path: Path) -> None
         "runtime_deadline": None,
         "lease_until": NOW.timestamp() + 5,
     }
+
+
+def test_a_node_that_shut_itself_down_without_a_word_is_put_down_to_the_limit_it_reached() -> None:
+    start = NOW - timedelta(seconds=100)
+    base = dict(
+        at=NOW,
+        started_at=start,
+        max_runtime_s=None,
+        spend=Decimal("1"),
+        max_cost=None,
+        reserve_usd=Decimal("0.1"),
+        idle_timeout_s=None,
+    )
+    assert guard_limit_at(**{**base, "max_runtime_s": 100}) == "max_runtime"
+    assert guard_limit_at(**{**base, "max_runtime_s": 101}) == "deadman"
+    assert guard_limit_at(**{**base, "max_cost": Decimal("1.05")}) == "budget"
+    assert guard_limit_at(**{**base, "max_cost": Decimal("2")}) == "deadman"
+    assert guard_limit_at(**{**base, "max_cost": Decimal("2"), "idle_timeout_s": 60}) == "idle"
+    assert guard_limit_at(**{**base, "started_at": None, "max_runtime_s": 1}) == "deadman"
