@@ -9,6 +9,7 @@ any code is synced, with the job's terms in a JSON file:
 Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
 
     job_id, home               where the job's files are: <home>/orch-jobs/<job_id>/
+    user                       (without home) the login user whose home that is
     interval_s                 how often the guard looks
     silence_s                  a controller unheard from this long is taken for gone
     allowance_s                how long past a limit a live controller gets to act first
@@ -114,6 +115,19 @@ def proc_stat(pid):
     return text.rsplit(")", 1)[1].split()
 
 
+def login_home(user):
+    """The home directory of the login user `user` (None: unknown), as this node's passwd
+    says: a guard started by cloud-init runs as root, the job's files are the user's."""
+    if not user:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        return None
+
+
 def first_program(words):
     """The program a shell command line runs first, past `env` (and its options and
     assignments), `setsid` and `nohup`."""
@@ -179,7 +193,7 @@ class Guard:
         if self.terms is None:
             raise SystemExit(f"guard: no terms in {terms_path}")
         t = self.terms
-        home = t.get("home") or os.path.expanduser("~")
+        home = t.get("home") or login_home(t.get("user")) or os.path.expanduser("~")
         root = os.path.join(home, "orch-jobs", t["job_id"])
         self.run_dir = os.path.join(root, "run")
         self.dir = os.path.join(root, "guard")

@@ -90,11 +90,18 @@ class GuardTerms:
     stop_allowance_s: float = 15.0  # what a stop takes beyond the grace (pull, terminate)
 
     def for_node(
-        self, *, now: datetime, hourly_usd: Decimal, poweroff: str, home: str | None = None
+        self,
+        *,
+        now: datetime,
+        hourly_usd: Decimal,
+        poweroff: str,
+        home: str | None = None,
+        user: str | None = None,
     ) -> str:
         """The terms document for one node of a launch whose nodes cost `hourly_usd` together.
 
-        `home` is where the job's files are (None: the guard's own $HOME)."""
+        `home` is where the job's files are; without it, the home of the login `user` on the
+        node, else the guard's own $HOME."""
         until = lease_until(
             now=now,
             budget_left_usd=self.budget_left_usd,
@@ -111,6 +118,7 @@ class GuardTerms:
             lease_until=epoch(until),
             poweroff=poweroff,
             home=home,
+            user=user,
         )
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 

@@ -108,6 +108,9 @@ from orchestrator.providers.ssh_banner import answers_ssh
 _CHUNK = 200  # ids per describe/terminate call
 
 # The dead-man switch's poweroff on hosts of a cloud running on this machine (see `_instance`).
+# A cloud on this machine (`orch sandbox aws`) gives its hosts a `shutdown` of their own at
+# this path, which ends the instance; a guard where there is none says it cannot power off.
+LOCAL_CLOUD_GUARD_POWEROFF = "/usr/local/sbin/shutdown -h now"
 LOCAL_CLOUD_POWEROFF = "echo 'dead-man switch: hosts of a local cloud are not powered off' >&2"
 
 
@@ -607,8 +610,8 @@ class AwsProvider:
         return request.guard.for_node(
             now=datetime.now(UTC),
             hourly_usd=offer.price_per_hour * request.count,
-            poweroff=LOCAL_CLOUD_POWEROFF if self._local_cloud() else AWS_POWEROFF,
-            home=f"/home/{self.aws.ssh_user}",
+            poweroff=LOCAL_CLOUD_GUARD_POWEROFF if self._local_cloud() else AWS_POWEROFF,
+            user=self.aws.ssh_user,
         )
 
     def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:

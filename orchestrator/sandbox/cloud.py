@@ -37,6 +37,7 @@ LIVE = ("pending", "running")
 SANDBOX_AMI_ID = "ami-0a1b2c3d4e5f60718"
 CREDENTIALS = {"aws_access_key_id": "sandbox", "aws_secret_access_key": "sandbox"}
 INTERNAL_ERROR = "Server.InternalError"
+SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"  # the host ran its own `shutdown`
 SPOT_TERMINATION = "Server.SpotInstanceTermination"  # EC2's state reason of a spot reclaim
 
 

@@ -16,8 +16,12 @@ touches the other's namespaces.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +38,8 @@ IMDS_ADDRESS = "169.254.169.254"
 IMDS_PORT = 80
 LOGIN_USER = "ubuntu"
 CLOUD_CONFIG_HEADER = "#cloud-config"
+SHUTDOWN_DIR = "/usr/local/sbin"  # where a host finds its `shutdown` (the sandbox's own)
+SHUTDOWN_REQUEST = "shutdown-requested"  # in the host's directory, written by that `shutdown`
 
 
 def netns_name(instance_id: str) -> str:
@@ -129,11 +135,18 @@ class HostFiles:
 
 
 def host_init_argv(
-    instance_id: str, files: HostFiles, home: str, sshd: str, python: str, role: str | None = None
+    instance_id: str,
+    files: HostFiles,
+    home: str,
+    sshd: str,
+    python: str,
+    role: str | None = None,
+    boot: Path | None = None,
 ) -> list[str]:
     """Boot a host: in its network namespace and a private mount namespace, mount the disk on
-    `home` and the host's own passwd, hosts and resolv.conf, start the metadata endpoint on
-    169.254.169.254:80 in the background, and `exec` sshd (the started pid is sshd's own).
+    `home` and the host's own passwd, hosts and resolv.conf, run `boot` (see `boot_script`),
+    start the metadata endpoint on 169.254.169.254:80 in the background, and `exec` sshd (the
+    started pid is sshd's own).
 
     Both programs see the host's resolv.conf, so neither waits on a DNS server it cannot reach.
     With `role` (the instance's profile), the metadata endpoint serves its credentials.
@@ -142,6 +155,7 @@ def host_init_argv(
         'mount --bind "$1" "$2" && mount --bind "$3/passwd" /etc/passwd && '
         'mount --bind "$3/hosts" /etc/hosts && mount --bind "$3/resolv.conf" /etc/resolv.conf '
         "|| exit 1\n"
+        'if [ -n "${13}" ]; then sh "${13}" || exit 1; fi\n'
         f'"$4" -m orchestrator.imds_server --bind {IMDS_ADDRESS} --port {IMDS_PORT} '
         '--instance-id "$5" --notice-file "$6" --ready-file "$7" ${12:+--role "${12}"} '
         '</dev/null >>"$8" 2>&1 &\n'
@@ -153,7 +167,7 @@ def host_init_argv(
         "sh", "-c", script, "sandbox-host",
         str(files.disk), home, str(files.etc), python, instance_id, str(files.notice_file),
         str(files.imds_ready), str(files.imds_log), sshd, str(files.sshd_config),
-        str(files.sshd_log), role or "",
+        str(files.sshd_log), role or "", str(boot) if boot else "",
     ]  # fmt: skip
 
 
@@ -175,10 +189,22 @@ class CloudConfig:
 
     authorized_keys: tuple[str, ...] = ()  # `ssh_authorized_keys`
     host_keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (priv, pub)
+    write_files: tuple[WriteFile, ...] = ()  # `write_files` (absolute paths, decoded content)
+    runcmd: tuple[str, ...] = ()  # `runcmd`, each as one shell command line
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    """One `write_files` entry of a cloud-config."""
+
+    path: str  # absolute, no `..`
+    content: bytes
+    mode: int  # from `permissions` (default 0644)
 
 
 def parse_cloud_config(user_data: str) -> CloudConfig:
-    """Read `ssh_authorized_keys` and `ssh_keys` (`<type>_private` / `<type>_public`).
+    """Read `ssh_authorized_keys`, `ssh_keys` (`<type>_private` / `<type>_public`), and
+    `write_files` (under `WRITABLE_DIRS`) and `runcmd`.
 
     Anything that is not a `#cloud-config` document, or not a mapping, is ignored (cloud-init
     would run a script; the sandbox does not), giving an empty config.
@@ -201,7 +227,85 @@ def parse_cloud_config(user_data: str) -> CloudConfig:
             public = raw.get(f"{kind}_public")
             if str(name).endswith("_private") and isinstance(private, str) and public:
                 host_keys[kind] = (private, str(public).strip())
-    return CloudConfig(authorized_keys=authorized, host_keys=host_keys)
+    return CloudConfig(
+        authorized_keys=authorized,
+        host_keys=host_keys,
+        write_files=tuple(f for f in map(_write_file, doc.get("write_files") or []) if f),
+        runcmd=tuple(c for c in map(_command_line, doc.get("runcmd") or []) if c),
+    )
+
+
+# Where a host takes `write_files`: each file's directory is mounted over this machine's in the
+# host's mount namespace, so only directories of a program's own are honoured.
+WRITABLE_DIRS = ("/opt/", "/etc/systemd/system/")
+
+
+def _write_file(entry: object) -> WriteFile | None:
+    """A `write_files` entry, decoded (`b64`, `gz+b64`, or plain text); None if unusable or
+    outside `WRITABLE_DIRS`."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return None
+    path = entry["path"]
+    if not path.startswith(WRITABLE_DIRS) or ".." in path.split("/"):
+        return None
+    raw = entry.get("content", "")
+    encoding = str(entry.get("encoding") or "text")
+    try:
+        if encoding in ("b64", "base64"):
+            content = base64.b64decode(str(raw))
+        elif encoding in ("gz+b64", "gzip+base64", "gz+base64", "gzip+b64"):
+            content = gzip.decompress(base64.b64decode(str(raw)))
+        else:
+            content = str(raw).encode()
+        mode = int(str(entry.get("permissions") or "0644"), 8)
+    except (ValueError, binascii.Error, OSError):
+        return None
+    return WriteFile(path, content, mode)
+
+
+def _command_line(entry: object) -> str | None:
+    """A `runcmd` entry as a shell line: a list is an argv (quoted), a string is shell."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, list) and all(isinstance(word, str) for word in entry):
+        return shlex.join(entry)
+    return None
+
+
+def shutdown_script(host_directory: Path) -> str:
+    """The host's `shutdown`: it asks the sandbox to end the instance, as EC2 ends an
+    instance launched to terminate on shutdown (state reason `Client.InstanceInitiatedShutdown`).
+    It never runs this machine's own `shutdown`."""
+    request = shlex.quote(str(host_directory / SHUTDOWN_REQUEST))
+    return f'#!/bin/sh\necho "shutdown $*" >> {request}\necho "the instance shuts down"\n'
+
+
+# A host has no systemd: its `systemctl` says so, as on a machine booted without it, rather than
+# reach this machine's own systemd through the shared /run.
+NO_SYSTEMD_SCRIPT = (
+    '#!/bin/sh\necho "System has not been booted with systemd as init system (PID 1)." >&2\n'
+    "exit 1\n"
+)
+
+
+def boot_script(config: CloudConfig, root: Path, shutdown_dir: Path, home: str, path: str) -> str:
+    """What a host runs at boot, in its mount namespace, before its sshd starts: the files of
+    `write_files` (kept under `root`, the host's own) mounted at their directories, the host's
+    `shutdown` over SHUTDOWN_DIR, then `runcmd` as cloud-init runs it, detached, as root. No
+    systemd runs in a host, so commands that need it fail as on a system without it."""
+    lines = ["set -e", f"mount --bind {shlex.quote(str(shutdown_dir))} {SHUTDOWN_DIR}"]
+    for directory in sorted({str(Path(f.path).parent) for f in config.write_files}):
+        source = shlex.quote(str(root) + directory)
+        lines.append(f"mkdir -p {shlex.quote(directory)} && mount --bind {source} "
+                     f"{shlex.quote(directory)}")  # fmt: skip
+    if config.runcmd:
+        commands = "\n".join(config.runcmd)
+        log = shlex.quote(str(root.parent / "cloud-init.log"))
+        lines.append(
+            f"(cd / && HOME={shlex.quote(home)} PATH={shlex.quote(path)} setsid sh -c "
+            f"{shlex.quote(commands)} </dev/null >>{log} 2>&1 &)"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def authorized_keys_text(key_pair_public: str | None, config: CloudConfig) -> str:

@@ -1,11 +1,14 @@
 """Sandbox hosts: one network namespace, sshd, disk and metadata endpoint per EC2 instance.
 
 `HostFleet.build(spec)` turns a launched instance into a machine orch can log into, as its
-cloud-init would: the user data's host key and the key pair's public key are installed, sshd
+cloud-init would: the user data's host key and the key pair's public key are installed, its
+`write_files` (under /opt/ and /etc/systemd/system/) are put in place and its `runcmd` run, sshd
 listens on port 22 of the instance's private IP, and the metadata endpoint answers at
 169.254.169.254 inside the host. `end(instance_id)` takes the link down first and then kills
 every process of the host at once, like a machine that lost power, before removing its
-namespace, veth and directory (disk included: the root volume is deleted on termination).
+namespace, veth and directory (disk included: the root volume is deleted on termination). A
+host's own `shutdown` (the only one it can run) asks for its instance to end, which the
+materializer does with EC2's state reason for it (`Client.InstanceInitiatedShutdown`).
 
 Layout under the fleet's root (the sandbox's state directory):
 
@@ -194,6 +197,7 @@ class HostFleet:
             "PATH": local_net.node_path(str(self.home), venv_bin),
             hostnet.MARKER: spec.instance_id,
         }
+        self._prepare_boot(config, directory, env["PATH"])
         (directory / "sshd_config").write_text(
             local_net.sshd_config_text(
                 local_net.SshdConfig(
@@ -207,11 +211,37 @@ class HostFleet:
             )
         )
 
+    def _prepare_boot(self, config: hostnet.CloudConfig, directory: Path, path: str) -> None:
+        """The host's part of cloud-init: its `write_files` under `root/`, its own `shutdown`,
+        and the boot script that mounts them and runs `runcmd` (see `hostnet.boot_script`)."""
+        root = directory / "root"
+        for item in config.write_files:
+            target = root / item.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(item.content)
+            target.chmod(item.mode)
+        sbin = directory / "sbin"
+        sbin.mkdir()
+        (sbin / "shutdown").write_text(hostnet.shutdown_script(directory))
+        (sbin / "systemctl").write_text(hostnet.NO_SYSTEMD_SCRIPT)
+        for program in ("shutdown", "systemctl"):
+            (sbin / program).chmod(0o755)
+        (directory / "boot.sh").write_text(
+            hostnet.boot_script(config, root, sbin, str(self.home), path)
+        )
+
+    def shutdown_requested(self) -> list[str]:
+        """Hosts whose own `shutdown` ran: their instances end as EC2 ends one on shutdown."""
+        return [
+            h.instance_id for h in self.all() if (h.directory / hostnet.SHUTDOWN_REQUEST).exists()
+        ]
+
     def _start(self, host: Host) -> None:
         Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
         argv = hostnet.host_init_argv(
-            host.instance_id, host.files, str(self.home), self._sshd, sys.executable, host.role
-        )
+            host.instance_id, host.files, str(self.home), self._sshd, sys.executable, host.role,
+            host.directory / "boot.sh",
+        )  # fmt: skip
         env = {
             "PATH": ":".join(local_net.SYSTEM_PATH),
             "PYTHONPATH": str(Path(orchestrator.__file__).resolve().parents[1]),

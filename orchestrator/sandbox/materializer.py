@@ -24,7 +24,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from orchestrator.errors import OrchError
-from orchestrator.sandbox.cloud import INTERNAL_ERROR, LIVE, MotoCloud
+from orchestrator.sandbox.cloud import INTERNAL_ERROR, LIVE, SELF_SHUTDOWN, MotoCloud
 from orchestrator.sandbox.hosts import HostFleet, HostSpec
 
 BUILDERS = 8
@@ -73,7 +73,11 @@ class Materializer:
             self._stop.wait(self.interval_s)
 
     def tick(self) -> None:
-        """One pass: end hosts of gone instances, start building hosts of new ones."""
+        """One pass: end the instances whose host shut itself down, end hosts of gone
+        instances, start building hosts of new ones."""
+        for iid in self.fleet.shutdown_requested():
+            if self.cloud.terminate(iid, SELF_SHUTDOWN, "Instance initiated shutdown"):
+                self.log(f"host {iid} shut itself down: instance terminated")
         live = {d["InstanceId"]: d for d in self.cloud.instances() if d["State"]["Name"] in LIVE}
         for iid in sorted(self.fleet.ids() - live.keys()):
             with self._lock:

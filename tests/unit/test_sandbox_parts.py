@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -236,10 +237,14 @@ def test_host_init_mounts_the_host_files_then_starts_metadata_and_sshd(tmp_path:
     assert args == [
         str(files.disk), "/srv/home", str(files.etc), "/venv/python", IID,
         str(files.notice_file), str(files.imds_ready), str(files.imds_log), "/usr/sbin/sshd",
-        str(files.sshd_config), str(files.sshd_log), "",
+        str(files.sshd_config), str(files.sshd_log), "", "",
     ]  # fmt: skip
     with_role = hostnet.host_init_argv(IID, files, "/h", "/sshd", "/py", role="orch-node")
-    assert with_role[-1] == "orch-node"
+    assert with_role[-2] == "orch-node"
+    booted = hostnet.host_init_argv(IID, files, "/h", "/sshd", "/py", boot=tmp_path / "boot.sh")
+    assert booted[-1] == str(tmp_path / "boot.sh")
+    # The boot script runs after the mounts, before the metadata endpoint and sshd start.
+    assert script.index("/etc/resolv.conf") < script.index('sh "${13}"') < script.index("imds")
     # The metadata endpoint gets --role only when there is one (sh expands the 12th argument).
     metadata_line = next(line for line in script.splitlines() if "imds_server" in line)
     role_part = metadata_line[metadata_line.index("${12:+") :].split(" </dev/null")[0]
@@ -279,3 +284,50 @@ def test_authorized_keys_lists_each_key_once() -> None:
 def test_notice_is_what_ec2_serves() -> None:
     at = datetime(2026, 11, 30, 10, 2, 3, 456000, tzinfo=UTC)
     assert hostnet.notice_document(at) == {"action": "terminate", "time": "2026-11-30T10:02:03Z"}
+
+
+def test_cloud_config_write_files_and_runcmd_as_cloud_init_reads_them(tmp_path: Path) -> None:
+    import base64
+    import gzip
+
+    from orchestrator.node.guard_protocol import GuardTerms
+
+    terms = GuardTerms("j", 1, 10, 100, 600, 5, 0, 5, 10).for_node(
+        now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="shutdown -h now", user="ubuntu"
+    )
+    config = hostnet.parse_cloud_config(user_data(KEY, new_host_key(), terms))
+    files = {f.path: f for f in config.write_files}
+    assert files["/opt/orch-guard/terms.json"].content.decode() == terms
+    program = files["/opt/orch-guard/guard.py"]
+    assert program.mode == 0o755 and program.content.startswith(b'"""The guard of a node')
+    assert "systemctl enable --now orch-guard.service" in config.runcmd[0]
+    packed = base64.b64encode(gzip.compress(b"x")).decode()
+    odd = hostnet.parse_cloud_config(
+        "#cloud-config\n" + json.dumps({
+            "write_files": [
+                {"path": "relative", "content": "no"},
+                {"path": "/a/../etc/shadow", "content": "no"},
+                {"path": "/etc/passwd", "content": "no"},
+                {"path": "/opt/x/ok", "content": packed, "encoding": "gz+b64",
+                 "permissions": "0600"},
+                {"path": "/bad", "content": "not base64!", "encoding": "b64"},
+            ],
+            "runcmd": ["echo a", ["echo", "b c"], 3],
+        })
+    )  # fmt: skip
+    assert [(f.path, f.content, f.mode) for f in odd.write_files] == [("/opt/x/ok", b"x", 0o600)]
+    assert odd.runcmd == ("echo a", "echo 'b c'")
+    script = hostnet.boot_script(odd, tmp_path / "root", tmp_path / "sbin", "/srv/home", "/bin")
+    lines = script.splitlines()
+    assert lines[1] == f"mount --bind {tmp_path / 'sbin'} /usr/local/sbin"
+    assert lines[2] == f"mkdir -p /opt/x && mount --bind {tmp_path / 'root'}/opt/x /opt/x"
+    assert "HOME=/srv/home" in lines[3] and "setsid sh -c" in lines[3]
+
+
+def test_a_hosts_shutdown_asks_the_sandbox_and_never_runs_this_machines(tmp_path: Path) -> None:
+    shutdown = tmp_path / "shutdown"
+    shutdown.write_text(hostnet.shutdown_script(tmp_path))
+    shutdown.chmod(0o755)
+    out = subprocess.run([str(shutdown), "-h", "now"], capture_output=True, text=True, check=True)
+    assert "shuts down" in out.stdout
+    assert (tmp_path / hostnet.SHUTDOWN_REQUEST).read_text() == "shutdown -h now\n"

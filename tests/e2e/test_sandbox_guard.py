@@ -1,0 +1,94 @@
+"""The node guard on `orch sandbox aws`: armed by cloud-init's user data at boot, it ends a hung
+job's instances at max_runtime after its controller was killed, as EC2 ends an instance that
+shuts itself down; the next orch command ends the job TIMED_OUT without launching again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import Ledger, make_engine
+from tests.helpers import orch_env, run_orch
+from tests.sandbox_run import SandboxProcess, aws_env
+
+pytestmark = pytest.mark.e2e
+
+MAX_RUNTIME = 30
+GRACE = 3
+HANG = (
+    'python -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+    'time.sleep(100000)"'
+)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
+    running = SandboxProcess(tmp_path / "sandbox-home").start()
+    try:
+        yield running
+    finally:
+        if running.run is not None and running.run.proc.poll() is None:
+            running.stop()
+
+
+def test_a_hung_job_ends_at_max_runtime_on_the_sandbox_without_its_controller(
+    tmp_path: Path, sandbox: SandboxProcess
+) -> None:
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: hung\nworkdir: work\nrun: {HANG}\nresources: {{nodes: 2, gpus_per_node: 1}}\n"
+        f"budget: {{max_runtime: {MAX_RUNTIME}}}\n"
+    )
+    home = tmp_path / "orch"
+    env = orch_env(
+        home, ORCH_STOP_GRACE=str(GRACE), ORCH_WATCH_INTERVAL="1", **aws_env(sandbox.endpoint)
+    )
+    result = run_orch(["submit", str(spec), "--provider", "aws", "--detach"], env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr + sandbox.output
+    job_id = result.stdout.strip().splitlines()[-1]
+    ledger = Ledger(make_engine(home / "orch.db"))
+    deadline = time.monotonic() + 240
+    while ledger.get_job(job_id).state != "RUNNING":
+        assert time.monotonic() < deadline, [e.message for e in ledger.events(job_id)]
+        time.sleep(0.2)
+    kinds = {e.kind: e.message for e in ledger.events(job_id)}
+    assert "GUARDED" in kinds, kinds  # every node's guard runs and can power it off
+    os.kill(int((home / "jobs" / job_id / "controller.pid").read_text()), signal.SIGKILL)
+    started = ledger.get_job(job_id).started_at
+    assert started is not None
+
+    ec2 = sandbox.ec2()
+    ids = [lease.instance_id for lease in ledger.leases(job_id)]
+
+    def states() -> dict[str, dict]:
+        reply = ec2.describe_instances(InstanceIds=ids)
+        return {i["InstanceId"]: i for r in reply["Reservations"] for i in r["Instances"]}
+
+    while any(d["State"]["Name"] not in ("shutting-down", "terminated") for d in states().values()):
+        waited = (datetime.now(UTC) - started).total_seconds()
+        assert waited < MAX_RUNTIME + GRACE + 15, (
+            f"instances still up {waited:.0f} s after the start"
+        )
+        assert waited > MAX_RUNTIME / 2 or all(
+            d["State"]["Name"] == "running" for d in states().values()
+        ), "an instance ended long before max_runtime"
+        time.sleep(0.5)
+    for desc in states().values():
+        assert desc["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
+
+    run_orch(["reconcile"], env, timeout=120)
+    deadline = time.monotonic() + 120
+    while ledger.get_job(job_id).state not in ("TIMED_OUT", "FAILED", "SUCCEEDED"):
+        assert time.monotonic() < deadline, [e.message for e in ledger.events(job_id)]
+        time.sleep(0.5)
+    job = ledger.get_job(job_id)
+    assert job.state == "TIMED_OUT", (job.state, job.reason)
+    assert sorted(lease.instance_id for lease in ledger.leases(job_id)) == sorted(ids)
+    assert all(lease.ended_at is not None for lease in ledger.leases(job_id))
