@@ -441,6 +441,7 @@ class JobRunner:
         )
 
         self._check_guards()
+        self._renew_guard_leases()  # heard from, and the run's own deadline, before it starts
         pids = start_on_nodes(self.cluster, cluster_launch)
         self._started = True
         self._awaiting_progress = True
@@ -539,8 +540,8 @@ class JobRunner:
         budget lasts at the open leases' prices."""
         budget = self.spec.budget
         deadline = None
-        if budget.max_runtime is not None and self.job.started_at is not None:
-            deadline = self.job.started_at + timedelta(seconds=budget.max_runtime)
+        if budget.max_runtime is not None:  # before the first start: the start about to be
+            deadline = (self.job.started_at or now) + timedelta(seconds=budget.max_runtime)
         until = None
         if budget.max_cost_usd is not None:
             leases = self.ledger.leases(self.job.id)

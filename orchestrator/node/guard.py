@@ -27,7 +27,9 @@ and `"renewed_at"`); its values replace the boot terms'. Every probe of the cont
 `<job>/run/heartbeat`; an rsync running on the node (a sync in progress) counts as a live
 controller too.
 
-While the controller is alive its decisions come first: a limit reached is acted on only once
+Limits apply once the run has started (its pid file exists): before, the sync and a checkpoint's
+restore hold the controller, and only the dead-man applies. While the controller is alive its
+decisions come first: a limit reached is acted on only once
 the controller has been silent for `silence_s`, or `allowance_s` after the limit. A job with
 no limit trains on until it ends; then, with no controller for `deadman_s`, the node powers
 off. At arming the guard checks its poweroff path (`sudo -n true` when the command uses sudo):
@@ -279,6 +281,11 @@ class Guard:
         deadline = lease.get("runtime_deadline", t.get("runtime_deadline"))
         until = lease.get("lease_until", t.get("lease_until"))
         idle_s = self.idle_for(now, leader) if t.get("idle_timeout_s") else 0.0
+        # Before the run starts (sync, a checkpoint's restore) only the dead-man applies: those
+        # steps block the controller, which cannot renew the lease meanwhile.
+        started = os.path.exists(os.path.join(self.run_dir, "pid"))
+        if not started:
+            deadline = until = None
         if deadline is not None and now >= deadline:
             return "max_runtime", deadline, f"max_runtime reached at {utc(deadline)}"
         if until is not None and now >= until:

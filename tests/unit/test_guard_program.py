@@ -162,6 +162,17 @@ def test_the_controllers_lease_replaces_the_boot_terms(tmp_path: Path) -> None:
     assert node.guard.due(now) is None
 
 
+def test_limits_wait_for_the_run_to_start(tmp_path: Path) -> None:
+    """Sync and restores block the controller: before the run starts only the dead-man acts."""
+    now = time.time()
+    node = Node(tmp_path, runtime_deadline=datetime.fromtimestamp(now - 30, UTC))
+    node.heartbeat(age_s=60)
+    node.lease(runtime_deadline=now - 30, lease_until=now - 30)
+    assert node.guard.due(now) is None
+    node.training()
+    assert node.guard.due(now)[0] == "max_runtime"
+
+
 def test_nothing_set_trains_on_and_the_dead_man_waits_for_the_run_to_end(tmp_path: Path) -> None:
     node = Node(tmp_path, deadman_s=5.0)
     node.training()
