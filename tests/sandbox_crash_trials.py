@@ -269,7 +269,7 @@ class Trial:
             settings = load_settings(self.env)
             spec = write_job(self.directory, STOP_S if self.plan.phase == "tearing down" else 0.0)
             submitted = run_orch(
-                ["submit", str(spec), "--provider", "aws", "--detach"], self.env, timeout=120
+                ["submit", str(spec), "--provider", "aws", "--detach", "--yes"], self.env, timeout=120
             )
             if submitted.returncode != 0:
                 raise TrialFailed(f"submit failed: {submitted.stdout}{submitted.stderr}")

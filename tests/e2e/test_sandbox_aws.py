@@ -36,7 +36,7 @@ def test_demo_job_round_trip_on_sandbox_spot_nodes(tmp_path: Path, sandbox: Sand
     env = orch_env(tmp_path / "orch", **aws_env(sandbox.endpoint))
     result = run_orch(
         ["submit", "templates/demo-ddp.yaml", "--nodes", "2", "--gpus", "2", "--provider", "aws",
-         "--spot"],
+         "--spot", "--yes"],
         env, timeout=400,
     )  # fmt: skip
     output = result.stdout + result.stderr
@@ -109,7 +109,7 @@ def test_sigterm_ends_hosts_that_are_still_running(tmp_path: Path, sandbox: Sand
     env = orch_env(tmp_path / "orch", **aws_env(sandbox.endpoint))
     result = run_orch(
         ["submit", "templates/demo-ddp.yaml", "--nodes", "2", "--gpus", "1", "--provider", "aws",
-         "--spot", "--detach"],
+         "--spot", "--detach", "--yes"],
         env, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

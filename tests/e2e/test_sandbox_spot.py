@@ -110,7 +110,7 @@ def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
     )
     submitted = run_orch(
         ["submit", str(demo_job(tmp_path)), "--nodes", "2", "--gpus", "2", "--provider", "aws",
-         "--spot", "--detach"],
+         "--spot", "--detach", "--yes"],
         env, timeout=120,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
