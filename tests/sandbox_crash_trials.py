@@ -48,7 +48,13 @@ from orchestrator.config import load_settings
 from orchestrator.ledger import Job, JobState, Ledger, make_engine
 from orchestrator.ledger_check import check_ledger
 from orchestrator.offers import Offer
-from orchestrator.providers.aws_launch import TAG_OWNER, TAG_TOKEN, client_token, tags_of
+from orchestrator.providers.aws_launch import (
+    TAG_LEDGER,
+    TAG_OWNER,
+    TAG_TOKEN,
+    client_token,
+    tags_of,
+)
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.sandbox.client import SandboxClient
 from orchestrator.supervision import controller_running
@@ -269,7 +275,9 @@ class Trial:
             settings = load_settings(self.env)
             spec = write_job(self.directory, STOP_S if self.plan.phase == "tearing down" else 0.0)
             submitted = run_orch(
-                ["submit", str(spec), "--provider", "aws", "--detach", "--yes"], self.env, timeout=120
+                ["submit", str(spec), "--provider", "aws", "--detach", "--yes"],
+                self.env,
+                timeout=120,
             )
             if submitted.returncode != 0:
                 raise TrialFailed(f"submit failed: {submitted.stdout}{submitted.stderr}")
@@ -449,7 +457,8 @@ class Trial:
 
 def launch_attempt(job: Job, desc: dict[str, Any], limit: int = 64) -> int | None:
     """The launch attempt an instance belongs to, found by recomputing the provider's
-    ClientToken for each attempt (the token is a hash of job, attempt, rank and offer)."""
+    ClientToken for each attempt (the token is a hash of ledger, job, attempt, rank and
+    offer)."""
     tags = tags_of(desc)
     rank = int(tags.get("orch-node-rank", "0"))
     offer = Offer(
@@ -461,7 +470,7 @@ def launch_attempt(job: Job, desc: dict[str, Any], limit: int = 64) -> int | Non
     for attempt in range(limit):
         request = LaunchRequest(
             job_id=job.id, cluster=job.id, count=job.nodes, gpus_per_node=job.gpus_per_node,
-            public_key="", attempt=attempt,
+            public_key="", attempt=attempt, ledger_id=tags.get(TAG_LEDGER),
         )  # fmt: skip
         if client_token(request, rank, offer) == tags.get(TAG_TOKEN):
             return attempt
