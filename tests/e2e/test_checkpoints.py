@@ -119,8 +119,14 @@ def test_a_sharded_dcp_job_loses_node_1_and_every_rank_resumes_what_it_saved(
     complete_before = [e["step"] for e in events(job, "CHECKPOINT") if e["at"] < killed_at]
     (resumed,) = events(job, "RESUMED")
     assert resumed["step"] == max(complete_before), (resumed, complete_before)
-    (restored_event,) = events(job, "RESTORED")
-    assert "from the store to 2 node(s)" in restored_event["message"]
+    # From the store, unless the newest step reached the mirror before its upload finished (a
+    # loaded machine): then the mirror, newer, is pushed. Its store copy is checked below.
+    put_back = events(job, "RESTORED") + events(job, "PUSHED")
+    assert len(put_back) == 1, put_back
+    if events(job, "RESTORED"):
+        assert "from the store to 2 node(s)" in put_back[0]["message"]
+    else:
+        assert "to 2 node(s)" in put_back[0]["message"]
 
     logs = home / "jobs" / job_id / "logs"
     lines = json_lines(logs / "node-0.log") + json_lines(logs / "node-1.log")
