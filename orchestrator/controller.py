@@ -49,6 +49,7 @@ from orchestrator.ledger import (
     JobState,
     Lease,
     Ledger,
+    hourly_rate,
     total_cost,
     utcnow,
 )
@@ -545,9 +546,7 @@ class JobRunner:
         until = None
         if budget.max_cost_usd is not None:
             leases = self.ledger.leases(self.job.id)
-            hourly = sum(
-                (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
-            )
+            hourly = hourly_rate(leases)
             until = lease_until(
                 now=now,
                 budget_left_usd=budget.max_cost_usd - total_cost(leases, now),
@@ -602,9 +601,7 @@ class JobRunner:
         and the provider cannot say why (EC2 keeps no word of it)."""
         budget = self.spec.budget
         leases = self.ledger.leases(self.job.id)
-        hourly = sum(
-            (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
-        )
+        hourly = hourly_rate(leases)
         return guard_limit_at(
             at=at,
             started_at=self.job.started_at,
@@ -848,9 +845,7 @@ class JobRunner:
 
     def _tick_budget(self) -> None:
         leases = self.ledger.leases(self.job.id)
-        hourly = sum(
-            (lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0)
-        )
+        hourly = hourly_rate(leases)
         order = budget_order(
             spend=total_cost(leases, utcnow()),
             hourly_rate=hourly,

@@ -253,6 +253,11 @@ def total_cost(leases: Iterable[Lease], now: datetime) -> Decimal:
     return sum((lease_cost(lease, now) for lease in leases), Decimal(0))
 
 
+def hourly_rate(leases: Iterable[Lease]) -> Decimal:
+    """USD per hour the open ones of these leases bill together."""
+    return sum((lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0))
+
+
 _Row = TypeVar("_Row", bound=SQLModel)
 
 

@@ -10,7 +10,15 @@ from typing import Any
 
 from orchestrator.checkpoint_store import describe
 from orchestrator.config import Settings
-from orchestrator.ledger import CheckpointRecord, Job, Ledger, lease_cost, total_cost, utcnow
+from orchestrator.ledger import (
+    CheckpointRecord,
+    Job,
+    Ledger,
+    hourly_rate,
+    lease_cost,
+    total_cost,
+    utcnow,
+)
 
 
 def _time(value: datetime | None) -> str | None:
@@ -67,9 +75,7 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         "step": job.step,
         "loss": job.loss,
         "spend_usd": money(total_cost(leases, now)),
-        "hourly_usd": money(
-            sum((lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0))
-        ),
+        "hourly_usd": money(hourly_rate(leases)),
         "elapsed_s": _elapsed(job, now),
         "recoveries": job.recoveries,
         "switches": job.switches,  # planned moves of the spot policy (not recoveries)

@@ -47,9 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from ipaddress import ip_address
 from typing import Any
-from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -633,13 +631,7 @@ class AwsProvider:
         return ended
 
     def _local_cloud(self) -> bool:
-        host = urlsplit(self.aws.endpoint_url or "").hostname
-        if not host:
-            return False
-        try:
-            return host == "localhost" or ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return aws_network.is_local_endpoint(self.aws.endpoint_url)
 
     def _describe(self, region: str, ids: Iterable[str]) -> list[dict[str, Any]]:
         """Descriptions of the ids EC2 knows in `region` (unknown ids are left out, not errors)."""

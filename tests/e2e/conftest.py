@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.providers.local import LocalProvider
+from tests.sandbox_run import SandboxProcess
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +34,14 @@ def _end_what_the_test_left(tmp_path: Path) -> Iterator[None]:
     leftovers = [node.instance_id for node in provider.list_owned()]
     if leftovers:
         provider.terminate(leftovers)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
+    """A running `orch sandbox aws` of the test's own, stopped (every host removed) after it."""
+    running = SandboxProcess(tmp_path / "sandbox-home").start()
+    try:
+        yield running
+    finally:
+        if running.run is not None and running.run.proc.poll() is None:
+            running.stop()

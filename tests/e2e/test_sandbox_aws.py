@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,16 +17,6 @@ from tests.helpers import job_json, orch_env, processes_with_marker, run_orch, s
 from tests.sandbox_run import SandboxProcess, aws_env, bridge_exists, sandbox_namespaces
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
-    running = SandboxProcess(tmp_path / "sandbox-home").start()
-    try:
-        yield running
-    finally:
-        if running.run is not None and running.run.proc.poll() is None:
-            running.stop()
 
 
 @pytest.mark.soak  # `make test` keeps test_sandbox_spot.py, the same round trip plus a reclaim

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,16 +24,6 @@ HANG = (
     'python -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
     'time.sleep(100000)"'
 )
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
-    running = SandboxProcess(tmp_path / "sandbox-home").start()
-    try:
-        yield running
-    finally:
-        if running.run is not None and running.run.proc.poll() is None:
-            running.stop()
 
 
 def test_a_hung_job_ends_at_max_runtime_on_the_sandbox_without_its_controller(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,16 +29,6 @@ EPOCHS = 2
 TARGET_STEPS = FAKE_SIZE // (2 * 2 * 32) * EPOCHS
 NOTICE_S = 20
 FIRST_ZONE, NEXT_ZONE = "us-east-1a", "us-east-1b"
-
-
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
-    running = SandboxProcess(tmp_path / "sandbox-home").start()
-    try:
-        yield running
-    finally:
-        if running.run is not None and running.run.proc.poll() is None:
-            running.stop()
 
 
 BUCKET = "orch-sandbox-ckpt"
