@@ -39,7 +39,7 @@ bench: setup
 
 # The generated parts of the docs: the job spec field table and the command reference.
 docs: setup
-	.venv/bin/python -m orchestrator.docs_reference
+	.venv/bin/python -m orchestrator.cli.reference
 
 clean-nodes: setup
 	$(ORCH) reconcile

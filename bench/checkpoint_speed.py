@@ -39,13 +39,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine  # noqa: E402
-from orchestrator.checkpoint_collector import CheckpointCollector  # noqa: E402
-from orchestrator.checkpoint_keeper import KeeperOptions  # noqa: E402
-from orchestrator.checkpoints import CheckpointMirror  # noqa: E402
+from orchestrator.cluster.checkpoints.collector import CheckpointCollector  # noqa: E402
+from orchestrator.cluster.checkpoints.keeper import KeeperOptions  # noqa: E402
+from orchestrator.cluster.checkpoints.mirror import CheckpointMirror  # noqa: E402
 from orchestrator.node.checkpoint_agent import new_digest  # noqa: E402
 from orchestrator.node.checkpoint_protocol import AgentLayout  # noqa: E402
 from orchestrator.remote.sync import ssh_transport_argv  # noqa: E402
-from orchestrator.spec import CheckpointSpec  # noqa: E402
+from orchestrator.spec.model import CheckpointSpec  # noqa: E402
 from tests.checkpoint_nodes import KeeperNodes, end_run, keeper_nodes  # noqa: E402
 
 MB = 1024 * 1024

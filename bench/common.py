@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.connections import Cluster
 from orchestrator.config import LocalSettings, Settings
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
 
 

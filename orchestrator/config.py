@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import ConfigError
-from orchestrator.spec import Seconds
+from orchestrator.spec.model import Seconds
 
 LocalNetworkMode = Literal["auto", "namespace", "loopback"]
 
@@ -143,7 +143,7 @@ class StoreSettings(BaseModel):
 
 
 class LogSettings(BaseModel):
-    """The node logs mirrored under ORCH_HOME/jobs/<id>/logs (see `orchestrator.log_files`)."""
+    """The node logs mirrored under ORCH_HOME/jobs/<id>/logs (see `cluster.log_files`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -68,10 +68,12 @@ PY
 fi
 
 # The project itself: an editable install pointing at this clone (cheap; redone when the
-# clone that last used this venv was another one, or when the entry point is missing).
-if [ "$(cat "$venv_dir/.project-path" 2>/dev/null)" != "$root_dir" ] || [ ! -x "$venv_dir/bin/orch" ]; then
+# clone that last used this venv was another one, when pyproject.toml changed (entry points,
+# package data), or when the entry point is missing).
+project_key="$root_dir $(sha256sum pyproject.toml | cut -c1-16)"
+if [ "$(cat "$venv_dir/.project-path" 2>/dev/null)" != "$project_key" ] || [ ! -x "$venv_dir/bin/orch" ]; then
     "$venv_dir/bin/pip" install -q --no-deps --no-build-isolation -e "$root_dir"
-    echo "$root_dir" >"$venv_dir/.project-path"
+    echo "$project_key" >"$venv_dir/.project-path"
 fi
 
 ln -sfn "$venv_dir" .venv

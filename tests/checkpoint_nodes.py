@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestrator import launch
-from orchestrator.checkpoint_keeper import CheckpointKeeper, KeeperOptions, Resume
-from orchestrator.checkpoints import CheckpointMirror
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, KeeperOptions, Resume
+from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.connections import Cluster
 from orchestrator.config import LocalSettings, Settings
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger import Job, Ledger, make_engine
-from orchestrator.spec import CheckpointSpec
+from orchestrator.ledger.store import Job, Ledger, make_engine
+from orchestrator.node import launch
+from orchestrator.spec.model import CheckpointSpec
 from tests.helpers import loopback_cluster
 
 CHECKPOINT_DIR = "ckpt"  # home-relative on every node

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.ledger import Job, JobState, Ledger, make_engine, utcnow
-from orchestrator.providers.local import LocalProvider
-from orchestrator.supervision import controller_running
+from orchestrator.control.supervision import controller_running
+from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
+from orchestrator.providers.local.provider import LocalProvider
 from tests.helpers import ORCH, REPO, counter_run, counter_workdir, orch_env, run_orch
 from tests.leak_checks import (
     NodeSightings,
@@ -229,7 +229,7 @@ def controller_pid(home: Path, job_id: str) -> int:
     """The pid in the job's controller.pid, checked to be that job's controller."""
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    if b"orchestrator.daemon" not in cmdline or job_id.encode() not in cmdline:
+    if b"orchestrator.control.daemon" not in cmdline or job_id.encode() not in cmdline:
         raise TrialFailed(f"pid {pid} is not the controller of {job_id}: {cmdline!r}")
     return pid
 

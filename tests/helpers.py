@@ -110,8 +110,8 @@ def job_view(job_id: str, env: dict[str, str]) -> dict:
     code: polling through the CLI would start a Python of about a CPU-second every time, and
     steal that from the nodes under test. Assertions on the final state use `job_json`."""
     from orchestrator.config import load_settings
-    from orchestrator.ledger import Ledger, make_engine
-    from orchestrator.views import job_document
+    from orchestrator.ledger.store import Ledger, make_engine
+    from orchestrator.report.documents import job_document
 
     settings = load_settings(env)
     if settings.db_path not in _LEDGERS:
@@ -204,10 +204,10 @@ class Background:
 @contextmanager
 def loopback_cluster(home: Path, job: str, *, count: int, gpus_per_node: int = 1) -> Iterator:
     """`count` real local nodes on 127.0.0.1 with their connections; always terminated."""
-    from orchestrator.cluster import Cluster
+    from orchestrator.cluster.connections import Cluster
     from orchestrator.config import LocalSettings, Settings
     from orchestrator.providers.base import LaunchRequest
-    from orchestrator.providers.local import LocalProvider
+    from orchestrator.providers.local.provider import LocalProvider
     from orchestrator.remote.keys import ensure_identity
 
     settings = Settings(home=home, local=LocalSettings(network="loopback"))

@@ -10,7 +10,7 @@ of stopping at the first one.
   and for a bridge that no node uses any more;
 - `lease_problems` checks that each lease is closed or belongs to a live, watched job, that no
   launch was duplicated and that every node that was billed has a lease;
-- `ledger_problems` runs the ledger check (`orchestrator.ledger_check`).
+- `ledger_problems` runs the ledger check (`orchestrator.ledger.check`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.config import Settings
-from orchestrator.ledger import JobState, Lease, Ledger
-from orchestrator.ledger_check import check_ledger
-from orchestrator.providers.local import HOST_LOCK
-from orchestrator.providers.local_net import (
+from orchestrator.control.supervision import controller_running
+from orchestrator.ledger.check import check_ledger
+from orchestrator.ledger.store import JobState, Lease, Ledger
+from orchestrator.providers.local.net import (
     NODE_MARKER,
     host_veth_name,
     is_instance_id,
     netns_name,
 )
-from orchestrator.providers.local_state import NodeStore, file_lock
-from orchestrator.supervision import controller_running
+from orchestrator.providers.local.provider import HOST_LOCK
+from orchestrator.providers.local.state import NodeStore, file_lock
 
 PROC = Path("/proc")
 
@@ -222,7 +222,7 @@ def lease_problems(
 
 
 def ledger_problems(settings: Settings) -> list[str]:
-    """What `orchestrator.ledger_check` finds in the ledger: SQLite's integrity and
+    """What `orchestrator.ledger.check` finds in the ledger: SQLite's integrity and
     foreign-key checks and the ledger's invariants, open leases only of watched jobs."""
     verdict = check_ledger(settings.db_path, watched=lambda job: controller_running(settings, job))
     return [f"ledger: {line}" for line in [*verdict.integrity, *verdict.problems]]

@@ -22,7 +22,7 @@ from decimal import Decimal
 
 from sqlmodel import Session
 
-from orchestrator.ledger import (
+from orchestrator.ledger.store import (
     CheckpointRecord,
     Event,
     GpuSampleRecord,

@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import load_settings
-from orchestrator.ledger import Job, JobState, Ledger, make_engine
-from orchestrator.ledger_check import check_ledger
-from orchestrator.offers import Offer
-from orchestrator.providers.aws_launch import (
+from orchestrator.control.supervision import controller_running
+from orchestrator.ledger.check import check_ledger
+from orchestrator.ledger.store import Job, JobState, Ledger, make_engine
+from orchestrator.providers.aws.launch import (
     TAG_LEDGER,
     TAG_OWNER,
     TAG_TOKEN,
@@ -56,8 +56,8 @@ from orchestrator.providers.aws_launch import (
     tags_of,
 )
 from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.offers import Offer
 from orchestrator.sandbox.client import SandboxClient
-from orchestrator.supervision import controller_running
 from tests.helpers import (
     ORCH,
     REPO,
@@ -217,7 +217,7 @@ def kill_controller(home: Path, job_id: str) -> int:
     """SIGKILL the job's controller and wait until it is gone; returns its pid."""
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    if b"orchestrator.daemon" not in cmdline or job_id.encode() not in cmdline:
+    if b"orchestrator.control.daemon" not in cmdline or job_id.encode() not in cmdline:
         raise TrialFailed(f"pid {pid} is not the controller of {job_id}: {cmdline!r}")
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.node import checkpoint_agent
 from orchestrator.node.checkpoint_agent import canonical, skipped
+from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

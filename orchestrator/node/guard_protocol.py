@@ -29,8 +29,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.node import guard
+from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 
 AWS_GUARD_DIR = "/opt/orch-guard"  # where cloud-init writes the program and its terms
 AWS_UNIT = "orch-guard.service"

@@ -16,11 +16,11 @@ PROVIDER_NAMES = ("local", "aws")
 def get_provider(name: str, settings: Settings) -> Provider:
     """Build the provider called `name`; unknown names are a user error (exit 2)."""
     if name == "local":
-        from orchestrator.providers.local import LocalProvider
+        from orchestrator.providers.local.provider import LocalProvider
 
         return LocalProvider(settings)
     if name == "aws":
-        from orchestrator.providers.aws import AwsProvider
+        from orchestrator.providers.aws.provider import AwsProvider
 
         return AwsProvider(settings)
     raise SpecError(

@@ -156,7 +156,7 @@ def host_init_argv(
         'mount --bind "$3/hosts" /etc/hosts && mount --bind "$3/resolv.conf" /etc/resolv.conf '
         "|| exit 1\n"
         'if [ -n "${13}" ]; then sh "${13}" || exit 1; fi\n'
-        f'"$4" -m orchestrator.imds_server --bind {IMDS_ADDRESS} --port {IMDS_PORT} '
+        f'"$4" -m orchestrator.node.imds_server --bind {IMDS_ADDRESS} --port {IMDS_PORT} '
         '--instance-id "$5" --notice-file "$6" --ready-file "$7" ${12:+--role "${12}"} '
         '</dev/null >>"$8" 2>&1 &\n'
         'exec "$9" -D -f "${10}" -E "${11}"'

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orchestrator
-from orchestrator.providers import local_net
-from orchestrator.providers.local_host import answers_ssh, kill_all, run_checked, sweep
+from orchestrator.providers.local import net as local_net
+from orchestrator.providers.local.host import answers_ssh, kill_all, run_checked, sweep
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.network import SandboxNetwork

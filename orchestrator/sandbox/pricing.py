@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from orchestrator.catalog import Catalog
+from orchestrator.providers.aws.catalog import Catalog
 
 FIRST_ZONE_SPOT_SHARE = Decimal("0.30")
 SPOT_SHARE_STEP = Decimal("0.03")  # added per zone after the first

@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.catalog import load_catalog
-from orchestrator.providers.local_host import run_checked
+from orchestrator.providers.aws.catalog import load_catalog
+from orchestrator.providers.local.host import run_checked
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.capacity import Capacity
 from orchestrator.sandbox.cloud import SPOT_TERMINATION, MotoCloud, write_image_file

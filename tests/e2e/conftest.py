@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import Settings
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local.provider import LocalProvider
 from tests.sandbox_run import SandboxProcess
 
 

@@ -174,9 +174,9 @@ def test_status_in_a_loop_while_a_job_runs_never_hits_a_locked_database(tmp_path
 
 def test_reconcile_ends_nodes_no_job_owns(tmp_path: Path) -> None:
     from orchestrator.config import LocalSettings, Settings
-    from orchestrator.ledger import Ledger, make_engine
+    from orchestrator.ledger.store import Ledger, make_engine
     from orchestrator.providers.base import LaunchRequest
-    from orchestrator.providers.local import LocalProvider
+    from orchestrator.providers.local.provider import LocalProvider
     from orchestrator.remote.keys import ensure_identity
 
     home = tmp_path / "orch"

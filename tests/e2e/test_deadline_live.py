@@ -33,15 +33,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.deadline_inputs import DriverState, Work, restart_durations
-from orchestrator.ledger import Job, Ledger, make_engine
-from orchestrator.progress import local_rank_line
-from orchestrator.providers.local import LocalProvider
-from orchestrator.providers.local_spot import follow_trace
-from orchestrator.restart_overhead import estimate_restart_overhead
-from orchestrator.simulate import Prices, Scenario, simulate
-from orchestrator.spot_policy import Decision, Running, get_policy
-from orchestrator.spot_traces import SpotTrace
+from orchestrator.ledger.store import Job, Ledger, make_engine
+from orchestrator.node.progress import local_rank_line
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.local.spot import follow_trace
+from orchestrator.providers.traces import SpotTrace
+from orchestrator.spot.inputs import DriverState, Work, restart_durations
+from orchestrator.spot.policies import Decision, Running, get_policy
+from orchestrator.spot.restart_overhead import estimate_restart_overhead
+from orchestrator.spot.simulate import Prices, Scenario, simulate
 from tests.helpers import Background, assert_nothing_left, orch_env, run_orch, wait_for_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

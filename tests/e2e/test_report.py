@@ -25,8 +25,8 @@ import pytest
 from PIL import Image
 
 from orchestrator.config import Settings
-from orchestrator.ledger import Ledger, make_engine
-from orchestrator.providers.local import LocalProvider
+from orchestrator.ledger.store import Ledger, make_engine
+from orchestrator.providers.local.provider import LocalProvider
 from tests.helpers import REPO, Background, job_json, orch_env, run_orch, wait_for_state
 
 pytestmark = pytest.mark.e2e

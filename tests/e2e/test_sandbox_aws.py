@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from orchestrator.ledger import Ledger, make_engine
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.sandbox.client import SandboxClient
 from tests.helpers import job_json, orch_env, processes_with_marker, run_orch, submitted_job_id
 from tests.sandbox_run import SandboxProcess, aws_env, bridge_exists, sandbox_namespaces

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ledger import Ledger, make_engine
+from orchestrator.ledger.store import Ledger, make_engine
 from tests.helpers import orch_env, run_orch
 from tests.sandbox_run import SandboxProcess, aws_env
 

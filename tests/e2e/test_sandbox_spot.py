@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from orchestrator.ledger import Job, Ledger, make_engine
+from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.sandbox.client import SandboxClient
 from tests.helpers import REPO, job_json, orch_env, processes_with_marker, run_orch
 from tests.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.ledger import Ledger, make_engine
-from orchestrator.providers.local import LocalProvider
+from orchestrator.ledger.store import Ledger, make_engine
+from orchestrator.providers.local.provider import LocalProvider
 from tests.helpers import (
     REPO,
     assert_nothing_left,

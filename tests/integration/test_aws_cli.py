@@ -7,7 +7,7 @@ from pathlib import Path
 
 import boto3
 
-from orchestrator.ledger import Ledger, make_engine
+from orchestrator.ledger.store import Ledger, make_engine
 from tests.helpers import orch_env, run_orch
 
 

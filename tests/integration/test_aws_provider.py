@@ -21,8 +21,8 @@ from botocore.exceptions import ClientError
 from orchestrator.config import AwsSettings, Settings
 from orchestrator.errors import CapacityError, ProviderError
 from orchestrator.providers import get_provider
-from orchestrator.providers.aws import AwsProvider
-from orchestrator.providers.aws_launch import new_host_key
+from orchestrator.providers.aws.launch import new_host_key
+from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import LaunchRequest, Provider
 
 pytestmark = pytest.mark.timeout(60)
@@ -433,8 +433,8 @@ def test_list_owned_finds_orphans_and_ignores_untagged(provider: AwsProvider) ->
 
 
 def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -> None:
-    from orchestrator.ledger import Ledger, make_engine
-    from orchestrator.reconcile import reconcile
+    from orchestrator.control.reconcile import reconcile
+    from orchestrator.ledger.store import Ledger, make_engine
 
     ec2 = provider.client(REGION)
     image = ec2.describe_images()["Images"][0]["ImageId"]
@@ -459,8 +459,8 @@ def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -
 def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) -> None:
     """A controller killed between a launch and its leases leaves nodes that bill off the
     books: reconcile ends them and puts their seconds on their job's bill."""
-    from orchestrator.ledger import Job, JobState, Ledger, make_engine, utcnow
-    from orchestrator.reconcile import reconcile
+    from orchestrator.control.reconcile import reconcile
+    from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
 
     ledger = Ledger(make_engine(provider.settings.db_path))
     ledger.add_job(
@@ -515,7 +515,7 @@ def test_terraform_outputs_pick_the_network(provider: AwsProvider, tmp_path: Pat
 
 
 def provider_query() -> Any:
-    from orchestrator.offers import OfferQuery
+    from orchestrator.providers.offers import OfferQuery
 
     return OfferQuery.from_resources(request())
 

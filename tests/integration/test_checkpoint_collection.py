@@ -13,8 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.checkpoint_collector import CheckpointCollector
-from orchestrator.checkpoint_keeper import KeeperOptions
+from orchestrator.cluster.checkpoints.collector import CheckpointCollector
+from orchestrator.cluster.checkpoints.keeper import KeeperOptions
 from tests.checkpoint_nodes import collect_until, end_run, keeper_nodes
 
 IN_PLACE_WRITER = r"""

@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from orchestrator.config import LocalSettings, Settings, StoreSettings
-from orchestrator.spec import CheckpointSpec
+from orchestrator.spec.model import CheckpointSpec
 from tests.checkpoint_nodes import collect_until, end_run, keeper_nodes
 
 BUCKET = "orch-ckpt"

@@ -15,10 +15,10 @@ from typing import TypeVar
 
 import pytest
 
-from orchestrator.cluster import Cluster
-from orchestrator.gpu import IdlePolicy, NodeGpuState, node_busy
-from orchestrator.gpu_watch import CpuWatcher, GpuWatcher
-from orchestrator.launch import NodeLayout, home_expr, write_file_command
+from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.gpu_watch import CpuWatcher, GpuWatcher
+from orchestrator.node.gpu import IdlePolicy, NodeGpuState, node_busy
+from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.remote.ssh import NodeConnection
 from tests.helpers import loopback_cluster, processes_with_marker
 

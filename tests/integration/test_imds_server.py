@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.imds_server import MetadataState, serve
+from orchestrator.node.imds_server import MetadataState, serve
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.ledger_check import check_ledger
+from orchestrator.ledger.check import check_ledger
 from tests.helpers import REPO, orch_env, run_orch
 
 KILLS = 8
@@ -138,7 +138,7 @@ def test_cancelling_a_job_without_a_controller_leaves_a_consistent_ledger(
     tmp_path: Path,
 ) -> None:
     """`orch cancel` of a job whose controller is gone ends it with an end time and exit code."""
-    from orchestrator.ledger import Job, JobState, Ledger, make_engine, utcnow
+    from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
 
     home = tmp_path / "orch"
     ledger = Ledger(make_engine(home / "orch.db"))

@@ -26,10 +26,10 @@ import pytest
 
 from orchestrator.config import LocalSettings, Settings
 from orchestrator.errors import ProviderError
-from orchestrator.providers import local_net
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
-from orchestrator.providers.local import LocalProvider
-from orchestrator.providers.local_host import pid_runs, pids_with_marker
+from orchestrator.providers.local import net as local_net
+from orchestrator.providers.local.host import pid_runs, pids_with_marker
+from orchestrator.providers.local.provider import LocalProvider
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -360,7 +360,7 @@ import json, sys
 from pathlib import Path
 from orchestrator.config import Settings
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local.provider import LocalProvider
 
 settings = Settings.model_validate_json(sys.argv[1])
 key = Path(sys.argv[2]).read_text()

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.notice_watch import NoticeWatcher
 from orchestrator.errors import CapacityError, ProviderError
-from orchestrator.notice_watch import NoticeWatcher
+from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
-from orchestrator.providers.local_host import pids_with_marker
-from orchestrator.providers.local_spot import post_notice
+from orchestrator.providers.local.host import pids_with_marker
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.local.spot import post_notice
 from orchestrator.remote.keys import Identity, ensure_identity
-from orchestrator.spot_notice import SpotNotice
 from tests.integration.test_local_provider import MODES, make_settings, providers
 
 __all__ = ["providers"]  # the fixture, imported for pytest

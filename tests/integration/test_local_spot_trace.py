@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import CapacityError
-from orchestrator.ledger import Job, JobState, Ledger, make_engine
-from orchestrator.providers.local import LocalProvider
-from orchestrator.providers.local_spot import follow_trace, read_capacity
+from orchestrator.ledger.store import Job, JobState, Ledger, make_engine
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.local.spot import follow_trace, read_capacity
+from orchestrator.providers.traces import SpotTrace
 from orchestrator.remote.keys import ensure_identity
-from orchestrator.spot_traces import SpotTrace
 from tests.helpers import Background, orch_env, run_orch
 from tests.integration.test_local_provider import make_settings, providers
 from tests.integration.test_local_spot import loopback_provider, spot_request

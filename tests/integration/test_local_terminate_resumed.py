@@ -14,9 +14,9 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.providers import local_net as net
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local import net
+from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import launch
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.run_watch import RunWatch
 from orchestrator.config import LocalSettings, LogSettings, Settings
-from orchestrator.ledger import JobState, Ledger, make_engine
+from orchestrator.control.supervision import register_job
+from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.node import launch
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
-from orchestrator.spec_loading import load_job
-from orchestrator.supervision import register_job
-from orchestrator.watch import RunWatch
+from orchestrator.spec.loading import load_job
 from tests.helpers import orch_env, run_orch
 
 PART = 6000  # bytes of node log printed between two ticks

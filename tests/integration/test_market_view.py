@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import AwsSettings, LocalSettings, Settings
-from orchestrator.offers import OfferQuery
-from orchestrator.providers.aws import AwsProvider
+from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import LaunchRequest, MarketView
-from orchestrator.providers.local import LocalProvider
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.offers import OfferQuery
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from orchestrator.config import AwsSettings, Settings
-from orchestrator.controller import JobRunner
+from orchestrator.control.reconcile import reconcile
+from orchestrator.control.runner import JobRunner
+from orchestrator.control.supervision import register_job
 from orchestrator.errors import IdentityMismatch, InstancesNotFound
-from orchestrator.ledger import JobState, Lease, Ledger, make_engine
-from orchestrator.providers.aws import AwsProvider
-from orchestrator.providers.aws_launch import new_host_key
+from orchestrator.ledger.store import JobState, Lease, Ledger, make_engine
+from orchestrator.providers.aws.launch import new_host_key
+from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import Instance, LaunchRequest
-from orchestrator.reconcile import reconcile
-from orchestrator.spec_loading import load_job
-from orchestrator.supervision import register_job
+from orchestrator.spec.loading import load_job
 from tests.helpers import orch_env, run_orch
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection

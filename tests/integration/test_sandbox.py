@@ -17,10 +17,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from orchestrator.cluster import Cluster
+from orchestrator.cluster.connections import Cluster
 from orchestrator.config import AwsSettings, Settings
 from orchestrator.errors import ProviderError
-from orchestrator.providers.aws import AwsProvider
+from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.remote.keys import Identity, ensure_identity

@@ -18,17 +18,17 @@ import pytest
 from sqlalchemy import event
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.controller import JobRunner, RunnerOptions
+from orchestrator.control.reconcile import end_nodes, lease_unrecorded
+from orchestrator.control.runner import JobRunner, RunnerOptions
+from orchestrator.control.stop_rules import StopOrder
+from orchestrator.control.supervision import register_job
+from orchestrator.control.unrecorded import UNRECORDED_DIR, finish_unrecorded
 from orchestrator.errors import LedgerError
-from orchestrator.ledger import JobState, Ledger, make_engine
-from orchestrator.policies import StopOrder
+from orchestrator.ledger.store import JobState, Ledger, make_engine
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
-from orchestrator.reconcile import end_nodes, lease_unrecorded
+from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
-from orchestrator.spec_loading import load_job
-from orchestrator.supervision import register_job
-from orchestrator.unrecorded import UNRECORDED_DIR, finish_unrecorded
+from orchestrator.spec.loading import load_job
 from tests.helpers import processes_with_marker
 
 

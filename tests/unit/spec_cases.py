@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec_loading import load_job
+from orchestrator.spec.loading import load_job
 
 # The example of DESIGN.md ("Job spec"), verbatim.
 FULL_EXAMPLE = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.providers.aws_launch import CAPACITY_CODES, launch_backoff_s, launch_retryable
+from orchestrator.providers.aws.launch import CAPACITY_CODES, launch_backoff_s, launch_retryable
 
 
 @pytest.mark.parametrize("code", sorted(CAPACITY_CODES))

@@ -9,17 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.catalog import catalog_document, catalog_rows, load_catalog, parse_catalog
 from orchestrator.errors import ConfigError
-from orchestrator.offers import (
-    OfferQuery,
-    SpotPriceSource,
-    collect_offers,
-    newest_spot_prices,
-    rank_offers,
+from orchestrator.providers.aws.catalog import (
+    catalog_document,
+    catalog_rows,
+    load_catalog,
+    parse_catalog,
 )
-from orchestrator.plan import offers_dry_run
-from orchestrator.providers.aws_launch import (
+from orchestrator.providers.aws.launch import (
     client_token,
     instance_from_description,
     new_host_key,
@@ -27,7 +24,15 @@ from orchestrator.providers.aws_launch import (
     run_instances_args,
 )
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.spec import JobSpec
+from orchestrator.providers.offers import (
+    OfferQuery,
+    SpotPriceSource,
+    collect_offers,
+    newest_spot_prices,
+    rank_offers,
+)
+from orchestrator.providers.plan import offers_dry_run
+from orchestrator.spec.model import JobSpec
 
 CATALOG = load_catalog()
 GIVEN_US_EAST_1 = {

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import AwsSettings, load_settings
 from orchestrator.errors import ConfigError
-from orchestrator.providers.aws_network import ingress_plan, is_local_endpoint, ssh_cidr
+from orchestrator.providers.aws.network import ingress_plan, is_local_endpoint, ssh_cidr
 
 GROUP = "sg-0123"
 SSH_FROM_ME = {

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checkpoint_units import Unit, UnitFile
-from orchestrator.checkpoints import CheckpointMirror
+from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.checkpoints.units import Unit, UnitFile
 
 
 def digest(data: bytes) -> str:

@@ -7,7 +7,7 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.checkpoint_units import (
+from orchestrator.cluster.checkpoints.units import (
     CLOCK_SLACK_NS,
     find_units,
     present_directories,

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.deadline_driver import DeadlineDriver, PlannedMove, price_request
-from orchestrator.deadline_inputs import DriverState
-from orchestrator.ledger import Job, Ledger, make_engine
-from orchestrator.progress import Metrics
-from orchestrator.providers.local import LocalProvider
-from orchestrator.spec import JobSpec
-from orchestrator.spot_policy import Decision
+from orchestrator.ledger.store import Job, Ledger, make_engine
+from orchestrator.node.progress import Metrics
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.spec.model import JobSpec
+from orchestrator.spot.driver import DeadlineDriver, PlannedMove, price_request
+from orchestrator.spot.inputs import DriverState
+from orchestrator.spot.policies import Decision
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 TOTAL = 400  # steps; at 4 steps/s: 100 s of work

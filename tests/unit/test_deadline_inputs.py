@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.chaos import excess_spot_nodes
-from orchestrator.deadline_inputs import (
+from orchestrator.node.progress import parse_metrics
+from orchestrator.providers.local.chaos import excess_spot_nodes
+from orchestrator.providers.offers import Offer, cheapest_prices
+from orchestrator.spot.inputs import (
     MIN_RATE_SPAN_S,
     DriverState,
     StepRate,
@@ -22,9 +24,7 @@ from orchestrator.deadline_inputs import (
     restart_durations,
     running_on,
 )
-from orchestrator.offers import Offer, cheapest_prices
-from orchestrator.progress import parse_metrics
-from orchestrator.spot_policy import Decision, PolicyState, Running
+from orchestrator.spot.policies import Decision, PolicyState, Running
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@
 - `config` examples are read as ORCH_HOME/config.yaml by the real settings loader;
 - `covered-by` examples name tests that exist (those launch nodes and run the same thing).
 
-Commands run in this process through `orchestrator.cli.main` (exit codes and messages are
+Commands run in this process through `orchestrator.cli.app.main` (exit codes and messages are
 exactly the console script's), except `submit` without `--dry-run`, which runs as a real
 `orch` process so that nothing it might launch could outlive the test.
 """
@@ -47,7 +47,7 @@ def _orch(args: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
     if args and args[0] == "submit" and "--dry-run" not in args:
         done = run_orch(args, orch_env(Path(env["ORCH_HOME"]), **env), timeout=120)
         return done.returncode, done.stdout + done.stderr
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     with monkeypatch.context() as patch:
         for name in list(os.environ):
@@ -117,7 +117,7 @@ class Page:
 
     def _job(self, block: Block) -> None:
         from orchestrator.errors import SpecError
-        from orchestrator.spec_loading import load_job
+        from orchestrator.spec.loading import load_job
 
         path = self._write(block, "job.yaml")
         spec = yaml.safe_load(block.text)
@@ -265,7 +265,7 @@ def test_a_wrong_exit_code_or_output_is_caught(
 def test_the_spot_deadlines_page_examples_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.spec_loading import load_job
+    from orchestrator.spec.loading import load_job
 
     page = REPO / "docs" / "spot-deadlines.md"
     text = page.read_text(encoding="utf-8")

@@ -15,13 +15,13 @@ import pytest
 from pydantic import BaseModel, Field
 
 from orchestrator import config
-from orchestrator.docs_reference import (
+from orchestrator.cli.reference import (
     UndocumentedError,
     render_sections,
     spec_field_rows,
     stale_sections,
 )
-from orchestrator.spec import JobSpec
+from orchestrator.spec.model import JobSpec
 from tests.doc_blocks import REPO, blocks
 
 # --- generated sections ------------------------------------------------------------------
@@ -197,7 +197,8 @@ def test_the_scan_finds_calls_paginators_and_waiters() -> None:
 
 def test_every_ec2_action_the_provider_calls_is_in_the_documented_policy() -> None:
     modules = _aws_modules()
-    assert {p.name for p in modules} >= {"aws.py", "aws_network.py", "offers.py"}
+    names = {str(p.relative_to(REPO / "orchestrator")) for p in modules}
+    assert names >= {"providers/aws/provider.py", "providers/aws/network.py", "providers/offers.py"}
     called = set().union(*(ec2_actions_in(p.read_text()) for p in modules))
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeInstances"} <= called
     documented = {a for a in _actions(_documented_policy()) if a.startswith("ec2:")}
@@ -261,7 +262,7 @@ def test_the_documented_policy_launches_only_tagged_instances() -> None:
     covered = set().union(*(_resources(s) for s in statements))
     assert created <= covered and "arn:aws:ec2:*::image/*" in covered
     # and the launch does tag both with orch-job
-    from orchestrator.providers.aws_launch import TAG_JOB, run_instances_args
+    from orchestrator.providers.aws.launch import TAG_JOB, run_instances_args
     from tests.unit.test_aws_offers import rank
 
     args = run_instances_args(

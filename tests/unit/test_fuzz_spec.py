@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import MAX_SPEC_BYTES, LoadedJob
-from orchestrator.spec_loading import MAX_SHOWN_PROBLEMS, load_job
+from orchestrator.spec.loading import MAX_SHOWN_PROBLEMS, load_job
+from orchestrator.spec.model import MAX_SPEC_BYTES, LoadedJob
 
 FUZZ = settings(
     max_examples=120,
@@ -362,7 +362,7 @@ SWITCHES = ("--spot", "--json", "--detach")  # flags without a value
 
 def _run_main(argv: list[str]) -> tuple[int, str, str]:
     """Run the `orch` console entry point in this process; (exit code, stdout, stderr)."""
-    from orchestrator.cli import main
+    from orchestrator.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv, sys.stdout, sys.stderr

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.gpu import (
+from orchestrator.node.gpu import (
     CPU_MARK,
     QUERY_FIELDS,
     CpuReading,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.control.stop_rules import guard_limit_at
 from orchestrator.node import guard
 from orchestrator.node.guard_protocol import (
     GuardLayout,
@@ -24,8 +25,7 @@ from orchestrator.node.guard_protocol import (
     lease_until,
     parse_status,
 )
-from orchestrator.policies import guard_limit_at
-from orchestrator.providers.aws_launch import new_host_key, user_data
+from orchestrator.providers.aws.launch import new_host_key, user_data
 
 NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
 

@@ -9,16 +9,16 @@ from pathlib import Path
 from sqlmodel import Session, select
 
 from orchestrator.config import Settings
-from orchestrator.ledger import Job, Ledger, make_engine
-from orchestrator.spec import ENV_HIDDEN, LoadedJob
-from orchestrator.spec_loading import load_job
-from orchestrator.supervision import (
+from orchestrator.control.supervision import (
     JOB_RECORD,
     JOB_SECRETS,
     load_job_record,
     register_job,
     save_job_record,
 )
+from orchestrator.ledger.store import Job, Ledger, make_engine
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.model import ENV_HIDDEN, LoadedJob
 
 SPEC = """\
 name: rec

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch
+from orchestrator.node import launch
 
 
 def cluster(**overrides: object) -> launch.ClusterLaunch:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ledger import Job, JobState, Lease, Ledger, make_engine, utcnow
-from orchestrator.ledger_check import check_ledger
+from orchestrator.ledger.check import check_ledger
+from orchestrator.ledger.store import Job, JobState, Lease, Ledger, make_engine, utcnow
 
 T0 = utcnow()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.providers.local_host import (
+from orchestrator.providers.local.host import (
     pid_alive,
     pid_runs,
     pids_with_marker,

@@ -13,10 +13,10 @@ import pytest
 
 from orchestrator.config import LocalSettings, Settings, load_settings
 from orchestrator.errors import CapacityError, ProviderError
-from orchestrator.providers import local_net as net
 from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local import LocalProvider
-from orchestrator.providers.local_state import NodeRecord, NodeStore
+from orchestrator.providers.local import net
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.local.state import NodeRecord, NodeStore
 
 SUBNET = IPv4Network("10.213.0.0/24")
 

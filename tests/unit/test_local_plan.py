@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from orchestrator.plan import local_plan
-from orchestrator.spec import JobSpec
+from orchestrator.providers.plan import local_plan
+from orchestrator.spec.model import JobSpec
 
 
 @pytest.mark.parametrize(

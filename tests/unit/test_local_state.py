@@ -8,14 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.providers.local_state import NodeRecord, NodeStore
+from orchestrator.providers.local.state import NodeRecord, NodeStore
 from tests.helpers import REPO
 
 # A launcher that makes a node directory under `making()` and is killed before the record.
 LAUNCHER = """
 import sys, time
 from pathlib import Path
-from orchestrator.providers.local_state import NodeStore
+from orchestrator.providers.local.state import NodeStore
 store = NodeStore(Path(sys.argv[1]))
 with store.making():
     store.create_dir("l-00000000aa")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import log_files
+from orchestrator.cluster import log_files
 from orchestrator.config import load_settings
 
 

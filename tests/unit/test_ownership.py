@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.control.ownership import check_identity, is_ours, not_ours_line, partition
 from orchestrator.errors import IdentityMismatch, OrchError
-from orchestrator.ledger import Ledger, make_engine
-from orchestrator.offers import Offer
-from orchestrator.ownership import check_identity, is_ours, not_ours_line, partition
-from orchestrator.providers.aws_launch import (
+from orchestrator.ledger.store import Ledger, make_engine
+from orchestrator.providers.aws.launch import (
     TAG_LEDGER,
     TAG_OWNER,
     client_token,
@@ -20,6 +19,7 @@ from orchestrator.providers.aws_launch import (
     node_tags,
 )
 from orchestrator.providers.base import CloudIdentity, Instance, LaunchRequest
+from orchestrator.providers.offers import Offer
 
 
 def node(instance_id: str, ledger_id: str | None) -> Instance:

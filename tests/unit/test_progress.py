@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from orchestrator.progress import (
+from orchestrator.node.progress import (
     LineBuffer,
     describe_event,
     local_rank_line,

@@ -11,16 +11,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlmodel import Session
 
-from orchestrator.ledger import Event, GpuSampleRecord, Job, Lease, Ledger, make_engine, total_cost
-from orchestrator.report import report_data
-from orchestrator.report_data import (
+from orchestrator.ledger.store import (
+    Event,
+    GpuSampleRecord,
+    Job,
+    Lease,
+    Ledger,
+    make_engine,
+    total_cost,
+)
+from orchestrator.report.data import (
     budget_from_spec,
     event_markers,
     lease_spend_at,
     spend_curve,
     time_unit,
 )
-from orchestrator.spec import JobSpec
+from orchestrator.report.write import report_data
+from orchestrator.spec.model import JobSpec
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from orchestrator.config import Settings
-from orchestrator.report import report_data, write_report
-from orchestrator.report_render import render_html, render_png
-from orchestrator.views import job_document
+from orchestrator.report.documents import job_document
+from orchestrator.report.render import render_html, render_png
+from orchestrator.report.write import report_data, write_report
 from tests.unit.test_report_data import at, event, lease, ledger_with, make_job, sample
 
 HOSTILE = "<img src=x onerror=alert(1)> $x$ & 'q' \"dq\""

@@ -13,8 +13,8 @@ import botocore.parsers
 import botocore.session
 import pytest
 
-from orchestrator.catalog import load_catalog
-from orchestrator.providers.aws_launch import new_host_key, user_data
+from orchestrator.providers.aws.catalog import load_catalog
+from orchestrator.providers.aws.launch import new_host_key, user_data
 from orchestrator.sandbox import ec2_wire as wire
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.capacity import Capacity, markets_named
@@ -232,7 +232,7 @@ def test_host_init_mounts_the_host_files_then_starts_metadata_and_sshd(tmp_path:
     assert argv[:8] == ["ip", "netns", "exec", "osbx-" + IID, "unshare", "--mount",
                         "--propagation", "private"]  # fmt: skip
     script, args = argv[10], argv[12:]
-    assert "orchestrator.imds_server --bind 169.254.169.254 --port 80" in script
+    assert "orchestrator.node.imds_server --bind 169.254.169.254 --port 80" in script
     assert script.rstrip().splitlines()[-1].startswith('exec "$9" -D')
     assert args == [
         str(files.disk), "/srv/home", str(files.etc), "/venv/python", IID,

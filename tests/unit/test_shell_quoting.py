@@ -24,9 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import launch
 from orchestrator.errors import ConfigError
-from orchestrator.gpu import CPU_MARK, cpu_ticks_command, nvidia_smi_argv
+from orchestrator.node import launch
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
@@ -36,6 +35,8 @@ from orchestrator.node.checkpoint_protocol import (
     parse_report,
     read_command,
 )
+from orchestrator.node.gpu import CPU_MARK, cpu_ticks_command, nvidia_smi_argv
+from orchestrator.node.spot_notice import poller_command
 from orchestrator.remote.keys import HostAddress, Identity
 from orchestrator.remote.ssh import shell_command
 from orchestrator.remote.sync import (
@@ -46,7 +47,6 @@ from orchestrator.remote.sync import (
     ssh_option_path,
     ssh_transport_argv,
 )
-from orchestrator.spot_notice import poller_command
 
 HOSTILE = [
     "plain",

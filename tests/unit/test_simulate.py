@@ -13,18 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.cli.simulate import simulate_command
 from orchestrator.errors import OrchError, TraceError
-from orchestrator.simulate import Prices, Scenario, SimulationResult, simulate
-from orchestrator.simulate_cli import simulate_command
-from orchestrator.simulate_report import BEGIN, END, write_report
-from orchestrator.simulate_sweep import SLACKS_PCT, SweepCell, mean_costs, start_ticks, sweep
-from orchestrator.spot_policy import (
+from orchestrator.providers.traces import SpotTrace, load_trace
+from orchestrator.report.sweep import BEGIN, END, write_report
+from orchestrator.spot.policies import (
     Decision,
     PolicyInputs,
     PolicyState,
     get_policy,
 )
-from orchestrator.spot_traces import SpotTrace, load_trace
+from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
+from orchestrator.spot.sweep import SLACKS_PCT, SweepCell, mean_costs, start_ticks, sweep
 from tests.helpers import orch_env, run_orch
 from tests.unit.trace_files import shared_trace_paths
 

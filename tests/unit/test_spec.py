@@ -8,7 +8,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from orchestrator.spec import (
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.model import (
     OVERRIDE_FLAGS,
     CheckpointSpec,
     DataMount,
@@ -16,7 +17,6 @@ from orchestrator.spec import (
     LoadedJob,
     parse_duration,
 )
-from orchestrator.spec_loading import load_job
 from tests.unit.spec_cases import (
     FULL_EXAMPLE,
     MINIMAL,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import JobSpec, SpotPolicyName
-from orchestrator.spec_loading import load_job
-from orchestrator.spot_policy import POLICY_NAMES
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.model import JobSpec, SpotPolicyName
+from orchestrator.spot.policies import POLICY_NAMES
 from tests.unit.spec_cases import MINIMAL, spec_error, write
 
 SUBMIT = datetime(2025, 6, 30, 12, 0, tzinfo=UTC)

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import (
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.model import (
     MAX_SPEC_BYTES,
     OVERRIDE_FLAGS,
     JobSpec,
 )
-from orchestrator.spec_loading import load_job
 from tests.unit.spec_cases import (
     BLOCK,
     MINIMAL,

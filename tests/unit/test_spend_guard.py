@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
+from orchestrator.control.spend_guard import needs_confirmation
 from orchestrator.errors import ConfigError
-from orchestrator.plan import LaunchPlan, local_plan
-from orchestrator.spec import JobSpec
-from orchestrator.spend_guard import needs_confirmation
+from orchestrator.providers.plan import LaunchPlan, local_plan
+from orchestrator.spec.model import JobSpec
 
 
 def spec(**budget: object) -> JobSpec:

@@ -10,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.restart_overhead import DEFAULT_PRIOR_S, estimate_restart_overhead
-from orchestrator.spot_policy import (
+from orchestrator.spot.policies import (
     POLICY_NAMES,
     Decision,
     PolicyInputs,
@@ -19,6 +18,7 @@ from orchestrator.spot_policy import (
     Running,
     get_policy,
 )
+from orchestrator.spot.restart_overhead import DEFAULT_PRIOR_S, estimate_restart_overhead
 
 HOUR = 3600.0
 D = 600.0  # restart overhead used below: 10 minutes

@@ -7,20 +7,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator.chaos import ReclaimDraws
-from orchestrator.recovery import (
+from orchestrator.control.recovery_rules import (
     NOTICE_MARGIN_S,
     Interruption,
     backoff_seconds,
     may_recover,
     salvage_seconds,
 )
-from orchestrator.spot_notice import (
+from orchestrator.node.spot_notice import (
     DEFAULT_METADATA_URL,
     notice_document,
     parse_poller_line,
     poller_command,
 )
+from orchestrator.providers.local.chaos import ReclaimDraws
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 

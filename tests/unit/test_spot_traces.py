@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import TraceError
-from orchestrator.spot_traces import SpotTrace, TraceClock, load_trace, parse_trace
+from orchestrator.providers.traces import SpotTrace, TraceClock, load_trace, parse_trace
 from tests.unit.trace_files import shared_trace_paths
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

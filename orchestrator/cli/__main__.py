@@ -1,0 +1,5 @@
+"""`python -m orchestrator.cli ...` is `orch ...`."""
+
+from orchestrator.cli import main
+
+main()

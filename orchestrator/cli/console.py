@@ -1,0 +1,176 @@
+"""Human output: a live progress line for a running job, tables for read commands."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.node.progress import Metrics
+
+
+class RichReporter:
+    """Shows the job's phase and rank 0's step/loss/img/s on one live line; log lines above it.
+
+    Use as a context manager; on a terminal that is not interactive rich prints plain lines.
+    """
+
+    def __init__(self, console: Console, job_id: str) -> None:
+        self.console = console
+        self.job_id = job_id
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[job]}[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task = self._progress.add_task("submitted", job=job_id, total=None)
+        self._phase = "submitted"
+
+    def __enter__(self) -> RichReporter:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def phase(self, text: str) -> None:
+        self._phase = text
+        self._progress.update(self._task, description=text)
+        self._progress.console.print(f"[cyan]orch[/] {self.job_id}: {text}")
+
+    def metrics(self, metrics: Metrics) -> None:
+        parts = [f"step {metrics.step}"]
+        if metrics.epoch is not None:
+            parts.append(f"epoch {metrics.epoch:g}")
+        if metrics.loss is not None:
+            parts.append(f"loss {metrics.loss:.4f}")
+        if metrics.img_s is not None:
+            parts.append(f"{metrics.img_s:,.0f} img/s")
+        text = "running | " + " | ".join(parts)
+        self._progress.update(self._task, description=text)
+        if not self.console.is_terminal:
+            self.console.print(text, highlight=False)
+
+    def line(self, text: str) -> None:
+        self._progress.console.print(Text(text, style="dim"), highlight=False)
+
+
+def jobs_table(rows: list[dict]) -> Table:
+    table = Table(title="jobs")
+    for column in ("id", "state", "provider", "nodes", "step", "spend", "created"):
+        table.add_column(
+            column, justify="right" if column in ("nodes", "step", "spend") else "left"
+        )
+    for row in rows:
+        table.add_row(
+            row["id"],
+            row["state"],
+            row["provider"],
+            f"{row['nodes']}x{row['gpus_per_node']}",
+            "" if row["step"] is None else str(row["step"]),
+            f"${row['spend_usd']:.4f}",
+            (row["created_at"] or "")[:19].replace("T", " "),
+        )
+    return table
+
+
+def gpu_table(doc: dict) -> Table:
+    """The latest reading of every GPU of a job (its CPU use on nodes without GPUs)."""
+    gpus = Table(title="GPU utilization (latest)")
+    for column in ("node", "gpu", "util %", "memory MiB", "at"):
+        gpus.add_column(column)
+    for item in doc.get("gpus", []):
+        known = item["known"] and item["util_pct"] is not None
+        memory = (
+            f"{item['mem_used_mib']:.0f}/{item['mem_total_mib']:.0f}"
+            if item["mem_used_mib"] is not None and item["mem_total_mib"] is not None
+            else ""
+        )
+        gpus.add_row(
+            str(item["node"]),
+            "cpu" if item["gpu"] < 0 else str(item["gpu"]),
+            f"{item['util_pct']:.0f}" if known else "unknown",
+            memory,
+            item["at"][11:19],
+        )
+    return gpus
+
+
+def events_table(doc: dict, *, limit: int) -> Table:
+    """The job's last `limit` events, first line of each message."""
+    events = Table(title="events")
+    for column in ("at", "kind", "step", "message"):
+        events.add_column(column)
+    for item in doc.get("events", [])[-limit:]:
+        events.add_row(
+            item["at"][11:19],
+            item["kind"],
+            "" if item["step"] is None else str(item["step"]),
+            item["message"].splitlines()[0] if item["message"] else "",
+        )
+    return events
+
+
+def job_detail(doc: dict) -> list[object]:
+    """Renderables describing one job: summary, GPUs, leases, checkpoints, recent events."""
+    summary = Table.grid(padding=(0, 2))
+    for key in ("id", "state", "provider", "step", "loss", "created_at", "ended_at", "reason"):
+        if doc.get(key) is not None:
+            summary.add_row(f"[bold]{key}[/]", str(doc[key]))
+    summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f} (now ${doc['hourly_usd']:g}/h)")
+    if doc.get("elapsed_s") is not None:
+        summary.add_row("[bold]elapsed[/]", f"{doc['elapsed_s']:.0f} s")
+    gpus = gpu_table(doc)
+    leases = Table(title="leases")
+    for column in ("rank", "instance", "market", "type", "$/h", "launched", "ended", "cost"):
+        leases.add_column(column)
+    for lease in doc.get("leases", []):
+        leases.add_row(
+            str(lease["rank"]),
+            lease["instance_id"],
+            lease["market"],
+            lease["instance_type"],
+            f"{lease['price_per_hour']:g}",
+            lease["launched_at"][11:19],
+            lease["ended_at"][11:19] if lease["ended_at"] else "running",
+            f"${lease['cost_usd']:.4f}",
+        )
+    checkpoints = Table(title="checkpoints")
+    for column in ("name", "step", "bytes", "kept in"):
+        checkpoints.add_column(column)
+    for item in doc["checkpoints"]:
+        where = [item["path"]] if item.get("path") else []
+        if item.get("stored"):
+            where.append("the store")
+        checkpoints.add_row(
+            item["name"], str(item["step"]), str(item["size_bytes"]), " and ".join(where)
+        )
+    events = events_table(doc, limit=15)
+    parts: list[object] = [summary]
+    if doc.get("gpus"):
+        parts.append(gpus)
+    return [*parts, leases, checkpoints, events]
+
+
+def cost_table(doc: dict) -> Table:
+    table = Table(title="spend")
+    for column in ("job", "state", "provider", "leases", "node-hours", "spend"):
+        table.add_column(
+            column, justify="right" if column in ("leases", "node-hours", "spend") else "left"
+        )
+    for row in doc["jobs"]:
+        table.add_row(
+            row["id"],
+            row["state"],
+            row["provider"],
+            str(row["leases"]),
+            f"{row['node_hours']:.4f}",
+            f"${row['spend_usd']:.4f}",
+        )
+    table.add_section()
+    table.add_row("total", "", "", "", "", f"${doc['total_usd']:.4f}")
+    return table

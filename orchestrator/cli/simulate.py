@@ -1,0 +1,215 @@
+"""`orch simulate`: what each spot policy would cost on an availability trace.
+
+    orch simulate --trace FILE --job-hours H --deadline-hours D --overhead-minutes M
+                  [--policy NAME ...] [--price-ratio R] [--json]
+    orch simulate --sweep --trace FILE [--trace FILE ...] --job-hours H [--job-hours H ...]
+                  --overhead-minutes M --out-dir DIR
+
+Bad flags and bad trace files exit 2. Registered on the app by `orchestrator.cli.app`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.errors import SpecError
+from orchestrator.providers.traces import load_trace
+from orchestrator.spot.policies import POLICY_NAMES, get_policy
+from orchestrator.spot.simulate import Prices, Scenario, simulate
+from orchestrator.spot.sweep import sweep
+
+__all__ = ["simulate_command"]
+
+_NUMBER_HELP = "a positive number, e.g. 0.33 or 1/3"
+
+
+def _positive_decimal(text: str, flag: str) -> Decimal:
+    """`text` as a positive Decimal; "a/b" is a fraction. SpecError naming `flag` otherwise."""
+    try:
+        if "/" in text:
+            numerator, denominator = text.split("/", 1)
+            value = Decimal(numerator.strip()) / Decimal(denominator.strip())
+        else:
+            value = Decimal(text.strip())
+    except (InvalidOperation, ZeroDivisionError, ValueError):
+        raise SpecError(f"{flag} {text!r} is not a number", hint=f"give {_NUMBER_HELP}") from None
+    if not value.is_finite() or value <= 0:
+        raise SpecError(f"{flag} must be positive, got {text!r}", hint=f"give {_NUMBER_HELP}")
+    return value
+
+
+def _check_hours(value: float, flag: str, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SpecError(f"{flag} must be a number {bound}, got {value}")
+
+
+def simulate_command(
+    trace: Annotated[
+        list[Path],
+        typer.Option("--trace", help="availability trace (JSON); repeat for a sweep"),
+    ],
+    job_hours: Annotated[
+        list[float],
+        typer.Option("--job-hours", help="hours of compute the job needs; repeat for a sweep"),
+    ],
+    overhead_minutes: Annotated[
+        float,
+        typer.Option("--overhead-minutes", help="minutes lost on every (re)start"),
+    ],
+    deadline_hours: Annotated[
+        float | None,
+        typer.Option("--deadline-hours", help="deadline, hours after submit (not with --sweep)"),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", help="uniform-progress, greedy, on-demand, spot-only; repeat"),
+    ] = None,
+    price_ratio: Annotated[
+        str, typer.Option("--price-ratio", help="spot price / on-demand price")
+    ] = "1/3",
+    on_demand_price: Annotated[
+        str, typer.Option("--on-demand-price", help="USD per node-hour (p3.2xlarge us-east-1)")
+    ] = "3.06",
+    spot_price: Annotated[
+        str | None,
+        typer.Option("--spot-price", help="USD per node-hour; overrides --price-ratio"),
+    ] = None,
+    nodes: Annotated[
+        int, typer.Option("--nodes", min=1, help="nodes the job needs (spot for all, or none)")
+    ] = 1,
+    start_hour: Annotated[
+        float, typer.Option("--start-hour", help="submit this many hours into the trace")
+    ] = 0.0,
+    sweep: Annotated[
+        bool,
+        typer.Option("--sweep", help="sweep deadline slack 10-100 % and write a table and PNG"),
+    ] = False,
+    out_dir: Annotated[
+        Path, typer.Option("--out-dir", help="where --sweep writes spot-deadlines.md and img/")
+    ] = Path("docs"),
+    starts: Annotated[
+        int, typer.Option("--starts", min=1, help="--sweep: submit times per trace")
+    ] = 16,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+) -> None:
+    """Cost and finish time of each spot policy on a spot availability trace."""
+    names = list(dict.fromkeys(policy or POLICY_NAMES))
+    for name in names:
+        get_policy(name)  # unknown names fail here, before any work
+    for hours in job_hours:
+        _check_hours(hours, "--job-hours")
+    _check_hours(overhead_minutes, "--overhead-minutes", allow_zero=True)
+    _check_hours(start_hour, "--start-hour", allow_zero=True)
+    od_price = _positive_decimal(on_demand_price, "--on-demand-price")
+    spot = (
+        _positive_decimal(spot_price, "--spot-price")
+        if spot_price is not None
+        else od_price * _positive_decimal(price_ratio, "--price-ratio")
+    )
+    prices = Prices(on_demand=od_price, spot=spot)
+    if sweep:
+        _run_sweep(trace, job_hours, names, overhead_minutes * 60, prices, nodes, starts, out_dir)
+        return
+    if len(trace) != 1 or len(job_hours) != 1:
+        raise SpecError(
+            "give one --trace and one --job-hours (several are for --sweep)",
+            hint="add --sweep --out-dir DIR to sweep deadline slack over several",
+        )
+    if deadline_hours is None:
+        raise SpecError("--deadline-hours is missing", hint="e.g. --deadline-hours 13")
+    _check_hours(deadline_hours, "--deadline-hours")
+    _run_one(
+        trace[0], names, job_hours[0], deadline_hours, overhead_minutes * 60, prices, nodes,
+        start_hour, json_out,
+    )  # fmt: skip
+
+
+def _run_one(
+    trace_path: Path,
+    names: list[str],
+    job_hours: float,
+    deadline_hours: float,
+    overhead_s: float,
+    prices: Prices,
+    nodes: int,
+    start_hour: float,
+    json_out: bool,
+) -> None:
+    data = load_trace(trace_path)
+    start_tick = int(start_hour * 3600 // data.gap_s)
+    if start_tick >= len(data):
+        raise SpecError(
+            f"--start-hour {start_hour:g} is past the end of {data.name} "
+            f"({data.duration_s / 3600:.1f} h)"
+        )
+    scenario = Scenario(
+        job_s=job_hours * 3600,
+        deadline_s=deadline_hours * 3600,
+        overhead_s=overhead_s,
+        prices=prices,
+        nodes=nodes,
+        start_tick=start_tick,
+    )
+    results = {name: simulate(data, get_policy(name), scenario) for name in names}
+    if json_out:
+        document = {name: result.as_dict() for name, result in results.items()}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    table = Table(
+        title=f"{data.name}: {job_hours:g} h job, deadline {deadline_hours:g} h, "
+        f"restart {overhead_s / 60:g} min, on-demand ${prices.on_demand}/h, "
+        f"spot ${prices.spot:.4f}/h"
+    )
+    for column in ("policy", "cost $", "finish h", "deadline", "spot h", "on-demand h", "starts"):
+        table.add_column(
+            column, justify="left" if column == "policy" else "right", no_wrap=column == "policy"
+        )
+    for name, result in results.items():
+        finish = "-" if result.finish_s is None else f"{result.finish_s / 3600:.2f}"
+        table.add_row(
+            name, f"{result.cost:.2f}", finish, "met" if result.met_deadline else "MISSED",
+            f"{result.spot_s / 3600:.2f}", f"{result.on_demand_s / 3600:.2f}",
+            str(result.restarts),
+        )  # fmt: skip
+    Console().print(table)
+
+
+def _run_sweep(
+    traces: list[Path],
+    job_hours: list[float],
+    names: list[str],
+    overhead_s: float,
+    prices: Prices,
+    nodes: int,
+    starts: int,
+    out_dir: Path,
+) -> None:
+    from orchestrator.report.sweep import write_report  # matplotlib: only when sweeping
+
+    loaded = [load_trace(path) for path in traces]
+    cells = sweep(
+        loaded,
+        job_hours=job_hours,
+        policies=names,
+        overhead_s=overhead_s,
+        prices=prices,
+        starts=starts,
+        nodes=nodes,
+    )
+    setup = (
+        f"Restart overhead {overhead_s / 60:g} min, on-demand ${prices.on_demand}/h, "
+        f"spot ${prices.spot:.4f}/h, {nodes} node(s), {starts} submit times spread over "
+        f"each trace, jobs of {', '.join(f'{h:g}' for h in job_hours)} h."
+    )
+    page, image = write_report(cells, setup, out_dir)
+    Console().print(f"wrote {page} and {image}")

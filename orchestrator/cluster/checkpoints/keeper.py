@@ -1,0 +1,405 @@
+"""A job's checkpoints over its life: the agents on its nodes, the mirror, the store, the ledger.
+
+The runner (`orchestrator.control.runner`) calls:
+
+- `prepare(cluster)` before each start: sends the checkpoint agent to every node, puts the
+  newest complete checkpoint back on every node (each node downloads it from the store, or the
+  mirror is pushed to it), then arms the agents. Returns what the run resumes from.
+- `adopt(cluster)` when a new controller takes a running job over: starts again any agent
+  that no longer runs (one that runs is left alone).
+- `watch(...)` and `stop_watching()` while the run runs: a collection starts as soon as a
+  node's agent staged something (the keeper follows every agent's events), and every
+  `checkpoint.pull_every` seconds in any case. A failed collection keeps what the mirror had;
+  it is recorded as a WARNING event (`orch status` shows it) and tried again with backoff.
+  After `failure_limit_s` of failures in a row (and at least `failure_min` tries), the runner
+  is handed a stop with the reason.
+- `finish(...)` at the end of a run (teardown, salvage, a planned move): waits, at most
+  `wait_s`, until the agents have staged and uploaded what the run left, then collects once
+  more. Raises OrchError when that collection fails.
+- `node_gone(rank)`: a transfer from that node in progress is cut short.
+
+What is complete is written to the ledger, and what the store keeps decided, by
+`orchestrator.cluster.checkpoints.records`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from orchestrator.cluster.checkpoints.collector import CheckpointCollector, Collected
+from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
+from orchestrator.cluster.checkpoints.store import (
+    node_access,
+)
+from orchestrator.cluster.connections import Cluster
+from orchestrator.config import Settings
+from orchestrator.control.stop_rules import PullStreak, StopOrder, pull_failure_order
+from orchestrator.errors import OrchError, RemoteError
+from orchestrator.ledger.store import JobState, Ledger
+from orchestrator.node.checkpoint_protocol import (
+    AgentConfig,
+    AgentLayout,
+    AgentReport,
+    RestoredFile,
+    RestoreItem,
+    StoreAccess,
+    agent_source,
+    arm_command,
+    follow_command,
+    install_command,
+    restore_command,
+    restore_error,
+    restore_plan,
+)
+from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.streams import LineStream
+from orchestrator.remote.sync import Transfer, push_argv, run_parallel
+from orchestrator.spec.model import CheckpointSpec
+
+
+@dataclass(frozen=True)
+class KeeperOptions:
+    """Timing of checkpoint collection (seconds)."""
+
+    pull_every: float = 60.0  # between collections when no agent reports anything new
+    backoff_first_s: float = 5.0  # wait before the first retry of a failed collection
+    backoff_cap_s: float = 120.0  # longest wait between retries
+    failure_limit_s: float = 600.0  # failures in a row for this long fail the job ...
+    failure_min: int = 5  # ... once there were at least this many
+    transfer_timeout_s: float = 3600.0  # one node's transfer, at most
+    restore_timeout_s: float = 3600.0  # every node's download from the store, at most
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a start resumes from: the node path of the newest complete directory
+    checkpoint ("" when there is none) and its step."""
+
+    path: str
+    step: int | None
+
+
+class CheckpointKeeper:
+    """See the module docstring. Built with no I/O; bound to a cluster by `prepare`/`adopt`."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        checkpoint: CheckpointSpec,
+        node_dir: str,
+        mirror: CheckpointMirror,
+        ledger: Ledger,
+        settings: Settings,
+        line: Callable[[str], None],
+        options: KeeperOptions | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.spec = checkpoint
+        self.node_dir = node_dir
+        self.mirror = mirror
+        self.ledger = ledger
+        self.settings = settings
+        self.line = line
+        self.options = options or KeeperOptions(pull_every=checkpoint.pull_every)
+        self.layout = AgentLayout(job_id)
+        self.streak = PullStreak()
+        self._collector: CheckpointCollector | None = None
+        self._access: StoreAccess | None = None
+        self._aborts: dict[int, threading.Event] = {}
+        self.records = CheckpointRecords(
+            job_id=job_id, store=checkpoint.store, mirror=mirror, ledger=ledger,
+            settings=settings, line=line,
+        )  # fmt: skip
+        self._problems_seen: set[str] = set()
+        self._streams: list[LineStream] = []
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    # --- binding to a cluster ---------------------------------------------------------------
+    def _bind(self, cluster: Cluster, *, nodes_have_credentials: bool, region: str | None) -> None:
+        self._collector = CheckpointCollector(
+            cluster, self.mirror, self.layout, mode=self.spec.mirror_mode,
+            timeout_s=self.options.transfer_timeout_s,
+        )  # fmt: skip
+        self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
+        self._access = None
+        self.records.region = region
+        if self.spec.store is not None:
+            self._access = node_access(
+                self.spec.store, self.settings,
+                nodes_have_credentials=nodes_have_credentials, region=region,
+            )  # fmt: skip
+
+    @property
+    def collector(self) -> CheckpointCollector:
+        if self._collector is None:
+            raise RuntimeError("the keeper is not bound to a cluster: prepare or adopt first")
+        return self._collector
+
+    def prepare(
+        self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
+    ) -> Resume:
+        """Before a start: agents sent, the newest checkpoint put back, agents armed."""
+        self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
+        self._install(cluster)
+        restored, resume = self._put_back(cluster)
+        self._arm(cluster, restored)
+        return resume
+
+    def adopt(
+        self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
+    ) -> None:
+        """A new controller took the job over: start any agent that is not running."""
+        self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
+        self._install(cluster)
+        self._arm(cluster, {})
+
+    def newest(self) -> Newest | None:
+        """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
+        return self.records.newest()
+
+    def sweep_store(self) -> None:
+        """At the job's end: delete what the job left in the store that no kept version uses."""
+        self.records.sweep_store()
+
+    def node_gone(self, rank: int) -> None:
+        event = self._aborts.get(rank)
+        if event is not None:
+            event.set()
+
+    def _install(self, cluster: Cluster) -> None:
+        source = agent_source()
+        command = install_command(self.layout)
+        cluster.map(lambda rank, c: c.run(command, stdin=source, timeout=60))
+
+    def _arm(
+        self,
+        cluster: Cluster,
+        restored: dict[str, RestoredFile],
+        ranks: Collection[int] | None = None,
+    ) -> None:
+        wanted = set(range(len(cluster.instances)) if ranks is None else ranks)
+
+        def arm(rank: int, connection: NodeConnection) -> None:
+            if rank not in wanted:
+                return
+            config = AgentConfig(
+                self.job_id, rank, self.node_dir, store=self._access, restored=restored
+            )
+            connection.run(
+                arm_command(self.layout), stdin=json.dumps(config.document()), timeout=30
+            )
+
+        cluster.map(arm)
+
+    # --- putting checkpoints back -----------------------------------------------------------
+    def _put_back(self, cluster: Cluster) -> tuple[dict[str, RestoredFile], Resume]:
+        from_store = self.records.store_plan() if self._access is not None else None
+        newest_held = self.mirror.newest_directory()
+        if from_store is not None:
+            items, name, step = from_store.items, from_store.name, from_store.step
+            mirror_is_newer = (
+                newest_held is not None
+                and newest_held.step is not None
+                and (step is None or newest_held.step > step)
+            )
+            if not mirror_is_newer:
+                try:
+                    self._restore(cluster, items)
+                    restored = {i.path: RestoredFile(i.digest, i.size, i.key) for i in items}
+                    return restored, self._resume(name, step)
+                except RemoteError as exc:
+                    if not self.mirror.files():
+                        raise
+                    self.ledger.add_event(
+                        self.job_id, "WARNING",
+                        f"restore from the store failed, pushing the mirror instead: {exc}",
+                    )  # fmt: skip
+        held = self.mirror.files()
+        if not held:
+            return {}, Resume("", None)
+        self._push(cluster)
+        restored = {path: RestoredFile(sha, size) for path, (sha, size) in held.items()}
+        if newest_held is None:
+            return restored, Resume("", None)
+        return restored, self._resume(newest_held.name, newest_held.step)
+
+    def _resume(self, name: str | None, step: int | None) -> Resume:
+        if name is None:
+            return Resume("", None)
+        path = self.node_dir if name == "." else f"{self.node_dir}/{name}"
+        return Resume(path, step)
+
+    def _push(self, cluster: Cluster) -> None:
+        started = time.monotonic()
+        run_parallel(
+            [
+                Transfer(
+                    f"checkpoints -> {address.name}",
+                    push_argv(self.mirror.root, address, cluster.identity, self.node_dir),
+                )
+                for address in cluster.addresses
+            ]
+        )
+        self.ledger.add_event(
+            self.job_id, "PUSHED", f"checkpoints to {len(cluster.addresses)} node(s) in "
+            f"{time.monotonic() - started:.1f} s",
+        )  # fmt: skip
+
+    def _restore(self, cluster: Cluster, items: list[RestoreItem]) -> None:
+        assert self._access is not None
+        plan = restore_plan(self.node_dir, self._access, items)
+        command = restore_command(self.layout)
+        started = time.monotonic()
+
+        def run(rank: int, connection: NodeConnection) -> None:
+            result = connection.run(
+                command, stdin=plan, timeout=self.options.restore_timeout_s, check=False
+            )
+            problem = restore_error(result.stdout + result.stderr)
+            if result.exited != 0 or problem is not None:
+                raise RemoteError(f"node {rank}: restore from the store failed: {problem}")
+
+        cluster.map(run)
+        size = sum(i.size for i in items)
+        self.ledger.add_event(
+            self.job_id, "RESTORED", f"{len(items)} file(s), {size / 1e6:.1f} MB, from the store "
+            f"to {len(cluster.instances)} node(s) in {time.monotonic() - started:.1f} s",
+        )  # fmt: skip
+
+    # --- collecting while the run runs -------------------------------------------------------
+    def watch(
+        self,
+        cluster: Cluster,
+        *,
+        gone: Callable[[], Collection[int]],
+        on_failure: Callable[[StopOrder], None],
+    ) -> None:
+        """Collect whenever an agent reports news, and every `pull_every` seconds."""
+        self._stop.clear()
+        self._wake.clear()
+        self._streams = [
+            LineStream(
+                connection,
+                follow_command(self.layout),
+                lambda _line: self._wake.set(),
+                name=f"checkpoints {rank}",
+            )  # fmt: skip
+            for rank, connection in enumerate(cluster.connections)
+        ]
+        for stream in self._streams:
+            stream.start()
+        self._thread = threading.Thread(
+            target=self._loop, args=(gone, on_failure), name="checkpoint-collector", daemon=True
+        )
+        self._thread.start()
+
+    def stop_watching(self) -> None:
+        """Stop following the agents; a collection in progress finishes first."""
+        self._stop.set()
+        self._wake.set()
+        for stream in self._streams:
+            stream.stop(wait_s=0)
+        for stream in self._streams:
+            stream.stop(wait_s=0.5)
+        self._streams = []
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(
+        self, gone: Callable[[], Collection[int]], on_failure: Callable[[StopOrder], None]
+    ) -> None:
+        next_at = time.monotonic() + self.options.pull_every
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_at - time.monotonic()))
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            if self.streak.failures and now < next_at:
+                self._stop.wait(next_at - now)  # backing off: news waits too
+                continue
+            self._wake.clear()
+            try:
+                self.collect(skip=gone())
+            except OrchError as exc:
+                order = self._failed(exc)
+                if order is not None:
+                    on_failure(order)
+                    return
+                next_at = time.monotonic() + self.streak.retry_in(
+                    self.options.backoff_first_s, self.options.backoff_cap_s
+                )
+                continue
+            except Exception as exc:  # noqa: BLE001 - handed to the runner, which ends the job
+                on_failure(StopOrder(JobState.FAILED, 1, f"internal error: {exc!r}"))
+                return
+            next_at = time.monotonic() + self.options.pull_every
+
+    def _failed(self, exc: OrchError) -> StopOrder | None:
+        now = time.monotonic()
+        self.streak.failed(now, exc.message)
+        wait = self.streak.retry_in(self.options.backoff_first_s, self.options.backoff_cap_s)
+        self.ledger.add_event(
+            self.job_id, "WARNING", f"checkpoint pull failed ({self.streak.failures} in a "
+            f"row; the mirror keeps what it had); next try in {wait:.0f} s: {exc.message}",
+        )  # fmt: skip
+        return pull_failure_order(
+            self.streak, now=now, limit_s=self.options.failure_limit_s,
+            min_failures=self.options.failure_min,
+        )  # fmt: skip
+
+    def finish(self, *, skip: Collection[int] = (), wait_s: float = 60.0) -> Collected:
+        """The run ended (or was stopped): wait until the agents are done (at most `wait_s`),
+        then collect once more."""
+        deadline = time.monotonic() + wait_s
+        rearmed = False
+        while True:
+            reports = self.collector.read(skip)
+            dead = [r for r, rep in reports.items() if _dead_unfinished(rep)]
+            if dead and not rearmed:
+                self._arm(self.collector.cluster, {}, ranks=dead)
+                rearmed = True
+            if all(_finished(rep) for rep in reports.values()):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        return self.collect(skip=skip)
+
+    def collect(self, *, skip: Collection[int] = ()) -> Collected:
+        """One collection, recorded in the ledger; raises OrchError when it failed."""
+        collected = self.collector.collect(skip=skip, aborts=self._aborts)
+        self.streak.succeeded()
+        self._note_problems(collected.reports)
+        dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
+        if dead:
+            self._arm(self.collector.cluster, {}, ranks=dead)
+        self.records.record(collected, range(len(self.collector.cluster.instances)))
+        return collected
+
+    def _note_problems(self, reports: dict[int, AgentReport]) -> None:
+        for rank, report in sorted(reports.items()):
+            for problem in report.manifest.problems if report.manifest else ():
+                text = f"node {rank}: checkpoint agent: {problem}"
+                if text not in self._problems_seen:
+                    self._problems_seen.add(text)
+                    self.ledger.add_event(self.job_id, "WARNING", text)
+
+
+def _finished(report: AgentReport) -> bool:
+    """The agent has nothing more to stage: it is done, or not running (and not coming back)."""
+    if report.agent != "alive":
+        return report.manifest is None or report.manifest.done or report.agent == "none"
+    return report.manifest is not None and report.manifest.done
+
+
+def _dead_unfinished(report: AgentReport) -> bool:
+    return report.agent == "dead" and (report.manifest is None or not report.manifest.done)

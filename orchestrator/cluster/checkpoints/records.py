@@ -1,0 +1,254 @@
+"""A job's checkpoints in the ledger, and what its store keeps of them.
+
+Every complete checkpoint version is written once (`CheckpointRecord`: its files, their digests
+and store keys, its step) when the mirror or the store first holds it whole; it is marked
+pruned once neither does. The store's retention (`orchestrator.cluster.checkpoints.retention`) is
+applied here too: versions no rule keeps are deleted from the store by the controller (the
+nodes only ever upload), and at the job's end what no kept version uses is swept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.cluster.checkpoints.collector import Collected
+from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.checkpoints.retention import StoredVersion, keys_to_delete, retire
+from orchestrator.cluster.checkpoints.store import StoreClient, describe, job_prefix, open_client
+from orchestrator.cluster.checkpoints.units import LATEST_POINTER, Unit, present_directories
+from orchestrator.config import Settings
+from orchestrator.errors import OrchError
+from orchestrator.ledger.store import CheckpointRecord, Ledger, utcnow
+from orchestrator.node.checkpoint_protocol import RestoreItem
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest complete directory checkpoint: its name and step."""
+
+    name: str
+    step: int | None
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What a restart downloads from the store: the newest stored directory checkpoint (its
+    name and step; None when there is none) and the newest version of every single file."""
+
+    items: list[RestoreItem]
+    name: str | None
+    step: int | None
+
+
+class CheckpointRecords:
+    """The ledger side of one job's checkpoints. `line` tells a human what arrived."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        store: str | None,
+        mirror: CheckpointMirror,
+        ledger: Ledger,
+        settings: Settings,
+        line: Callable[[str], None],
+    ) -> None:
+        self.job_id = job_id
+        self.store = store
+        self.mirror = mirror
+        self.ledger = ledger
+        self.settings = settings
+        self.line = line
+        self.region: str | None = None  # the nodes' region, once known: the store's default
+        self._client: StoreClient | None = None
+        self._client_opened = False
+
+    # --- reading ----------------------------------------------------------------------------
+    def newest(self) -> Newest | None:
+        """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
+        candidates = []
+        held = self.mirror.newest_directory()
+        if held is not None:
+            candidates.append(Newest(held.name, held.step))
+        for record in self.ledger.checkpoints(self.job_id, live_only=True):
+            if record.kind in ("step", "dcp") and record.stored_at is not None:
+                candidates.append(Newest(record.name, record.step))
+        if not candidates:
+            return None
+        return max(candidates, key=lambda n: -1 if n.step is None else n.step)
+
+    def store_plan(self) -> StorePlan | None:
+        """What to download from the store on a restart; None when nothing is stored."""
+        records = [
+            r
+            for r in self.ledger.checkpoints(self.job_id, live_only=True)
+            if r.stored_at is not None and r.files_json
+        ]
+        directories = [r for r in records if r.kind in ("step", "dcp")]
+        chosen: list[CheckpointRecord] = []
+        name: str | None = None
+        step: int | None = None
+        if directories:
+            best = max(directories, key=lambda r: (-1 if r.step is None else r.step, r.id or 0))
+            chosen.append(best)
+            name, step = best.name, best.step
+        singles: dict[str, CheckpointRecord] = {}
+        for record in records:
+            if record.kind == "file":
+                singles[record.name] = record  # ordered by id: the newest wins
+        chosen.extend(singles.values())
+        items = [
+            RestoreItem(f["path"], f["key"], int(f["size"]), f["digest"])
+            for record in chosen
+            for f in json.loads(record.files_json or "[]")
+            if f.get("key")
+        ]
+        return StorePlan(items, name, step) if items else None
+
+    # --- writing ----------------------------------------------------------------------------
+    def record(self, collected: Collected, ranks: Collection[int]) -> None:
+        """Write what `collected` found complete, then mark and retire what is no longer kept.
+        `ranks` are the cluster's nodes (for what they still hold)."""
+        now = utcnow()
+        known = {
+            (r.name, r.digest): r for r in self.ledger.checkpoints(self.job_id, live_only=True)
+        }
+        installed = {(u.name, u.version) for u in collected.installed}
+        for unit in collected.complete:
+            if unit.name == LATEST_POINTER:
+                continue
+            key = (unit.name, unit.version)
+            in_mirror = key in installed or self.mirror.holds_unit(unit)
+            stored = self.store is not None and unit.stored
+            record = known.get(key)
+            if record is None:
+                if not (in_mirror or stored):
+                    continue
+                known[key] = self.ledger.add_checkpoint(self._new(unit, now, in_mirror, stored))
+                self._announce(unit, "pulled" if in_mirror else "stored")
+                continue
+            fields: dict[str, object] = {}
+            if stored and record.stored_at is None:
+                fields.update(stored_at=now, files_json=files_json(unit))
+                self._announce(unit, "stored")
+            if in_mirror and not record.in_mirror:
+                fields["in_mirror"] = True
+            if fields and record.id is not None:
+                known[key] = self.ledger.update_checkpoint(record.id, **fields)
+        self._drop_gone(known, present_directories(collected.manifests, ranks), now)
+
+    def _new(self, unit: Unit, now: datetime, in_mirror: bool, stored: bool) -> CheckpointRecord:
+        return CheckpointRecord(
+            job_id=self.job_id,
+            name=unit.name,
+            step=unit.step,
+            size_bytes=unit.size_bytes,
+            pulled_at=now,
+            kind=unit.kind,
+            digest=unit.version,
+            in_mirror=in_mirror,
+            stored_at=now if stored else None,
+            store_url=self.store,
+            files_json=files_json(unit),
+        )
+
+    def _announce(self, unit: Unit, how: str) -> None:
+        where = "" if how == "pulled" else f" to {self.store}"
+        self.ledger.add_event(
+            self.job_id, "CHECKPOINT", f"{how} {unit.name}{where} ({unit.size_bytes} bytes)",
+            step=unit.step,
+        )  # fmt: skip
+        self.line(f"[orch] checkpoint {how}: {unit.name}")
+
+    def _drop_gone(
+        self,
+        known: dict[tuple[str, str | None], CheckpointRecord],
+        present: set[str] | None,
+        now: datetime,
+    ) -> None:
+        """Mark what the mirror no longer holds, retire store versions no rule keeps, and
+        prune records neither keeps."""
+        retired = self._retire(list(known.values()), present)
+        for (name, version), record in known.items():
+            if record.id is None:
+                continue
+            held = self.mirror.units().get(name)
+            in_mirror = held is not None and held.version == version
+            in_store = record.stored_at is not None and record.id not in retired
+            fields: dict[str, object] = {}
+            if record.in_mirror and not in_mirror:
+                fields["in_mirror"] = False
+            if record.id in retired:
+                fields["stored_at"] = None
+            if not in_mirror and not in_store:
+                fields["pruned_at"] = now
+            if fields:
+                self.ledger.update_checkpoint(record.id, **fields)
+
+    def _retire(self, records: list[CheckpointRecord], present: set[str] | None) -> set[int]:
+        """Delete from the store the versions no rule keeps; their record ids."""
+        client = self._store_client()
+        if client is None:
+            return set()
+        versions = [
+            StoredVersion(record.id, record.name, record.kind or "file", record.step, _keys(record))
+            for record in records
+            if record.stored_at is not None and record.id is not None
+        ]
+        retired = retire(versions, present=present)
+        doomed = keys_to_delete(versions, retired)
+        if doomed:
+            try:
+                client.delete(doomed)
+            except OrchError as exc:
+                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
+                return set()
+        return retired
+
+    def _store_client(self) -> StoreClient | None:
+        if not self._client_opened and self.store is not None:
+            self._client_opened = True
+            try:
+                self._client = open_client(self.store, self.settings, self.region)
+            except Exception as exc:  # noqa: BLE001 - a store we cannot prune is no job failure
+                self.ledger.add_event(self.job_id, "WARNING", f"store cleanup disabled: {exc}")
+        return self._client
+
+    def sweep_store(self) -> None:
+        """At the job's end: delete what the job uploaded that no kept version uses (versions
+        superseded meanwhile, or never complete)."""
+        client = self._store_client()
+        if client is None or self.store is None:
+            return
+        kept = {
+            key
+            for record in self.ledger.checkpoints(self.job_id, live_only=True)
+            if record.stored_at is not None
+            for key in _keys(record)
+        }
+        prefix = job_prefix(self.store, self.job_id)
+        try:
+            leftover = set(client.keys(prefix)) - kept
+            client.delete(leftover)
+        except OrchError as exc:
+            self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
+            return
+        if leftover:
+            self.ledger.add_event(
+                self.job_id, "STORE", f"removed {len(leftover)} object(s) no kept checkpoint "
+                f"uses (superseded, or never complete) from {describe(self.store, prefix)}",
+            )  # fmt: skip
+
+
+def files_json(unit: Unit) -> str:
+    """The files of a checkpoint as the ledger keeps them: path, digest, size, store key."""
+    return json.dumps(
+        [{"path": f.path, "digest": f.digest, "size": f.size, "key": f.stored} for f in unit.files]
+    )
+
+
+def _keys(record: CheckpointRecord) -> frozenset[str]:
+    return frozenset(f["key"] for f in json.loads(record.files_json or "[]") if f.get("key"))

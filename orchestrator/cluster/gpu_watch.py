@@ -1,0 +1,323 @@
+"""Watch a node's GPUs (nvidia-smi) or, on GPU-less nodes, its job's CPU use, over SSH.
+
+`GpuWatcher` keeps ONE long-running `nvidia-smi -l N` per node, on a channel of the node's
+existing SSH connection, and a thread that keeps the latest reading of every GPU. Nothing is
+started per poll: `latest()` only reads memory. `CpuWatcher` is the fallback for nodes
+without nvidia-smi: one short command per call on the same connection.
+
+Neither raises on a node's misbehaviour: a missing or failing nvidia-smi, garbage, a hang or
+a lost connection turn readings into *unknown* (which `orchestrator.node.gpu.IdlePolicy` never
+counts as idle) and are described in `error`.
+"""
+
+from __future__ import annotations
+
+import collections
+import shlex
+import threading
+import time
+from collections.abc import Callable
+
+import paramiko
+
+from orchestrator.errors import OrchError
+from orchestrator.node.gpu import (
+    CpuReading,
+    GpuSample,
+    NodeGpuState,
+    cpu_percent,
+    cpu_ticks_command,
+    nvidia_smi_argv,
+    parse_cpu_ticks,
+    parse_line,
+)
+from orchestrator.node.launch import NodeLayout, home_expr
+from orchestrator.remote.ssh import NodeConnection
+
+__all__ = ["CpuWatcher", "GpuWatcher", "NodeGpuState"]
+
+MAX_LINE = 64 * 1024  # a longer "line" is garbage and is dropped
+_POLL_S = 0.25  # how often the reader thread wakes when nvidia-smi is silent
+
+
+class GpuWatcher:
+    """The latest nvidia-smi readings of one node, from one long-lived command.
+
+    Lifecycle: build (no I/O) -> `start()` -> `latest()` as often as wanted -> `stop()`.
+
+    `start()` returns at once; a daemon thread opens one session channel on
+    `connection.transport` (the node's persistent SSH connection; it connects if the
+    connection was not opened yet, never opens a second one) with a pseudo-terminal, so that
+    closing the channel hangs up nvidia-smi even when it is stuck (a server that refuses
+    ptys gets a plain channel; a stuck nvidia-smi may then outlive it), and runs
+    `nvidia_smi_argv(interval_s)` there. Each record line updates its GPU's sample.
+
+    Failures, all reported through `latest()` and never raised:
+    - garbage output: every GPU of the node becomes unknown until its next good record;
+    - a GPU without a record for `stale_after_s` (default 3 intervals) is unknown;
+    - nvidia-smi exits (any status) or prints nothing for `hang_after_s` (default
+      max(3 intervals, 10 s)): the channel is closed, every GPU is unknown, and the command is
+      started again, at most once per `restart_every_s` (default 30 s);
+    - nvidia-smi missing (exit 127, or "nvidia-smi: ... not found") or "No devices were
+      found": `available` becomes False (use `CpuWatcher` for the node); the watcher keeps
+      retrying at the same pace in case it appears;
+    - the SSH connection is down: after the first start the watcher does not reconnect by
+      itself; it waits until the connection is alive again (the controller's own commands
+      reconnect it) and restarts the command then.
+
+    Readings are stamped with `now()` (default `time.monotonic`); pass the same clock to
+    `latest`. The restart pace and hang detection always use `time.monotonic`. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        connection: NodeConnection,
+        interval_s: int,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        restart_every_s: float = 30.0,
+        stale_after_s: float | None = None,
+        hang_after_s: float | None = None,
+        join_timeout_s: float = 5.0,
+    ) -> None:
+        self.connection = connection
+        self.interval_s = interval_s
+        self.command = shlex.join(nvidia_smi_argv(interval_s))  # validates interval_s
+        self.restart_every_s = restart_every_s
+        self.stale_after_s = 3.0 * interval_s if stale_after_s is None else stale_after_s
+        self.hang_after_s = max(3.0 * interval_s, 10.0) if hang_after_s is None else hang_after_s
+        self.join_timeout_s = join_timeout_s
+        self._now = now
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channel: paramiko.Channel | None = None
+        self._samples: dict[int, tuple[GpuSample, float]] = {}
+        self._available: bool | None = None
+        self._error: str | None = None
+        self._updated_at: float | None = None
+        self._starts = 0
+
+    # --- public ---------------------------------------------------------------------------------
+
+    @property
+    def starts(self) -> int:
+        """How many times nvidia-smi was started on the node so far."""
+        with self._lock:
+            return self._starts
+
+    @property
+    def running(self) -> bool:
+        """True while the watcher's thread runs (from `start()` until `stop()`)."""
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start watching in a daemon thread; returns at once. A no-op while already running."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            name = f"gpu-watch {self.connection.address.name}"
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    def latest(self, now: float | None = None) -> NodeGpuState:
+        """The node's current readings; GPUs without a record in `stale_after_s` are unknown."""
+        t = self._now() if now is None else now
+        with self._lock:
+            samples = tuple(
+                sample if t - at <= self.stale_after_s else GpuSample.unknown(index, sample.uuid)
+                for index, (sample, at) in sorted(self._samples.items())
+            )
+            return NodeGpuState(self._available, samples, self._error, self._updated_at)
+
+    def stop(self) -> None:
+        """Close the channel (which hangs up nvidia-smi on the node) and join the thread.
+
+        Waits at most `join_timeout_s` for the thread; the SSH connection stays open.
+        Idempotent.
+        """
+        self._stop.set()
+        with self._lock:
+            channel, thread = self._channel, self._thread
+        if channel is not None:
+            channel.close()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.join_timeout_s)
+        self._invalidate()
+
+    # --- the reader thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                if first or self.connection.is_alive():
+                    self._run_once()
+                else:
+                    self._problem("the SSH connection to the node is down; waiting for it")
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any failure
+                self._problem(f"nvidia-smi watch failed: {type(exc).__name__}: {exc}")
+            first = False
+            self._invalidate()
+            self._stop.wait(max(0.0, started + self.restart_every_s - time.monotonic()))
+
+    def _run_once(self) -> None:
+        try:
+            transport = self.connection.transport
+            channel = transport.open_session(timeout=10.0)
+            try:
+                channel.get_pty(term="dumb", width=512, height=24)
+            except paramiko.SSHException:  # the server refuses ptys: go on without one
+                channel.close()
+                channel = transport.open_session(timeout=10.0)
+            channel.exec_command(self.command)
+        except (OrchError, paramiko.SSHException, OSError, EOFError) as exc:
+            self._problem(f"could not start nvidia-smi: {exc}")
+            return
+        with self._lock:
+            self._channel = channel
+            self._starts += 1
+        try:
+            if not self._stop.is_set():
+                self._pump(channel)
+        finally:
+            with self._lock:
+                self._channel = None
+            channel.close()
+
+    def _pump(self, channel: paramiko.Channel) -> None:
+        """Read lines until nvidia-smi exits, hangs, the connection drops, or stop()."""
+        channel.settimeout(_POLL_S)
+        pending = b""
+        tail: collections.deque[str] = collections.deque(maxlen=5)
+        last_output = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                data = channel.recv(65536)
+            except TimeoutError:
+                if time.monotonic() - last_output > self.hang_after_s:
+                    self._problem(
+                        f"nvidia-smi printed nothing for {self.hang_after_s:.0f} s; restarting it"
+                    )
+                    return
+                continue
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                self._problem(f"lost the nvidia-smi channel: {exc}")
+                return
+            if not data:
+                break
+            last_output = time.monotonic()
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > MAX_LINE:
+                lines.append(pending[:200])
+                pending = b""
+            for raw in lines:
+                self._line(raw.decode("utf-8", errors="replace"), tail)
+        if self._stop.is_set():
+            return
+        if pending:
+            self._line(pending.decode("utf-8", errors="replace"), tail)
+        code = channel.exit_status if channel.status_event.wait(2.0) else None
+        self._exited(code, list(tail))
+
+    def _line(self, line: str, tail: collections.deque[str]) -> None:
+        text = line.strip()
+        if not text:
+            return
+        sample = parse_line(text)
+        now = self._now()
+        with self._lock:
+            if sample.index is None:
+                tail.append(text[:200])
+                self._error = f"unexpected output from nvidia-smi: {text[:120]!r}"
+                self._invalidate_locked(now)
+                return
+            self._samples[sample.index] = (sample, now)
+            self._available = True
+            if sample.ok:  # an unknown utilization is told by the sample itself
+                self._updated_at = now
+                self._error = None
+
+    def _exited(self, code: int | None, tail: list[str]) -> None:
+        said = " | ".join(tail)
+        lowered = said.lower()
+        status = "without an exit status" if code is None or code < 0 else f"with status {code}"
+        with self._lock:
+            if code == 127 or ("nvidia-smi" in lowered and "not found" in lowered):
+                self._available = False
+                self._error = f"nvidia-smi is not installed on the node ({said or status})"
+            elif "no devices were found" in lowered:
+                self._available = False
+                self._error = "nvidia-smi found no GPU on the node"
+            else:
+                self._error = f"nvidia-smi exited {status}" + (f": {said}" if said else "")
+            self._invalidate_locked(self._now())
+
+    def _problem(self, message: str) -> None:
+        with self._lock:
+            self._error = message
+            self._invalidate_locked(self._now())
+
+    def _invalidate(self) -> None:
+        with self._lock:
+            self._invalidate_locked(self._now())
+
+    def _invalidate_locked(self, now: float) -> None:
+        """Every GPU known so far becomes unknown (keeping its index and uuid)."""
+        for index, (sample, _) in self._samples.items():
+            self._samples[index] = (GpuSample.unknown(index, sample.uuid), now)
+
+
+class CpuWatcher:
+    """CPU use of a job's processes on one node, for nodes without nvidia-smi.
+
+    Each `sample()` runs `cpu_ticks_command` once on the node's existing connection (no new
+    connection, nothing left running) and returns the job's CPU use since the previous good
+    reading, in percent of one core, or None when unknown: on the first call, when the job
+    has no session yet (no pid file), when the node cannot be reached, or when two readings
+    cannot be compared (see `cpu_percent`). Never raises for a node's failure; `error` says
+    what went wrong last (None after a good reading).
+    """
+
+    def __init__(
+        self, connection: NodeConnection, pid_file_expr: str, *, timeout_s: float = 15.0
+    ) -> None:
+        self.connection = connection
+        self.command = cpu_ticks_command(pid_file_expr)
+        self.timeout_s = timeout_s
+        self.last: CpuReading | None = None
+        self.error: str | None = None
+
+    @classmethod
+    def for_job(
+        cls, connection: NodeConnection, layout: NodeLayout, *, timeout_s: float = 15.0
+    ) -> CpuWatcher:
+        """Watch the session whose leader's pid is in the job's `pid` file (see launch.py)."""
+        return cls(connection, home_expr(f"{layout.run_dir}/pid"), timeout_s=timeout_s)
+
+    def read(self) -> CpuReading | None:
+        """One raw reading of the session's CPU time; None (and `error` set) on failure."""
+        try:
+            result = self.connection.run(self.command, timeout=self.timeout_s, check=False)
+        except OrchError as exc:
+            self.error = f"could not read CPU use: {exc.message}"
+            return None
+        reading = parse_cpu_ticks(result.stdout) if result.ok else None
+        if reading is None:
+            detail = result.tail(3) or f"exit status {result.exited}"
+            self.error = f"no CPU reading for the job's session: {detail}"
+        return reading
+
+    def sample(self) -> float | None:
+        """Percent of one core used by the job since the previous good reading (None: unknown)."""
+        reading = self.read()
+        if reading is None:
+            return None
+        previous, self.last = self.last, reading
+        percent = None if previous is None else cpu_percent(previous, reading)
+        self.error = None if percent is not None or previous is None else "readings not comparable"
+        return percent

@@ -1,0 +1,191 @@
+"""One look at a running job: is every node alive, what did they print, what did rank 0 say.
+
+`RunWatch.tick()` probes every node over its open connection (one command each), appends new
+log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
+terminal while the job runs; capped and rotated, see `orchestrator.cluster.log_files`), reports rank
+0's progress, and returns the verdict. A node that fails `lost_after` probes in a row is lost
+(`NodeLost`): one missed probe is not enough.
+
+A check never waits longer than `probe_timeout` for a node: a node that has not answered by
+then missed the check, and its probe may go on (a dead link can hold a command or a reconnect
+for much longer) while later checks count as missed, without a second probe to that node. So a
+node cut off from the network is confirmed lost after about `lost_after` x (`probe_timeout` +
+the watch interval), and a shorter outage costs a missed check or two.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from orchestrator.cluster import log_files
+from orchestrator.cluster.connections import Cluster
+from orchestrator.control.stop_rules import Verdict, assess
+from orchestrator.errors import NodeLost, NodeUnreachable
+from orchestrator.node import launch
+from orchestrator.node.progress import (
+    LineBuffer,
+    Metrics,
+    describe_event,
+    local_rank_line,
+    parse_metrics,
+)
+from orchestrator.remote.ssh import NodeConnection
+
+UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
+PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
+
+
+class RunWatch:
+    """Watches the detached run of one job on its cluster. Resumable: log offsets continue
+    from the local copies, so an adopting controller neither repeats nor skips log lines.
+
+    `on_metrics(metrics, read_at)` gets each progress line of rank 0 with the time
+    (`time.monotonic()`) of the check that read it: every line of one check has the same."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        layout: launch.NodeLayout,
+        logs_dir: Path,
+        *,
+        on_metrics: Callable[[Metrics, float], None],
+        on_line: Callable[[str], None],
+        lost_after: int = 3,
+        probe_timeout: float = 30.0,
+        max_log_bytes: int = 0,
+        log_keep: int = 3,
+    ) -> None:
+        self.cluster = cluster
+        self.layout = layout
+        self.logs_dir = logs_dir
+        self.on_metrics = on_metrics
+        self.on_line = on_line
+        self.lost_after = lost_after
+        self.probe_timeout = probe_timeout
+        self.max_log_bytes = max_log_bytes  # cap per log file, 0: none (see log_files)
+        self.log_keep = log_keep  # rotated files kept per log
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        count = len(cluster.instances)
+        self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
+        self.offsets = [
+            self._remote_offset(path, instance.instance_id)
+            for path, instance in zip(self.paths, cluster.instances, strict=True)
+        ]
+        self.misses = [0] * count
+        self._rank0 = LineBuffer()
+        # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
+        self._pending: list[Future[launch.NodeProbe] | None] = [None] * count
+
+    def tick(self) -> Verdict:
+        probes = self._probe_all()
+        read_at = time.monotonic()
+        for rank, probe in enumerate(probes):
+            if probe.new_log:
+                self._append(rank, probe.new_log)
+                if rank == 0:
+                    self._show(self._rank0.feed(probe.new_log), read_at)
+            lost = probe.state in ("unreachable", "vanished", "not-started")
+            self.misses[rank] = self.misses[rank] + 1 if lost else 0
+            if self.misses[rank] >= self.lost_after:
+                instance = self.cluster.instances[rank]
+                raise NodeLost(
+                    rank,
+                    f"node {rank} ({instance.instance_id}) was lost: {probe.state} on "
+                    f"{self.misses[rank]} consecutive checks",
+                    hint=f"see `orch logs {self.layout.job_id} --node {rank}`",
+                )
+        verdict = assess(probes)
+        if verdict.done:
+            self._show(self._rank0.flush(), read_at)
+        return verdict
+
+    def catch_up(self, *, skip: Collection[int] = ()) -> None:
+        """Copy the log bytes the nodes printed since the last tick; nodes that do not
+        answer, and the ranks in `skip`, are skipped. For the end of a run, when no verdict
+        is wanted any more."""
+        for _ in range(16):  # a probe returns at most 1 MiB of log
+            probes = self._probe_all(skip=skip)
+            for rank, probe in enumerate(probes):
+                if probe.new_log:
+                    self._append(rank, probe.new_log)
+            if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
+                return
+
+    def _probe_all(self, *, skip: Collection[int] = ()) -> list[launch.NodeProbe]:
+        """One answer per node, by rank, within `probe_timeout`; `UNANSWERED` for a node whose
+        probe (started now, or still running from an earlier check) has not answered by then,
+        and at once for the ranks in `skip` (nodes found gone: asking would cost a timeout).
+
+        A node never has two probes at once, so its log offset moves in order. Errors other
+        than an unreachable node are raised once every answer that came is taken in.
+        """
+        skipped = set(skip)
+        for rank, connection in enumerate(self.cluster.connections):
+            if self._pending[rank] is None and rank not in skipped:
+                self._pending[rank] = self._pool.submit(self._probe, rank, connection)
+        asked = [f for r, f in enumerate(self._pending) if f is not None and r not in skipped]
+        wait(asked, timeout=self.probe_timeout)
+        probes: list[launch.NodeProbe] = []
+        error: BaseException | None = None
+        for rank, future in enumerate(self._pending):
+            if rank in skipped or future is None or not future.done():
+                probes.append(UNANSWERED)
+                continue
+            self._pending[rank] = None
+            try:
+                probes.append(future.result())
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the others
+                probes.append(UNANSWERED)
+                error = error or exc
+        if error is not None:
+            raise error
+        return probes
+
+    def _append(self, rank: int, text: str) -> None:
+        data = text.encode()
+        log_files.append(self.paths[rank], data, max_bytes=self.max_log_bytes, keep=self.log_keep)
+        self.offsets[rank] += len(data)
+
+    def _remote_offset(self, path: Path, instance_id: str) -> int:
+        """How much of the node's log the local copy already holds.
+
+        A local log may hold the logs of earlier nodes of the same rank (replaced after a
+        spot reclaim) before this node's; where this node's part starts is kept in
+        `.starts/<instance id>`, written when the node is first watched.
+        """
+        size = log_files.logical_size(path)  # rotated parts count too
+        start_file = self.logs_dir / ".starts" / instance_id
+        try:
+            start = int(start_file.read_text())
+        except (OSError, ValueError):
+            start_file.parent.mkdir(parents=True, exist_ok=True)
+            start_file.write_text(str(size))
+            start = size
+        return max(0, size - start)
+
+    def _probe(self, rank: int, connection: NodeConnection) -> launch.NodeProbe:
+        command = launch.probe_command(self.layout, self.offsets[rank])
+        try:
+            result = connection.run(command, timeout=PROBE_COMMAND_TIMEOUT, check=False)
+        except NodeUnreachable:
+            return launch.NodeProbe("unreachable", None, 0, "")
+        return launch.parse_probe(result.stdout)
+
+    def _show(self, lines: list[str], read_at: float) -> None:
+        for line in lines:
+            local_rank, text = local_rank_line(line)
+            if local_rank is None:
+                if text.startswith("[orch]"):
+                    self.on_line(text)
+                continue
+            if local_rank != 0:
+                continue
+            metrics = parse_metrics(text)
+            if metrics is None:
+                self.on_line(describe_event(text) or text)
+            else:
+                self.on_metrics(metrics, read_at)

@@ -1,0 +1,91 @@
+"""The detached controller of one job: `python -m orchestrator.control.daemon JOB_ID`.
+
+Started by `orch submit --detach` and by any orch command that finds an unfinished job without
+a controller. It takes the job's controller lock (or exits at once if another process holds
+it), then drives the job from whatever state the ledger records until it is final. SIGTERM
+(what `orch cancel` sends) cancels the job gracefully. Output goes to jobs/<id>/controller.log.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from datetime import UTC, datetime
+from typing import NoReturn
+
+from orchestrator.config import load_settings
+from orchestrator.control.runner import JobRunner, RunnerOptions
+from orchestrator.control.supervision import ControllerLock, controller_identity, load_job_record
+from orchestrator.control.unrecorded import finish_unrecorded, has_unrecorded
+from orchestrator.errors import IdentityMismatch, LedgerError
+from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.node.progress import Metrics
+from orchestrator.providers import get_provider
+
+
+class LogReporter:
+    """Writes what a foreground run would show to the controller's log, with UTC times."""
+
+    def _write(self, text: str) -> None:
+        print(f"{datetime.now(UTC).isoformat(timespec='seconds')} {text}", flush=True)
+
+    def phase(self, text: str) -> None:
+        self._write(f"phase: {text}")
+
+    def metrics(self, metrics: Metrics) -> None:
+        pass  # progress is in the ledger and in the node logs
+
+    def line(self, text: str) -> None:
+        self._write(text)
+
+
+def _cancel(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m orchestrator.control.daemon JOB_ID", file=sys.stderr)
+        return 2
+    job_id = argv[1]
+    settings = load_settings()
+    lock = ControllerLock(settings, job_id)
+    if not lock.acquire():
+        return 0  # another controller drives this job
+    try:
+        signal.signal(signal.SIGTERM, _cancel)
+        signal.signal(signal.SIGINT, _cancel)
+        ledger = Ledger(make_engine(settings.db_path))
+        # A stop whose records the ledger refused: write them, and never drive the job again.
+        finish_unrecorded(settings.home, ledger, job_id)
+        if has_unrecorded(settings.home, job_id):
+            print(
+                f"{job_id}: its stop is not written yet (the ledger refuses writes)",
+                file=sys.stderr,
+            )
+            return LedgerError.exit_code
+        job = ledger.get_job(job_id)
+        if JobState(job.state).is_final:
+            return 0
+        job = ledger.update_job(job_id, controller=controller_identity())
+        runner = JobRunner(
+            job,
+            load_job_record(settings, job_id),
+            settings=settings,
+            ledger=ledger,
+            provider=get_provider(job.provider, settings),
+            reporter=LogReporter(),
+            options=RunnerOptions(**settings.controller.runner_options()),
+        )
+        try:
+            outcome = runner.run()
+        except IdentityMismatch as exc:  # the job is left as it was, for the right controller
+            LogReporter().line(f"refused: {exc}")
+            return exc.exit_code
+        return outcome.exit_code
+    finally:
+        lock.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

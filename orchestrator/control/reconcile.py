@@ -1,0 +1,186 @@
+"""Make the world match the ledger: every unfinished job driven, no node left unowned.
+
+An unfinished job whose controller died gets a new, detached controller that adopts it (its
+training never stopped). Nodes of this ledger (`control.ownership`) whose job is finished
+or unknown are terminated and their leases closed at the time the provider acknowledged; a
+node of a known job that has no lease (its launch was cut short before the lease was written)
+gets one first, so its seconds are billed. Nodes of another ledger, or with no ledger tag and
+no lease here, are reported as not ours and never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.control.ownership import partition
+from orchestrator.control.supervision import controller_running, revive_controllers
+from orchestrator.control.unrecorded import (
+    DeferredWrites,
+    UnrecordedEnd,
+    finish_unrecorded,
+    save_unrecorded,
+)
+from orchestrator.errors import LedgerError, OrchError, UnknownJob
+from orchestrator.ledger.store import JobState, Lease, Ledger
+from orchestrator.providers.base import Instance, Provider
+
+
+@dataclass
+class ReconcileReport:
+    terminated: dict[str, list[str]] = field(default_factory=dict)  # job id -> instance ids
+    revived: list[str] = field(default_factory=list)  # jobs given a new controller
+    not_ours: list[str] = field(default_factory=list)  # ids of other ledgers' nodes: untouched
+    recorded: list[str] = field(default_factory=list)  # jobs whose unwritten stop was written
+
+
+def lease_unrecorded(
+    ledger: Ledger,
+    provider: Provider,
+    job_id: str,
+    instance_ids: Iterable[str],
+    *,
+    known: Iterable[Instance] = (),
+) -> list[str]:
+    """Open a lease for each of these nodes of job `job_id` that has none; returns their ids.
+
+    Such a node was launched by a controller that died before it wrote the lease. Its lease
+    starts at the node's launch time, at the price the provider recorded at launch. Nodes are
+    described from `known`, else asked of the provider; a job the ledger does not know gets no
+    lease (there is nothing to bill it to).
+    """
+    try:
+        ledger.get_job(job_id)
+    except UnknownJob:
+        return []
+    missing = set(instance_ids) - {lease.instance_id for lease in ledger.leases(job_id)}
+    if not missing:
+        return []
+    described = {i.instance_id: i for i in known}
+    if not missing <= described.keys():
+        described.update({i.instance_id: i for i in provider.list_owned(job_id=job_id)})
+    leased = []
+    for instance in (described[iid] for iid in sorted(missing) if iid in described):
+        ledger.open_lease(
+            Lease(
+                job_id=job_id,
+                cluster=instance.cluster,
+                provider=provider.name,
+                instance_id=instance.instance_id,
+                rank=instance.rank,
+                market=instance.market,
+                instance_type=instance.instance_type,
+                price_per_hour=instance.price_per_hour,
+                launched_at=instance.launched_at,
+                identity=identity_json(provider),
+            )
+        )
+        ledger.add_event(
+            job_id, "LEASED", f"node {instance.rank}: {instance.instance_id} ran without a lease "
+            f"(its launch was cut short); billed from its launch at ${instance.price_per_hour}/h",
+        )  # fmt: skip
+        leased.append(instance.instance_id)
+    return leased
+
+
+def identity_json(provider: Provider) -> str | None:
+    """The provider's identity as a lease records it; None when the cloud cannot say."""
+    try:
+        return provider.identity().to_json()
+    except OrchError:
+        return None
+
+
+def end_nodes(
+    ledger: Ledger,
+    provider: Provider,
+    job_id: str,
+    instance_ids: list[str],
+    *,
+    home: Path | None = None,
+) -> None:
+    """Terminate nodes and close their leases at the provider's acknowledged end time (nodes
+    without a lease get one first: `lease_unrecorded`).
+
+    The termination never waits on the ledger: its writes are best effort, tried once more
+    after the nodes ended. What the ledger still refuses is saved under `home`/unrecorded/
+    (ORCH_HOME; `finish_unrecorded` writes it later) and `LedgerError` is raised, the nodes
+    being gone by then.
+    """
+    lines: list[str] = []
+    writes = DeferredWrites(lines.append)
+    with contextlib.suppress(OrchError):  # cannot describe them: they end unleased
+        writes.write(
+            "leases of nodes launched without one",
+            lambda: lease_unrecorded(ledger, provider, job_id, instance_ids),
+        )
+    ended_at = provider.terminate(sorted(instance_ids))
+    writes.write("the end of their leases", lambda: ledger.close_leases(instance_ids, ended_at))
+
+    def event() -> None:
+        with contextlib.suppress(UnknownJob):  # nodes of a job the ledger never knew
+            ledger.add_event(
+                ledger.get_job(job_id).id, "TERMINATED", f"{len(instance_ids)} node(s)"
+            )
+
+    writes.write("the TERMINATED event", event)
+    left = writes.retry()
+    if not left:
+        return
+    ended = f"{', '.join(sorted(instance_ids))} ended at {ended_at.isoformat()}"
+    kept = "not kept (no ORCH_HOME given)"
+    if home is not None:
+        record = UnrecordedEnd(job_id, [(sorted(instance_ids), ended_at)])
+        try:
+            kept = f"kept in {save_unrecorded(home, record)}"
+        except OSError as exc:
+            kept = f"not kept ({exc})"
+    raise LedgerError(
+        f"{job_id}: nodes {ended}, but the ledger refused writes ({writes.error}); "
+        f"not written: {'; '.join(left)}; {kept}",
+        hint="free the ledger (disk space, the process holding its lock), then run "
+        "`orch reconcile`: it closes the leases at the time above",
+    )
+
+
+def reconcile(
+    settings: Settings, ledger: Ledger, providers: list[Provider], *, dry_run: bool = False
+) -> ReconcileReport:
+    """Revive lost controllers, then end every node of this ledger that no driven job owns.
+    Idempotent. Nodes that are not this ledger's are only listed (`ReconcileReport.not_ours`).
+
+    With `dry_run`, nothing is revived or terminated: the report says what would be.
+    Records a stop could not write (ORCH_HOME/unrecorded/) are written first.
+    """
+    recorded = [] if dry_run else finish_unrecorded(settings.home, ledger)
+    if dry_run:
+        revived = [
+            job.id
+            for job in ledger.jobs()
+            if not JobState(job.state).is_final and not controller_running(settings, job.id)
+        ]
+    else:
+        revived = revive_controllers(settings, ledger)
+    report = ReconcileReport(revived=revived, recorded=recorded)
+    jobs = {job.id: job for job in ledger.jobs()}
+    leased = {lease.instance_id for lease in ledger.leases()}
+    for provider in providers:
+        found = partition(provider.list_owned(), ledger.ledger_id, leased=leased)
+        report.not_ours.extend(i.instance_id for i in found.others)
+        by_job: dict[str, list[str]] = defaultdict(list)
+        for instance in found.ours:
+            by_job[instance.job_id].append(instance.instance_id)
+        for job_id, ids in by_job.items():
+            job = jobs.get(job_id)
+            driven = job_id in report.revived or controller_running(settings, job_id)
+            if job is not None and not JobState(job.state).is_final and driven:
+                continue
+            if not dry_run:
+                end_nodes(ledger, provider, job_id, ids, home=settings.home)
+            report.terminated[job_id] = sorted(ids)
+    report.not_ours.sort()
+    return report

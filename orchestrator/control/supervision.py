@@ -1,0 +1,215 @@
+"""Who drives a job: one controller process per job, found by a lock, revived when it died.
+
+Each job has `ORCH_HOME/jobs/<id>/controller.lock`, held (flock) by the process that drives
+the job, a foreground `orch submit` or a detached controller, for as long as it runs; its pid
+is in `controller.pid` beside it. A lock cannot outlive its process, so "is the controller
+alive?" never trusts a stale pid. A job that is not final and whose lock is free has lost its
+controller: `revive_controllers` starts a detached one, which adopts the job.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.errors import OrchError
+from orchestrator.ledger.store import Job, JobState, Ledger, utcnow
+from orchestrator.spec.model import JobSpec, LoadedJob
+
+
+class ControllerLock:
+    """The exclusive right to drive one job. Acquire before acting; held until released."""
+
+    def __init__(self, settings: Settings, job_id: str) -> None:
+        self.directory = settings.job_dir(job_id)
+        self.path = self.directory / "controller.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock without waiting; False when another process holds it."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        pid_file = self.directory / "controller.pid"
+        tmp = pid_file.with_suffix(".tmp")
+        tmp.write_text(f"{os.getpid()}\n")
+        os.replace(tmp, pid_file)
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            (self.directory / "controller.pid").unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def controller_running(settings: Settings, job_id: str) -> bool:
+    """Whether some process holds the job's controller lock right now."""
+    path = settings.job_dir(job_id) / "controller.lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we may have taken
+    return False
+
+
+def controller_pid(settings: Settings, job_id: str) -> int | None:
+    try:
+        return int((settings.job_dir(job_id) / "controller.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def spawn_controller(settings: Settings, job_id: str) -> subprocess.Popen[bytes]:
+    """Start a detached controller for the job: own session, no terminal, output to a log.
+
+    It outlives the command that started it. If another controller already holds the job's
+    lock, the new one exits at once, so a spawn is always safe.
+    """
+    log_path = settings.job_dir(job_id) / "controller.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, ORCH_HOME=str(settings.home))
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.control.daemon", job_id],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
+
+
+def wait_for_controller(
+    settings: Settings, job_id: str, process: subprocess.Popen[bytes], timeout: float = 30.0
+) -> None:
+    """Return once the spawned controller holds the job's lock; raise if it died first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if controller_running(settings, job_id):
+            return
+        if process.poll() is not None:
+            log = settings.job_dir(job_id) / "controller.log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise OrchError(f"the controller of {job_id} exited at start:\n{tail}")
+        time.sleep(0.05)
+    raise OrchError(f"the controller of {job_id} did not start within {timeout:.0f} s")
+
+
+def revive_controllers(settings: Settings, ledger: Ledger) -> list[str]:
+    """Start a controller for every unfinished job that has none; returns their ids."""
+    revived = []
+    for job in ledger.jobs():
+        if JobState(job.state).is_final or controller_running(settings, job.id):
+            continue
+        if not (settings.job_dir(job.id) / JOB_RECORD).exists():
+            continue  # registered by a submit that died before writing it: nothing to drive
+        spawn_controller(settings, job.id)
+        revived.append(job.id)
+    return revived
+
+
+# --- what a controller needs to drive a job without the original command line -------------
+
+JOB_RECORD = "job.json"
+JOB_SECRETS = "env.json"  # the spec's env values: the one copy orch keeps, 0600
+
+
+def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
+    """Keep the loaded spec (flags applied, paths resolved) for detached and adopting runs.
+
+    The spec's `env` values may be secrets: job.json shows only their names, and the values
+    go to env.json beside it, readable by the owner only (written 0600 from the start).
+    """
+    directory = settings.job_dir(job_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_private_json(directory / JOB_SECRETS, {"env": dict(loaded.spec.env)})
+    record = {
+        "spec": loaded.spec.public_document(),
+        "source": str(loaded.source),
+        "base_dir": str(loaded.base_dir),
+        "workdir": str(loaded.workdir),
+        "data_sources": [str(p) for p in loaded.data_sources],
+    }
+    path = directory / JOB_RECORD
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
+
+
+def _write_private_json(path: Path, document: object) -> None:
+    """Write `document` to `path` atomically; the file is never readable by others."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(document, handle)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
+    """The job as `save_job_record` kept it, env values included."""
+    directory = settings.job_dir(job_id)
+    record = json.loads((directory / JOB_RECORD).read_text())
+    spec = record["spec"]
+    secrets = directory / JOB_SECRETS
+    if secrets.exists():  # records written before env.json existed hold the values inline
+        spec["env"] = json.loads(secrets.read_text())["env"]
+    return LoadedJob(
+        spec=JobSpec.model_validate(spec),
+        source=Path(record["source"]),
+        base_dir=Path(record["base_dir"]),
+        workdir=Path(record["workdir"]),
+        data_sources=[Path(p) for p in record["data_sources"]],
+    )
+
+
+# --- registering a job ----------------------------------------------------------------------
+
+
+def controller_identity() -> str:
+    """Who drives a job (host:pid), recorded in the ledger for people reading it."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{os.urandom(3).hex()}"
+
+
+def register_job(
+    settings: Settings, ledger: Ledger, loaded: LoadedJob, provider_name: str, job_id: str
+) -> Job:
+    """Write the job record and the ledger row (state PENDING) before anything is provisioned."""
+    spec = loaded.spec
+    save_job_record(settings, job_id, loaded)
+    return ledger.add_job(
+        Job(
+            id=job_id,
+            name=spec.name,
+            state=JobState.PENDING,
+            provider=provider_name,
+            nodes=spec.resources.nodes,
+            gpus_per_node=spec.resources.gpus_per_node,
+            spec_json=json.dumps(spec.public_document()),
+            spec_path=str(loaded.source),
+            created_at=utcnow(),
+            controller=controller_identity(),
+        )
+    )

@@ -1,0 +1,290 @@
+"""Where AWS nodes go: key pair, security group, subnet per zone, and the image, per region.
+
+Taken, in order, from the settings (`aws.key_name`, `aws.security_group_id`, `aws.subnet_ids`,
+`aws.ami_id`), from the Terraform outputs file of infra/ (`aws.tf_outputs`), or else found or
+created in the region's default VPC: a key pair named after the cluster key's fingerprint
+(imported from `LaunchRequest.public_key`), a security group `orch` (SSH from `aws.ssh_cidr`,
+all traffic between members of the group for NCCL/gloo; its rules are set back to exactly these
+on every launch) and the default subnet of each zone.
+Created key pairs and groups are left in place for the next launch (they cost nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from dataclasses import dataclass
+from ipaddress import ip_address, ip_network
+from typing import Any
+from urllib.parse import urlsplit
+
+from botocore.exceptions import ClientError
+
+from orchestrator.config import AwsSettings
+from orchestrator.errors import ConfigError, ProviderError
+from orchestrator.providers.aws.launch import TerraformOutputs, error_code, read_tf_outputs
+
+SECURITY_GROUP_NAME = "orch"
+
+
+@dataclass(frozen=True)
+class Network:
+    """Ids to launch with in one region."""
+
+    region: str
+    image_id: str
+    key_name: str | None
+    security_group_id: str
+    subnets: dict[str, str]  # zone -> subnet id; a zone not listed cannot be used
+    root_device_name: str  # the image's root device (DescribeImages: RootDeviceName)
+    root_volume_gb: int | None = None  # size of the image's root snapshot (None: unknown)
+
+
+def tf_outputs(settings: AwsSettings) -> TerraformOutputs:
+    """The Terraform outputs named by the settings, or empty ones."""
+    return read_tf_outputs(settings.tf_outputs) if settings.tf_outputs else TerraformOutputs()
+
+
+def regions(settings: AwsSettings) -> list[str]:
+    """Regions to use: the Terraform outputs' region when it names one, else `aws.regions`."""
+    region = tf_outputs(settings).region
+    return [region] if region else list(settings.regions)
+
+
+def resolve_network(ec2: Any, region: str, settings: AwsSettings, public_key: str) -> Network:
+    """Find (or create) everything a launch in `region` needs. Does I/O; idempotent."""
+    tf = tf_outputs(settings)
+    key_name = settings.key_name or tf.key_name or ensure_key_pair(ec2, public_key)
+    group = settings.security_group_id or tf.security_group_id
+    subnets = dict(settings.subnet_ids or tf.subnet_ids or {})
+    if group is None or not subnets:
+        vpc = default_vpc(ec2, region)
+        if group is None:
+            group = ensure_security_group(ec2, vpc["VpcId"], ssh_cidr(settings, vpc["CidrBlock"]))
+        subnets = subnets or default_subnets(ec2, vpc["VpcId"])
+    image = describe_image(ec2, region, settings.ami_id) if settings.ami_id else None
+    image = image or find_image(ec2, region, settings)
+    return Network(
+        region=region,
+        image_id=image["ImageId"],
+        key_name=key_name,
+        security_group_id=group,
+        subnets=subnets,
+        root_device_name=root_device_name(image),
+        root_volume_gb=root_volume_gb(image),
+    )
+
+
+def ensure_key_pair(ec2: Any, public_key: str) -> str:
+    """Import `public_key` as a key pair named after its hash unless it exists; return the name."""
+    name = "orch-" + hashlib.sha256(public_key.strip().encode()).hexdigest()[:16]
+    try:
+        ec2.describe_key_pairs(KeyNames=[name])
+        return name
+    except ClientError as exc:
+        if error_code(exc) != "InvalidKeyPair.NotFound":
+            raise
+    try:
+        ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public_key.strip().encode())
+    except ClientError as exc:
+        if error_code(exc) != "InvalidKeyPair.Duplicate":  # created meanwhile
+            raise
+    return name
+
+
+def is_local_endpoint(endpoint_url: str | None) -> bool:
+    """Whether the EC2 endpoint is on this machine (moto, `orch sandbox aws`). Pure."""
+    host = urlsplit(endpoint_url or "").hostname
+    if not host:
+        return False
+    try:
+        return host == "localhost" or ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def route_source(destination: str) -> str | None:
+    """The address this machine sends from toward `destination`, as its routing table says
+    (a UDP socket's connect sends nothing); None when there is no route."""
+    family = socket.AF_INET6 if ip_address(destination).version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((destination, 22))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def ssh_cidr(settings: AwsSettings, vpc_cidr: str) -> str:
+    """Who may reach the `orch` group's port 22: `aws.ssh_cidr`; unset, for a cloud on this
+    machine, this machine's own address toward the VPC (/32), which is where its SSH comes
+    from. A real cloud sees this machine behind whatever NAT lies between, which nothing on
+    this machine can tell reliably: a `ConfigError` that says how to set it."""
+    if settings.ssh_cidr:
+        return settings.ssh_cidr
+    if is_local_endpoint(settings.endpoint_url):
+        source = route_source(str(next(ip_network(vpc_cidr).hosts())))
+        if source is not None:
+            return str(ip_network(source))
+    raise ConfigError(
+        "aws.ssh_cidr is not set: orch will not open the nodes' SSH port to the whole internet,"
+        " and cannot tell your public address from this machine",
+        hint="set aws.ssh_cidr (ORCH_AWS_SSH_CIDR) to your public address with /32, e.g."
+        ' 203.0.113.7/32 (your router or provider shows it; so does the "My IP" source in'
+        " the EC2 console's security group editor), or to your network's CIDR block",
+    )
+
+
+def default_vpc(ec2: Any, region: str) -> dict[str, Any]:
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not vpcs:
+        raise ProviderError(
+            f"region {region} has no default VPC and no network was configured",
+            hint="apply infra/ and set ORCH_AWS_TF_OUTPUTS to its `terraform output -json` file",
+        )
+    return vpcs[0]
+
+
+def _ssh_rule(cidr: str) -> dict[str, Any]:
+    network = ip_network(cidr)
+    ranges = (
+        {"IpRanges": [{"CidrIp": cidr, "Description": "SSH from the controller"}]}
+        if network.version == 4
+        else {"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "SSH from the controller"}]}
+    )
+    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}
+
+
+def _single_sources(permission: dict[str, Any]) -> list[dict[str, Any]]:
+    """One permission per source (address range, group, prefix list), descriptions left out."""
+    base = {"IpProtocol": permission["IpProtocol"]}
+    if permission["IpProtocol"] != "-1":
+        base |= {k: permission[k] for k in ("FromPort", "ToPort") if k in permission}
+    out: list[dict[str, Any]] = []
+    for r in permission.get("IpRanges") or []:
+        out.append(base | {"IpRanges": [{"CidrIp": r["CidrIp"]}]})
+    for r in permission.get("Ipv6Ranges") or []:
+        out.append(base | {"Ipv6Ranges": [{"CidrIpv6": r["CidrIpv6"]}]})
+    for pair in permission.get("UserIdGroupPairs") or []:
+        out.append(base | {"UserIdGroupPairs": [{"GroupId": pair["GroupId"]}]})
+    for prefix in permission.get("PrefixListIds") or []:
+        out.append(base | {"PrefixListIds": [{"PrefixListId": prefix["PrefixListId"]}]})
+    return out
+
+
+def ingress_plan(
+    permissions: list[dict[str, Any]], group_id: str, ssh_cidr: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rules to revoke, rules to authorize) that leave the `orch` group `group_id`, whose
+    ingress is `permissions` (DescribeSecurityGroups' `IpPermissions`), with exactly its two
+    rules: SSH from `ssh_cidr`, and all traffic between its members. Pure."""
+    ssh = _single_sources(_ssh_rule(ssh_cidr))[0]
+    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
+    wanted = [ssh, members]
+    current = [single for p in permissions for single in _single_sources(p)]
+    revoke = [rule for rule in current if rule not in wanted]
+    authorize = [
+        _ssh_rule(ssh_cidr) if rule is ssh else rule for rule in wanted if rule not in current
+    ]
+    return revoke, authorize
+
+
+def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
+    """The `orch` group of the VPC (created when missing) with exactly its two rules: SSH from
+    `ssh_cidr` and all traffic between its members. Rules that differ (an older, wider SSH
+    rule; one added by hand) are revoked on every launch: the group is orch's; a group of
+    one's own is `aws.security_group_id`."""
+    found = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [SECURITY_GROUP_NAME]},
+            {"Name": "vpc-id", "Values": [vpc_id]},
+        ]
+    )["SecurityGroups"]
+    if found:
+        group_id = found[0]["GroupId"]
+        revoke, authorize = ingress_plan(found[0].get("IpPermissions") or [], group_id, ssh_cidr)
+        if revoke:
+            ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
+        if authorize:
+            ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=authorize)
+        return group_id
+    group_id = ec2.create_security_group(
+        GroupName=SECURITY_GROUP_NAME,
+        Description="orch nodes: SSH in, all traffic between nodes",
+        VpcId=vpc_id,
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [{"Key": "orch-owner", "Value": "orch"}]}
+        ],
+    )["GroupId"]
+    ec2.authorize_security_group_ingress(
+        GroupId=group_id, IpPermissions=ingress_plan([], group_id, ssh_cidr)[1]
+    )
+    return group_id
+
+
+def default_subnets(ec2: Any, vpc_id: str) -> dict[str, str]:
+    subnets = ec2.describe_subnets(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpc_id]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )["Subnets"]
+    return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
+
+
+def describe_image(ec2: Any, region: str, image_id: str) -> dict[str, Any]:
+    """The description of image `image_id` (`aws.ami_id`); `ProviderError` when unknown."""
+    try:
+        found = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except ClientError as exc:
+        if not error_code(exc).startswith("InvalidAMIID"):
+            raise
+        found = []
+    if not found:
+        raise ProviderError(
+            f"image {image_id} (aws.ami_id) does not exist in {region}",
+            hint="image ids differ per region: set aws.ami_id to one of this region's images",
+        )
+    return found[0]
+
+
+def root_device_name(image: dict[str, Any]) -> str:
+    """The device name of an image's root volume, where its block device mapping goes. Pure."""
+    name = image.get("RootDeviceName")
+    if not name:
+        raise ProviderError(
+            f"image {image.get('ImageId')} reports no root device name, so its root volume "
+            "cannot be encrypted",
+            hint="use an EBS-backed image (aws.ami_id / aws.ami_name)",
+        )
+    return str(name)
+
+
+def root_volume_gb(image: dict[str, Any]) -> int | None:
+    """The size of an image's root snapshot in GB (a smaller root volume is refused). Pure."""
+    name = image.get("RootDeviceName")
+    for mapping in image.get("BlockDeviceMappings") or []:
+        size = (mapping.get("Ebs") or {}).get("VolumeSize")
+        if mapping.get("DeviceName") == name and isinstance(size, int):
+            return size
+    return None
+
+
+def find_image(ec2: Any, region: str, settings: AwsSettings) -> dict[str, Any]:
+    """Newest available x86_64 image named like `aws.ami_name` (owners `aws.ami_owners`)."""
+    args: dict[str, Any] = {
+        "Filters": [
+            {"Name": "name", "Values": [settings.ami_name]},
+            {"Name": "state", "Values": ["available"]},
+        ]
+    }
+    if settings.ami_owners:
+        args["Owners"] = list(settings.ami_owners)
+    found = ec2.describe_images(**args)["Images"]
+    images = [i for i in found if i.get("Architecture", "x86_64") == "x86_64"]
+    if not images:
+        raise ProviderError(
+            f"no image named {settings.ami_name!r} in {region}",
+            hint="set aws.ami_id (ORCH_AWS_AMI_ID) or aws.ami_name in ORCH_HOME/config.yaml",
+        )
+    return max(images, key=lambda i: (i.get("CreationDate", ""), i["ImageId"]))

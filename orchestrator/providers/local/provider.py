@@ -1,0 +1,611 @@
+"""The local provider: every node is a real OpenSSH sshd on this machine.
+
+Local nodes behave like machines booted from one image that already holds orch's venv: installed
+software is shared (the same paths on every node, the controller's venv first on PATH), while
+each node's workspace, its HOME, is a private directory (`ORCH_HOME/local/nodes/<id>/disk`).
+
+Two network modes (`local.network` in the settings, `ORCH_LOCAL_NETWORK`):
+
+- namespace (what `auto` picks as root): each node gets a network namespace `orch-<id>` with its
+  own address on a host bridge (`local.bridge`, subnet `local.subnet`), and sshd on port 22 of
+  that address. Its disk is bind-mounted on `/run/orch-node` in a mount namespace of its own, so
+  every node's HOME is `/run/orch-node` yet holds only that node's files.
+- loopback (what `auto` picks otherwise): sshd on 127.0.0.1 with a port of its own, and HOME is
+  the node's disk directory itself.
+
+In both modes every SSH session starts in HOME (so relative rsync and sftp paths land there)
+and carries `ORCH_LOCAL_NODE=<id>`, which is how `terminate` finds processes that detached.
+
+Billing of a node starts when its sshd is started and stops when `terminate` has ended every
+process of the node. A terminated node leaves nothing behind: processes, namespace, veth, record
+and disk are all removed (the controller pulls checkpoints before it terminates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
+from orchestrator.node import guard
+from orchestrator.node.guard_protocol import GuardLayout, guard_source, local_boot_command
+from orchestrator.providers.base import (
+    CloudIdentity,
+    Instance,
+    LaunchRequest,
+    Market,
+    MarketPrices,
+    NodeEnd,
+)
+from orchestrator.providers.local import net
+from orchestrator.providers.local import spot as local_spot
+from orchestrator.providers.local.host import (
+    answers_ssh,
+    live_namespace_ips,
+    netns_pids,
+    orch_namespaces,
+    pid_alive,
+    pid_runs,
+    pids_with_marker,
+    run_checked,
+    sshd_pids_on_port,
+    sweep,
+)
+from orchestrator.providers.local.net import SshdConfig
+from orchestrator.providers.local.poweroff import poweroff_command
+from orchestrator.providers.local.state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
+from orchestrator.providers.traces import SpotTrace, TraceClock
+
+HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
+SFTP_SERVERS = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+)
+PORT_RETRIES = 3  # loopback: restarts of an sshd whose port was taken meanwhile
+
+
+class LocalProvider:
+    """Nodes on this machine, one sshd each. See the module docstring for what a node is.
+
+    Lifecycle: `launch` -> nodes reachable over SSH, billing started; `list_owned` -> the nodes
+    whose records exist under ORCH_HOME/local; `terminate` -> every process of the nodes ended,
+    their namespaces and disks removed, billing stopped.
+    """
+
+    name = "local"
+
+    def __init__(self, settings: Settings, *, ready_timeout: float = 60.0) -> None:
+        self.settings = settings
+        self.store = NodeStore(settings.home / "local")
+        self.ready_timeout = ready_timeout
+
+    # --- Provider interface ---------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        """Start `request.count` nodes, ordered by rank, each reachable over SSH.
+
+        Returns once every node's sshd answers with its SSH banner; billing of a node starts at
+        its `launched_at` (the time its sshd was started). On any failure every node started so
+        far is terminated and a `ProviderError` (a `CapacityError` when the subnet is full or
+        the price is above `request.max_price_per_hour`) says why, with the sshd log's tail.
+        """
+        market = self._market(request)
+        self._check_request(request, market)
+        mode = self.network_mode()
+        sshd = self._sshd_binary()
+        ids = [net.new_instance_id() for _ in range(request.count)]
+        try:
+            with self.store.making():  # until every node has its record (see reap_unrecorded)
+                records = [
+                    self._prepare_node(iid, request, rank, mode, market)
+                    for rank, iid in enumerate(ids)
+                ]
+                self._allocate(records)
+            for rec in records:
+                local_spot.start_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
+            hourly = self._price(market) * len(records)
+            for rec in records:
+                local_spot.wait_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
+                self._start(rec, sshd, self._arm_guard(rec, request, hourly))
+            self._wait_ready(records, sshd)
+        except BaseException as exc:
+            try:
+                self._end(ids)
+            except Exception as cleanup:  # keep the launch error; say what is left
+                exc.add_note(f"cleaning up the failed launch failed too: {cleanup}")
+            if isinstance(exc, OrchError) or not isinstance(exc, Exception):
+                raise
+            raise ProviderError(f"local launch failed: {exc}") from exc
+        return [self._instance(rec) for rec in records]
+
+    def terminate(self, instance_ids: list[str]) -> datetime:
+        """End every process of the given nodes, remove them, and return when billing stopped.
+
+        Billing stops at the returned UTC time, taken once no process of any of the nodes is
+        left. Then the nodes' namespaces, veths, records and disks are removed, and the bridge
+        too when no node uses it any more. Idempotent: ids of nodes this ORCH_HOME already ended
+        are skipped silently. Ids it never launched (another ORCH_HOME's nodes, or none at all)
+        raise `InstancesNotFound` once the others are ended. Raises `ProviderError` if a
+        process of a node survives repeated SIGKILLs.
+        """
+        ids = list(dict.fromkeys(instance_ids))
+        unknown = tuple(
+            iid
+            for iid in ids
+            if not net.is_instance_id(iid)
+            or not (self.store.node_dir(iid).exists() or self.store.was_ended(iid))
+        )
+        stopped = self._end(ids)
+        if unknown:
+            raise InstancesNotFound(
+                f"no local node {', '.join(unknown)} was launched from {self.settings.home}: "
+                "not ended, and not counted as ended",
+                instance_ids=unknown,
+                ended_at=stopped,
+                hint="run orch with the ORCH_HOME (and on the host) that launched them",
+            )
+        return stopped
+
+    def _end(self, instance_ids: list[str]) -> datetime:
+        """`terminate` without the check for unknown ids (a failed launch ends ids it may not
+        have made yet)."""
+        ids = [
+            iid
+            for iid in dict.fromkeys(instance_ids)
+            if net.is_instance_id(iid) and self.store.node_dir(iid).exists()
+        ]
+        survivors = [iid for iid in ids if not self._kill_node(iid)]
+        stopped = datetime.now(UTC)
+        for iid in ids:
+            if os.geteuid() == 0:
+                for argv in net.node_net_teardown_argvs(iid):
+                    subprocess.run(argv, capture_output=True, check=False)
+            if iid not in survivors:
+                self.store.remove(iid)
+        if survivors:
+            raise ProviderError(f"local nodes {', '.join(survivors)} still have processes")
+        if not self.store.all():
+            # Even when the given nodes were all gone: a terminate killed between removing its
+            # last node and this line left the bridge for the next terminate to remove.
+            self.cleanup_network()
+        return stopped
+
+    def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
+        """Nodes not yet terminated nor reclaimed, from their node.json records only.
+
+        Nodes still being launched are included (their record is written before their sshd
+        starts), so a controller restarted after a crash mid-launch can find and end them.
+        Directories such a crash left before a node had its record are removed first (nothing
+        ever ran in them; see `NodeStore.reap_unrecorded`).
+        """
+        self.store.reap_unrecorded()
+        return [
+            self._instance(rec)
+            for rec in self.store.all()
+            if (job_id is None or rec.job_id == job_id) and rec.reclaimed_at is None
+        ]
+
+    def identity(self) -> CloudIdentity:
+        """This host and ORCH_HOME: local nodes live under ORCH_HOME/local on this host, and
+        only an orch using both can see them. No I/O."""
+        return CloudIdentity(
+            provider=self.name, account=f"{os.uname().nodename}:{self.settings.home}"
+        )
+
+    def preempted(self, instance_ids: list[str]) -> set[str]:
+        """Those of the given nodes that a reclaim (`orch local preempt`) took."""
+        return {
+            iid
+            for iid in instance_ids
+            if (rec := self.store.load(iid)) is not None and rec.reclaimed_at is not None
+        }
+
+    def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
+        """Nodes that powered themselves off (`local_poweroff`), from their kept records."""
+        ended: dict[str, NodeEnd] = {}
+        for iid in instance_ids:
+            if not net.is_instance_id(iid):
+                continue
+            try:
+                doc = json.loads((self._powered_off_dir / f"{iid}.json").read_text())
+                ended[iid] = NodeEnd(
+                    at=datetime.fromisoformat(doc["at"]),
+                    kind=str(doc.get("kind") or ""),
+                    message=str(doc.get("message") or "the node powered itself off"),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return ended
+
+    def guard_decision(self, instance_id: str) -> dict[str, str]:
+        """What the node's guard wrote before it asked for the poweroff ({} if nothing)."""
+        disk = self.store.node_dir(instance_id) / "disk"
+        for path in sorted(disk.glob(f"orch-jobs/*/guard/{guard.DECISION}")):
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads(path.read_text())
+                if isinstance(doc, dict):
+                    kind, message = doc.get("kind", ""), doc.get("message", "")
+                    return {"kind": str(kind), "message": str(message)}
+        return {}
+
+    def record_self_end(self, instance_id: str, at: datetime, decision: dict[str, str]) -> None:
+        """Keep, after the node is gone, that it powered itself off at `at` and why."""
+        self._powered_off_dir.mkdir(parents=True, exist_ok=True)
+        path = self._powered_off_dir / f"{instance_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"at": at.isoformat(), **decision}) + "\n")
+        tmp.replace(path)
+
+    @property
+    def _powered_off_dir(self) -> Path:
+        return self.store.root / "powered-off"
+
+    def _instance(self, rec: NodeRecord) -> Instance:
+        return dataclasses.replace(
+            rec.to_instance(),
+            poweroff_command=poweroff_command(self.settings.home, rec.instance_id),
+        )
+
+    # --- spot rehearsal ---------------------------------------------------------------------
+
+    def reclaim(self, instance_id: str, notice_s: float = 0.0) -> datetime | None:
+        """Take a running node the way a spot reclaim does; see `local_spot.reclaim`."""
+        return local_spot.reclaim(self.store, instance_id, notice_s, self._kill_node)
+
+    def set_spot_available(self, available: bool) -> None:
+        """Grant (True) or refuse spot launches from now on, for every job of this ORCH_HOME."""
+        local_spot.set_spot_available(self.store, available)
+
+    def follow_trace(
+        self, trace: SpotTrace, *, time_scale: float = 1.0, start_tick: int = 0
+    ) -> TraceClock:
+        """Grant spot launches from now on as `trace` says, replayed `time_scale` times faster
+        than wall time from tick `start_tick`; see `local_spot.follow_trace`."""
+        return local_spot.follow_trace(
+            self.store, trace, time_scale=time_scale, start_tick=start_tick
+        )
+
+    def spot_capacity(self) -> local_spot.SpotCapacity:
+        """The spot capacity in force (fixed, or a trace and its clock)."""
+        return local_spot.read_capacity(self.store)
+
+    # --- what the markets offer (`MarketView`) ------------------------------------------------
+
+    def spot_available(self, nodes: int = 1) -> bool | None:
+        """Whether `nodes` spot nodes would be granted now, from the capacity file or trace."""
+        return local_spot.spot_available(self.store, nodes)
+
+    def market_prices(self, request: LaunchRequest) -> MarketPrices:
+        """USD per node-hour: `local.spot_price` and `local.price_per_hour`."""
+        return MarketPrices(spot=self._price("spot"), on_demand=self._price("on-demand"))
+
+    # --- network --------------------------------------------------------------------------------
+
+    def network_mode(self) -> str:
+        """The network mode in effect: "namespace" or "loopback" (`auto` resolved)."""
+        wanted = self.settings.local.network
+        can_namespace = os.geteuid() == 0 and shutil.which("ip") is not None
+        if wanted == "namespace" and not can_namespace:
+            raise ProviderError(
+                "local network mode 'namespace' needs root and iproute2's `ip`",
+                hint="run as root, or set ORCH_LOCAL_NETWORK=loopback",
+            )
+        if wanted == "auto":
+            return "namespace" if can_namespace else "loopback"
+        return wanted
+
+    def cleanup_network(self) -> bool:
+        """Remove the bridge if no node (of any ORCH_HOME) is attached to it.
+
+        Returns True when the bridge is gone afterwards, False when nodes still use it. Does
+        nothing (and returns True) when not root, as then no bridge can have been made.
+        """
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            return True
+        bridge = self.settings.local.bridge
+        with file_lock(HOST_LOCK):
+            ports = subprocess.run(
+                net.bridge_ports_argv(bridge), capture_output=True, text=True, check=False
+            )
+            if ports.returncode != 0:  # no such bridge
+                return True
+            if ports.stdout.strip() not in ("", "[]"):
+                return False
+            run_ip(net.bridge_delete_argv(bridge))
+            if not orch_namespaces():
+                # Only when no node of any bridge is left: removing a directory that is a
+                # mount point in another mount namespace detaches that mount there.
+                with contextlib.suppress(OSError):
+                    Path(net.NODE_HOME).rmdir()
+            return True
+
+    def _ensure_bridge(self) -> None:
+        bridge, subnet = self.settings.local.bridge, self.settings.local.subnet
+        exists = subprocess.run(
+            ["ip", "link", "show", "dev", bridge], capture_output=True, check=False
+        )
+        if exists.returncode != 0:
+            for argv in net.bridge_create_argvs(bridge, subnet):
+                run_ip(argv)
+        else:
+            run_ip(net.bridge_addr_argv(bridge, subnet))
+            run_ip(["ip", "link", "set", "dev", bridge, "up"])
+
+    # --- launching ------------------------------------------------------------------------------
+
+    def _market(self, request: LaunchRequest) -> Market:
+        """Spot when asked for (or cheaper under "auto") and granted; refused spot-only
+        launches are a `CapacityError`."""
+        if request.spot is False:
+            return "on-demand"
+        if local_spot.spot_available(self.store, request.count):
+            local = self.settings.local
+            if request.spot is True or local.spot_price <= local.price_per_hour:
+                return "spot"
+            return "on-demand"
+        if request.spot == "auto":
+            return "on-demand"
+        raise CapacityError(
+            "no spot capacity for local nodes right now",
+            hint="retry later, use spot: auto to fall back on on-demand, or "
+            "`orch local spot on` to grant spot launches again",
+        )
+
+    def _price(self, market: Market) -> Decimal:
+        local = self.settings.local
+        return local.spot_price if market == "spot" else local.price_per_hour
+
+    def _check_request(self, request: LaunchRequest, market: Market) -> None:
+        if request.count < 1:
+            raise ProviderError(f"cannot launch {request.count} nodes")
+        key = request.public_key.strip()
+        if "\n" in key or "\r" in key or not key.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise ProviderError("the public key must be one OpenSSH public key line")
+        price = self._price(market)
+        cap = request.max_price_per_hour
+        if cap is not None and price > cap:
+            raise CapacityError(
+                f"local nodes cost {price} USD/h, above the {cap} USD/h cap",
+                hint="raise resources.max_price_per_hour or local.price_per_hour",
+            )
+
+    def _sshd_binary(self) -> str:
+        found = "/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else shutil.which("sshd")
+        if not found:
+            raise ProviderError(
+                "the local provider needs OpenSSH's sshd", hint="install openssh-server"
+            )
+        return str(Path(found).absolute())
+
+    def _prepare_node(
+        self, iid: str, request: LaunchRequest, rank: int, mode: str, market: Market
+    ) -> NodeRecord:
+        """Create the node's directory, host key and authorized_keys; return its record."""
+        node_dir = self.store.create_dir(iid)
+        key_file = node_dir / "ssh_host_ed25519_key"
+        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", iid, "-f", str(key_file)])
+        (node_dir / "authorized_keys").write_text(request.public_key.strip() + "\n")
+        namespaced = mode == "namespace"
+        return NodeRecord(
+            instance_id=iid,
+            job_id=request.job_id,
+            cluster=request.cluster,
+            rank=rank,
+            mode=mode,
+            ip="" if namespaced else "127.0.0.1",
+            port=22 if namespaced else 0,
+            interface=net.NODE_INTERFACE if namespaced else "lo",
+            ssh_user=pwd.getpwuid(os.geteuid()).pw_name,
+            home=net.NODE_HOME if namespaced else str(node_dir / "disk"),
+            host_key=net.host_key_line(key_file.with_suffix(".pub").read_text()),
+            market=market,
+            instance_type=f"local-{request.gpus_per_node}x",
+            price_per_hour=str(self._price(market)),
+            launched_at=datetime.now(UTC).isoformat(),
+            tags={
+                "orch:job": request.job_id,
+                "orch:cluster": request.cluster,
+                "orch:rank": str(rank),
+                "orch:role": "master" if rank == 0 else "worker",
+                **({LEDGER_TAG: request.ledger_id} if request.ledger_id is not None else {}),
+            },
+        )
+
+    def _allocate(self, records: list[NodeRecord]) -> None:
+        """Give each node its address (and network) or port, and save its record, under lock."""
+        with file_lock(self.store.root / "alloc.lock"):
+            if records[0].mode == "namespace":
+                with file_lock(HOST_LOCK):
+                    self._allocate_namespaces(records)
+            else:
+                for rec in records:
+                    rec.port = self._free_port()
+                    self.store.save(rec)
+
+    def _allocate_namespaces(self, records: list[NodeRecord]) -> None:
+        subnet, bridge = self.settings.local.subnet, self.settings.local.bridge
+        used = {rec.ip for rec in self.store.all() if rec.mode == "namespace"}
+        used |= live_namespace_ips()
+        self._ensure_bridge()
+        for rec, ip in zip(records, net.allocate_ips(subnet, used, len(records)), strict=True):
+            rec.ip = ip
+            self.store.save(rec)  # the record first: terminate can then always find the node
+            for argv in net.node_net_setup_argvs(rec.instance_id, ip, subnet, bridge):
+                run_ip(argv)
+            # The address may have belonged to a node that vanished a moment ago (a reclaim):
+            # forget its link-layer address rather than wait for the entry to go stale.
+            subprocess.run(
+                ["ip", "neigh", "flush", "to", ip, "dev", bridge], capture_output=True, check=False
+            )
+
+    def _free_port(self) -> int:
+        """A port on 127.0.0.1 that nothing listens on and no local node record claims."""
+        claimed = {rec.port for rec in self.store.all() if rec.mode == "loopback"}
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in claimed:
+                return port
+        raise ProviderError("found no free port on 127.0.0.1 for a local node")
+
+    def _start(self, rec: NodeRecord, sshd: str, boot: str = "") -> int:
+        """Write the node's sshd_config, start `boot` (shell text, detached, in the node) and
+        its sshd, and return sshd's pid; billing starts now."""
+        node_dir = self.store.node_dir(rec.instance_id)
+        config, log = Path(self._config_path(rec.instance_id)), node_dir / "sshd.log"
+        venv_bin = Path(sys.prefix) / "bin"
+        config.write_text(
+            net.sshd_config_text(
+                SshdConfig(
+                    listen=f"{rec.ip}:{rec.port}" if rec.mode == "loopback" else "0.0.0.0:22",
+                    host_key=node_dir / "ssh_host_ed25519_key",
+                    authorized_keys=node_dir / "authorized_keys",
+                    pid_file=node_dir / "sshd.pid",
+                    env=net.node_session_env(rec.instance_id, rec.home, venv_bin),
+                    sftp_server=next((p for p in SFTP_SERVERS if Path(p).exists()), None),
+                )
+            )
+        )
+        if os.geteuid() == 0:
+            # sshd started as root refuses to run without its privilege separation directory,
+            # which only a booted system (systemd's tmpfiles) would have made.
+            Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        if rec.mode == "namespace":
+            Path(net.NODE_HOME).mkdir(parents=True, exist_ok=True)
+            etc_dir = node_dir / "etc"
+            etc_dir.mkdir(exist_ok=True)
+            (etc_dir / "hosts").write_text(net.node_hosts_text(rec.ip, os.uname().nodename))
+            (etc_dir / "resolv.conf").write_text(net.NODE_RESOLV_CONF)
+            argv = net.namespaced_sshd_argv(
+                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir, boot
+            )
+        else:
+            argv = net.loopback_sshd_argv(sshd, config, log)
+        env = {"PATH": ":".join(net.SYSTEM_PATH), net.NODE_MARKER: rec.instance_id}
+        if boot and rec.mode != "namespace":
+            subprocess.run(
+                net.detached_argv(["sh", "-c", boot], node_dir / "boot.log"),
+                capture_output=True, env=env, cwd="/", check=False,
+            )  # fmt: skip
+        out = subprocess.run(
+            net.detached_argv(argv, log), capture_output=True, text=True, env=env, cwd="/",
+            check=False,
+        )  # fmt: skip
+        if out.returncode != 0 or not out.stdout.strip().isdigit():
+            raise ProviderError(f"could not start sshd of local node {rec.instance_id}: {out}")
+        rec.sshd_pid = int(out.stdout)
+        rec.launched_at = datetime.now(UTC).isoformat()
+        self.store.save(rec)
+        return rec.sshd_pid
+
+    def _wait_ready(self, records: list[NodeRecord], sshd: str) -> None:
+        """Return when every node's sshd sends its banner; raise if one dies or time runs out."""
+        deadline = time.monotonic() + self.ready_timeout
+        pending = {rec.instance_id: rec for rec in records}
+        restarts = dict.fromkeys(pending, 0)
+        while pending:
+            for iid, rec in list(pending.items()):
+                alive = pid_alive(rec.sshd_pid or 0)  # its command line changes as it execs
+                log = self._log_tail(iid)
+                if alive and "Server listening" in log and answers_ssh(rec.ip, rec.port):
+                    del pending[iid]
+                elif not alive:
+                    port_taken = rec.mode == "loopback" and "Address already in use" in log
+                    if not port_taken or restarts[iid] >= PORT_RETRIES:
+                        raise ProviderError(f"sshd of local node {iid} exited:\n{log}")
+                    restarts[iid] += 1
+                    self._restart_on_new_port(rec, sshd)
+            if pending and time.monotonic() > deadline:
+                iid = next(iter(pending))
+                raise ProviderError(
+                    f"sshd of local node {iid} did not answer within {self.ready_timeout:.0f} s:"
+                    f"\n{self._log_tail(iid)}"
+                )
+            if pending:
+                time.sleep(0.05)
+
+    def _arm_guard(self, rec: NodeRecord, request: LaunchRequest, hourly: Decimal) -> str:
+        """Put the job's guard and its terms on the node's disk; returns the node's boot
+        command that starts it ("" when the request has no guard)."""
+        if request.guard is None:
+            return ""
+        layout = GuardLayout(request.job_id)
+        disk = self.store.node_dir(rec.instance_id) / "disk"
+        (disk / layout.root).mkdir(parents=True, exist_ok=True)
+        (disk / layout.program).write_text(guard_source())
+        (disk / layout.terms).write_text(
+            request.guard.for_node(
+                now=datetime.now(UTC),
+                hourly_usd=hourly,
+                poweroff=poweroff_command(self.settings.home, rec.instance_id),
+                home=rec.home,
+            )
+        )
+        path = net.node_path(rec.home, Path(sys.prefix) / "bin")
+        inside = f"{rec.home}/{layout.root}"
+        return local_boot_command(rec.home, f"{inside}/guard.py", f"{inside}/terms.json", path)
+
+    def _restart_on_new_port(self, rec: NodeRecord, sshd: str) -> int:
+        """Loopback: another program took the node's port before sshd bound it; take another."""
+        with file_lock(self.store.root / "alloc.lock"):
+            rec.port = self._free_port()
+            self.store.save(rec)
+        return self._start(rec, sshd)
+
+    def _config_path(self, instance_id: str) -> str:
+        return str(self.store.node_dir(instance_id) / "sshd_config")
+
+    def _log_tail(self, instance_id: str, lines: int = 20) -> str:
+        try:
+            text = (self.store.node_dir(instance_id) / "sshd.log").read_text(errors="replace")
+        except OSError:
+            return "(no sshd log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # --- terminating ----------------------------------------------------------------------------
+
+    def _kill_node(self, instance_id: str) -> bool:
+        """SIGKILL every process of a node until none is left; False if some survive."""
+        rec = self.store.load(instance_id)
+        config = self._config_path(instance_id)
+        namespaced = os.geteuid() == 0 and (rec is None or rec.mode == "namespace")
+        sshd_pid = rec.sshd_pid if rec is not None and rec.sshd_pid else 0
+        # The port identifies the node's sshd processes only while the node's own sshd holds
+        # it; once that sshd is gone, another ORCH_HOME's node may have taken the port.
+        by_port = rec.port if rec is not None and rec.mode == "loopback" else 0
+        if not pid_runs(sshd_pid, config):
+            sshd_pid = by_port = 0
+
+        def find() -> set[int]:
+            pids = pids_with_marker(instance_id)
+            if namespaced:
+                pids |= netns_pids(instance_id)
+            if by_port:
+                pids |= sshd_pids_on_port(by_port)
+            if sshd_pid and pid_runs(sshd_pid, config):
+                pids.add(sshd_pid)
+            return pids
+
+        return sweep(find)
+
+
+def run_ip(argv: list[str]) -> str:
+    """Run an `ip` command of the namespace mode; a failure is a `ProviderError`."""
+    return run_checked(
+        argv, hint="namespace mode needs root; ORCH_LOCAL_NETWORK=loopback avoids it"
+    )

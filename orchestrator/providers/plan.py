@@ -1,0 +1,109 @@
+"""Pure: what a submit would launch and what it may cost (`orch submit --dry-run`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from orchestrator.providers.offers import Offer
+from orchestrator.spec.model import JobSpec
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    provider: str
+    nodes: int
+    gpus_per_node: int
+    market: str  # spot | on-demand
+    instance_type: str
+    price_per_node_hour: Decimal  # USD
+    max_runtime_s: float | None
+    max_cost_usd: Decimal | None
+
+    @property
+    def hourly_usd(self) -> Decimal:
+        return self.price_per_node_hour * self.nodes
+
+    @property
+    def cost_at_max_runtime(self) -> Decimal | None:
+        if self.max_runtime_s is None:
+            return None
+        return self.hourly_usd * Decimal(str(self.max_runtime_s)) / Decimal(3600)
+
+    def as_dict(self) -> dict:
+        cost = self.cost_at_max_runtime
+        return {
+            "provider": self.provider,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "market": self.market,
+            "instance_type": self.instance_type,
+            "price_per_node_hour": float(self.price_per_node_hour),
+            "hourly_usd": float(self.hourly_usd),
+            "max_runtime_s": self.max_runtime_s,
+            "cost_at_max_runtime_usd": None if cost is None else float(cost),
+            "max_cost_usd": None if self.max_cost_usd is None else float(self.max_cost_usd),
+        }
+
+
+def local_plan(spec: JobSpec, on_demand_price: Decimal, spot_price: Decimal) -> LaunchPlan:
+    """The local provider has one offer per market, at its configured prices per node-hour;
+    `spot: auto` plans spot when it is the cheaper (as the provider launches it when granted)."""
+    resources = spec.resources
+    spot = resources.spot is True or (resources.spot == "auto" and spot_price <= on_demand_price)
+    return LaunchPlan(
+        provider="local",
+        nodes=resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+        market="spot" if spot else "on-demand",
+        instance_type=f"local-{resources.gpus_per_node}x",
+        price_per_node_hour=spot_price if spot else on_demand_price,
+        max_runtime_s=spec.budget.max_runtime,
+        max_cost_usd=spec.budget.max_cost_usd,
+    )
+
+
+def offer_plan(spec: JobSpec, offer: Offer, *, provider: str = "aws") -> LaunchPlan:
+    """The plan a submit would follow with `offer` (the first offer it would try)."""
+    resources = spec.resources
+    return LaunchPlan(
+        provider=provider,
+        nodes=resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+        market=offer.market,
+        instance_type=offer.instance_type,
+        price_per_node_hour=offer.price_per_hour,
+        max_runtime_s=spec.budget.max_runtime,
+        max_cost_usd=spec.budget.max_cost_usd,
+    )
+
+
+def offers_dry_run(
+    spec: JobSpec, offers: list[Offer], *, provider: str = "aws", top: int | None = 10
+) -> dict:
+    """The `orch submit --dry-run --provider aws --json` document. Pure.
+
+    `offers` are ranked (cheapest first, `offers.rank_offers`); the plan is built
+    from the first one, or is None when nothing fits. `top` limits the offers listed (None: all);
+    `offers_total` says how many there were. Each offer row carries its per-node and cluster
+    hourly price and its cost for `budget.max_runtime` (None without one).
+    """
+    nodes = spec.resources.nodes
+    runtime = spec.budget.max_runtime
+    rows = []
+    for offer in offers if top is None else offers[:top]:
+        hourly = offer.price_per_hour * nodes
+        row = offer.as_dict()
+        row["cluster_usd_per_hour"] = str(hourly)
+        row["cost_at_max_runtime_usd"] = (
+            None if runtime is None else str(hourly * Decimal(str(runtime)) / Decimal(3600))
+        )
+        rows.append(row)
+    plan = offer_plan(spec, offers[0], provider=provider) if offers else None
+    return {
+        "provider": provider,
+        "plan": None if plan is None else plan.as_dict(),
+        "chosen": rows[0] if rows else None,
+        "offers": rows,
+        "offers_total": len(offers),
+    }

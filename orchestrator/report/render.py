@@ -1,0 +1,269 @@
+"""Pictures of a job: one PNG of stacked panels (matplotlib) and a self-contained HTML page.
+
+matplotlib is imported inside the functions that draw, so commands that draw nothing stay
+fast. Drawing uses an Agg canvas of its own (no pyplot, no global figure state).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.report.data import Marker, ReportData, time_unit
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+CATEGORY_STYLE: dict[str, dict[str, Any]] = {
+    "start": {"color": "#2ca02c", "linestyle": "-", "linewidth": 1.2},
+    "checkpoint": {"color": "#7f7f7f", "linestyle": ":", "linewidth": 0.9},
+    "interruption": {"color": "#d62728", "linestyle": "-", "linewidth": 1.6},
+    "recovery": {"color": "#ff7f0e", "linestyle": "--", "linewidth": 1.4},
+    "controller": {"color": "#9467bd", "linestyle": "-.", "linewidth": 1.2},
+    "end": {"color": "#000000", "linestyle": "-", "linewidth": 1.4},
+}
+# Beyond this many checkpoints their lines stay unlabelled: they would hide everything else.
+MAX_LABELLED_CHECKPOINTS = 6
+# Labels of events closer than this share of the axis are put on both sides of their lines.
+LABEL_SPACING = 0.015
+# A budget more than this many times the spend is noted, not drawn: the curve would be flat.
+BUDGET_SCALE_LIMIT = 4
+
+
+def _text(value: object) -> str:
+    """A ledger string made safe for matplotlib, which reads `$...$` as math."""
+    return str(value).replace("$", r"\$")
+
+
+def _usd(value: Decimal | float) -> str:
+    amount = float(value)
+    return f"${amount:,.2f}" if abs(amount) >= 10 else f"${amount:,.4f}"
+
+
+def _decimals_for(top: float) -> int:
+    """Decimals that tell apart the ticks of a money axis reaching `top`."""
+    if top <= 0:
+        return 2
+    return min(8, max(2, 1 - math.floor(math.log10(top))))
+
+
+def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
+    """The report as PNG bytes: GPU utilization per node (or the job's CPU use without GPUs)
+    over spend with the budget line, every marked event a vertical line on both panels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    span = max(data.seconds(data.end), 1.0)
+    unit, divisor = time_unit(span)
+
+    def x(at: Any) -> float:
+        return data.seconds(at) / divisor
+
+    figure = Figure(figsize=(11, 7.5), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    util_axes, spend_axes = figure.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    figure.suptitle(
+        _text(
+            f"{data.job_id}: {data.state} on {data.provider}, {data.nodes} node(s) x "
+            f"{data.gpus_per_node}, spend {_usd(data.total_spend)}"
+        ),
+        fontsize=12,
+    )
+    _draw_utilization(util_axes, data, x)
+    _draw_spend(spend_axes, data, x)
+    decimals = _decimals_for(spend_axes.get_ylim()[1])
+    spend_axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _: rf"\${v:,.{decimals}f}"))
+    for axes in (util_axes, spend_axes):
+        axes.set_xlim(0, span / divisor)
+        _draw_markers(axes, data.markers, x, labelled=axes is util_axes)
+        axes.grid(True, alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+    spend_axes.set_xlabel(
+        f"time since submission ({unit}); submitted {data.start:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
+    kind = data.utilization_kind
+    axes.set_ylabel(
+        {
+            "gpu": "GPU utilization (%)",
+            "cpu": "job CPU use (% of one core)",
+            "mixed": "GPU utilization / job CPU (%)",
+        }.get(kind, "utilization (%)")
+    )
+    if kind == "none":
+        axes.text(
+            0.5, 0.5, "no GPU or CPU readings were recorded", transform=axes.transAxes,
+            ha="center", va="center", color="#555555",
+        )  # fmt: skip
+        axes.set_ylim(0, 100)
+        return
+    top = 100.0
+    unknown_drawn = False
+    for series in data.utilization:
+        values = [math.nan if v is None else v for v in series.values]
+        times = [x(t) for t in series.times]
+        axes.plot(
+            times, values, marker="o" if len(times) < 30 else None, markersize=3,
+            linewidth=1.4, label=_text(series.label),
+        )  # fmt: skip
+        unknown = [x(t) for t in series.unknown_times]
+        if unknown:
+            axes.plot(
+                unknown, [0.0] * len(unknown), linestyle="none", marker="x", color="#555555",
+                label=None if unknown_drawn else "unknown reading", clip_on=False,
+            )  # fmt: skip
+            unknown_drawn = True
+        top = max([top, *(v for v in values if not math.isnan(v))])
+    axes.set_ylim(0, top * 1.08)
+
+
+def _draw_spend(axes: Axes, data: ReportData, x: Any) -> None:
+    axes.set_ylabel("spend (USD)")
+    times = [x(point.at) for point in data.spend]
+    values = [float(point.usd) for point in data.spend]
+    axes.plot(times, values, color="#1f77b4", linewidth=1.8, label="spend")
+    axes.fill_between(times, values, color="#1f77b4", alpha=0.15)
+    peak = max(values, default=0.0)
+    budget = data.budget_usd
+    if budget is not None and float(budget) <= BUDGET_SCALE_LIMIT * max(peak, 1e-9):
+        axes.axhline(
+            float(budget), color="#d62728", linestyle="--", linewidth=1.4,
+            label=_text(f"budget {_usd(budget)}"),
+        )  # fmt: skip
+        axes.set_ylim(0, float(budget) * 1.1)
+    else:
+        axes.set_ylim(0, peak * 1.25 if peak > 0 else 1.0)
+        if budget is not None:
+            share = 100 * peak / float(budget)
+            axes.text(
+                0.01, 0.95, _text(f"budget {_usd(budget)} is off the scale ({share:.2g} % spent)"),
+                transform=axes.transAxes, va="top", color="#d62728", fontsize=9,
+            )  # fmt: skip
+    if not data.spend or peak == 0:
+        axes.text(
+            0.5, 0.5, "nothing billed", transform=axes.transAxes, ha="center", va="center",
+            color="#555555",
+        )  # fmt: skip
+
+
+def _draw_markers(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool) -> None:
+    checkpoints = sum(1 for marker in markers if marker.category == "checkpoint")
+    low, high = axes.get_xlim()
+    near = (high - low) * LABEL_SPACING
+    previous: tuple[float, str] | None = None  # position and side of the last label
+    for marker in markers:
+        position = x(marker.at)
+        axes.axvline(position, alpha=0.8, **CATEGORY_STYLE[marker.category])
+        if not labelled:
+            continue
+        if marker.category == "checkpoint" and checkpoints > MAX_LABELLED_CHECKPOINTS:
+            continue
+        # A label sits left of its line; one close to the previous label goes to the right.
+        side = "right"
+        if previous is not None and position - previous[0] < near and previous[1] == "right":
+            side = "left"
+        previous = (position, side)
+        axes.text(
+            position, 0.98, f" {_text(marker.label)} ", transform=axes.get_xaxis_transform(),
+            rotation=90, va="top", ha=side, fontsize=7,
+            color=CATEGORY_STYLE[marker.category]["color"],
+        )  # fmt: skip
+
+
+# --- HTML -------------------------------------------------------------------------------------
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else html.escape(str(value), quote=True)
+
+
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    head = "".join(f"<th>{_cell(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(value)}</td>" for value in row) + "</tr>" for row in rows
+    )
+    return (
+        f"<h2>{_cell(title)}</h2>\n<table>\n<thead><tr>{head}</tr></thead>\n"
+        f"<tbody>{body}</tbody>\n</table>\n"
+    )
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td { white-space: pre-wrap; }
+img { max-width: 100%; border: 1px solid #ddd; }
+"""
+
+
+def render_html(document: dict, png: bytes) -> str:
+    """A self-contained page: the report PNG embedded as base64, then the job's summary, its
+    leases and its events. `document` is the job's `orch status JOB --json` document; every
+    string from it is escaped."""
+    job_id = document["id"]
+    summary = [
+        ("id", job_id),
+        ("name", document.get("name")),
+        ("state", document["state"]),
+        ("provider", document["provider"]),
+        ("nodes", document["nodes"]),
+        ("GPUs per node", document["gpus_per_node"]),
+        ("step", document.get("step")),
+        ("loss", document.get("loss")),
+        ("spend (USD)", f"{document['spend_usd']:.6f}"),
+        ("recoveries", document.get("recoveries")),
+        ("checkpoints", len(document.get("checkpoints", []))),
+        ("created", document.get("created_at")),
+        ("started", document.get("started_at")),
+        ("ended", document.get("ended_at")),
+        ("exit code", document.get("exit_code")),
+        ("reason", document.get("reason")),
+    ]
+    leases = [
+        (
+            lease["rank"],
+            lease["instance_id"],
+            lease["market"],
+            lease["instance_type"],
+            lease["price_per_hour"],
+            lease["launched_at"],
+            lease["ended_at"] or "running",
+            f"{lease['cost_usd']:.6f}",
+        )  # fmt: skip
+        for lease in document.get("leases", [])
+    ]
+    events = [
+        (event["at"], event["kind"], event["step"], event["message"])
+        for event in document.get("events", [])
+    ]
+    image = base64.b64encode(png).decode("ascii")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>orch report: {_cell(job_id)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<h1>orch report: {_cell(job_id)}</h1>\n"
+        f'<img alt="report of job {_cell(job_id)}" src="data:image/png;base64,{image}">\n'
+        + _table("job", ("field", "value"), summary)
+        + _table(
+            "leases",
+            ("rank", "instance", "market", "type", "USD/h", "launched", "ended", "cost (USD)"),
+            leases,
+        )
+        + _table("events", ("at", "kind", "step", "message"), events)
+        + "</body>\n</html>\n"
+    )

@@ -1,0 +1,556 @@
+"""Reading a job spec from YAML: `load_job(path, overrides)` (contract in `spec.model`).
+
+Every failure is one `SpecError` naming each bad field by its dotted path and YAML line (or the
+flag it came from); nothing else escapes for bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import errno
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+from pydantic_core import ErrorDetails
+
+from orchestrator.errors import SpecError
+from orchestrator.spec.model import (
+    _MERGE_TAG,
+    MAX_DURATION_S,
+    MAX_NESTING,
+    MAX_SPEC_BYTES,
+    MAX_VALUES,
+    OVERRIDE_FLAGS,
+    Budget,
+    CheckpointSpec,
+    DataMount,
+    JobSpec,
+    LoadedJob,
+    Recovery,
+    Resources,
+    _kind,
+    _local_path,
+    _one_line,
+    _show,
+)
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+Loc = tuple[str | int, ...]
+
+MAX_SHOWN_PROBLEMS = 50  # a message lists at most this many problems, then says how many more
+
+
+def _fields_of(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+_KNOWN_FIELDS: dict[tuple[str, ...], list[str]] = {
+    (): _fields_of(JobSpec),
+    ("resources",): _fields_of(Resources),
+    ("checkpoint",): _fields_of(CheckpointSpec),
+    ("budget",): _fields_of(Budget),
+    ("recovery",): _fields_of(Recovery),
+    ("data", "[]"): _fields_of(DataMount),
+}
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One thing wrong with the spec, before it is rendered as a line."""
+
+    loc: Loc  # where: dotted path parts (str) and list indexes (int)
+    message: str  # what is wrong and what is expected
+    unknown: bool = False  # an unknown field: rendered "unknown field `a.b`"
+
+
+def load_job(
+    path: str | os.PathLike[str], overrides: Mapping[str, object] | None = None
+) -> LoadedJob:
+    """Read, override, validate and resolve the job spec at `path`.
+
+    `overrides` maps dotted keys (`resources.nodes`, `budget.max_cost_usd`, `provider`) to values
+    that replace the file's before validation; None values are skipped. Raises SpecError, with
+    every problem found, one per line; never any other exception for bad input.
+    """
+    source = Path(path)
+    with contextlib.suppress(RuntimeError):
+        source = source.expanduser()
+    source = source.absolute()
+    text = _read_text(source)
+    raw, root = _parse_yaml(text, source)
+    if not isinstance(raw, dict):
+        got = "an empty file" if raw is None else _kind(raw)
+        raise SpecError(
+            f"invalid job spec {source}: the top level must be a mapping of fields "
+            f"(name: ..., workdir: ..., run: ...), got {got}"
+        )
+    applied = _apply_overrides(raw, overrides or {}, source, root)
+
+    problems: list[_Problem] = []
+    spec: JobSpec | None = None
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_problem_from_error(err) for err in exc.errors())
+    problems.extend(_path_problems(raw, source.parent, {p.loc for p in problems}))
+    if problems or spec is None:
+        raise SpecError(_render(problems, source, root, applied))
+
+    base_dir = source.parent
+    return LoadedJob(
+        spec=spec,
+        source=source,
+        base_dir=base_dir,
+        workdir=spec.workdir_path(base_dir),
+        data_sources=spec.data_source_paths(base_dir),
+    )
+
+
+def _read_text(source: Path) -> str:
+    """The file's text, at most MAX_SPEC_BYTES, decoded as UTF-8 (a BOM is allowed)."""
+    try:
+        data = _read_regular_file(source, MAX_SPEC_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(f"job spec {source} does not exist") from None
+    except IsADirectoryError:
+        raise SpecError(
+            f"job spec {source} is a directory", hint="give the path of the job's YAML file"
+        ) from None
+    except PermissionError:
+        raise SpecError(f"cannot read job spec {source}: permission denied") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(f"cannot read job spec {source}: {reason}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"job spec {source} is larger than the limit of 1 MiB ({MAX_SPEC_BYTES} bytes)",
+            hint="keep data out of the spec; list it under `data:` instead",
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(f"job spec {source} is not UTF-8 text (line {line})") from None
+
+
+def _read_regular_file(source: Path, limit: int) -> bytes:
+    """Up to `limit` bytes of `source`; a FIFO, socket or device is refused, never waited on.
+
+    The file is opened without blocking (a FIFO with no writer would otherwise hang here) and
+    checked on the open descriptor, so it cannot be swapped between the check and the read.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(source))
+        if not stat.S_ISREG(mode):
+            raise SpecError(
+                f"job spec {source} is not a regular file ({_file_kind(mode)})",
+                hint="give the path of the job's YAML file",
+            )
+        os.set_blocking(fd, True)
+        return fh.read(limit)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _parse_yaml(text: str, source: Path) -> tuple[object, yaml.Node | None]:
+    """Parse one YAML document with safe constructors; return the data and its node tree."""
+    loader: yaml.SafeLoader | None = None
+    try:
+        loader = _Loader(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        _check_shape(root, source)
+        return loader.construct_document(root), root
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+        what = exc.problem or exc.context or "invalid YAML"
+        context = ""
+        if exc.context and exc.problem and exc.context_mark:
+            context = f" ({exc.context} at line {exc.context_mark.line + 1})"
+        raise SpecError(f"{source}: invalid YAML at {where}: {what}{context}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        char = exc.character
+        shown = f"U+{char:04X}" if isinstance(char, int) else repr(char)
+        raise SpecError(
+            f"{source}: invalid YAML at line {line}: character {shown} is not allowed"
+        ) from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(f"{source}: invalid YAML: {first}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with a value that cannot be built (`!!int abc`, an int of 5000 digits)
+    reported as a YAML error at its line instead of escaping as some other exception."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - PyYAML's constructors fail in many ways
+            # (`!!timestamp ''` raises AttributeError); each is a value it cannot build.
+            kind = node.tag.rsplit(":", 1)[-1]
+            shown = _show(node.value) if isinstance(node.value, str) else "this value"
+            why = " (too many digits)" if "digits" in str(exc) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown} is not a valid {kind}{why}", node.start_mark
+            ) from None
+
+
+def _check_shape(root: yaml.Node, source: Path) -> None:
+    """Refuse duplicate keys, deep nesting, recursive aliases and alias bombs."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise SpecError(
+                f"{source}: holds more than {MAX_VALUES} values (counting YAML alias expansions)"
+            )
+        if depth > MAX_NESTING:
+            raise SpecError(
+                f"{source}: nested deeper than {MAX_NESTING} levels "
+                f"(line {node.start_mark.line + 1}; a recursive alias?)"
+            )
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise SpecError(
+                            f"{source}: duplicate key `{key.value}` at line {line} "
+                            f"(first at line {seen[key.value]})"
+                        )
+                    seen[key.value] = line
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, depth + 1) for item in node.value)
+
+
+def _apply_overrides(
+    raw: dict[Any, Any],
+    overrides: Mapping[str, object],
+    source: Path,
+    root: yaml.Node | None,
+) -> dict[tuple[str, ...], str]:
+    """Set each dotted override in `raw` (in place); return {path parts: dotted key} applied."""
+    applied: dict[tuple[str, ...], str] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        parts = tuple(key.split("."))
+        if not all(parts):
+            raise SpecError(f"invalid override key {key!r}: use dotted field names")
+        target = raw
+        for i, part in enumerate(parts[:-1]):
+            child = target.get(part)
+            if child is None:
+                child = target[part] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                line = _line_of(root, parts[: i + 1])
+                raise SpecError(
+                    f"{_flag(key)}: cannot apply (from the command line): `{where}` in "
+                    f"{source.name} (line {line}) is not a mapping"
+                )
+            target = child
+        target[parts[-1]] = value
+        applied[parts] = key
+    return applied
+
+
+def _path_problems(raw: dict[Any, Any], base_dir: Path, known: set[Loc]) -> list[_Problem]:
+    """Check that the workdir is a local directory and each data src exists."""
+    problems: list[_Problem] = []
+    workdir = raw.get("workdir")
+    if isinstance(workdir, str) and ("workdir",) not in known:
+        problem = _check_local(workdir, base_dir, want_dir=True)
+        if problem:
+            problems.append(_Problem(("workdir",), problem))
+    mounts = raw.get("data")
+    if isinstance(mounts, list):
+        for i, mount in enumerate(mounts):
+            src = mount.get("src") if isinstance(mount, dict) else None
+            loc: Loc = ("data", i, "src")
+            if isinstance(src, str) and loc not in known:
+                problem = _check_local(src, base_dir, want_dir=False)
+                if problem:
+                    problems.append(_Problem(loc, problem))
+    return problems
+
+
+def _check_local(raw: str, base_dir: Path, *, want_dir: bool) -> str | None:
+    """None when the local path exists (and is a directory if want_dir), else what is wrong."""
+    if not raw.strip() or "\x00" in raw:
+        return None  # reported by validation
+    path = _local_path(raw, base_dir)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{'directory ' if want_dir else ''}{path} does not exist"
+    except (OSError, ValueError) as exc:
+        return f"cannot access {path}: {getattr(exc, 'strerror', None) or exc}"
+    if want_dir and not stat.S_ISDIR(mode):
+        return f"{path} is not a directory"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+
+
+def _problem_from_error(err: ErrorDetails) -> _Problem:
+    """Turn one pydantic error into a short problem at a clean location."""
+    loc: list[str | int] = []
+    is_key = False
+    for part in err["loc"]:
+        if part == "[key]":
+            is_key = True
+        else:
+            loc.append(part)
+    kind = err["type"]
+    if kind == "invalid_key" and loc:
+        loc[-1] = _show(err["input"])  # the key as written: `true`, not pydantic's `1`
+    elif is_key and loc:
+        loc[-1] = str(loc[-1])  # a mapping key, not a list index
+    if kind == "extra_forbidden":
+        return _Problem(tuple(loc), _unknown_hint(tuple(loc)), unknown=True)
+    message = _describe(err)
+    if is_key and kind != "value_error":
+        message = f"variable name {message}"
+    return _Problem(tuple(loc), message)
+
+
+_PLAIN_MESSAGES = {
+    "missing": "required field is missing",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "decimal_type": "must be a number",
+    "decimal_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a mapping (key: value)",
+    "model_type": "must be a mapping (key: value)",
+    "model_attributes_type": "must be a mapping (key: value)",
+    "list_type": "must be a list",
+    "invalid_key": "keys must be strings",
+    "string_too_short": "must not be empty",
+}
+
+_BOUND_MESSAGES = {
+    "greater_than": ("gt", "must be > {}"),
+    "greater_than_equal": ("ge", "must be >= {}"),
+    "less_than": ("lt", "must be < {}"),
+    "less_than_equal": ("le", "must be <= {}"),
+    "string_too_long": ("max_length", "must be at most {} characters"),
+}
+
+
+def _describe(err: ErrorDetails) -> str:
+    """A short one-line statement of what was expected (and what was given)."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind in ("value_error", "assertion_error") and "error" in ctx:
+        return _one_line(str(ctx["error"]))
+    if kind in _BOUND_MESSAGES:
+        name, template = _BOUND_MESSAGES[kind]
+        message = template.format(_bound(ctx.get(name, "?")))
+    else:
+        message = _PLAIN_MESSAGES.get(kind) or _one_line(err["msg"])
+    if kind == "missing":
+        return message
+    return f"{message}, got {_show(err['input'])}"
+
+
+def _bound(value: object) -> str:
+    """A limit as a person writes it: 31622400.0 -> '31622400 s (366 days)', 1.0 -> '1'."""
+    if isinstance(value, float) and value.is_integer():
+        if value == MAX_DURATION_S:
+            return f"{int(value)} s ({int(value) // 86400} days)"
+        return str(int(value))
+    return str(value)
+
+
+def _unknown_hint(loc: Loc) -> str:
+    """'did you mean `x`?' for a close known name, else the list of known names."""
+    parent = tuple("[]" if isinstance(p, int) else p for p in loc[:-1])
+    known = _KNOWN_FIELDS.get(parent)
+    if not known:
+        return ""
+    suggestion = _suggest(str(loc[-1]), known)
+    if suggestion:
+        return f"did you mean `{suggestion}`?"
+    return "expected one of: " + ", ".join(known)
+
+
+def _suggest(name: str, known: list[str]) -> str | None:
+    """The known field name most likely meant by `name`, if any is close."""
+    key = name.strip().lower().replace("-", "_").replace(" ", "_")
+    if key in known:
+        return key
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    if len(key) < 3:
+        return None
+    for candidates in (
+        [k for k in known if k.startswith(key)],
+        [k for k in known if key in k or k in key],
+    ):
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
+
+
+def _render(
+    problems: list[_Problem],
+    source: Path,
+    root: yaml.Node | None,
+    applied: dict[tuple[str, ...], str],
+) -> str:
+    """One message: a header, then each problem on its own line (a single one stays inline)."""
+    ranked = sorted(  # the file's problems by line, then the command line's
+        problems,
+        key=lambda p: (_override_for(p.loc, applied) is not None, _line_of(root, p.loc) or 0),
+    )
+    lines = [_render_one(p, root, applied) for p in ranked[:MAX_SHOWN_PROBLEMS]]
+    if len(ranked) > MAX_SHOWN_PROBLEMS:
+        lines.append(f"... and {len(ranked) - MAX_SHOWN_PROBLEMS} more")
+    if len(ranked) == 1:
+        return f"invalid job spec {source}: {lines[0]}"
+    return f"invalid job spec {source} ({len(ranked)} problems):\n" + "\n".join(
+        f"  {line}" for line in lines
+    )
+
+
+def _render_one(
+    problem: _Problem, root: yaml.Node | None, applied: dict[tuple[str, ...], str]
+) -> str:
+    dotted = _dotted(problem.loc)
+    override = _override_for(problem.loc, applied)
+    if override is not None:
+        parts, key = override
+        where = _flag(key)
+        if len(problem.loc) > len(parts):
+            where += f" ({dotted})"
+        if problem.unknown:
+            tail = f"; {problem.message}" if problem.message else ""
+            return f"unknown field `{dotted}` (from the command line){tail}"
+        return f"{where}: {problem.message} (from the command line)"
+    line = _line_of(root, problem.loc)
+    at = f" (line {line})" if line else ""
+    if problem.unknown:
+        tail = f"; {problem.message}" if problem.message else ""
+        return f"unknown field `{dotted}`{at}{tail}"
+    return f"{dotted or '(top level)'}{at}: {problem.message}"
+
+
+def _override_for(
+    loc: Loc, applied: dict[tuple[str, ...], str]
+) -> tuple[tuple[str, ...], str] | None:
+    """The longest applied override whose path is a prefix of `loc`, if any."""
+    best: tuple[tuple[str, ...], str] | None = None
+    text = tuple(str(p) for p in loc)
+    for parts, key in applied.items():
+        if text[: len(parts)] == parts and (best is None or len(parts) > len(best[0])):
+            best = (parts, key)
+    return best
+
+
+def _flag(key: str) -> str:
+    return OVERRIDE_FLAGS.get(key, f"override {key}")
+
+
+def _line_of(root: yaml.Node | None, loc: Loc | tuple[str, ...]) -> int | None:
+    """1-based line of the deepest node along `loc` that exists in the YAML tree."""
+    if root is None:
+        return None
+    node: yaml.Node = root
+    line = root.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found: tuple[yaml.Node, yaml.Node] | None = None
+            for key, value in node.value:  # the last duplicate wins, as in the loaded data
+                if _key_matches(key, part):
+                    found = (key, value)
+            if found is None:
+                break
+            line = found[0].start_mark.line + 1
+            node = found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _key_matches(key: yaml.Node, part: str | int) -> bool:
+    """Whether a YAML mapping key node is the key `part` of the loaded data."""
+    if not isinstance(key, yaml.ScalarNode):
+        return False
+    if key.value == str(part):
+        return True
+    if key.tag == "tag:yaml.org,2002:str":
+        return False  # a string key is its own text; only other scalars need building
+    try:
+        loaded = yaml.constructor.SafeConstructor().construct_object(key)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
+        return False
+    return str(part) in (str(loaded), _show(loaded))
+
+
+def _dotted(loc: Loc) -> str:
+    """('data', 0, 'src') -> 'data[0].src'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out

@@ -1,0 +1,632 @@
+"""The job spec: what a user asks orch to run (models); `orchestrator.spec.loading` reads it.
+
+A spec looks like this (every section but `name`, `workdir` and `run` is optional):
+
+    name: cifar-ddp
+    workdir: .                      # local directory, synced to every node
+    data: [{src: ./data, dst: ~/data}]
+    setup: pip install -r requirements.txt
+    run: python -m trainer.train --epochs 5
+    resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
+    checkpoint: {dir: ~/ckpt, pull_every: 60, store: s3://bucket/prefix, mirror: latest}
+    budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
+    recovery: {max_recoveries: 5}
+    env: {NCCL_DEBUG: WARN}
+    deadline: 36h                   # or an absolute time: 2025-07-01T18:00:00Z
+    spot_policy: uniform-progress   # greedy, on-demand, spot-only; unset: resources.spot decides
+
+Contract of `orchestrator.spec.loading.load_job(path, overrides)`:
+
+- It reads at most `MAX_SPEC_BYTES` of YAML (safe constructors only: no Python tags), applies
+  the command-line `overrides` (dotted keys such as `resources.nodes`) to the mapping, validates
+  it with the pydantic models below, then checks that the local `workdir` is a directory and
+  that every `data[].src` exists. Relative local paths resolve against the spec file's directory.
+- Every failure is a `SpecError` (exit code 2) and nothing else: one message that lists each
+  problem on its own line, naming the field by its dotted path (`resources.nodes`,
+  `data[0].src`) and the YAML line it is on (or the line of its nearest existing parent), or the
+  command-line flag it came from (`--nodes`). Unknown fields get a "did you mean" suggestion.
+- On success it returns a `LoadedJob` holding the validated `JobSpec` and the resolved local
+  paths. `JobSpec.model_dump(mode="json")` round-trips through `JobSpec.model_validate`.
+
+Paths on a node (`data[].dst`, `checkpoint.dir`) are POSIX paths: `~` or `~/x` is under the
+node's home, an absolute path is used as is, and a relative path is under the node's home
+(`dst`) or the node's copy of the workdir (`checkpoint.dir`); see `DataMount.node_path` and
+`CheckpointSpec.node_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.providers import PROVIDER_NAMES
+
+__all__ = [
+    "MAX_SPEC_BYTES",
+    "OVERRIDE_FLAGS",
+    "Budget",
+    "CheckpointSpec",
+    "DataMount",
+    "MirrorMode",
+    "JobSpec",
+    "LoadedJob",
+    "Recovery",
+    "Resources",
+    "SpotPolicyName",
+    "parse_duration",
+]
+
+MAX_SPEC_BYTES = 1024 * 1024
+"""Largest job spec file accepted, in bytes (1 MiB)."""
+
+MAX_NESTING = 32
+"""Deepest nesting of mappings and lists accepted in a spec file."""
+
+MAX_VALUES = 100_000
+"""Most values (counting every use of a YAML alias) accepted in a spec file."""
+
+OVERRIDE_FLAGS: dict[str, str] = {
+    "resources.nodes": "--nodes",
+    "resources.gpus_per_node": "--gpus",
+    "resources.spot": "--spot",
+    "budget.max_cost_usd": "--max-cost",
+    "budget.idle_timeout": "--idle-timeout",
+    "provider": "--provider",
+}
+"""Dotted spec key -> the `orch submit` flag that overrides it (used in error messages)."""
+
+_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PROVIDER_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_DURATION_RE = re.compile(r"(?:\s*\d+(?:\.\d+)?\s*[smhd])+\s*")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_HELP = "seconds (600) or a number with units s, m, h, d (90s, 30m, 4h, 1h30m, 2d)"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+# --------------------------------------------------------------------------------------------
+# Field types
+
+
+def parse_duration(value: object) -> float:
+    """Return `value` as seconds: a number is seconds, a string is "600", "90s", "1h30m", "2d".
+
+    Units: s, m (minutes), h, d; each at most once; case-insensitive; spaces allowed.
+    Raises ValueError with a message saying what is accepted. Does not check the sign.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"must be a duration: {_DURATION_HELP}, not true/false")
+    if isinstance(value, int | float | Decimal):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("duration is too large") from None
+    if not isinstance(value, str):
+        raise ValueError(f"must be a duration: {_DURATION_HELP}")
+    text = value.strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not _DURATION_RE.fullmatch(text):
+        raise ValueError(f"invalid duration {_show(value)}: use {_DURATION_HELP}")
+    total = 0.0
+    seen: set[str] = set()
+    for number, unit in _DURATION_PART_RE.findall(text):
+        if unit in seen:
+            raise ValueError(f"invalid duration {_show(value)}: unit '{unit}' given twice")
+        seen.add(unit)
+        total += float(number) * _DURATION_UNITS[unit]
+    return total
+
+
+_DATE_RE = re.compile(r"\s*\d{4}-\d{2}-\d{2}")
+_DEADLINE_HELP = "a UTC time such as 2025-07-01T18:00:00Z, or a duration after submit (36h, 2d)"
+
+
+def _deadline_value(value: object) -> datetime | float:
+    """An absolute time (a YAML timestamp or an ISO 8601 string, with its timezone) becomes an
+    aware UTC datetime; anything else is read as a positive duration in seconds."""
+    if isinstance(value, str) and _DATE_RE.match(value):
+        text = value.strip()
+        try:
+            value = date.fromisoformat(text) if len(text) == 10 else datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"invalid deadline {_show(value)}: use {_DEADLINE_HELP}") from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                f"deadline {value.isoformat()} has no timezone: end it with Z for UTC "
+                "(2025-07-01T18:00:00Z) or give an offset (+02:00)"
+            )
+        return value.astimezone(UTC)
+    if isinstance(value, date):
+        raise ValueError(f"deadline {value.isoformat()} needs a time: use {_DEADLINE_HELP}")
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise ValueError(f"invalid deadline {_show(value)}: use {_DEADLINE_HELP}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"deadline must be a positive duration, got {_show(value)}")
+    return seconds
+
+
+def _not_bool(value: object) -> object:
+    """Refuse YAML true/false where a number is expected (pydantic would read it as 1/0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {_show(value)}")
+    return value
+
+
+def _spot_value(value: object) -> object:
+    """Accept true, false, "auto" (and the strings "true"/"false", as flags may pass them)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word == "auto":
+            return "auto"
+        if word in ("true", "false"):
+            return word == "true"
+    raise ValueError(f'must be true, false or "auto", got {_show(value)}')
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid variable name {_show(name)}: use letters, digits and '_', "
+            "not starting with a digit"
+        )
+    if name.startswith("ORCH_"):
+        raise ValueError(f"variable {name} is reserved: names starting with ORCH_ are set by orch")
+    return name
+
+
+def _env_value(value: object) -> object:
+    """Strings stay; YAML numbers and booleans become strings ("8", "0.5", "true")."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"must be a string, number or boolean, got {_show(value)}")
+
+
+Count = Annotated[int, BeforeValidator(_not_bool)]
+"""A whole number; YAML true/false refused."""
+
+MAX_DURATION_S = 366 * 86400.0
+"""Longest duration accepted (366 days): longer ones overflow the scheduler's clock."""
+
+MAX_USD = Decimal(1_000_000_000)
+"""Largest amount of money accepted, so every amount stays finite wherever it is shown."""
+
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False),
+]
+"""A positive duration in seconds, written as a number or "90s", "30m", "4h", "1h30m", "2d"."""
+
+Usd = Annotated[Decimal, Field(gt=0, le=MAX_USD, allow_inf_nan=False)]
+"""A positive amount of US dollars (exact decimal; "5", 5 and 5.0 all read as 5)."""
+
+Deadline = Annotated[datetime | float, BeforeValidator(_deadline_value)]
+"""An aware UTC datetime, or seconds after submit (> 0)."""
+
+SpotPolicyName = Literal["uniform-progress", "greedy", "on-demand", "spot-only"]
+"""The policies of `orchestrator.spot.policies`."""
+
+_DEADLINE_POLICIES = ("uniform-progress", "greedy")
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+
+def _check_path_text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _check_node_path_text(value: str) -> str:
+    _check_path_text(value)
+    if value.startswith("~") and value != "~" and not value.startswith("~/"):
+        raise ValueError(f"only '~' and '~/...' are supported, got {_show(value)}")
+    return value
+
+
+def _node_path(raw: str, home: PurePosixPath, relative_to: PurePosixPath) -> PurePosixPath:
+    """Resolve a node path written in a spec: `~`/`~/x` under home, relative under relative_to."""
+    if raw == "~":
+        return home
+    if raw.startswith("~/"):
+        return home / raw[2:]
+    path = PurePosixPath(raw)
+    return path if path.is_absolute() else relative_to / path
+
+
+def _local_path(raw: str, base_dir: Path) -> Path:
+    """Resolve a local path written in a spec: `~` expanded, relative to base_dir, absolute."""
+    path = Path(raw)
+    # ~user that does not exist, or no home directory: keep the path literal
+    with contextlib.suppress(RuntimeError):
+        path = path.expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    try:
+        return path.resolve()
+    except RuntimeError:  # a symlink loop: keep the path as written; checks report it
+        return Path(os.path.abspath(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Resources(_Model):
+    """What each node must have and how many nodes to run."""
+
+    nodes: Count = Field(default=1, ge=1, le=64, description="number of nodes (1-64)")
+    gpus_per_node: Count = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs per node (1-16); on the local provider, trainer processes per node",
+    )
+    accelerator: str | None = Field(
+        default=None, description="GPU model wanted, e.g. A10G; None: any GPU that fits"
+    )
+    spot: Annotated[bool | Literal["auto"], BeforeValidator(_spot_value)] = Field(
+        default=False,
+        description='true: spot only; false: on-demand only; "auto": cheapest of both',
+    )
+    max_price_per_hour: Usd | None = Field(
+        default=None, description="refuse offers above this USD price per node-hour"
+    )
+    min_gpu_memory_gb: Annotated[float, BeforeValidator(_not_bool)] | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="least memory per GPU, in GB"
+    )
+    disk_size_gb: Count | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="root volume per node, in GB (AWS: an encrypted gp3 volume);"
+        " None: the image's own size",
+    )
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty (leave it out to accept any GPU)")
+        return value
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs (local: trainer processes) over all nodes: the torchrun world size."""
+        return self.nodes * self.gpus_per_node
+
+
+class DataMount(_Model):
+    """A local file or directory copied to every node before the run."""
+
+    src: str = Field(description="local path; relative to the spec file's directory; ~ expanded")
+    dst: str = Field(
+        description="path on the node: '~/x' or relative = under the node's home; absolute as is"
+    )
+
+    @field_validator("src")
+    @classmethod
+    def _src_ok(cls, value: str) -> str:
+        return _check_path_text(value)
+
+    @field_validator("dst")
+    @classmethod
+    def _dst_ok(cls, value: str) -> str:
+        return _check_node_path_text(value)
+
+    def source_path(self, base_dir: Path) -> Path:
+        """The absolute local path of `src`, given the spec file's directory."""
+        return _local_path(self.src, base_dir)
+
+    def node_path(self, home: PurePosixPath) -> PurePosixPath:
+        """The path `dst` names on a node whose home directory is `home`."""
+        return _node_path(self.dst, home, home)
+
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_STORE_HELP = "s3://bucket/prefix, or file:///absolute/path (a directory every node can reach)"
+
+MirrorMode = Literal["all", "latest", "none"]
+"""What the user's machine keeps of a job's checkpoints (`checkpoint.mirror`)."""
+
+
+def _store_url(value: str) -> str:
+    if value.startswith("s3://"):
+        bucket, _, prefix = value[5:].partition("/")
+        if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+            raise ValueError(
+                f"invalid S3 bucket name {_show(bucket)}: 3-63 lowercase letters, digits, "
+                f"'.' and '-' (use {_STORE_HELP})"
+            )
+        if any(part in (".", "..") for part in prefix.split("/")) or "\x00" in prefix:
+            raise ValueError(f"invalid key prefix {_show(prefix)}: no '.' or '..' parts")
+        return "s3://" + bucket + ("/" + prefix.strip("/") if prefix.strip("/") else "")
+    if value.startswith("file://"):
+        path = value[7:]
+        if not path.startswith("/") or any(p in (".", "..") for p in path.split("/")):
+            raise ValueError(f"a file:// store needs an absolute path, like {_STORE_HELP}")
+        return "file://" + (path.rstrip("/") or "/")
+    raise ValueError(f"unknown store {_show(value)}: use {_STORE_HELP}")
+
+
+class CheckpointSpec(_Model):
+    """Where the run writes checkpoints on the nodes, where orch keeps them, and how often it
+    looks for new ones."""
+
+    dir: str | None = Field(
+        default=None,
+        description="path on the nodes; relative = under the workdir on the node; '~/' = node "
+        "home; None: the job's own directory on the node (ORCH_CHECKPOINT_DIR points there)",
+    )
+    pull_every: Seconds = Field(
+        default=60.0,
+        description="seconds between looks for new checkpoints when no node reports one "
+        "(new ones are fetched as soon as they are written)",
+    )
+    store: Annotated[str, AfterValidator(_store_url)] | None = Field(
+        default=None,
+        description="s3://bucket/prefix or file:///path: the nodes upload complete checkpoints "
+        "there and new nodes download them from there",
+    )
+    mirror: MirrorMode | None = Field(
+        default=None,
+        description="what the user's machine keeps: all, latest or none (none needs a store); "
+        "None: latest with a store, all without one",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_ok(cls, value: str | None) -> str | None:
+        return None if value is None else _check_node_path_text(value)
+
+    @model_validator(mode="after")
+    def _mirror_needs_a_home(self) -> CheckpointSpec:
+        if self.mirror == "none" and self.store is None:
+            raise ValueError(
+                "mirror: none keeps no copy anywhere without a store: set checkpoint.store "
+                f"({_STORE_HELP}), or mirror: latest"
+            )
+        return self
+
+    @property
+    def mirror_mode(self) -> MirrorMode:
+        """`mirror`, or its default: latest with a store, all without one."""
+        if self.mirror is not None:
+            return self.mirror
+        return "latest" if self.store else "all"
+
+    def node_dir(self, home: PurePosixPath, workdir: PurePosixPath) -> PurePosixPath | None:
+        """The checkpoint directory on a node (None when unset), given its home and workdir."""
+        return None if self.dir is None else _node_path(self.dir, home, workdir)
+
+
+class Budget(_Model):
+    """Limits that end the job: spend, hourly rate, idleness, wall time. None = no limit."""
+
+    max_cost_usd: Usd | None = Field(default=None, description="stop when spend reaches this")
+    max_hourly_usd: Usd | None = Field(
+        default=None, description="refuse a cluster whose total hourly price is above this"
+    )
+    idle_timeout: Seconds | None = Field(
+        default=None, description="stop after this many seconds of idle GPUs"
+    )
+    max_runtime: Seconds | None = Field(
+        default=None, description="stop after this many seconds of running"
+    )
+
+
+class Recovery(_Model):
+    """How often a job is brought back after losing nodes (spot interruption, node loss)."""
+
+    max_recoveries: Count = Field(default=3, ge=0, description="0 disables recovery")
+
+
+ENV_HIDDEN = "(hidden)"
+"""What `JobSpec.public_document` shows instead of an `env` value."""
+
+_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env")
+
+
+class JobSpec(_Model):
+    """A validated job spec. Local paths in it are as written; see `LoadedJob` for resolved ones."""
+
+    name: str = Field(description="job name: 1-63 of a-z, 0-9 and '-', starting with a letter")
+    workdir: str = Field(
+        description="local directory synced to every node; relative to the spec file's directory"
+    )
+    data: list[DataMount] = Field(default_factory=list, description="extra data copied to nodes")
+    setup: str | None = Field(
+        default=None, description="shell command run once on every node before `run`"
+    )
+    run: str = Field(description="training command, run under torchrun on every node")
+    resources: Resources = Field(default_factory=Resources, description="nodes and GPUs")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="checkpoint location and pulls"
+    )
+    budget: Budget = Field(default_factory=Budget, description="spend and time limits")
+    recovery: Recovery = Field(default_factory=Recovery, description="spot/node-loss recovery")
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="extra environment variables for setup and run; the values are treated as "
+        "secrets (see `public_document`)",
+    )
+    provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
+    deadline: Deadline | None = Field(
+        default=None,
+        description="finish by this UTC time, or this long after submit (a duration like 36h)",
+    )
+    spot_policy: SpotPolicyName | None = Field(
+        default=None,
+        description="who picks spot or on-demand as the job runs: uniform-progress, greedy "
+        "(both need a deadline), on-demand, spot-only; None: resources.spot, fixed at launch",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections_are_defaults(cls, data: Any) -> Any:
+        """`resources:` with nothing after it (YAML null) means the defaults."""
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _SECTIONS):
+            return {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError(
+                f"invalid name {_show(value)}: use 1-63 lowercase letters, digits and '-', "
+                "starting with a letter (e.g. cifar-ddp)"
+            )
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_ok(cls, value: str) -> str:
+        return _check_path_text(value)
+
+    @field_validator("run")
+    @classmethod
+    def _run_ok(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty: give the training command")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _setup_ok(cls, value: str | None) -> str | None:
+        return value if value is not None and value.strip() else None
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_ok(cls, value: str) -> str:
+        if not _PROVIDER_RE.fullmatch(value) or value not in PROVIDER_NAMES:
+            raise ValueError(
+                f"unknown provider {_show(value)}: choose one of {', '.join(PROVIDER_NAMES)}"
+            )
+        return value
+
+    @field_validator("spot_policy")
+    @classmethod
+    def _policy_has_deadline(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value in _DEADLINE_POLICIES and info.data.get("deadline") is None:
+            if "deadline" not in info.data:
+                return value  # the deadline itself is invalid and reported on its own
+            raise ValueError(
+                f"spot_policy {value} needs a deadline: add deadline: 36h (after submit) "
+                "or deadline: 2025-07-01T18:00:00Z"
+            )
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _distinct_destinations(cls, value: list[DataMount]) -> list[DataMount]:
+        home = PurePosixPath("/home")
+        first: dict[PurePosixPath, int] = {}
+        for i, mount in enumerate(value):
+            dst = mount.node_path(home)
+            if dst in first:
+                raise ValueError(f"data[{first[dst]}] and data[{i}] have the same dst {mount.dst}")
+            first[dst] = i
+        return value
+
+    def deadline_at(self, submitted_at: datetime) -> datetime | None:
+        """The deadline as a UTC time, for a job submitted at `submitted_at` (aware)."""
+        if self.deadline is None:
+            return None
+        if isinstance(self.deadline, datetime):
+            return self.deadline
+        return submitted_at.astimezone(UTC) + timedelta(seconds=self.deadline)
+
+    def public_document(self) -> dict[str, Any]:
+        """The spec as JSON data for places other people or programs read (the ledger, the
+        job record, dry-run output): `env` values may be tokens, so each is replaced by
+        `ENV_HIDDEN`; the names stay. `model_dump` still holds the values."""
+        document = self.model_dump(mode="json")
+        document["env"] = dict.fromkeys(document["env"], ENV_HIDDEN)
+        return document
+
+    def workdir_path(self, base_dir: Path) -> Path:
+        """The absolute local workdir, given the spec file's directory (`~` expanded)."""
+        return _local_path(self.workdir, base_dir)
+
+    def data_source_paths(self, base_dir: Path) -> list[Path]:
+        """The absolute local `src` of each `data` entry, in order."""
+        return [mount.source_path(base_dir) for mount in self.data]
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A job spec read from a file, with its local paths resolved and checked."""
+
+    spec: JobSpec  # the validated spec (overrides applied)
+    source: Path  # absolute path of the YAML file
+    base_dir: Path  # the YAML file's directory; relative local paths resolve against it
+    workdir: Path  # absolute local workdir (exists and is a directory)
+    data_sources: list[Path]  # absolute local path of each spec.data[i].src (each exists)
+
+
+# --------------------------------------------------------------------------------------------
+# Showing values in messages
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return _show(value)
+
+
+def _show(value: object) -> str:
+    """A short one-line rendering of a YAML value for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return _kind(value)
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _one_line(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else text
+    return first.removeprefix("Value error, ")

@@ -1,0 +1,130 @@
+"""Sweep the simulator over deadline slack: every policy, job length and slack on each trace.
+
+A cell of the sweep is (trace, job length, slack, policy): the job is simulated from `starts`
+submit times spread evenly over the trace (the same ones for every cell of a trace), and the
+cell keeps the mean cost and how many runs met the deadline. Slack is the deadline's margin
+over the job: a 10 h job with 30 % slack must be done 13 h after it is submitted. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from orchestrator.errors import TraceError
+from orchestrator.providers.traces import SpotTrace
+from orchestrator.spot.policies import get_policy
+from orchestrator.spot.simulate import Prices, Scenario, simulate
+
+__all__ = ["DEFAULT_STARTS", "SLACKS_PCT", "SweepCell", "mean_costs", "start_ticks", "sweep"]
+
+SLACKS_PCT: tuple[int, ...] = tuple(range(10, 101, 10))
+"""Deadline slack swept by default, in percent of the job's length: 10 % to 100 %."""
+
+DEFAULT_STARTS = 16
+"""Submit times per trace: enough to average over the trace's good and bad stretches."""
+
+
+@dataclass(frozen=True)
+class SweepCell:
+    """One policy on one (trace, job length, slack), over all the trace's start times."""
+
+    trace: str
+    spot_fraction: float  # share of the trace's ticks with spot for the job's nodes
+    job_hours: float
+    slack_pct: int
+    policy: str
+    runs: int
+    mean_cost: Decimal  # USD
+    max_cost: Decimal  # USD, the most expensive run
+    met: int  # runs that finished by the deadline
+
+    @property
+    def deadline_hours(self) -> float:
+        return self.job_hours * (1 + self.slack_pct / 100)
+
+
+def start_ticks(trace: SpotTrace, window_s: float, count: int) -> list[int]:
+    """`count` submit ticks spread evenly over the trace, each leaving `window_s` of trace
+    after it. TraceError when the trace is shorter than the window."""
+    room = len(trace) - math.ceil(window_s / trace.gap_s)
+    if room < 0:
+        raise TraceError(
+            f"{trace.name} covers {trace.duration_s / 3600:.1f} h, less than the longest "
+            f"deadline swept ({window_s / 3600:.1f} h)",
+            hint="use a longer trace, shorter jobs or less slack",
+        )
+    if count <= 1:
+        return [0]
+    return sorted({round(i * room / (count - 1)) for i in range(count)})
+
+
+def sweep(
+    traces: Iterable[SpotTrace],
+    *,
+    job_hours: Sequence[float],
+    policies: Sequence[str],
+    overhead_s: float,
+    prices: Prices,
+    slacks_pct: Sequence[int] = SLACKS_PCT,
+    starts: int = DEFAULT_STARTS,
+    nodes: int = 1,
+) -> list[SweepCell]:
+    """Simulate every (trace, job length, slack, policy); cells in that order."""
+    chosen = [get_policy(name) for name in policies]
+    cells: list[SweepCell] = []
+    for trace in traces:
+        window = max(job_hours) * 3600 * (1 + max(slacks_pct) / 100)
+        ticks = start_ticks(trace, window, starts)
+        fraction = trace.spot_fraction(nodes)
+        for hours in job_hours:
+            for slack in slacks_pct:
+                for policy in chosen:
+                    results = [
+                        simulate(
+                            trace,
+                            policy,
+                            Scenario(
+                                job_s=hours * 3600,
+                                deadline_s=hours * 3600 * (1 + slack / 100),
+                                overhead_s=overhead_s,
+                                prices=prices,
+                                nodes=nodes,
+                                start_tick=tick,
+                            ),
+                        )
+                        for tick in ticks
+                    ]
+                    costs = [result.cost for result in results]
+                    cells.append(
+                        SweepCell(
+                            trace=trace.name,
+                            spot_fraction=fraction,
+                            job_hours=hours,
+                            slack_pct=slack,
+                            policy=policy.name,
+                            runs=len(results),
+                            mean_cost=(sum(costs, Decimal(0)) / len(costs)).quantize(
+                                Decimal("0.0001")
+                            ),
+                            max_cost=max(costs),
+                            met=sum(result.met_deadline for result in results),
+                        )
+                    )
+    return cells
+
+
+def mean_costs(cells: Iterable[SweepCell]) -> dict[str, dict[str, Decimal]]:
+    """trace -> policy -> mean cost over all the trace's cells (every job length and slack)."""
+    sums: dict[str, dict[str, list[Decimal]]] = {}
+    for cell in cells:
+        sums.setdefault(cell.trace, {}).setdefault(cell.policy, []).append(cell.mean_cost)
+    return {
+        trace: {
+            policy: (sum(values, Decimal(0)) / len(values)).quantize(Decimal("0.0001"))
+            for policy, values in by_policy.items()
+        }
+        for trace, by_policy in sums.items()
+    }
