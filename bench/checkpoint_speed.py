@@ -46,7 +46,7 @@ from orchestrator.node.checkpoint_agent import new_digest  # noqa: E402
 from orchestrator.node.checkpoint_protocol import AgentLayout  # noqa: E402
 from orchestrator.remote.sync import ssh_transport_argv  # noqa: E402
 from orchestrator.spec.model import CheckpointSpec  # noqa: E402
-from tests.checkpoint_nodes import KeeperNodes, end_run, keeper_nodes  # noqa: E402
+from tests.support.checkpoint_nodes import KeeperNodes, end_run, keeper_nodes  # noqa: E402
 
 MB = 1024 * 1024
 

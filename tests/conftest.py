@@ -1,13 +1,43 @@
-"""Settings every test shares.
+"""What every test shares: settings, and the ledger, environment and home fixtures.
 
 Hypothesis: no per-example deadline. The machines that run the suite are shared and loaded; a
-property either holds or not, and how long one example took says nothing about that."""
+property either holds or not, and how long one example took says nothing about that.
+
+Running `orch`, waiting and leak checks are plain functions in `tests/support/`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+from orchestrator.ledger.store import Ledger, make_engine
+from tests.support.helpers import fast_env
 
 settings.register_profile(
     "orch", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("orch")
+
+
+@pytest.fixture
+def orch_home(tmp_path: Path) -> Path:
+    """A fresh ORCH_HOME for one test (created by orch itself on first use)."""
+    return tmp_path / "orch"
+
+
+@pytest.fixture
+def orch_environment(orch_home: Path) -> dict[str, str]:
+    """The environment of an `orch` process of this test: its own ORCH_HOME, nothing of the
+    caller's ORCH_* variables, and the controller's checks at test speed."""
+    return fast_env(orch_home)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    """A real SQLite ledger in the test's directory, disposed of afterwards."""
+    engine = make_engine(tmp_path / "orch.db")
+    yield Ledger(engine)
+    engine.dispose()

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.providers.local.provider import LocalProvider
-from tests.sandbox_run import SandboxProcess
+from tests.support.sandbox_run import SandboxProcess
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import orch_env, processes_with_marker, run_orch
+from tests.support.helpers import orch_env, processes_with_marker, run_orch
 
 GOOD = "name: ok\nworkdir: work\nrun: python train.py\nresources: {nodes: 1, gpus_per_node: 1}\n"
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.helpers import (
     REPO,
     assert_nothing_left,
     detach,
     events,
+    fast_env,
     job_json,
-    orch_env,
     preempt,
     wait_for,
     wait_for_state,
@@ -35,7 +35,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 
 def env_for(home: Path) -> dict[str, str]:
-    return orch_env(home, ORCH_WATCH_INTERVAL="1", ORCH_LOCAL_PRICE_PER_HOUR="0.90")
+    return fast_env(home, ORCH_LOCAL_PRICE_PER_HOUR="0.90")
 
 
 def json_lines(log: Path) -> list[dict]:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.helpers import (
     assert_nothing_left,
+    fast_env,
     job_json,
     orch_env,
     run_orch,
@@ -36,10 +37,6 @@ def write_job(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text("workdir: work\nresources: {nodes: 2, gpus_per_node: 1}\n" + body)
     return path
-
-
-def fast_env(home: Path, **extra: str) -> dict[str, str]:
-    return orch_env(home, ORCH_WATCH_INTERVAL="1", ORCH_BUDGET_INTERVAL="2", **extra)
 
 
 def detach(spec: Path, env: dict[str, str]) -> str:

@@ -1,8 +1,8 @@
 """Crash safety on the local provider: the controller is killed with SIGKILL in every phase of a
-job, and the next orch command leaves nothing behind (see `tests.crash_trials` for the checks).
+job, and the next orch command leaves nothing behind (`tests.support.crash_trials` checks it).
 
 `make test` runs a kill while recovering and one while tearing down; `make soak` runs one
-kill per phase, and twenty (`python -m tests.crash_trials`
+kill per phase, and twenty (`python -m tests.support.crash_trials`
 runs any number outside pytest).
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash_trials import PHASES, plan_trials, run_trials, table
+from tests.support.crash_trials import PHASES, plan_trials, run_trials, table
 
 pytestmark = pytest.mark.e2e
 

@@ -42,7 +42,14 @@ from orchestrator.spot.inputs import DriverState, Work, restart_durations
 from orchestrator.spot.policies import Decision, Running, get_policy
 from orchestrator.spot.restart_overhead import estimate_restart_overhead
 from orchestrator.spot.simulate import Prices, Scenario, simulate
-from tests.helpers import Background, assert_nothing_left, orch_env, run_orch, wait_for_state
+from tests.support.helpers import (
+    Background,
+    assert_nothing_left,
+    orch_env,
+    run_orch,
+    wait_for_state,
+)
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -204,13 +211,6 @@ class LiveTrace:
             time_scale=SCALE, now=self.clock.started_at,
         )  # fmt: skip
         return tick
-
-
-def wait_until(check, what: str, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def still_running(ledger: Ledger, job_id: str) -> Job:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import REPO, blocks, covered_by
+from tests.support.doc_blocks import REPO, blocks, covered_by
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import REPO, blocks, covered_by, run_commands
-from tests.helpers import assert_nothing_left, job_json, orch_env, run_orch
+from tests.support.doc_blocks import REPO, blocks, covered_by, run_commands
+from tests.support.helpers import assert_nothing_left, job_json, orch_env, run_orch
 
 pytestmark = pytest.mark.e2e
 

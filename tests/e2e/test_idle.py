@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.helpers import (
     REPO,
     assert_nothing_left,
     job_json,

@@ -19,8 +19,9 @@ import pytest
 from orchestrator.config import load_settings
 from orchestrator.ledger.store import JobState, Ledger, make_engine, utcnow
 from orchestrator.providers.local.net import host_veth_name
-from tests.helpers import REPO, assert_nothing_left, job_json, orch_env, run_orch
-from tests.leak_checks import host_leaks, lease_problems, ledger_problems
+from tests.support.helpers import REPO, assert_nothing_left, job_json, orch_env, run_orch
+from tests.support.leak_checks import host_leaks, lease_problems, ledger_problems
+from tests.support.waiting import wait_for_job
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +61,7 @@ def start(
 
 
 def wait_ledger(ledger: Ledger, job_id: str, predicate, what: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while True:
-        job = ledger.get_job(job_id)
-        if predicate(job):
-            return job
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
-        time.sleep(0.1)
+    return wait_for_job(ledger, job_id, predicate, what, timeout)
 
 
 def training(ledger: Ledger, job_id: str) -> str:

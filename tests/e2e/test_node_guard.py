@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger.store import Ledger, lease_cost, make_engine
-from tests.helpers import network_namespaces, orch_env, processes_with_marker, run_orch
+from tests.support.helpers import network_namespaces, orch_env, processes_with_marker, run_orch
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ from PIL import Image
 from orchestrator.config import Settings
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.local.provider import LocalProvider
-from tests.helpers import REPO, Background, job_json, orch_env, run_orch, wait_for_state
+from tests.support.helpers import REPO, Background, job_json, orch_env, run_orch, wait_for_state
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,14 @@ import pytest
 
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.sandbox.client import SandboxClient
-from tests.helpers import job_json, orch_env, processes_with_marker, run_orch, submitted_job_id
-from tests.sandbox_run import SandboxProcess, aws_env, bridge_exists, sandbox_namespaces
+from tests.support.helpers import (
+    job_json,
+    orch_env,
+    processes_with_marker,
+    run_orch,
+    submitted_job_id,
+)
+from tests.support.sandbox_run import SandboxProcess, aws_env, bridge_exists, sandbox_namespaces
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +109,7 @@ def test_sigterm_ends_hosts_that_are_still_running(tmp_path: Path, sandbox: Sand
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = submitted_job_id(result.stdout + result.stderr)
-    from tests.helpers import wait_for_state
+    from tests.support.helpers import wait_for_state
 
     wait_for_state(job_id, env, {"RUNNING"}, timeout=180)
     hosts = SandboxClient(sandbox.endpoint).status()["hosts"]

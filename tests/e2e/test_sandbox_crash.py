@@ -1,5 +1,5 @@
 """Crash safety of `--provider aws` on `orch sandbox aws`: seeded `kill -9` trials of a detached
-job's controller, each followed by `orch reconcile` (see tests/sandbox_crash_trials.py for what
+job's controller, each followed by `orch reconcile` (tests/support/sandbox_crash_trials.py says what
 a trial does and checks). The regular suite runs one trial; `make soak` runs ten, one pair
 per phase, and prints the trial table of each run."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox_crash_trials import PHASES, plan_trials, run_trials, table
+from tests.support.sandbox_crash_trials import PHASES, plan_trials, run_trials, table
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger.store import Ledger, make_engine
-from tests.helpers import orch_env, run_orch
-from tests.sandbox_run import SandboxProcess, aws_env
+from tests.support.helpers import orch_env, run_orch
+from tests.support.sandbox_run import SandboxProcess, aws_env
 
 pytestmark = pytest.mark.e2e
 

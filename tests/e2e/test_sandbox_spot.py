@@ -8,7 +8,6 @@ sandbox's endpoint on the hosts' bridge, and the replacements download from it."
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -18,8 +17,9 @@ import pytest
 
 from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.sandbox.client import SandboxClient
-from tests.helpers import REPO, job_json, orch_env, processes_with_marker, run_orch
-from tests.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.helpers import REPO, job_json, orch_env, processes_with_marker, run_orch
+from tests.support.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.waiting import wait_for_job
 
 pytestmark = pytest.mark.e2e
 
@@ -69,15 +69,7 @@ def demo_job(tmp_path: Path) -> Path:
 
 
 def wait_job(ledger: Ledger, job_id: str, predicate, what: str, timeout: float) -> Job:
-    """Poll the ledger (no orch command in between: each would take a second or two)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = ledger.get_job(job_id)
-        if predicate(job):
-            return job
-        assert job.state not in ("FAILED", "CANCELLED"), f"{job_id} ended while {what}: {job}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
-        time.sleep(0.1)
+    return wait_for_job(ledger, job_id, predicate, what, timeout, stop_at=("FAILED", "CANCELLED"))
 
 
 def events(job: dict, kind: str) -> list[dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import (
+from tests.support.helpers import (
     job_json,
     orch_env,
     processes_with_marker,

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import assert_nothing_left, job_json, orch_env, run_orch, submitted_job_id
+from tests.support.helpers import (
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    run_orch,
+    submitted_job_id,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -20,15 +20,15 @@ import pytest
 from orchestrator.config import load_settings
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.local.provider import LocalProvider
-from tests.helpers import (
+from tests.support.helpers import (
     REPO,
     assert_nothing_left,
     counter_run,
     counter_workdir,
     detach,
     events,
+    fast_env,
     job_json,
-    orch_env,
     preempt,
     run_orch,
     wait_for,
@@ -74,13 +74,7 @@ def counter_job(tmp_path: Path, *, name: str, extra: str = "", steps: int = TARG
 
 
 def spot_env(home: Path, **extra: str) -> dict[str, str]:
-    return orch_env(
-        home,
-        ORCH_WATCH_INTERVAL="1",
-        ORCH_NOTICE_POLL_INTERVAL="1",
-        ORCH_LOCAL_PRICE_PER_HOUR="0.90",
-        **extra,
-    )
+    return fast_env(home, ORCH_LOCAL_PRICE_PER_HOUR="0.90", **extra)
 
 
 def assert_spend_is_leases(job: dict) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.helpers import (
     Background,
     assert_nothing_left,
     job_json,

@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 
 from orchestrator.ledger.store import Ledger, make_engine
-from tests.helpers import orch_env, run_orch
+from tests.support.helpers import orch_env, run_orch
 
 
 def test_catalog_lists_types_and_prices(tmp_path: Path) -> None:

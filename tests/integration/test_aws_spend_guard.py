@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.helpers import ORCH, REPO, orch_env, run_orch
+from tests.support.helpers import ORCH, REPO, orch_env, run_orch
 
 SPEC = (
     "name: guard\nworkdir: work\nrun: python train.py\n"

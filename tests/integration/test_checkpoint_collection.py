@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.cluster.checkpoints.collector import CheckpointCollector
 from orchestrator.cluster.checkpoints.keeper import KeeperOptions
-from tests.checkpoint_nodes import collect_until, end_run, keeper_nodes
+from tests.support.checkpoint_nodes import collect_until, end_run, keeper_nodes
 
 IN_PLACE_WRITER = r"""
 import hashlib, os, sys, time

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from orchestrator.remote.sync import push_argv, run_rsync
-from tests.checkpoint_nodes import end_run, keeper_nodes
+from tests.support.checkpoint_nodes import end_run, keeper_nodes
 
 JOB = "paths-1"
 HOSTILE = "we ird $x;`id`\n\"q'\tt ü"

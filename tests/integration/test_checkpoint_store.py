@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.config import LocalSettings, Settings, StoreSettings
 from orchestrator.spec.model import CheckpointSpec
-from tests.checkpoint_nodes import collect_until, end_run, keeper_nodes
+from tests.support.checkpoint_nodes import collect_until, end_run, keeper_nodes
 
 BUCKET = "orch-ckpt"
 

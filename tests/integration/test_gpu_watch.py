@@ -20,7 +20,8 @@ from orchestrator.cluster.gpu_watch import CpuWatcher, GpuWatcher
 from orchestrator.node.gpu import IdlePolicy, NodeGpuState, node_busy
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.remote.ssh import NodeConnection
-from tests.helpers import loopback_cluster, processes_with_marker
+from tests.support.helpers import loopback_cluster, processes_with_marker
+from tests.support.waiting import wait_until
 
 STAND_IN = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia_smi_replay.py"
 INTERVAL = 1
@@ -55,14 +56,7 @@ def write_trace(connection: NodeConnection, trace: dict | None) -> None:
 
 
 def wait_for(what: Callable[[], T], timeout: float, message: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = what()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} within {timeout} s; last: {value!r}")
-        time.sleep(0.1)
+    return wait_until(what, message, timeout, interval=0.1)
 
 
 def utils(state: NodeGpuState) -> list[float | None]:

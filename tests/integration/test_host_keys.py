@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import push_argv, run_rsync
-from tests.helpers import loopback_cluster
+from tests.support.helpers import loopback_cluster
 
 
 def _swap_host_key(node_dir: Path) -> None:

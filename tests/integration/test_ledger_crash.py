@@ -1,6 +1,6 @@
 """The ledger survives a writer killed mid-transaction, and readers never meet a lock error.
 
-A process writes the ledger the way a controller does (tests/ledger_load.py), as fast as it
+A process writes the ledger the way a controller does (tests/support/ledger_load.py), as fast as it
 can, and is killed with SIGKILL at random moments, over and over on the same file: after each
 kill the ledger passes `check_ledger`, every job is whole (its two leases and its launch event
 were one transaction) and every round the writer reported done is in it. Then many readers,
@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from orchestrator.ledger.check import check_ledger
-from tests.helpers import REPO, orch_env, run_orch
+from tests.support.helpers import REPO, orch_env, run_orch
 
 KILLS = 8
 
 
 def _load(mode: str, path: Path, seconds: float) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.ledger_load", mode, str(path), str(seconds)],
+        [sys.executable, "-m", "tests.support.ledger_load", mode, str(path), str(seconds)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip

@@ -14,7 +14,6 @@ import secrets
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -30,6 +29,7 @@ from orchestrator.providers.base import Instance, LaunchRequest, Provider
 from orchestrator.providers.local import net as local_net
 from orchestrator.providers.local.host import pid_runs, pids_with_marker
 from orchestrator.providers.local.provider import LocalProvider
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -121,12 +121,10 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Poll `condition` until it holds or `timeout` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    try:
+        return wait_until(condition, "the condition", timeout, interval=0.05)
+    except AssertionError:
+        return False
 
 
 def namespaces() -> str:

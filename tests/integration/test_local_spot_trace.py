@@ -15,9 +15,9 @@ from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.local.spot import follow_trace, read_capacity
 from orchestrator.providers.traces import SpotTrace
 from orchestrator.remote.keys import ensure_identity
-from tests.helpers import Background, orch_env, run_orch
 from tests.integration.test_local_provider import make_settings, providers
 from tests.integration.test_local_spot import loopback_provider, spot_request
+from tests.support.helpers import Background, orch_env, run_orch
 
 __all__ = ["providers"]  # the fixture, imported for pytest
 

@@ -19,7 +19,7 @@ from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.spec.loading import load_job
-from tests.helpers import orch_env, run_orch
+from tests.support.helpers import orch_env, run_orch
 
 PART = 6000  # bytes of node log printed between two ticks
 

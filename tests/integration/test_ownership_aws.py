@@ -23,7 +23,7 @@ from orchestrator.providers.aws.launch import new_host_key
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.spec.loading import load_job
-from tests.helpers import orch_env, run_orch
+from tests.support.helpers import orch_env, run_orch
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.errors import NodeUnreachable
 from orchestrator.remote.sync import run_rsync
-from tests.checkpoint_nodes import end_run, keeper_nodes
+from tests.support.checkpoint_nodes import end_run, keeper_nodes
 
 HANGING_SSH = """#!/bin/sh
 # Stands in for ssh to a host that stopped answering: connected, then nothing, for long.

@@ -14,7 +14,7 @@ from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
-from tests.helpers import loopback_cluster
+from tests.support.helpers import loopback_cluster
 
 
 @pytest.fixture(scope="module")

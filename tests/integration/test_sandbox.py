@@ -25,8 +25,9 @@ from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.sandbox.client import SandboxClient
-from tests.helpers import Background, orch_env, processes_with_marker, run_orch
-from tests.sandbox_run import SandboxProcess, aws_env, in_host, sandbox_namespaces
+from tests.support.helpers import Background, orch_env, processes_with_marker, run_orch
+from tests.support.sandbox_run import SandboxProcess, aws_env, in_host, sandbox_namespaces
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -97,14 +98,6 @@ def launch(
 def describe(sandbox: SandboxProcess, instance_id: str) -> dict:
     reply = sandbox.ec2().describe_instances(InstanceIds=[instance_id])
     return reply["Reservations"][0]["Instances"][0]
-
-
-def wait_until(check: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def host_gone(sandbox: SandboxProcess, instance_id: str) -> bool:

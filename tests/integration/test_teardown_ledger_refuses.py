@@ -29,7 +29,7 @@ from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.spec.loading import load_job
-from tests.helpers import processes_with_marker
+from tests.support.helpers import processes_with_marker
 
 
 def quick_ledger(path: Path) -> Ledger:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.ledger.store import Job, Ledger, make_engine
+from orchestrator.ledger.store import Job, Ledger
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.spec.model import JobSpec
@@ -28,11 +28,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(make_engine(tmp_path / "orch.db"))
 
 
 @pytest.fixture

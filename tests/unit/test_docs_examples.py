@@ -1,4 +1,4 @@
-"""Every example of the user docs is run (see tests/doc_blocks.py for how a page marks them).
+"""Every example of the user docs is run (tests/support/doc_blocks.py: how a page marks them).
 
 - `job` examples are loaded with the real spec loader and passed through
   `orch submit NAME --dry-run --json`;
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.doc_blocks import (
+from tests.support.doc_blocks import (
     KINDS,
     REPO,
     Block,
@@ -37,7 +37,7 @@ from tests.doc_blocks import (
     run_commands,
     unmarked_indented_commands,
 )
-from tests.helpers import orch_env, run_orch
+from tests.support.helpers import orch_env, run_orch
 
 PAGES = doc_pages()
 
@@ -250,7 +250,7 @@ def test_a_wrong_exit_code_or_output_is_caught(
         "<!-- example: run -->\n```console\n$ orch status no-such-job\nerror: nothing\n```\n"
         "```yaml\nname: unmarked\n```\n\n    orch status\n"
     )
-    monkeypatch.setattr("tests.doc_blocks.REPO", tmp_path)
+    monkeypatch.setattr("tests.support.doc_blocks.REPO", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     problems = Page(page, tmp_path, monkeypatch).check()
     assert any("exit code 2, documented 0" in p for p in problems), problems

@@ -22,7 +22,7 @@ from orchestrator.cli.reference import (
     stale_sections,
 )
 from orchestrator.spec.model import JobSpec
-from tests.doc_blocks import REPO, blocks
+from tests.support.doc_blocks import REPO, blocks
 
 # --- generated sections ------------------------------------------------------------------
 

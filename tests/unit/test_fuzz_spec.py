@@ -283,7 +283,7 @@ def test_a_thousand_problems_are_listed_up_to_a_limit(project_dir: Path) -> None
     path.write_text("name: x\nworkdir: .\nrun: go\n" + "".join(f"k{i}: 1\n" for i in range(1000)))
     started = time.monotonic()
     message = _error(path)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a blow-up bound, not a speed target
     assert "(1000 problems)" in message.splitlines()[0]
     assert len(message.splitlines()) == 1 + MAX_SHOWN_PROBLEMS + 1
     assert message.endswith(f"... and {1000 - MAX_SHOWN_PROBLEMS} more")
@@ -304,7 +304,7 @@ def test_deep_or_huge_yaml_is_refused_quickly(project_dir: Path, body: str) -> N
     path.write_text("name: x\nworkdir: .\nrun: go\n" + body)
     started = time.monotonic()
     message = _error(path)
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 60  # as above: a blow-up, not a speed target
     assert "nested deeper" in message or "too deeply" in message or "invalid YAML" in message
 
 

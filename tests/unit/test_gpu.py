@@ -132,7 +132,10 @@ def test_parse_line_never_raises_on_any_text(line: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary())
 def test_parse_line_never_raises_on_decoded_bytes(raw: bytes) -> None:
-    parse_line(raw.decode("utf-8", errors="replace"))
+    got = parse_line(raw.decode("utf-8", errors="replace"))
+    assert got.ok == (got.util_pct is not None)
+    if got.util_pct is not None:
+        assert 0.0 <= got.util_pct <= 100.0
 
 
 @settings(max_examples=300, deadline=None)
@@ -274,8 +277,12 @@ def test_parse_cpu_ticks() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parse_cpu_ticks_never_raises(text: str) -> None:
-    parse_cpu_ticks(text)
-    parse_cpu_ticks(f"{CPU_MARK} {text}")
+    for output in (text, f"{CPU_MARK} {text}"):
+        got = parse_cpu_ticks(output)
+        assert got is None or isinstance(got, CpuReading)
+        if got is not None:  # what it reads back is a sane reading, or nothing
+            assert got.ticks >= 0 and got.clk_tck > 0 and got.processes >= 0
+            assert got.uptime_s == got.uptime_s  # not NaN
 
 
 def test_cpu_percent_is_percent_of_one_core() -> None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from orchestrator.providers.local.state import NodeRecord, NodeStore
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # A launcher that makes a node directory under `making()` and is killed before the record.
 LAUNCHER = """
@@ -62,4 +62,4 @@ def test_launches_side_by_side_do_not_wait_for_each_other(tmp_path: Path) -> Non
     started = time.monotonic()
     with store.making(), store.making():
         assert store.reap_unrecorded() == []
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10.0  # a wait would hang: no speed target

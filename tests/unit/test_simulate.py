@@ -25,7 +25,7 @@ from orchestrator.spot.policies import (
 )
 from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
 from orchestrator.spot.sweep import SLACKS_PCT, SweepCell, mean_costs, start_ticks, sweep
-from tests.helpers import orch_env, run_orch
+from tests.support.helpers import orch_env, run_orch
 from tests.unit.trace_files import shared_trace_paths
 
 PRICES = Prices.from_ratio()  # 3.06 on-demand, 1.02 spot

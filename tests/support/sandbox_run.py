@@ -10,7 +10,7 @@ from typing import Any
 
 import boto3
 
-from tests.helpers import Background, network_namespaces, orch_env
+from tests.support.helpers import Background, network_namespaces, orch_env
 
 READY_RE = re.compile(r"sandbox ready: (http://127\.0\.0\.1:\d+)")
 REGION = "us-east-1"

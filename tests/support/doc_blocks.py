@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 OWN_DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 """The pages whose every example carries a marker (spot-deadlines.md and the generated

@@ -1,7 +1,7 @@
 """Load on the ledger from another process: a writer that works like a controller, a reader.
 
-    python -m tests.ledger_load write DB_PATH SECONDS
-    python -m tests.ledger_load read DB_PATH SECONDS
+    python -m tests.support.ledger_load write DB_PATH SECONDS
+    python -m tests.support.ledger_load read DB_PATH SECONDS
 
 The writer, as fast as it can: each round is one job's life in the order the controller writes
 it (intent first): the job, its two leases and an event in ONE transaction; then events, GPU

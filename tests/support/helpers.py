@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 STEP_COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"
 
@@ -39,10 +41,25 @@ def counter_run(
 
 
 def orch_env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without its ORCH_* variables, with ORCH_HOME=`home`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     env.update({"ORCH_HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "160"})
     env.update(extra)
     return env
+
+
+# The controller's periodic checks at test speed: the run watch and the notice poll each
+# second, the budget every two.
+FAST_CHECKS = {
+    "ORCH_WATCH_INTERVAL": "1",
+    "ORCH_NOTICE_POLL_INTERVAL": "1",
+    "ORCH_BUDGET_INTERVAL": "2",
+}
+
+
+def fast_env(home: Path, **extra: str) -> dict[str, str]:
+    """`orch_env` with the controller's checks at test speed (`FAST_CHECKS`), then `extra`."""
+    return orch_env(home, **{**FAST_CHECKS, **extra})
 
 
 def run_orch(
@@ -125,14 +142,9 @@ def wait_for_state(
     job_id: str, env: dict[str, str], states: set[str], timeout: float = 180
 ) -> dict:
     """Poll the job (in-process) until it is in one of `states`; returns `orch status --json`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_view(job_id, env)
-        if job["state"] in states:
-            return job_json(job_id, env)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{job_id} stayed {job['state']}, wanted {states}")
-        time.sleep(0.5)
+    wait_until(lambda: job_view(job_id, env)["state"] in states, f"{job_id} in {states}", timeout,
+               interval=0.5)  # fmt: skip
+    return job_json(job_id, env)
 
 
 def detach(spec: Path, env: dict[str, str]) -> str:
@@ -142,14 +154,14 @@ def detach(spec: Path, env: dict[str, str]) -> str:
 
 
 def wait_for(job_id: str, env: dict[str, str], predicate, what: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The job's document (in-process) once `predicate` holds; fails if the job ends first."""
+
+    def ready() -> dict | None:
         job = job_view(job_id, env)
-        if predicate(job):
-            return job
         assert job["state"] not in ("FAILED", "SUCCEEDED"), f"{job_id} ended while {what}: {job}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {job}"
-        time.sleep(0.3)
+        return job if predicate(job) else None
+
+    return wait_until(ready, what, timeout, interval=0.3)
 
 
 def preempt(job_id: str, env: dict[str, str], node: int, notice: float) -> dict:

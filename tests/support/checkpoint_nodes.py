@@ -23,7 +23,7 @@ from orchestrator.errors import UnknownJob
 from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.node import launch
 from orchestrator.spec.model import CheckpointSpec
-from tests.helpers import loopback_cluster
+from tests.support.helpers import loopback_cluster
 
 CHECKPOINT_DIR = "ckpt"  # home-relative on every node
 

@@ -1,7 +1,8 @@
 """Crash trials on `orch sandbox aws`: `kill -9` the controller of a detached `--provider aws`
 job at seeded random moments, then `orch reconcile`, and check that nothing leaks.
 
-    python -m tests.sandbox_crash_trials --trials 10 [--seed 11] [--phase running] [--keep DIR]
+    python -m tests.support.sandbox_crash_trials --trials 10 [--seed 11] [--phase running]
+        [--keep DIR]
 
 One sandbox serves every trial; each trial has an ORCH_HOME and an `aws.owner` of its own. A
 trial submits a detached spot job (2 nodes, torchrun running `tests/fixtures/step_counter.py`)
@@ -58,16 +59,17 @@ from orchestrator.providers.aws.launch import (
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.offers import Offer
 from orchestrator.sandbox.client import SandboxClient
-from tests.helpers import (
+from tests.support.helpers import (
     ORCH,
     REPO,
     counter_run,
     counter_workdir,
-    orch_env,
+    fast_env,
     processes_with_marker,
     run_orch,
 )
-from tests.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.waiting import wait_for_job
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
 # Upper bound of the kill moment, seconds into the phase (each lasts at least that long here).
@@ -184,29 +186,17 @@ def write_job(directory: Path, stop_s: float = 0.0) -> Path:
 
 
 def trial_env(home: Path, endpoint: str) -> dict[str, str]:
-    return orch_env(
-        home,
-        **aws_env(endpoint),
-        ORCH_WATCH_INTERVAL="1",
-        ORCH_NOTICE_POLL_INTERVAL="1",
-        ORCH_BUDGET_INTERVAL="2",
-    )
+    return fast_env(home, **aws_env(endpoint))
 
 
 def wait_job(
     ledger: Ledger, job_id: str, predicate: Callable[[Job], bool], what: str, timeout: float
 ) -> Job:
     """Poll the ledger (every 20 ms) until `predicate` holds; TrialFailed on a final state."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = ledger.get_job(job_id)
-        if predicate(job):
-            return job
-        if JobState(job.state).is_final:
-            raise TrialFailed(f"job ended {job.state} while waiting for {what}: {job.reason}")
-        if time.monotonic() > deadline:
-            raise TrialFailed(f"job stayed {job.state} while waiting for {what}")
-        time.sleep(0.02)
+    final = [state.value for state in JobState if state.is_final]
+    return wait_for_job(
+        ledger, job_id, predicate, what, timeout, interval=0.02, stop_at=final, fail=TrialFailed
+    )
 
 
 def _training(job: Job) -> bool:
@@ -506,7 +496,7 @@ def run_trials(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.sandbox_crash_trials",
+        prog="python -m tests.support.sandbox_crash_trials",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

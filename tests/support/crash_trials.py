@@ -1,7 +1,7 @@
 """Crash trials: `kill -9` a job's controller at seeded random moments across the job's phases,
 then check that the next orch command puts everything right.
 
-    python -m tests.crash_trials --trials 20 [--seed 8] [--phase running] [--keep DIR]
+    python -m tests.support.crash_trials --trials 20 [--seed 8] [--phase running] [--keep DIR]
 
 Each trial submits a detached job (the step counter under torchrun, spot, 2 nodes) under an
 ORCH_HOME of its own and waits for the trial's phase: provisioning, sync, running, recovery
@@ -13,7 +13,7 @@ SIGKILLs the controller (pid from `jobs/<id>/controller.pid`), runs `orch status
 `orch reconcile` (both revive the controller), lets the job finish and checks:
 
 - nothing of the job's nodes is left: no process, network namespace, veth or node record, and
-  no bridge without nodes (`tests.leak_checks.host_leaks`);
+  no bridge without nodes (`tests.support.leak_checks.host_leaks`);
 - every lease is closed or belongs to a live job whose controller holds its lock (right after
   the revive and at the end), no launch was duplicated (never two leases of one rank at once,
   never more than the job's nodes) and every node that was billed has a lease
@@ -45,14 +45,22 @@ from orchestrator.config import Settings, load_settings
 from orchestrator.control.supervision import controller_running
 from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
 from orchestrator.providers.local.provider import LocalProvider
-from tests.helpers import ORCH, REPO, counter_run, counter_workdir, orch_env, run_orch
-from tests.leak_checks import (
+from tests.support.helpers import (
+    ORCH,
+    REPO,
+    counter_run,
+    counter_workdir,
+    fast_env,
+    run_orch,
+)
+from tests.support.leak_checks import (
     NodeSightings,
     controller_processes,
     host_leaks,
     lease_problems,
     ledger_problems,
 )
+from tests.support.waiting import wait_for_job
 
 PHASES = ("provisioning", "sync", "running", "recovery", "teardown")
 PHASE_STATE = {
@@ -156,9 +164,7 @@ def write_job(directory: Path, stop_s: float = 0.0) -> Path:
 
 
 def trial_env(home: Path) -> dict[str, str]:
-    return orch_env(
-        home, ORCH_WATCH_INTERVAL="1", ORCH_NOTICE_POLL_INTERVAL="1", ORCH_BUDGET_INTERVAL="2"
-    )
+    return fast_env(home)
 
 
 class TrialFailed(Exception):
@@ -169,16 +175,10 @@ def wait_job(
     ledger: Ledger, job_id: str, predicate: Callable[[Job], bool], what: str, timeout: float
 ) -> Job:
     """Poll the ledger (every 20 ms) until `predicate` holds; TrialFailed on a final state."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = ledger.get_job(job_id)
-        if predicate(job):
-            return job
-        if JobState(job.state).is_final:
-            raise TrialFailed(f"job ended {job.state} while waiting for {what}: {job.reason}")
-        if time.monotonic() > deadline:
-            raise TrialFailed(f"job stayed {job.state} while waiting for {what}")
-        time.sleep(0.02)
+    final = [state.value for state in JobState if state.is_final]
+    return wait_for_job(
+        ledger, job_id, predicate, what, timeout, interval=0.02, stop_at=final, fail=TrialFailed
+    )
 
 
 def wait_ledger(path: Path, submit: subprocess.Popen[str], timeout: float = 60) -> Ledger:
@@ -369,7 +369,9 @@ def _log(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.crash_trials", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.crash_trials", description=__doc__
+    )
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=8)
     parser.add_argument("--phase", choices=PHASES, action="append", help="only these phases")
