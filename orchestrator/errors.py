@@ -88,6 +88,11 @@ class NodeUnreachable(RemoteError):
     """A node did not answer over SSH within the timeout (gone, or cut off)."""
 
 
+class StreamStalled(NodeUnreachable):
+    """A streamed command printed nothing for longer than its idle timeout (hung, or its node
+    cut off without the connection noticing yet)."""
+
+
 class HostKeyMismatch(RemoteError):
     """A node presented a host key other than the one its provider reported: refused."""
 

@@ -18,9 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-import paramiko
-
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, StreamStalled
 from orchestrator.node.gpu import (
     CpuReading,
     GpuSample,
@@ -33,11 +31,11 @@ from orchestrator.node.gpu import (
 )
 from orchestrator.node.launch import NodeLayout, home_expr
 from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.streams import CommandLines
 
 __all__ = ["CpuWatcher", "GpuWatcher", "NodeGpuState"]
 
 MAX_LINE = 64 * 1024  # a longer "line" is garbage and is dropped
-_POLL_S = 0.25  # how often the reader thread wakes when nvidia-smi is silent
 
 
 class GpuWatcher:
@@ -45,12 +43,12 @@ class GpuWatcher:
 
     Lifecycle: build (no I/O) -> `start()` -> `latest()` as often as wanted -> `stop()`.
 
-    `start()` returns at once; a daemon thread opens one session channel on
-    `connection.transport` (the node's persistent SSH connection; it connects if the
-    connection was not opened yet, never opens a second one) with a pseudo-terminal, so that
-    closing the channel hangs up nvidia-smi even when it is stuck (a server that refuses
-    ptys gets a plain channel; a stuck nvidia-smi may then outlive it), and runs
-    `nvidia_smi_argv(interval_s)` there. Each record line updates its GPU's sample.
+    `start()` returns at once; a daemon thread runs `nvidia_smi_argv(interval_s)` with
+    `connection.stream` (one channel of the node's persistent SSH connection; it connects if
+    the connection was not opened yet, never opens a second one) with a pseudo-terminal, so
+    that closing the channel hangs up nvidia-smi even when it is stuck (a server that refuses
+    ptys gets a plain channel; a stuck nvidia-smi may then outlive it). Each record line updates
+    its GPU's sample.
 
     Failures, all reported through `latest()` and never raised:
     - garbage output: every GPU of the node becomes unknown until its next good record;
@@ -91,7 +89,7 @@ class GpuWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._channel: paramiko.Channel | None = None
+        self._lines: CommandLines | None = None
         self._samples: dict[int, tuple[GpuSample, float]] = {}
         self._available: bool | None = None
         self._error: str | None = None
@@ -140,9 +138,9 @@ class GpuWatcher:
         """
         self._stop.set()
         with self._lock:
-            channel, thread = self._channel, self._thread
-        if channel is not None:
-            channel.close()
+            lines, thread = self._lines, self._thread
+        if lines is not None:
+            lines.close()
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.join_timeout_s)
         self._invalidate()
@@ -166,63 +164,40 @@ class GpuWatcher:
 
     def _run_once(self) -> None:
         try:
-            transport = self.connection.transport
-            channel = transport.open_session(timeout=10.0)
-            try:
-                channel.get_pty(term="dumb", width=512, height=24)
-            except paramiko.SSHException:  # the server refuses ptys: go on without one
-                channel.close()
-                channel = transport.open_session(timeout=10.0)
-            channel.exec_command(self.command)
-        except (OrchError, paramiko.SSHException, OSError, EOFError) as exc:
-            self._problem(f"could not start nvidia-smi: {exc}")
+            lines = self.connection.stream(
+                self.command, pty=True, idle_timeout_s=self.hang_after_s, max_line=MAX_LINE
+            )
+        except OrchError as exc:
+            self._problem(f"could not start nvidia-smi: {exc.message}")
             return
         with self._lock:
-            self._channel = channel
+            self._lines = lines
             self._starts += 1
         try:
             if not self._stop.is_set():
-                self._pump(channel)
+                self._pump(lines)
         finally:
             with self._lock:
-                self._channel = None
-            channel.close()
+                self._lines = None
+            lines.close()
 
-    def _pump(self, channel: paramiko.Channel) -> None:
+    def _pump(self, lines: CommandLines) -> None:
         """Read lines until nvidia-smi exits, hangs, the connection drops, or stop()."""
-        channel.settimeout(_POLL_S)
-        pending = b""
         tail: collections.deque[str] = collections.deque(maxlen=5)
-        last_output = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                data = channel.recv(65536)
-            except TimeoutError:
-                if time.monotonic() - last_output > self.hang_after_s:
-                    self._problem(
-                        f"nvidia-smi printed nothing for {self.hang_after_s:.0f} s; restarting it"
-                    )
-                    return
-                continue
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                self._problem(f"lost the nvidia-smi channel: {exc}")
-                return
-            if not data:
-                break
-            last_output = time.monotonic()
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            if len(pending) > MAX_LINE:
-                lines.append(pending[:200])
-                pending = b""
-            for raw in lines:
-                self._line(raw.decode("utf-8", errors="replace"), tail)
+        try:
+            for text in lines:
+                self._line(text, tail)
+        except StreamStalled:
+            self._problem(
+                f"nvidia-smi printed nothing for {self.hang_after_s:.0f} s; restarting it"
+            )
+            return
+        except OrchError as exc:
+            self._problem(f"lost the nvidia-smi channel: {exc.__cause__ or exc.message}")
+            return
         if self._stop.is_set():
             return
-        if pending:
-            self._line(pending.decode("utf-8", errors="replace"), tail)
-        code = channel.exit_status if channel.status_event.wait(2.0) else None
-        self._exited(code, list(tail))
+        self._exited(lines.exit_status(2.0), list(tail))
 
     def _line(self, line: str, tail: collections.deque[str]) -> None:
         text = line.strip()

@@ -1,9 +1,10 @@
 """Watch every node of a cluster for spot interruption notices, over SSH.
 
-One long-lived poller per node (see `spot_notice`), on a channel of the node's existing SSH
-connection; a notice reaches the controller as soon as the node sees it (the poller's own
-interval, 5 s by default, bounds the delay). Nothing here decides what to do about a notice:
-`on_notice(rank, notice)` is called once per node and notice, from the watcher's thread.
+One long-lived poller per node (see `spot_notice`), streamed over the node's existing SSH
+connection (`NodeConnection.stream`); a notice reaches the controller as soon as the node sees
+it (the poller's own interval, 5 s by default, bounds the delay). Nothing here decides what to
+do about a notice: `on_notice(rank, notice)` is called once per node and notice, from the
+watcher's thread.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import paramiko
-
 from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import OrchError
 from orchestrator.node.spot_notice import SpotNotice, parse_poller_line, poller_command
 from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.streams import CommandLines
 
-_POLL_S = 0.25  # how often a reader thread wakes to see whether it must stop
 _RETRY_S = 5.0  # pause before the poller is started again after it stopped
 
 
@@ -49,7 +48,7 @@ class NoticeWatcher:
         self._noticed = [False] * len(cluster.instances)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._channels: dict[int, paramiko.Channel] = {}
+        self._streams: dict[int, CommandLines] = {}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -62,12 +61,12 @@ class NoticeWatcher:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Close every poller's channel (which ends the poller) and join the threads."""
+        """Close every poller's stream (which ends the poller) and join the threads."""
         self._stop.set()
         with self._lock:
-            channels = list(self._channels.values())
-        for channel in channels:
-            channel.close()
+            streams = list(self._streams.values())
+        for lines in streams:
+            lines.close()
         for thread in self._threads:
             thread.join(5.0)
 
@@ -75,7 +74,7 @@ class NoticeWatcher:
         while not self._stop.is_set():
             try:
                 finished = self._run_poller(rank, connection)
-            except (OrchError, paramiko.SSHException, OSError, EOFError) as exc:
+            except OrchError as exc:
                 self.status[rank] = f"retrying: {exc}"
                 finished = False
             if finished or self._stop.wait(_RETRY_S):
@@ -83,31 +82,22 @@ class NoticeWatcher:
 
     def _run_poller(self, rank: int, connection: NodeConnection) -> bool:
         """Run the poller until it exits; True when it said the node has no endpoint."""
-        channel = connection.transport.open_session(timeout=10.0)
+        lines = connection.stream(self.commands[rank])
         with self._lock:
-            self._channels[rank] = channel
+            self._streams[rank] = lines
         try:
-            channel.exec_command(self.commands[rank])
-            channel.settimeout(_POLL_S)
-            pending = b""
-            while not self._stop.is_set():
-                try:
-                    data = channel.recv(4096)
-                except TimeoutError:
-                    continue
-                if not data:
-                    self.status[rank] = "retrying: the poller's channel closed"
-                    return False
-                pending += data
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    if self._line(rank, raw.decode("utf-8", errors="replace")):
-                        return True
+            if self._stop.is_set():
+                return False
+            for text in lines:
+                if self._line(rank, text):
+                    return True
+            if not self._stop.is_set():
+                self.status[rank] = "retrying: the poller's channel closed"
             return False
         finally:
             with self._lock:
-                self._channels.pop(rank, None)
-            channel.close()
+                self._streams.pop(rank, None)
+            lines.close()
 
     def _line(self, rank: int, text: str) -> bool:
         line = parse_poller_line(text)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.cluster import log_files
 from orchestrator.cluster.connections import Cluster
-from orchestrator.control.stop_rules import Verdict, assess
 from orchestrator.errors import NodeLost, NodeUnreachable
 from orchestrator.node import launch
 from orchestrator.node.progress import (
@@ -36,6 +36,25 @@ from orchestrator.remote.ssh import NodeConnection
 
 UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
 PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the probes of one tick say about the run."""
+
+    done: bool
+    failed_rank: int | None = None
+    exit_code: int | None = None
+
+
+def assess(states: list[launch.NodeProbe]) -> Verdict:
+    """Finished when every node exited 0; failed as soon as one node exited non-zero."""
+    for rank, probe in enumerate(states):
+        if probe.state == "exited" and probe.exit_code != 0:
+            return Verdict(True, rank, probe.exit_code)
+    if all(p.state == "exited" for p in states):
+        return Verdict(True)
+    return Verdict(False)
 
 
 class RunWatch:

@@ -1,6 +1,6 @@
-"""Pure decisions of the controller: is the run done, and must it be stopped (and why)?
+"""Pure decisions of the controller: must the run be stopped (and why)?
 
-Every function here takes plain values (probes, prices, times) and returns a decision; the
+Every function here takes plain values (prices, times, streaks) and returns a decision; the
 controller does the I/O. Money is exact (Decimal); times are seconds.
 """
 
@@ -11,26 +11,6 @@ from datetime import datetime
 from decimal import Decimal
 
 from orchestrator.ledger.store import JobState
-from orchestrator.node.launch import NodeProbe
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the probes of one tick say about the run."""
-
-    done: bool
-    failed_rank: int | None = None
-    exit_code: int | None = None
-
-
-def assess(states: list[NodeProbe]) -> Verdict:
-    """Finished when every node exited 0; failed as soon as one node exited non-zero."""
-    for rank, probe in enumerate(states):
-        if probe.state == "exited" and probe.exit_code != 0:
-            return Verdict(True, rank, probe.exit_code)
-    if all(p.state == "exited" for p in states):
-        return Verdict(True)
-    return Verdict(False)
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.model import PROVIDER_NAMES
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
     from orchestrator.providers.base import Provider
 
-PROVIDER_NAMES = ("local", "aws")
+__all__ = ["PROVIDER_NAMES", "get_provider"]
 
 
 def get_provider(name: str, settings: Settings) -> Provider:

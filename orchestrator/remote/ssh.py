@@ -2,6 +2,7 @@
 
 `NodeConnection` does no I/O when built; it connects on first use and keeps the connection
 open for every later command (a new connection costs ~0.4 s, a command on an open one ~0.09 s).
+`run` waits for a command; `stream` hands over the lines of a long-running one as they come.
 A host presenting any key other than the one its provider reported is refused
 (`HostKeyMismatch`); a host that does not answer raises `NodeUnreachable`.
 """
@@ -20,6 +21,7 @@ from fabric import Config, Connection
 
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
+from orchestrator.remote.streams import CommandLines
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,45 @@ class NodeConnection:
                 result=result,
             )
         return result
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        pty: bool = False,
+        idle_timeout_s: float | None = None,
+        max_line: int | None = None,
+        open_timeout: float = 10.0,
+    ) -> CommandLines:
+        """Start `command` (a shell string, or an argv that gets quoted) on a new channel of
+        the open connection (connecting if needed) and return its lines as they come; see
+        `CommandLines` for the iteration, `close()` and the errors it raises.
+
+        `pty`: ask for a pseudo-terminal (so closing the stream hangs up even a stuck command;
+        its stderr then comes with its stdout); a server that refuses one gets a plain channel,
+        whose stderr is not read. Raises `NodeUnreachable` when the host cannot be reached or
+        the command cannot be started within `open_timeout`.
+        """
+        text = command if isinstance(command, str) else shell_command(command)
+        transport = self.transport
+        try:
+            channel = transport.open_session(timeout=open_timeout)
+            if pty:
+                try:
+                    channel.get_pty(term="dumb", width=512, height=24)
+                except paramiko.SSHException:  # the server refuses ptys: go on without one
+                    channel.close()
+                    channel = transport.open_session(timeout=open_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise self._unreachable(exc) from exc
+        try:
+            channel.exec_command(text)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            channel.close()
+            raise self._unreachable(exc) from exc
+        return CommandLines(
+            channel, name=self.address.name, idle_timeout_s=idle_timeout_s, max_line=max_line
+        )
 
     def abort(self) -> None:
         """Close the open transport at once, from any thread, without waiting for a connect

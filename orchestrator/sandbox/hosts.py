@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orchestrator
-from orchestrator.providers.local import net as local_net
-from orchestrator.providers.local.host import answers_ssh, kill_all, run_checked, sweep
+from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.network import SandboxNetwork
@@ -156,7 +155,7 @@ class HostFleet:
             try:
                 self._prepare_files(spec, directory)
                 for argv in hostnet.host_net_setup_argvs(iid, spec.private_ip, self.network):
-                    run_checked(argv)
+                    kit.run_checked(argv)
                 if on_network is not None:
                     on_network()
                 time.sleep(max(0.0, ssh_delay_s))
@@ -181,7 +180,7 @@ class HostFleet:
             key_file.chmod(0o600)
             key_file.with_suffix(".pub").write_text(public + "\n")
         else:  # no key handed over: generate one, as cloud-init does
-            run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)])
+            kit.run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)])
         authorized = hostnet.authorized_keys_text(spec.key_pair_public, config)
         (directory / "authorized_keys").write_text(authorized)
         etc = directory / "etc"
@@ -189,18 +188,18 @@ class HostFleet:
         shell = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
         passwd = Path("/etc/passwd").read_text()
         (etc / "passwd").write_text(hostnet.passwd_text(passwd, str(self.home), shell))
-        (etc / "hosts").write_text(local_net.node_hosts_text(spec.private_ip, os.uname().nodename))
-        (etc / "resolv.conf").write_text(local_net.NODE_RESOLV_CONF)
+        (etc / "hosts").write_text(kit.node_hosts_text(spec.private_ip, os.uname().nodename))
+        (etc / "resolv.conf").write_text(kit.NODE_RESOLV_CONF)
         venv_bin = Path(sys.prefix) / "bin"
         env = {
             "HOME": str(self.home),
-            "PATH": local_net.node_path(str(self.home), venv_bin),
+            "PATH": kit.node_path(str(self.home), venv_bin),
             hostnet.MARKER: spec.instance_id,
         }
         self._prepare_boot(config, directory, env["PATH"])
         (directory / "sshd_config").write_text(
-            local_net.sshd_config_text(
-                local_net.SshdConfig(
+            kit.sshd_config_text(
+                kit.SshdConfig(
                     listen="0.0.0.0:22",
                     host_key=key_file,
                     authorized_keys=directory / "authorized_keys",
@@ -243,19 +242,19 @@ class HostFleet:
             host.directory / "boot.sh",
         )  # fmt: skip
         env = {
-            "PATH": ":".join(local_net.SYSTEM_PATH),
+            "PATH": ":".join(kit.SYSTEM_PATH),
             "PYTHONPATH": str(Path(orchestrator.__file__).resolve().parents[1]),
             hostnet.MARKER: host.instance_id,
         }
         subprocess.run(
-            local_net.detached_argv(argv, host.files.sshd_log),
+            kit.detached_argv(argv, host.files.sshd_log),
             env=env, cwd="/", capture_output=True, check=True,
         )  # fmt: skip
 
     def _wait_ready(self, host: Host) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         ready = host.files.imds_ready
-        while not (ready.exists() and answers_ssh(host.private_ip, 22)):
+        while not (ready.exists() and kit.answers_ssh(host.private_ip, 22)):
             if time.monotonic() > deadline:
                 raise SandboxError(
                     f"host {host.instance_id} did not come up within {READY_TIMEOUT_S:.0f} s:\n"
@@ -290,7 +289,7 @@ class HostFleet:
 def end_host(instance_id: str, directory: Path | None) -> None:
     """End one host, whether the fleet knows it or it was left by an earlier sandbox."""
     subprocess.run(hostnet.link_down_argv(instance_id), capture_output=True, check=False)
-    if not sweep(lambda: _host_pids(instance_id)):
+    if not kit.sweep(lambda: _host_pids(instance_id)):
         raise SandboxError(f"processes of host {instance_id} survive SIGKILL")
     for argv in hostnet.host_net_teardown_argvs(instance_id):
         subprocess.run(argv, capture_output=True, check=False)
@@ -318,7 +317,7 @@ def _host_pids(instance_id: str) -> set[int]:
 def kill_namespace(name: str) -> None:
     """Kill every process in the network namespace `name` (stale hosts of a dead sandbox)."""
     out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-    kill_all(int(tok) for tok in out.stdout.split() if tok.isdigit())
+    kit.kill_all(int(tok) for tok in out.stdout.split() if tok.isdigit())
 
 
 def _sshd_binary() -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.providers.aws.catalog import load_catalog
-from orchestrator.providers.local.host import run_checked
+from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.capacity import Capacity
 from orchestrator.sandbox.cloud import SPOT_TERMINATION, MotoCloud, write_image_file
@@ -86,7 +86,7 @@ class Sandbox:
         zones = self.cloud.zones(ZONE_COUNT)
         self.prices = price_table(load_catalog(), self.region, zones)
         for argv in hostnet.bridge_setup_argvs(self.network):
-            run_checked(argv)
+            kit.run_checked(argv)
         self._bridge_made = True
         gateway = Gateway(self.cloud.app(), prices=self.prices, capacity=self.capacity,
                           hooks=self, lock=self.cloud.lock)  # fmt: skip

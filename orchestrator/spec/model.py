@@ -57,11 +57,10 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.providers import PROVIDER_NAMES
-
 __all__ = [
     "MAX_SPEC_BYTES",
     "OVERRIDE_FLAGS",
+    "PROVIDER_NAMES",
     "Budget",
     "CheckpointSpec",
     "DataMount",
@@ -73,6 +72,9 @@ __all__ = [
     "SpotPolicyName",
     "parse_duration",
 ]
+
+PROVIDER_NAMES = ("local", "aws")
+"""The providers a spec may name; `orchestrator.providers.get_provider` builds each of them."""
 
 MAX_SPEC_BYTES = 1024 * 1024
 """Largest job spec file accepted, in bytes (1 MiB)."""

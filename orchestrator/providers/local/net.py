@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shlex
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
@@ -300,3 +302,19 @@ def host_key_line(pub_text: str) -> str:
     if len(fields) < 2 or not fields[0].startswith(("ssh-", "ecdsa-")):
         raise ValueError(f"not an OpenSSH public key: {pub_text[:40]!r}")
     return f"{fields[0]} {fields[1]}"
+
+
+POWEROFF_MODULE = "orchestrator.providers.local.poweroff"
+"""The program a local node runs to power itself off (see `local.poweroff`)."""
+
+
+def poweroff_command(home: Path, instance_id: str) -> str:
+    """The node's poweroff command: run detached, without the node's marker in its
+    environment, so that it is not among the processes it ends."""
+    argv = [sys.executable, "-m", POWEROFF_MODULE, "--home", str(home), instance_id]
+    package_root = str(Path(__file__).resolve().parents[3])
+    log = shlex.quote(str(home / "local" / "poweroff.log"))
+    return (
+        f"env -u {NODE_MARKER} PYTHONPATH={shlex.quote(package_root)} setsid "
+        f"{shlex.join(argv)} >> {log} 2>&1 < /dev/null &"
+    )

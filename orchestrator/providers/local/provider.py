@@ -63,8 +63,7 @@ from orchestrator.providers.local.host import (
     sshd_pids_on_port,
     sweep,
 )
-from orchestrator.providers.local.net import SshdConfig
-from orchestrator.providers.local.poweroff import poweroff_command
+from orchestrator.providers.local.net import SshdConfig, poweroff_command
 from orchestrator.providers.local.state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
 from orchestrator.providers.traces import SpotTrace, TraceClock
 
