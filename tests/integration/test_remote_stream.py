@@ -14,7 +14,7 @@ import pytest
 from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import NodeUnreachable, OrchError, StreamStalled
 from orchestrator.remote.ssh import NodeConnection
-from tests.helpers import loopback_cluster
+from tests.support.helpers import loopback_cluster
 
 
 @pytest.fixture(scope="module")
