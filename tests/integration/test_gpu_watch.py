@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.gpu_watch import CpuWatcher, GpuWatcher
-from orchestrator.node.gpu import IdlePolicy, NodeGpuState, node_busy
+from orchestrator.node.gpu import DEFAULT_CPU_THRESHOLD_PCT, IdlePolicy, NodeGpuState, node_busy
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.remote.ssh import NodeConnection
 from tests.support.helpers import loopback_cluster, processes_with_marker
@@ -231,13 +231,15 @@ def test_cpu_fallback_reads_the_jobs_session(node: NodeConnection) -> None:
         wait_for(lambda: busy.read() and resting.read(), 5, "sessions started")
         assert busy.sample() is None and resting.sample() is None  # no previous reading yet
         readings = []
-        for _ in range(3):  # a loaded machine may starve the loop for a moment
+        # A loaded machine (parallel tests on 2 cores) gives the loop a fraction of a core, and
+        # may starve it for a moment: what counts is that it reads as busy, clearly above idle.
+        for _ in range(8):
             time.sleep(1.0)
             readings.append((busy.sample(), resting.sample()))
-            if (readings[-1][0] or 0) > 50:
+            if (readings[-1][0] or 0) > 2 * DEFAULT_CPU_THRESHOLD_PCT:
                 break
         busy_pct, resting_pct = readings[-1]
-        assert busy_pct is not None and busy_pct > 50, readings
+        assert busy_pct is not None and busy_pct > 2 * DEFAULT_CPU_THRESHOLD_PCT, readings
         assert resting_pct is not None and resting_pct < 10, resting_pct
         assert busy.last is not None and busy.last.processes == 1
         assert node_busy(busy_pct) is True and node_busy(resting_pct) is False
