@@ -21,14 +21,14 @@ from rich.markup import escape
 
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
-from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
+from orchestrator.errors import OrchError, SpecError, UnknownJob
 from orchestrator.ledger.store import JobState, Ledger, make_engine, utcnow
 from orchestrator.providers import get_provider
 
 if TYPE_CHECKING:
     from orchestrator.control.ownership import Partition
     from orchestrator.providers.base import Instance, Provider
-    from orchestrator.providers.plan import LaunchPlan
+    from orchestrator.providers.plan import DryRun, LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
 app = typer.Typer(
@@ -60,24 +60,11 @@ def _print_json(document: object) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
-def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[LaunchPlan, dict]:
+def _plan(spec: JobSpec, provider: Provider) -> DryRun:
     """The plan a submit follows (cheapest fitting offer first) and its dry-run document."""
-    from orchestrator.providers.plan import local_plan, offers_dry_run
+    from orchestrator.spec.requests import launch_request
 
-    if provider.name != "aws":
-        plan = local_plan(spec, settings.local.price_per_hour, settings.local.spot_price)
-        return plan, {"provider": provider.name, "plan": plan.as_dict()}
-    from orchestrator.providers.offers import OfferQuery
-
-    offers = provider.offers(OfferQuery.from_resources(spec.resources))  # type: ignore[attr-defined]
-    if not offers:
-        raise CapacityError(
-            "no AWS offer fits the job's resources (GPU type, count, memory, max price)",
-            hint="`orch catalog` lists the instance types; relax resources or max_price_per_hour",
-        )
-    from orchestrator.providers.plan import offer_plan
-
-    return offer_plan(spec, offers[0]), offers_dry_run(spec, offers)
+    return provider.plan(launch_request(spec, spec.name), spec.budget)
 
 
 def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
@@ -176,7 +163,8 @@ def submit(
             hint="give a later time, or a duration after submit such as deadline: 36h",
         )
     chosen = get_provider(loaded.spec.provider, settings)
-    plan, dry_run_document = _plan(loaded.spec, chosen, settings)
+    planned = _plan(loaded.spec, chosen)
+    plan, dry_run_document = planned.plan, planned.document
     if dry_run:
         if json_out:
             _print_json({**dry_run_document, "spec": loaded.spec.public_document()})
