@@ -6,9 +6,7 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -21,13 +19,10 @@ from rich.markup import escape
 
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
-from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
-from orchestrator.ledger.store import JobState, Ledger, make_engine, utcnow
-from orchestrator.providers import get_provider
+from orchestrator.errors import OrchError, SpecError
+from orchestrator.ledger.store import JobState, Ledger, make_engine
 
 if TYPE_CHECKING:
-    from orchestrator.control.ownership import Partition
-    from orchestrator.providers.base import Instance, Provider
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -40,9 +35,6 @@ app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
-
-# A person watches a foreground job: its log and progress are polled every second.
-FOREGROUND_WATCH_INTERVAL = 1.0
 
 
 def _ledger(settings: Settings) -> Ledger:
@@ -58,26 +50,6 @@ def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
 
 def _print_json(document: object) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
-
-
-def _plan(spec: JobSpec, provider: Provider, settings: Settings) -> tuple[LaunchPlan, dict]:
-    """The plan a submit follows (cheapest fitting offer first) and its dry-run document."""
-    from orchestrator.providers.plan import local_plan, offers_dry_run
-
-    if provider.name != "aws":
-        plan = local_plan(spec, settings.local.price_per_hour, settings.local.spot_price)
-        return plan, {"provider": provider.name, "plan": plan.as_dict()}
-    from orchestrator.providers.offers import OfferQuery
-
-    offers = provider.offers(OfferQuery.from_resources(spec.resources))  # type: ignore[attr-defined]
-    if not offers:
-        raise CapacityError(
-            "no AWS offer fits the job's resources (GPU type, count, memory, max price)",
-            hint="`orch catalog` lists the instance types; relax resources or max_price_per_hour",
-        )
-    from orchestrator.providers.plan import offer_plan
-
-    return offer_plan(spec, offers[0]), offers_dry_run(spec, offers)
 
 
 def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
@@ -139,16 +111,8 @@ def submit(
     shows its hourly price and asks first (exit 2 without a terminal; --yes for scripts);
     controller.default_max_runtime gives such jobs a max_runtime instead.
     """
-    from orchestrator.control.runner import JobRunner, RunnerOptions
-    from orchestrator.control.supervision import (
-        ControllerLock,
-        new_job_id,
-        register_job,
-        spawn_controller,
-        wait_for_controller,
-    )
+    from orchestrator.control import commands
     from orchestrator.report.documents import job_document
-    from orchestrator.spec.loading import load_job
 
     if dry_run and detach:
         raise SpecError(
@@ -164,22 +128,11 @@ def submit(
         "budget.max_cost_usd": max_cost,
         "budget.idle_timeout": idle_timeout,
     }
-    loaded = load_job(job_file, overrides)
-    default_runtime = settings.controller.default_max_runtime
-    if default_runtime is not None and loaded.spec.budget.max_runtime is None:
-        loaded = load_job(job_file, {**overrides, "budget.max_runtime": default_runtime})
-    now = utcnow()
-    deadline = loaded.spec.deadline_at(now)
-    if deadline is not None and deadline <= now:
-        raise SpecError(
-            f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
-            hint="give a later time, or a duration after submit such as deadline: 36h",
-        )
-    chosen = get_provider(loaded.spec.provider, settings)
-    plan, dry_run_document = _plan(loaded.spec, chosen, settings)
+    prepared = commands.prepare_submit(settings, job_file, overrides)
+    loaded, plan = prepared.loaded, prepared.plan
     if dry_run:
         if json_out:
-            _print_json({**dry_run_document, "spec": loaded.spec.public_document()})
+            _print_json({**prepared.dry_run.document, "spec": loaded.spec.public_document()})
         else:
             Console().print(
                 f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "
@@ -192,19 +145,12 @@ def submit(
                 )
             )
         return
-    max_hourly = loaded.spec.budget.max_hourly_usd
-    if max_hourly is not None and plan.hourly_usd > max_hourly:
-        raise SpecError(
-            f"the plan costs ${plan.hourly_usd}/h, above budget.max_hourly_usd ${max_hourly}/h",
-            hint="use fewer or cheaper nodes, or raise budget.max_hourly_usd",
-        )
+    commands.check_hourly_cap(prepared)
     if not yes:
         _confirm_spend(loaded.spec, plan)
     ledger = _ledger(settings)
-    job_id = new_job_id(loaded.spec.name)
     if detach:
-        register_job(settings, ledger, loaded, chosen.name, job_id)
-        wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
+        job_id = commands.submit_detached(settings, ledger, prepared).job_id
         if json_out:
             _print_json(job_document(ledger, settings, ledger.get_job(job_id), detail=False))
         else:
@@ -215,31 +161,18 @@ def submit(
             )
             sys.stdout.write(f"{job_id}\n")
         return
-    lock = ControllerLock(settings, job_id)
-    lock.acquire()  # a new id: nobody else can hold it
-    job = register_job(settings, ledger, loaded, chosen.name, job_id)
-    console = Console(stderr=json_out)
-    console.print(f"job [bold]{job.id}[/] submitted ({loaded.source.name})")
-    # SIGINT too: a shell starts background jobs with SIGINT ignored, and `orch cancel`, Ctrl-C
-    # and SIGTERM must all reach a foreground controller the same way.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    from orchestrator.cli.console import RichReporter
+    with commands.submit_foreground(settings, ledger, prepared) as foreground:
+        job = foreground.job
+        console = Console(stderr=json_out)
+        console.print(f"job [bold]{job.id}[/] submitted ({loaded.source.name})")
+        # SIGINT too: a shell starts background jobs with SIGINT ignored, and `orch cancel`,
+        # Ctrl-C and SIGTERM must all reach a foreground controller the same way.
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        signal.signal(signal.SIGINT, _raise_interrupt)
+        from orchestrator.cli.console import RichReporter
 
-    options = RunnerOptions(
-        **{
-            **settings.controller.runner_options(),
-            "watch_interval": min(settings.controller.watch_interval, FOREGROUND_WATCH_INTERVAL),
-        }
-    )
-    try:
         with RichReporter(console, job.id) as reporter:
-            outcome = JobRunner(
-                job, loaded, settings=settings, ledger=ledger, provider=chosen,
-                reporter=reporter, options=options,
-            ).run()  # fmt: skip
-    finally:
-        lock.release()
+            outcome = foreground.run(reporter).outcome
     document = job_document(ledger, settings, ledger.get_job(job.id), detail=json_out)
     if json_out:
         _print_json(document)
@@ -338,73 +271,25 @@ def logs(
         )
 
 
-def _is_orch_process(pid: int) -> bool:
-    """Whether `pid` is a live orch process (a controller: daemon or foreground submit)."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(arg.startswith(b"orchestrator") or arg.endswith(b"/orch") for arg in args)
-
-
 @app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
-    from orchestrator.control.reconcile import end_nodes
-    from orchestrator.control.supervision import ControllerLock, controller_pid
+    from orchestrator.control.cancel import CancelRoute
+    from orchestrator.control.cancel import cancel as cancel_job
 
     settings = load_settings()
-    ledger = _ledger(settings)
-    job = ledger.get_job(job_id)
     console = Console()
-    if JobState(job.state).is_final:
-        console.print(f"job {job_id} already ended: {job.state}")
-        return
-    # Ending the nodes here is the controller's work: done only while holding its lock, so a
-    # controller that is being revived right now cannot drive the job at the same time.
-    lock = ControllerLock(settings, job_id)
-    if not lock.acquire():
-        # A controller that just took the lock writes its pid a moment later: until then the
-        # file may still name a dead one.
-        deadline = time.monotonic() + 10
-        pid = controller_pid(settings, job_id)
-        while not (pid and _is_orch_process(pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pid = controller_pid(settings, job_id)
-        if not (pid and _is_orch_process(pid)):
-            raise OrchError(
-                f"the controller of {job_id} holds its lock but names no live process",
-                hint=f"run `orch cancel {job_id}` again in a moment",
-            )
-        os.kill(pid, signal.SIGTERM)
+
+    def signalled(pid: int) -> None:
         console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            state = JobState(ledger.get_job(job_id).state)
-            if state.is_final:
-                console.print(f"job {job_id}: {state.value}")
-                return
-            time.sleep(0.5)
-        raise OrchError(
-            f"job {job_id} did not stop within 600 s", hint="`orch down` ends its nodes at once"
-        )
-    try:
-        job = ledger.get_job(job_id)
-        if JobState(job.state).is_final:  # its last controller finished meanwhile
-            console.print(f"job {job_id} already ended: {job.state}")
-            return
-        provider = get_provider(job.provider, settings)
-        _check_job_identity(ledger, job_id, provider)
-        ids = [i.instance_id for i in _ours(ledger, provider.list_owned(job_id=job_id))]
-        if ids:
-            end_nodes(ledger, provider, job_id, ids, home=settings.home)
-        ledger.update_job(
-            job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
-        )
-        ledger.add_event(job_id, "CANCELLED", "cancelled with no live controller")
-    finally:
-        lock.release()
-    console.print(f"job {job_id}: CANCELLED ({len(ids)} node(s) terminated)")
+
+    result = cancel_job(settings, _ledger(settings), job_id, on_signalled=signalled)
+    if result.route is CancelRoute.ALREADY_ENDED:
+        console.print(f"job {job_id} already ended: {result.state}")
+    elif result.route is CancelRoute.CONTROLLER:
+        console.print(f"job {job_id}: {result.state.value}")
+    else:
+        console.print(f"job {job_id}: CANCELLED ({len(result.terminated)} node(s) terminated)")
 
 
 @app.command()
@@ -454,65 +339,25 @@ def down(
 ) -> None:
     """Terminate a cluster's nodes now (or all of this ledger's), whatever their job is doing;
     nodes of other ledgers are listed, never ended."""
+    from orchestrator.control import commands
     from orchestrator.control.ownership import not_ours_line
-    from orchestrator.control.reconcile import end_nodes
-    from orchestrator.control.supervision import controller_running
 
     if (cluster is None) == (not all_clusters):
         raise SpecError("give a cluster name or --all (not both)")
     settings = load_settings()
-    ledger = _ledger(settings)
-    ended = 0
-    others: list[str] = []
-    for provider in _providers_in_use(settings, ledger):
-        wanted = [i for i in provider.list_owned() if all_clusters or i.cluster == cluster]
-        found = _partition(ledger, wanted)
-        others += [i.instance_id for i in found.others]
-        by_job: dict[str, list[str]] = {}
-        for instance in found.ours:
-            by_job.setdefault(instance.job_id, []).append(instance.instance_id)
-        for job_id, ids in by_job.items():
-            end_nodes(ledger, provider, job_id, ids, home=settings.home)
-            ended += len(ids)
-            with contextlib.suppress(UnknownJob):
-                job = ledger.get_job(job_id)
-                if not JobState(job.state).is_final and not controller_running(settings, job_id):
-                    ledger.update_job(
-                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down",
-                        ended_at=utcnow(),
-                    )  # fmt: skip
-            Console().print(f"{job_id}: terminated {len(ids)} {provider.name} node(s)")
-    if line := not_ours_line(others):
-        Console().print(line)
-    if cluster is not None and not ended:
-        raise SpecError(
-            f"no running cluster {cluster!r} of this ledger",
-            hint="`orch status` lists jobs; a cluster of another ledger is ended from there",
+
+    def ended(group: commands.NodesEnded) -> None:
+        Console().print(
+            f"{group.job_id}: terminated {len(group.instance_ids)} {group.provider} node(s)"
         )
-    if not ended:
+
+    result = commands.down(settings, _ledger(settings), cluster, on_ended=ended)
+    if line := not_ours_line(result.not_ours):
+        Console().print(line)
+    if cluster is not None and not result.ended:
+        raise commands.cluster_not_found(cluster)
+    if not result.ended:
         Console().print("nothing to shut down")
-
-
-def _partition(ledger: Ledger, instances: list[Instance]) -> Partition:
-    """`instances` split into this ledger's and the others (`orchestrator.control.ownership`)."""
-    from orchestrator.control.ownership import partition
-
-    leased = {lease.instance_id for lease in ledger.leases()}
-    return partition(instances, ledger.ledger_id, leased=leased)
-
-
-def _ours(ledger: Ledger, instances: list[Instance]) -> list[Instance]:
-    return _partition(ledger, instances).ours
-
-
-def _check_job_identity(ledger: Ledger, job_id: str, provider: Provider) -> None:
-    """Raise `IdentityMismatch` when the provider acts as another identity than the job's."""
-    from orchestrator.control.ownership import check_identity
-
-    recorded = [ledger.get_job(job_id).identity]
-    recorded += [lease.identity for lease in ledger.leases(job_id, open_only=True)]
-    if any(text is not None for text in recorded):
-        check_identity(job_id, recorded, provider.identity())
 
 
 @app.command()
@@ -551,14 +396,6 @@ def catalog(
 app.command(name="simulate")(simulate_command)
 
 
-def _providers_in_use(settings: Settings, ledger: Ledger) -> list[Provider]:
-    """The local provider, plus AWS when a job used it or an endpoint is configured."""
-    names = {"local"} | {job.provider for job in ledger.jobs()}
-    if settings.aws.endpoint_url:
-        names.add("aws")
-    return [get_provider(name, settings) for name in sorted(names)]
-
-
 @app.command()
 def reconcile(
     dry_run: Annotated[
@@ -568,12 +405,13 @@ def reconcile(
 ) -> None:
     """Give unfinished jobs whose controller died a new one; end this ledger's nodes that no
     live job owns (other ledgers' nodes are listed, never ended)."""
+    from orchestrator.control.commands import providers_in_use
     from orchestrator.control.ownership import not_ours_line
     from orchestrator.control.reconcile import reconcile as run_reconcile
 
     settings = load_settings()
     ledger = _ledger(settings)
-    report = run_reconcile(settings, ledger, _providers_in_use(settings, ledger), dry_run=dry_run)
+    report = run_reconcile(settings, ledger, providers_in_use(settings, ledger), dry_run=dry_run)
     if json_out:
         _print_json(
             {

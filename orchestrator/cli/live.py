@@ -12,9 +12,9 @@ from rich.table import Table
 
 from orchestrator.cli.console import events_table, gpu_table
 from orchestrator.config import Settings
-from orchestrator.control.supervision import JOB_RECORD, controller_running, spawn_controller
+from orchestrator.control.supervision import revive_controllers
 from orchestrator.errors import SpecError
-from orchestrator.ledger.store import Job, JobState, Ledger
+from orchestrator.ledger.store import JobState, Ledger
 from orchestrator.report.data import budget_from_spec
 from orchestrator.report.documents import job_document
 
@@ -52,17 +52,6 @@ def live_view(doc: dict, budget_usd: Decimal | None = None) -> RenderableType:
     return Group(*parts)
 
 
-def _keep_driven(settings: Settings, job: Job) -> bool:
-    """Start a controller for the job when its own died (as every orch command does at
-    start); True when one was started. A spare start is harmless: it exits if not needed."""
-    if controller_running(settings, job.id):
-        return False
-    if not (settings.job_dir(job.id) / JOB_RECORD).exists():
-        return False
-    spawn_controller(settings, job.id)
-    return True
-
-
 def watch_job(
     settings: Settings, ledger: Ledger, job_id: str, *, interval: float, console: Console
 ) -> dict:
@@ -81,7 +70,7 @@ def watch_job(
             live.update(live_view(doc, budget), refresh=True)
             if JobState(job.state).is_final:
                 return doc
-            if _keep_driven(settings, job):
+            if revive_controllers(settings, ledger, [job_id]):
                 live.console.print(
                     f"orch: the controller of {job_id} was gone; a new one adopts it"
                 )

@@ -86,6 +86,7 @@ from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import LoadedJob
+from orchestrator.spec.requests import launch_request
 from orchestrator.spot.driver import (
     SWITCHED_EVENT,
     DeadlineDriver,
@@ -296,19 +297,12 @@ class JobRunner:
             JobState.PROVISIONING,
             f"{resources.nodes} node(s) x {resources.gpus_per_node} on {self.provider.name}",
         )
-        request = LaunchRequest(
-            job_id=self.job.id,
-            cluster=self.job.id,
-            count=resources.nodes,
-            gpus_per_node=resources.gpus_per_node,
+        request = launch_request(
+            self.spec,
+            self.job.id,
             public_key=identity.public_key,
-            spot=self._driver.launch_spot if self._driver is not None else resources.spot,
-            accelerator=resources.accelerator,
-            max_price_per_hour=resources.max_price_per_hour,
-            min_gpu_memory_gb=resources.min_gpu_memory_gb,
-            disk_size_gb=resources.disk_size_gb,
+            spot=self._driver.launch_spot if self._driver is not None else None,
             avoid_zones=self._avoid_zones,
-            store=self.spec.checkpoint.store,
             guard=self._guard_terms(),
             ledger_id=self.ledger.ledger_id,
             attempt=self._launch_attempt(),

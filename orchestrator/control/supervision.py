@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator.config import Settings
@@ -113,10 +114,14 @@ def wait_for_controller(
     raise OrchError(f"the controller of {job_id} did not start within {timeout:.0f} s")
 
 
-def revive_controllers(settings: Settings, ledger: Ledger) -> list[str]:
-    """Start a controller for every unfinished job that has none; returns their ids."""
+def revive_controllers(
+    settings: Settings, ledger: Ledger, job_ids: Iterable[str] | None = None
+) -> list[str]:
+    """Start a controller for every unfinished job that has none (only among `job_ids` when
+    given); returns their ids. A job whose record was never written is left alone."""
     revived = []
-    for job in ledger.jobs():
+    jobs = ledger.jobs() if job_ids is None else [ledger.get_job(job_id) for job_id in job_ids]
+    for job in jobs:
         if JobState(job.state).is_final or controller_running(settings, job.id):
             continue
         if not (settings.job_dir(job.id) / JOB_RECORD).exists():

@@ -2,6 +2,8 @@
 
 Lifecycle of a cluster, for every provider:
 
+    plan(request, budget) -> what `launch(request)` would bring up and its price, launching
+                        nothing (`orch submit --dry-run`)
     launch(request)  -> the nodes are running, reachable over SSH with `request.public_key`,
                         and billing has started at each `Instance.launched_at`
     list_owned(...)  -> what this provider runs for orch, answered from the cloud itself (tags,
@@ -33,6 +35,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from orchestrator.node.guard_protocol import GuardTerms
+    from orchestrator.providers.plan import DryRun
+    from orchestrator.spec.model import Budget
 
 Market = Literal["spot", "on-demand"]
 
@@ -154,6 +158,14 @@ class Provider(Protocol):
     """A source of machines. Implementations hold their own clients; no global state."""
 
     name: str
+
+    def plan(self, request: LaunchRequest, budget: Budget) -> DryRun:
+        """What `launch(request)` would try first, at what price, and (`DryRun.document`) the
+        dry-run document that shows it; `budget` prices it for `budget.max_runtime`. Launches
+        nothing and changes nothing; may ask the cloud for prices. Raises `CapacityError` when
+        no offer fits the request at all.
+        """
+        ...
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
         """Start `request.count` nodes and return them, ordered by rank, once reachable.

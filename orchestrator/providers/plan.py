@@ -1,12 +1,17 @@
-"""Pure: what a submit would launch and what it may cost (`orch submit --dry-run`)."""
+"""Pure: what a submit would launch and what it may cost (`orch submit --dry-run`).
+
+Each provider's `plan(request, budget)` builds its `DryRun` from these functions.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
+from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.offers import Offer
-from orchestrator.spec.model import JobSpec
+from orchestrator.spec.model import Budget
 
 
 @dataclass(frozen=True)
@@ -46,40 +51,60 @@ class LaunchPlan:
         }
 
 
-def local_plan(spec: JobSpec, on_demand_price: Decimal, spot_price: Decimal) -> LaunchPlan:
+@dataclass(frozen=True)
+class DryRun:
+    """What a provider would launch for a request, launching nothing (a TorchX-style dry run)."""
+
+    plan: LaunchPlan  # the launch a submit would try first
+    document: dict[str, Any]  # `orch submit --dry-run --json`, less its "spec" key
+
+
+def local_plan(
+    request: LaunchRequest, budget: Budget, on_demand_price: Decimal, spot_price: Decimal
+) -> LaunchPlan:
     """The local provider has one offer per market, at its configured prices per node-hour;
     `spot: auto` plans spot when it is the cheaper (as the provider launches it when granted)."""
-    resources = spec.resources
-    spot = resources.spot is True or (resources.spot == "auto" and spot_price <= on_demand_price)
+    spot = request.spot is True or (request.spot == "auto" and spot_price <= on_demand_price)
     return LaunchPlan(
         provider="local",
-        nodes=resources.nodes,
-        gpus_per_node=resources.gpus_per_node,
+        nodes=request.count,
+        gpus_per_node=request.gpus_per_node,
         market="spot" if spot else "on-demand",
-        instance_type=f"local-{resources.gpus_per_node}x",
+        instance_type=f"local-{request.gpus_per_node}x",
         price_per_node_hour=spot_price if spot else on_demand_price,
-        max_runtime_s=spec.budget.max_runtime,
-        max_cost_usd=spec.budget.max_cost_usd,
+        max_runtime_s=budget.max_runtime,
+        max_cost_usd=budget.max_cost_usd,
     )
 
 
-def offer_plan(spec: JobSpec, offer: Offer, *, provider: str = "aws") -> LaunchPlan:
+def local_dry_run(plan: LaunchPlan) -> DryRun:
+    """The local dry run: its plan, with no offers to list."""
+    return DryRun(plan, {"provider": plan.provider, "plan": plan.as_dict()})
+
+
+def offer_plan(
+    request: LaunchRequest, budget: Budget, offer: Offer, *, provider: str = "aws"
+) -> LaunchPlan:
     """The plan a submit would follow with `offer` (the first offer it would try)."""
-    resources = spec.resources
     return LaunchPlan(
         provider=provider,
-        nodes=resources.nodes,
-        gpus_per_node=resources.gpus_per_node,
+        nodes=request.count,
+        gpus_per_node=request.gpus_per_node,
         market=offer.market,
         instance_type=offer.instance_type,
         price_per_node_hour=offer.price_per_hour,
-        max_runtime_s=spec.budget.max_runtime,
-        max_cost_usd=spec.budget.max_cost_usd,
+        max_runtime_s=budget.max_runtime,
+        max_cost_usd=budget.max_cost_usd,
     )
 
 
 def offers_dry_run(
-    spec: JobSpec, offers: list[Offer], *, provider: str = "aws", top: int | None = 10
+    request: LaunchRequest,
+    budget: Budget,
+    offers: list[Offer],
+    *,
+    provider: str = "aws",
+    top: int | None = 10,
 ) -> dict:
     """The `orch submit --dry-run --provider aws --json` document. Pure.
 
@@ -88,8 +113,8 @@ def offers_dry_run(
     `offers_total` says how many there were. Each offer row carries its per-node and cluster
     hourly price and its cost for `budget.max_runtime` (None without one).
     """
-    nodes = spec.resources.nodes
-    runtime = spec.budget.max_runtime
+    nodes = request.count
+    runtime = budget.max_runtime
     rows = []
     for offer in offers if top is None else offers[:top]:
         hourly = offer.price_per_hour * nodes
@@ -99,7 +124,7 @@ def offers_dry_run(
             None if runtime is None else str(hourly * Decimal(str(runtime)) / Decimal(3600))
         )
         rows.append(row)
-    plan = offer_plan(spec, offers[0], provider=provider) if offers else None
+    plan = offer_plan(request, budget, offers[0], provider=provider) if offers else None
     return {
         "provider": provider,
         "plan": None if plan is None else plan.as_dict(),

@@ -32,6 +32,7 @@ from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import LaunchRequest, MarketPrices, MarketView, Provider
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.requests import launch_request
 from orchestrator.spot.inputs import (
     DriverState,
     StepRate,
@@ -70,18 +71,7 @@ class PlannedMove:
 
 def price_request(job_id: str, spec: JobSpec) -> LaunchRequest:
     """The launch a job's nodes would need, on either market: what prices are asked for."""
-    resources = spec.resources
-    return LaunchRequest(
-        job_id=job_id,
-        cluster=job_id,
-        count=resources.nodes,
-        gpus_per_node=resources.gpus_per_node,
-        public_key="",
-        spot="auto",
-        accelerator=resources.accelerator,
-        max_price_per_hour=resources.max_price_per_hour,
-        min_gpu_memory_gb=resources.min_gpu_memory_gb,
-    )
+    return launch_request(spec, job_id, spot="auto")
 
 
 class DeadlineDriver:

@@ -33,6 +33,7 @@ from orchestrator.providers.offers import (
 )
 from orchestrator.providers.plan import offers_dry_run
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.requests import launch_request
 
 CATALOG = load_catalog()
 GIVEN_US_EAST_1 = {
@@ -240,7 +241,8 @@ def test_dry_run_document() -> None:
         zones=ZONES,
         spot_prices=SPOT,
     )
-    doc = json.loads(json.dumps(offers_dry_run(spec, offers, top=2)))
+    request = launch_request(spec, "cifar")
+    doc = json.loads(json.dumps(offers_dry_run(request, spec.budget, offers, top=2)))
     assert doc["offers_total"] == 4 and len(doc["offers"]) == 2
     assert doc["chosen"]["instance_type"] == "g5.xlarge" and doc["chosen"]["zone"] == "us-east-1b"
     assert doc["chosen"]["cluster_usd_per_hour"] == "0.62"
@@ -248,7 +250,7 @@ def test_dry_run_document() -> None:
     plan = doc["plan"]
     assert plan["provider"] == "aws" and plan["market"] == "spot" and plan["nodes"] == 2
     assert plan["price_per_node_hour"] == 0.31 and plan["cost_at_max_runtime_usd"] == 1.24
-    assert offers_dry_run(spec, [])["plan"] is None
+    assert offers_dry_run(request, spec.budget, [])["plan"] is None
 
 
 def test_launch_arguments_and_token() -> None:

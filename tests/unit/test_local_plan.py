@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.providers.plan import local_plan
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.requests import launch_request
 
 
 @pytest.mark.parametrize(
@@ -18,7 +19,7 @@ def test_local_plan_prices_the_market_it_launches(spot: object, market: str, pri
     spec = JobSpec.model_validate(
         {"name": "p", "workdir": ".", "run": "true", "resources": {"spot": spot}}
     )
-    plan = local_plan(spec, Decimal("0.9"), Decimal("0.3"))
+    plan = local_plan(launch_request(spec, "p"), spec.budget, Decimal("0.9"), Decimal("0.3"))
     assert plan.market == market and plan.price_per_node_hour == Decimal(price)
 
 
@@ -26,5 +27,5 @@ def test_auto_stays_on_demand_when_spot_is_dearer() -> None:
     spec = JobSpec.model_validate(
         {"name": "p", "workdir": ".", "run": "true", "resources": {"spot": "auto"}}
     )
-    plan = local_plan(spec, Decimal("0.2"), Decimal("0.3"))
+    plan = local_plan(launch_request(spec, "p"), spec.budget, Decimal("0.2"), Decimal("0.3"))
     assert plan.market == "on-demand" and plan.price_per_node_hour == Decimal("0.2")

@@ -12,6 +12,7 @@ from orchestrator.control.spend_guard import needs_confirmation
 from orchestrator.errors import ConfigError
 from orchestrator.providers.plan import LaunchPlan, local_plan
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.requests import launch_request
 
 
 def spec(**budget: object) -> JobSpec:
@@ -46,7 +47,13 @@ def test_a_spend_or_runtime_cap_needs_no_question(budget: dict) -> None:
 
 def test_local_nodes_bill_nobody_and_need_no_question() -> None:
     job = spec()
-    assert needs_confirmation(job, local_plan(job, Decimal("0.5"), Decimal("0.2"))) is None
+    assert (
+        needs_confirmation(
+            job,
+            local_plan(launch_request(job, "guard"), job.budget, Decimal("0.5"), Decimal("0.2")),
+        )
+        is None
+    )
 
 
 def test_the_default_max_runtime_is_a_duration_setting(tmp_path: Path) -> None:

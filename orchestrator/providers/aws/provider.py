@@ -101,7 +101,9 @@ from orchestrator.providers.offers import (
     cheapest_prices,
     collect_offers,
 )
+from orchestrator.providers.plan import DryRun, offer_plan, offers_dry_run
 from orchestrator.providers.ssh_banner import answers_ssh
+from orchestrator.spec.model import Budget
 
 _CHUNK = 200  # ids per describe/terminate call
 
@@ -223,6 +225,19 @@ class AwsProvider:
         )
 
     # --- Provider interface ---------------------------------------------------------------------
+
+    def plan(self, request: LaunchRequest, budget: Budget) -> DryRun:
+        """The cheapest fitting offer (asks EC2 for zones and spot prices), with the ten
+        cheapest listed in the document; `CapacityError` when no offer fits at all."""
+        offers = self.offers(OfferQuery.from_resources(request))
+        if not offers:
+            raise CapacityError(
+                "no AWS offer fits the job's resources (GPU type, count, memory, max price)",
+                hint="`orch catalog` lists the instance types; relax resources or "
+                "max_price_per_hour",
+            )
+        plan = offer_plan(request, budget, offers[0], provider=self.name)
+        return DryRun(plan, offers_dry_run(request, budget, offers, provider=self.name))
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
         """Start `request.count` nodes in one zone of the cheapest offer that has capacity;

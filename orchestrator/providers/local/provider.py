@@ -36,6 +36,7 @@ import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
@@ -67,6 +68,10 @@ from orchestrator.providers.local.net import SshdConfig, poweroff_command
 from orchestrator.providers.local.state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
 from orchestrator.providers.traces import SpotTrace, TraceClock
 
+if TYPE_CHECKING:
+    from orchestrator.providers.plan import DryRun
+    from orchestrator.spec.model import Budget
+
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
 SFTP_SERVERS = (
     "/usr/lib/openssh/sftp-server",
@@ -93,6 +98,14 @@ class LocalProvider:
         self.ready_timeout = ready_timeout
 
     # --- Provider interface ---------------------------------------------------------------------
+
+    def plan(self, request: LaunchRequest, budget: Budget) -> DryRun:
+        """One offer per market at `local.price_per_hour` / `local.spot_price`; `spot: auto`
+        plans the cheaper (the spot grant, `orch local spot`, is not asked)."""
+        from orchestrator.providers.plan import local_dry_run, local_plan
+
+        local = self.settings.local
+        return local_dry_run(local_plan(request, budget, local.price_per_hour, local.spot_price))
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
         """Start `request.count` nodes, ordered by rank, each reachable over SSH.

@@ -1,0 +1,267 @@
+"""What `orch submit` and `orch down` do, apart from showing it (`orch cancel`: `control.cancel`).
+
+Each command is a function that does the work and returns a dataclass saying what happened;
+the CLI turns that into text, `--json` documents and exit codes. Errors are `OrchError`s.
+Asking a person anything (the spend guard's question) is the CLI's part: it happens between
+`prepare_submit` and `submit_detached` / `submit_foreground`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.config import Settings
+from orchestrator.control.ownership import Partition, partition
+from orchestrator.control.reconcile import end_nodes
+from orchestrator.control.supervision import (
+    ControllerLock,
+    controller_running,
+    new_job_id,
+    register_job,
+    spawn_controller,
+    wait_for_controller,
+)
+from orchestrator.errors import SpecError, UnknownJob
+from orchestrator.ledger.store import Job, JobState, Ledger, utcnow
+from orchestrator.providers import get_provider
+from orchestrator.providers.base import Instance, Provider
+from orchestrator.providers.plan import DryRun, LaunchPlan
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.model import LoadedJob
+from orchestrator.spec.requests import launch_request
+
+if TYPE_CHECKING:
+    from orchestrator.control.runner import JobOutcome, Reporter
+
+# A person watches a foreground job: its log and progress are polled every second.
+FOREGROUND_WATCH_INTERVAL = 1.0
+
+
+# --- submit ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedSubmit:
+    """A job read and checked, with the launch it would get; nothing registered or launched."""
+
+    loaded: LoadedJob  # the spec with flags and the settings' default max_runtime applied
+    provider: Provider
+    dry_run: DryRun  # what the provider would launch first (the `--dry-run` answer)
+
+    @property
+    def plan(self) -> LaunchPlan:
+        return self.dry_run.plan
+
+
+@dataclass(frozen=True)
+class Detached:
+    """A job handed to a background controller, which holds its lock by now."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A foreground job driven to its final state."""
+
+    job_id: str
+    outcome: JobOutcome  # state, exit code and reason, as the controller ended it
+
+
+def prepare_submit(
+    settings: Settings,
+    job_file: Path,
+    overrides: Mapping[str, object],
+    *,
+    now: datetime | None = None,
+) -> PreparedSubmit:
+    """Load `job_file` with the flags' `overrides` (keys such as "resources.nodes"; None: not
+    given), give it `controller.default_max_runtime` when it has no max_runtime, check its
+    deadline against `now`, and plan it on its provider (`Provider.plan`; may ask the cloud
+    for prices). Registers and launches nothing.
+
+    Raises `SpecError` for a bad spec or flags and for a deadline already passed, and
+    `CapacityError` when no offer fits the job's resources.
+    """
+    loaded = load_job(job_file, dict(overrides))
+    default_runtime = settings.controller.default_max_runtime
+    if default_runtime is not None and loaded.spec.budget.max_runtime is None:
+        loaded = load_job(job_file, {**overrides, "budget.max_runtime": default_runtime})
+    now = now or utcnow()
+    deadline = loaded.spec.deadline_at(now)
+    if deadline is not None and deadline <= now:
+        raise SpecError(
+            f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
+            hint="give a later time, or a duration after submit such as deadline: 36h",
+        )
+    provider = get_provider(loaded.spec.provider, settings)
+    # No job id yet: the request is named after the spec, which a plan does not look at.
+    request = launch_request(loaded.spec, loaded.spec.name)
+    return PreparedSubmit(loaded, provider, provider.plan(request, loaded.spec.budget))
+
+
+def check_hourly_cap(prepared: PreparedSubmit) -> None:
+    """Raise `SpecError` when the plan's cluster costs more per hour than
+    `budget.max_hourly_usd` allows; a dry run shows such a plan, a launch refuses it."""
+    plan, cap = prepared.plan, prepared.loaded.spec.budget.max_hourly_usd
+    if cap is not None and plan.hourly_usd > cap:
+        raise SpecError(
+            f"the plan costs ${plan.hourly_usd}/h, above budget.max_hourly_usd ${cap}/h",
+            hint="use fewer or cheaper nodes, or raise budget.max_hourly_usd",
+        )
+
+
+def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit) -> Detached:
+    """Register the job (PENDING) and start a background controller for it; returns once that
+    controller holds the job's lock, and raises `OrchError` if it died at start. From then on
+    the controller launches the nodes and bills; `cancel` stops it."""
+    job_id = new_job_id(prepared.loaded.spec.name)
+    register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
+    return Detached(job_id)
+
+
+@dataclass
+class ForegroundJob:
+    """A registered job whose controller is this process, holding its lock; use as a context
+    manager, which releases the lock on leaving (also on an error).
+
+    Nothing is launched before `run`. A process that exits without calling `run` leaves a
+    PENDING job with a written record, which the next orch command's revival adopts.
+    """
+
+    settings: Settings
+    ledger: Ledger
+    prepared: PreparedSubmit
+    job: Job
+    lock: ControllerLock
+
+    def __enter__(self) -> ForegroundJob:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.lock.release()
+
+    def run(self, reporter: Reporter) -> Finished:
+        """Drive the job to a final state in this process (launch, sync, train, pull, shut the
+        nodes down), telling `reporter` what happens. KeyboardInterrupt (Ctrl-C, or the
+        SIGTERM of `orch cancel` once turned into one) makes the runner cancel the job: its
+        nodes end, and billing stops, before this returns."""
+        from orchestrator.control.runner import JobRunner, RunnerOptions
+
+        base = self.settings.controller
+        options = RunnerOptions(
+            **{
+                **base.runner_options(),
+                "watch_interval": min(base.watch_interval, FOREGROUND_WATCH_INTERVAL),
+            }
+        )
+        outcome = JobRunner(
+            self.job, self.prepared.loaded, settings=self.settings, ledger=self.ledger,
+            provider=self.prepared.provider, reporter=reporter, options=options,
+        ).run()  # fmt: skip
+        return Finished(self.job.id, outcome)
+
+
+def submit_foreground(
+    settings: Settings, ledger: Ledger, prepared: PreparedSubmit
+) -> ForegroundJob:
+    """Register the job (PENDING) with this process as its controller (lock taken first, so no
+    revival can adopt it meanwhile); `ForegroundJob.run` then drives it."""
+    job_id = new_job_id(prepared.loaded.spec.name)
+    lock = ControllerLock(settings, job_id)
+    lock.acquire()  # a new id: nobody else can hold it
+    job = register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    return ForegroundJob(settings, ledger, prepared, job, lock)
+
+
+# --- down -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodesEnded:
+    """One job's nodes that `down` terminated (their billing stopped, leases closed)."""
+
+    job_id: str
+    provider: str
+    instance_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DownResult:
+    ended: tuple[NodesEnded, ...]  # per job, in the order they were ended
+    not_ours: tuple[str, ...]  # ids of other ledgers' nodes that matched: never touched
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(group.instance_ids) for group in self.ended)
+
+
+def down(
+    settings: Settings,
+    ledger: Ledger,
+    cluster: str | None,
+    *,
+    on_ended: Callable[[NodesEnded], None] | None = None,
+) -> DownResult:
+    """Terminate the nodes of cluster `cluster` (None: every cluster) that belong to this
+    ledger, whatever their job is doing, on every provider in use. Each job's nodes are ended
+    together (`end_nodes`: billing stops at the provider's acknowledgement, leases closed);
+    `on_ended` hears of each group as soon as it is gone, so that what was ended is known
+    even when a later group fails. A job left unfinished with no live controller is recorded
+    CANCELLED (exit 130, "orch down"); one with a live controller is left to it, which finds
+    its nodes gone. Nodes of other ledgers are returned in `not_ours`, never ended.
+    """
+    ended: list[NodesEnded] = []
+    others: list[str] = []
+    for provider in providers_in_use(settings, ledger):
+        wanted = [i for i in provider.list_owned() if cluster is None or i.cluster == cluster]
+        found = ledger_partition(ledger, wanted)
+        others += [i.instance_id for i in found.others]
+        by_job: dict[str, list[str]] = {}
+        for instance in found.ours:
+            by_job.setdefault(instance.job_id, []).append(instance.instance_id)
+        for job_id, ids in by_job.items():
+            end_nodes(ledger, provider, job_id, ids, home=settings.home)
+            with contextlib.suppress(UnknownJob):
+                job = ledger.get_job(job_id)
+                if not JobState(job.state).is_final and not controller_running(settings, job_id):
+                    ledger.update_job(
+                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down",
+                        ended_at=utcnow(),
+                    )  # fmt: skip
+            group = NodesEnded(job_id, provider.name, tuple(ids))
+            ended.append(group)
+            if on_ended is not None:
+                on_ended(group)
+    return DownResult(tuple(ended), tuple(others))
+
+
+def cluster_not_found(cluster: str) -> SpecError:
+    """The error of a `down CLUSTER` that found no node of that cluster in this ledger."""
+    return SpecError(
+        f"no running cluster {cluster!r} of this ledger",
+        hint="`orch status` lists jobs; a cluster of another ledger is ended from there",
+    )
+
+
+# --- what the commands share ----------------------------------------------------------------
+
+
+def providers_in_use(settings: Settings, ledger: Ledger) -> list[Provider]:
+    """The local provider, plus AWS when a job used it or an endpoint is configured."""
+    names = {"local"} | {job.provider for job in ledger.jobs()}
+    if settings.aws.endpoint_url:
+        names.add("aws")
+    return [get_provider(name, settings) for name in sorted(names)]
+
+
+def ledger_partition(ledger: Ledger, instances: list[Instance]) -> Partition:
+    """`instances` split into this ledger's and the others (`orchestrator.control.ownership`)."""
+    leased = {lease.instance_id for lease in ledger.leases()}
+    return partition(instances, ledger.ledger_id, leased=leased)
