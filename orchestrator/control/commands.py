@@ -31,9 +31,9 @@ from orchestrator.ledger.store import Job, JobState, Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.providers.plan import DryRun, LaunchPlan
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.loading import load_job
 from orchestrator.spec.model import LoadedJob
-from orchestrator.spec.requests import launch_request
 
 if TYPE_CHECKING:
     from orchestrator.control.runner import JobOutcome, Reporter

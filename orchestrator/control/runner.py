@@ -82,11 +82,11 @@ from orchestrator.node.guard_protocol import (
 from orchestrator.node.progress import Metrics
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.providers.base import Instance, LaunchRequest, NodeEnd, Provider
+from orchestrator.providers.requests import launch_request
 from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import LoadedJob
-from orchestrator.spec.requests import launch_request
 from orchestrator.spot.driver import (
     SWITCHED_EVENT,
     DeadlineDriver,

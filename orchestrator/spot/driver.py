@@ -31,8 +31,8 @@ from orchestrator.errors import OrchError
 from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import LaunchRequest, MarketPrices, MarketView, Provider
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.requests import launch_request
 from orchestrator.spot.inputs import (
     DriverState,
     StepRate,

@@ -32,8 +32,8 @@ from orchestrator.providers.offers import (
     rank_offers,
 )
 from orchestrator.providers.plan import offers_dry_run
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.requests import launch_request
 
 CATALOG = load_catalog()
 GIVEN_US_EAST_1 = {

@@ -21,8 +21,8 @@ from orchestrator.control.supervision import ControllerLock, revive_controllers
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
 from orchestrator.ledger.store import Job, JobState, Lease, Ledger, make_engine
 from orchestrator.providers.base import CloudIdentity, Instance
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.requests import launch_request
 from orchestrator.spot.driver import price_request
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

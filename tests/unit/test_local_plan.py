@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from orchestrator.providers.plan import local_plan
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.requests import launch_request
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from orchestrator.config import load_settings
 from orchestrator.control.spend_guard import needs_confirmation
 from orchestrator.errors import ConfigError
 from orchestrator.providers.plan import LaunchPlan, local_plan
+from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.requests import launch_request
 
 
 def spec(**budget: object) -> JobSpec:
