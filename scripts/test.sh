@@ -4,15 +4,15 @@
 # short version here.
 #
 # The tests mostly wait (on nodes, controllers, timeouts), so they run in parallel workers:
-# ORCH_TEST_WORKERS (default 3) of them, tests that share a machine-wide resource in one group
-# (tests/conftest.py). ORCH_TEST_WORKERS=0 runs everything in this one process.
+# ORCH_TEST_WORKERS (default 3) of them; tests that need a machine-wide resource (the sandbox)
+# take turns (tests/conftest.py). ORCH_TEST_WORKERS=0 runs everything in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check orchestrator trainer tests bench
 workers=${ORCH_TEST_WORKERS:-3}
 parallel=()
 if [ "$workers" -gt 0 ]; then
-    parallel=(-n "$workers" --dist loadgroup)
+    parallel=(-n "$workers")
 fi
 set +e
 .venv/bin/pytest -q -p no:cacheprovider --durations=15 "${parallel[@]}" -m "not soak" tests "$@"

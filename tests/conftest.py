@@ -5,9 +5,9 @@ property either holds or not, and how long one example took says nothing about t
 
 Running `orch`, waiting and leak checks are plain functions in `tests/support/`.
 
-The suite runs in parallel workers (pytest-xdist, `--dist loadgroup`). What exists once per
-machine goes to one worker: an `orch sandbox aws` holds a machine-wide lock, so every test that
-starts one is in the group "sandbox" and they run one after another."""
+The suite runs in parallel workers (pytest-xdist). What exists once per machine is taken in
+turns: an `orch sandbox aws` holds a machine-wide lock, so the tests that start one wait for
+each other (`tests.support.sandbox_run.sandbox_turn`)."""
 
 from __future__ import annotations
 
@@ -24,18 +24,6 @@ settings.register_profile(
     "orch", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("orch")
-
-# Modules whose tests start an `orch sandbox aws` without the `sandbox` fixture.
-SANDBOX_MODULES = {"tests.integration.test_sandbox", "tests.e2e.test_sandbox_crash"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        module = getattr(item, "module", None)
-        if "sandbox" in getattr(item, "fixturenames", ()) or (
-            module is not None and module.__name__ in SANDBOX_MODULES
-        ):
-            item.add_marker(pytest.mark.xdist_group("sandbox"))
 
 
 @pytest.fixture

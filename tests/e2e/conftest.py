@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.providers.local.provider import LocalProvider
-from tests.support.sandbox_run import SandboxProcess
+from tests.support.sandbox_run import SandboxProcess, sandbox_turn
 
 
 @pytest.fixture(autouse=True)
@@ -38,10 +38,12 @@ def _end_what_the_test_left(tmp_path: Path) -> Iterator[None]:
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
-    """A running `orch sandbox aws` of the test's own, stopped (every host removed) after it."""
-    running = SandboxProcess(tmp_path / "sandbox-home").start()
-    try:
-        yield running
-    finally:
-        if running.run is not None and running.run.proc.poll() is None:
-            running.stop()
+    """A running `orch sandbox aws` of the test's own, stopped (every host removed) after it;
+    tests in other workers wait for their turn (`sandbox_turn`)."""
+    with sandbox_turn():
+        running = SandboxProcess(tmp_path / "sandbox-home").start()
+        try:
+            yield running
+        finally:
+            if running.run is not None and running.run.proc.poll() is None:
+                running.stop()

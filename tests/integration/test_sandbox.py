@@ -26,7 +26,13 @@ from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.sandbox.client import SandboxClient
 from tests.support.helpers import Background, orch_env, processes_with_marker, run_orch
-from tests.support.sandbox_run import SandboxProcess, aws_env, in_host, sandbox_namespaces
+from tests.support.sandbox_run import (
+    SandboxProcess,
+    aws_env,
+    in_host,
+    sandbox_namespaces,
+    sandbox_turn,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -53,11 +59,12 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
-    running = SandboxProcess(tmp_path_factory.mktemp("sandbox")).start()
-    try:
-        yield running
-    finally:
-        assert running.stop() == 0, running.output
+    with sandbox_turn():
+        running = SandboxProcess(tmp_path_factory.mktemp("sandbox")).start()
+        try:
+            yield running
+        finally:
+            assert running.stop() == 0, running.output
 
 
 @pytest.fixture

@@ -68,7 +68,13 @@ from tests.support.helpers import (
     processes_with_marker,
     run_orch,
 )
-from tests.support.sandbox_run import NETNS_PREFIX, SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.sandbox_run import (
+    NETNS_PREFIX,
+    SandboxProcess,
+    aws_env,
+    sandbox_namespaces,
+    sandbox_turn,
+)
 from tests.support.waiting import wait_for_job
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
@@ -474,7 +480,14 @@ def run_trials(
     plans: list[TrialPlan], base: Path, *, log: Callable[[str], None] = print
 ) -> list[TrialResult]:
     """Start one sandbox (its home under `base`), run every trial in it, stop it; what the
-    sandbox printed is left in `base/sandbox.log`."""
+    sandbox printed is left in `base/sandbox.log`. Waits for its turn (`sandbox_turn`)."""
+    with sandbox_turn():
+        return _run_trials(plans, base, log)
+
+
+def _run_trials(
+    plans: list[TrialPlan], base: Path, log: Callable[[str], None]
+) -> list[TrialResult]:
     sandbox = SandboxProcess(base / "sandbox-home").start()
     results = []
     try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,22 @@ READY_RE = re.compile(r"sandbox ready: (http://127\.0\.0\.1:\d+)")
 REGION = "us-east-1"
 BRIDGE = "orchsbx0"
 NETNS_PREFIX = "osbx-"
+# One `orch sandbox aws` per machine (it holds /run/lock/orch-sandbox.lock): tests in parallel
+# workers take turns with this lock, held from before a sandbox starts until after the test has
+# checked that it left nothing behind.
+TURN_LOCK = Path("/run/lock/orch-sandbox-tests.lock")
+
+
+@contextmanager
+def sandbox_turn() -> Iterator[None]:
+    """Wait until no other test of this machine uses a sandbox; hold the turn inside."""
+    TURN_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with TURN_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
