@@ -60,15 +60,8 @@ from orchestrator.errors import (
     ProviderError,
     RemoteError,
 )
-from orchestrator.ledger.store import (
-    Job,
-    JobState,
-    Lease,
-    Ledger,
-    hourly_rate,
-    total_cost,
-    utcnow,
-)
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Lease, Ledger, hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
 from orchestrator.node.guard_protocol import (
     GuardLayout,
@@ -316,16 +309,10 @@ class JobRunner:
         self.instances = self._launch(request)
         for instance in self.instances:
             self.ledger.open_lease(
-                Lease(
+                Lease.from_instance(
+                    instance,
                     job_id=self.job.id,
-                    cluster=instance.cluster,
                     provider=self.provider.name,
-                    instance_id=instance.instance_id,
-                    rank=instance.rank,
-                    market=instance.market,
-                    instance_type=instance.instance_type,
-                    price_per_hour=instance.price_per_hour,
-                    launched_at=instance.launched_at,
                     identity=self.job.identity,
                 )
             )

@@ -24,7 +24,8 @@ from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervision import register_job
 from orchestrator.control.unrecorded import UNRECORDED_DIR, finish_unrecorded
 from orchestrator.errors import LedgerError
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
