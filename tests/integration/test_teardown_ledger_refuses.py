@@ -96,7 +96,7 @@ def test_a_teardown_with_a_locked_ledger_ends_every_node(
     )  # fmt: skip
     try:
         runner._provision()  # real nodes, leases open
-        ids = sorted(i.instance_id for i in runner.instances)
+        ids = sorted(runner.attempt.ids())
         assert len(ids) == 2 and all(processes_with_marker(i) for i in ids)
         with writes_refused(settings.db_path):
             runner._teardown(StopOrder(JobState.CANCELLED, 130, "cancelled"))
