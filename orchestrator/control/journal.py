@@ -8,14 +8,16 @@ writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from datetime import datetime
 
 from orchestrator.control.options import Reporter
 from orchestrator.control.stop_rules import StopOrder
 from orchestrator.job_state import JobState, may_follow
 from orchestrator.ledger.store import Job, Lease, Ledger
+from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import Instance
+from orchestrator.spot.inputs import PROGRESS_EVENT
 
 
 class IllegalTransition(RuntimeError):
@@ -23,23 +25,16 @@ class IllegalTransition(RuntimeError):
 
 
 class Journal:
-    """Writes the state changes of one job; `job` is its row as last written.
+    """Writes the state changes and the progress of one job; `job` is its row as last
+    written, `last_step` the newest step the run reported (each state's event carries it)."""
 
-    `step` says the newest step reported, which each state's event carries.
-    """
-
-    def __init__(
-        self, job: Job, ledger: Ledger, reporter: Reporter, step: Callable[[], int | None]
-    ) -> None:
+    def __init__(self, job: Job, ledger: Ledger, reporter: Reporter) -> None:
         self.job = job
         self.ledger = ledger
         self.reporter = reporter
-        self._step = step
-
-    @property
-    def last_step(self) -> int | None:
-        """The newest step reported by the run (not necessarily written to the job yet)."""
-        return self._step()
+        self.last_step: int | None = None
+        self._awaiting_progress = False  # a run started and has not reported progress yet
+        self._step_saved = 0.0
 
     @property
     def state(self) -> JobState:
@@ -108,6 +103,28 @@ class Journal:
         )
 
     # --- what is not a state change ------------------------------------------------------
+    def await_progress(self) -> None:
+        """A run was just started: its first progress line gets an event."""
+        self._awaiting_progress = True
+
+    def progress(self, metrics: Metrics) -> None:
+        """A progress line of rank 0: the first of a run is an event; the step (and loss) are
+        written to the job at most every 2 s."""
+        self.last_step = metrics.step
+        if self._awaiting_progress:
+            self._awaiting_progress = False
+            self.event(
+                PROGRESS_EVENT, f"first progress of this run: step {metrics.step}",
+                step=metrics.step,
+            )  # fmt: skip
+        now = time.monotonic()
+        if now - self._step_saved >= 2.0:
+            fields: dict[str, object] = {"step": metrics.step}
+            if metrics.loss is not None:
+                fields["loss"] = metrics.loss
+            self.ledger.update_job(self.job.id, **fields)
+            self._step_saved = now
+
     def identity(self, identity: str) -> None:
         """Record the cloud identity the job's nodes are launched as."""
         self.job = self.ledger.update_job(self.job.id, identity=identity)

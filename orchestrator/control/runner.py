@@ -18,29 +18,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, KeeperOptions
-from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
 from orchestrator.control.ending import NodeEnder
-from orchestrator.control.guards import Guards
-from orchestrator.control.journal import Journal
+from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
-from orchestrator.control.ownership import check_identity
-from orchestrator.control.recovery_rules import (
-    Interruption,
-    backoff_seconds,
-    may_recover,
-    salvage_seconds,
-)
+from orchestrator.control.parts import job_parts
+from orchestrator.control.recovery_rules import Interruption, may_recover
+from orchestrator.control.salvage import Salvage
 from orchestrator.control.stop_rules import StopOrder, runtime_order
-from orchestrator.control.supervision import controller_identity
-from orchestrator.control.supervisor import Decision, Supervisor, Watching
+from orchestrator.control.supervisor import Decision, Supervisor
 from orchestrator.control.unrecorded import UnrecordedEnd
 from orchestrator.errors import (
     CapacityError,
-    IdentityMismatch,
     JobCancelled,
     JobFailed,
     OrchError,
@@ -49,14 +41,13 @@ from orchestrator.errors import (
 )
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, utcnow
-from orchestrator.node import launch
 from orchestrator.node.progress import Metrics
-from orchestrator.providers.base import Instance, LaunchRequest, Provider
-from orchestrator.remote.keys import ensure_identity
+from orchestrator.providers.base import Provider
 from orchestrator.spec.model import LoadedJob
-from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove, price_request
-from orchestrator.spot.inputs import PROGRESS_EVENT, DriverState
-from orchestrator.spot.policies import Decision as Market
+from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove
+from orchestrator.spot.policies import (
+    Decision as Market,
+)  # the policy picks SPOT, ON_DEMAND or WAIT
 
 __all__ = [
     "JobOutcome",
@@ -120,44 +111,18 @@ class JobRunner:
         self.provider = provider
         self.reporter = reporter or SilentReporter()
         self.options = options or RunnerOptions()
-        self.layout = launch.NodeLayout(job.id)
-        self.job_dir = settings.job_dir(job.id)
-        self.keeper = keeper or CheckpointKeeper(
-            job_id=job.id,
-            checkpoint=self.spec.checkpoint,
-            node_dir=self.layout.node_path(self.spec.checkpoint.dir),
-            mirror=CheckpointMirror(self.job_dir / "checkpoints"),
-            ledger=ledger,
-            settings=settings,
-            line=self.reporter.line,
-            options=KeeperOptions(pull_every=self.spec.checkpoint.pull_every),
-        )
+        self.parts = parts = job_parts(
+            job, loaded, settings=settings, ledger=ledger, provider=provider,
+            reporter=self.reporter, options=self.options, keeper=keeper,
+        )  # fmt: skip
+        self.journal, self.keeper, self.guards = parts.journal, parts.keeper, parts.guards
+        self.layout, self._driver = parts.layout, parts.driver
         self.attempt = Attempt.not_launched()
-        self._open_attempt = open_attempt
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
-        self._last_step: int | None = None
-        self._last_step_saved = 0.0
-        self._awaiting_progress = False  # a run started and has not reported progress yet
-        self.journal = Journal(job, ledger, self.reporter, lambda: self._last_step)
-        self.guards = Guards(self.journal, self.spec, self.options, provider, self.reporter)
         self.nodes = NodeEnder(self.journal, provider, self.guards, self.reporter, settings)
-        self._driver = self._deadline_driver()  # None unless the spec names a spot_policy
-        self.supervisor = Supervisor(
-            Watching(
-                self.journal,
-                self.spec,
-                self.options,
-                settings,
-                provider,
-                self.reporter,
-                self.keeper,
-                self.guards,
-                self.layout,
-                self.job_dir,
-                self._driver,
-            ),  # fmt: skip
-            self._record_metrics,
-        )
+        self.launcher = Launcher(parts, open_attempt)
+        self.supervisor = Supervisor(parts, self._record_metrics)
+        self.salvage = Salvage(parts)
         self._supervise = supervise or self.supervisor.watch
 
     @property
@@ -180,7 +145,7 @@ class JobRunner:
         A job started as another cloud identity than the provider's raises `IdentityMismatch`
         before anything is touched: no node ended or launched, no lease closed, no state set.
         """
-        self._claim_identity()
+        self.launcher.claim_identity()
         order = StopOrder(JobState.FAILED, 1, "")
         try:
             if self.job.state == JobState.STOPPING and self.job.stop_state:
@@ -244,14 +209,24 @@ class JobRunner:
         return ended_at
 
     # --- bringing a run up ------------------------------------------------------------------
+    def _provision(self) -> None:
+        self.launcher.provision(
+            avoid_zones=self._avoid_zones,
+            pull_wait=self.salvage.pull_wait(),
+            keep=self._keep_attempt,
+        )
+
+    def _keep_attempt(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+
     def _bring_up(self) -> None:
         """Provision, sync and start the run; nodes the cloud takes on the way are replaced
         (each time counting as a recovery)."""
         while True:
             try:
                 self._provision()
-                self._sync()
-                self._start()
+                self.launcher.sync(self.attempt)
+                self.launcher.start(self.attempt)
                 return
             except (RemoteError, ProviderError) as exc:
                 if isinstance(exc, CapacityError) or not self.attempt.instances:
@@ -267,156 +242,13 @@ class JobRunner:
                 self._note_interruption(interruption)
                 self._replace_nodes(interruption)
 
-    def _provision(self) -> None:
-        resources = self.spec.resources
-        identity = ensure_identity(self.settings.keys_dir(self.job.id), f"orch-{self.job.id}")
-        self.journal.provisioning(
-            f"{resources.nodes} node(s) x {resources.gpus_per_node} on {self.provider.name}"
-        )
-        request = LaunchRequest(
-            job_id=self.job.id,
-            cluster=self.job.id,
-            count=resources.nodes,
-            gpus_per_node=resources.gpus_per_node,
-            public_key=identity.public_key,
-            spot=self._driver.launch_spot if self._driver is not None else resources.spot,
-            accelerator=resources.accelerator,
-            max_price_per_hour=resources.max_price_per_hour,
-            min_gpu_memory_gb=resources.min_gpu_memory_gb,
-            disk_size_gb=resources.disk_size_gb,
-            avoid_zones=self._avoid_zones,
-            store=self.spec.checkpoint.store,
-            guard=self.guards.terms(self._pull_wait()),
-            ledger_id=self.ledger.ledger_id,
-            attempt=self._launch_attempt(),
-        )
-        instances = self._launch(request)
-        self.attempt = Attempt(instances)  # known before the leases: teardown ends them anyway
-        for instance in instances:
-            self.journal.leased(instance, provider=self.provider.name)
-        self.attempt = self._open_attempt(instances, identity, self.options.connect_timeout)
-
-    def _launch_attempt(self) -> int:
-        """The number of the launch about to be made, 0 first: one per PROVISIONING event (each
-        launch writes one first), whoever made them. So a controller that starts a job again
-        after another died never repeats the idempotency tokens of that one's launch (EC2 would
-        answer with the old, terminated instances, or refuse the new user data)."""
-        kind = JobState.PROVISIONING.value
-        return max(0, sum(1 for e in self.ledger.events(self.job.id) if e.kind == kind) - 1)
-
-    def _launch(self, request: LaunchRequest) -> list[Instance]:
-        """Launch the nodes; spot-only launches refused for capacity are retried with backoff."""
-        attempt = 0
-        while True:
-            try:
-                return self.provider.launch(request)
-            except CapacityError as exc:
-                if request.spot is not True or self._driver is not None:
-                    raise  # a spot policy decides again instead of retrying
-                if attempt >= self.options.launch_retries:
-                    raise CapacityError(
-                        f"spot capacity was refused {attempt + 1} time(s) in a row; last "
-                        f"answer: {exc.message}",
-                        hint="set resources.spot to auto (falls back on on-demand) or retry later",
-                    ) from exc
-                attempt += 1
-                wait = backoff_seconds(attempt, self.options.launch_backoff)
-                self.journal.event(
-                    "WAITING", f"spot launch refused ({exc.message}); retry "
-                    f"{attempt} of {self.options.launch_retries} in {wait:.0f} s",
-                )  # fmt: skip
-                self.reporter.phase(f"no spot capacity; retrying in {wait:.0f} s")
-                time.sleep(wait)
-
-    def _sync(self) -> None:
-        self.journal.syncing(f"workdir and {len(self.spec.data)} data path(s)")
-        started = time.monotonic()
-        transfers = self.attempt.push(self.loaded, self.layout)
-        seconds = time.monotonic() - started
-        self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
-
-    def _start(self) -> None:
-        attempt = self.attempt
-        port = attempt.free_port()
-        resume = self.keeper.prepare(attempt.cluster, **attempt.node_access())
-        resume_from, resume_step = resume.path, resume.step
-        instances = attempt.instances
-        cluster_launch = launch.ClusterLaunch(
-            job_id=self.job.id,
-            run=self.spec.run,
-            setup=self.spec.setup,
-            num_nodes=len(instances),
-            procs_per_node=self.spec.resources.gpus_per_node,
-            master_addr=instances[0].private_ip,
-            master_port=port,
-            node_ips=[i.private_ip for i in instances],
-            checkpoint_dir=self.layout.node_path(self.spec.checkpoint.dir),
-            resume_from=resume_from,
-            user_env=dict(self.spec.env),
-        )
-        self.guards.check(attempt)
-        self.guards.renew(attempt)  # heard from, and the run's own deadline, before it starts
-        pids = attempt.start(cluster_launch)
-        self._awaiting_progress = True
-        if self._driver is not None:
-            self._driver.new_run()
-        self.journal.running(
-            f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
-            started_at=self.job.started_at or utcnow(),
-        )
-        self.guards.renew(attempt)
-        if self.job.recoveries or resume_from:
-            self.journal.event(
-                "RESUMED", f"from {resume_from}" if resume_from else
-                "from the checkpoint files pulled so far (no complete step-* directory)",
-                step=resume_step,
-            )  # fmt: skip
-
     def _record_metrics(self, metrics: Metrics, read_at: float) -> None:
         self.reporter.metrics(metrics)
-        self._last_step = metrics.step
         if self._driver is not None:
             self._driver.observe(metrics, read_at)
-        if self._awaiting_progress:
-            self._awaiting_progress = False
-            self.journal.event(
-                PROGRESS_EVENT, f"first progress of this run: step {metrics.step}",
-                step=metrics.step,
-            )  # fmt: skip
-        now = time.monotonic()
-        if now - self._last_step_saved >= 2.0:
-            fields: dict[str, object] = {"step": metrics.step}
-            if metrics.loss is not None:
-                fields["loss"] = metrics.loss
-            self.ledger.update_job(self.job.id, **fields)
-            self._last_step_saved = now
+        self.journal.progress(metrics)
 
     # --- ownership and adoption --------------------------------------------------------------
-    def _claim_identity(self) -> None:
-        """Refuse a job whose nodes were launched as another cloud identity (`IdentityMismatch`,
-        also written as a REFUSED event); record the provider's on a job that has none yet.
-
-        When the cloud cannot say who this is, a job with a recorded identity is refused too
-        (the error as is): nothing may be touched that cannot be seen.
-        """
-        recorded = [self.job.identity]
-        recorded += [lease.identity for lease in self.ledger.leases(self.job.id, open_only=True)]
-        try:
-            current = self.provider.identity()
-        except OrchError:
-            if any(text is not None for text in recorded):
-                raise
-            return  # nothing recorded to protect: a launch says what is wrong
-        try:
-            check_identity(self.job.id, recorded, current)
-        except IdentityMismatch as exc:
-            last = self.ledger.events(self.job.id)[-1:]
-            if not last or (last[0].kind, last[0].message) != ("REFUSED", str(exc)):
-                self.journal.event("REFUSED", str(exc), step=self.job.step)
-            raise
-        if self.job.identity is None:
-            self.journal.identity(current.to_json())
-
     def _adopt(self, *, require_all: bool) -> Interruption | None:
         """Take over the job's running nodes after a controller died; training goes on.
 
@@ -442,69 +274,20 @@ class JobRunner:
             )  # fmt: skip
         if not instances:
             return None
-        identity = ensure_identity(self.settings.keys_dir(self.job.id), f"orch-{self.job.id}")
-        self.attempt = self._open_attempt(instances, identity, self.options.connect_timeout)
-        self.attempt.started = True
-        self._last_step = self.job.step
-        try:
-            self.keeper.adopt(self.attempt.cluster, **self.attempt.node_access())
-        except OrchError as exc:
-            self.journal.event("WARNING", f"checkpoint agents: {exc}")
-        self.journal.event(
-            "ADOPTED", f"controller {controller_identity()} took over "
-            f"{len(instances)} node(s)", step=self.job.step,
-        )  # fmt: skip
-        self.reporter.phase(f"adopted by controller {controller_identity()}")
+        self.journal.last_step = self.job.step
+        self.attempt = self.launcher.adopt(instances)
         return None
 
     # --- recovery -------------------------------------------------------------------------------
     def _salvage(self, interruption: Interruption) -> None:
-        """Keep what the interrupted run can still give before its nodes go.
-
-        After a notice the nodes still run: every trainer gets SIGTERM (rank 0 writes its
-        emergency checkpoint), and what the agents stage of it is collected before the reclaim.
-        Without a notice, what the nodes that still answer hold is collected: a checkpoint
-        that needed a lost node's files is whole only if those arrived before it was lost.
-        """
         self._note_interruption(interruption)
-        started = time.monotonic()
-        grace = salvage_seconds(interruption, utcnow(), self.options.stop_grace)
-        if grace > 0:
-            self.attempt.stop_trainers(self.layout, grace)
-        skip = self._unanswering(interruption)
-        if len(skip) < len(self.attempt.instances):
-            wait = salvage_seconds(interruption, utcnow(), self.options.final_pull_wait)
-            try:
-                self.keeper.finish(skip=skip, wait_s=wait if interruption.cause == "notice" else 0)
-            except OrchError as exc:
-                self.journal.event("WARNING", f"salvage pull failed: {exc}")
-        if interruption.cause == "notice" and self.attempt.watch is not None:
-            with contextlib.suppress(OrchError):
-                self.attempt.watch.catch_up()
-        newest = self.keeper.newest()
-        self.journal.event(
-            "SALVAGED", f"newest checkpoint {newest.name if newest else 'none'}, "
-            f"{time.monotonic() - started:.1f} s after detection",
-            step=newest.step if newest else None,
-        )  # fmt: skip
-
-    def _unanswering(self, interruption: Interruption) -> set[int]:
-        """Nodes not to ask for checkpoints after an interruption: those lost or taken, and
-        those that missed the last probe or that the provider reports taken meanwhile (asking
-        them would cost a connection timeout). After a notice every node still runs."""
-        attempt = self.attempt
-        if interruption.cause == "notice" or not attempt.instances:
-            return set()
-        skip = set(interruption.ranks) | set(attempt.gone_ranks)
-        if attempt.watch is not None:
-            skip |= {rank for rank, misses in enumerate(attempt.watch.misses) if misses}
-        rest = [i for i in attempt.instances if i.rank not in skip]
-        taken = self.provider.preempted([i.instance_id for i in rest]) if rest else set()
-        return skip | {i.rank for i in rest if i.instance_id in taken}
+        self.salvage.interrupted(self.attempt, interruption)
 
     def _note_interruption(self, interruption: Interruption) -> None:
         self.journal.event(
-            "PREEMPTED", f"{interruption.cause}: {interruption.describe()}", step=self._last_step
+            "PREEMPTED",
+            f"{interruption.cause}: {interruption.describe()}",
+            step=self.journal.last_step,
         )
         self.reporter.phase(f"interrupted: {interruption.describe()}")
 
@@ -539,21 +322,6 @@ class JobRunner:
         self._end_attempt()
 
     # --- the spot policy (spec.spot_policy; see orchestrator.spot.driver) ---------------
-    def _deadline_driver(self) -> DeadlineDriver | None:
-        if self.spec.spot_policy is None:
-            return None
-        return DeadlineDriver(
-            job_id=self.job.id,
-            spec=self.spec,
-            submitted_at=self.job.created_at,
-            ledger=self.ledger,
-            provider=self.provider,
-            launch_request=price_request(self.job.id, self.spec),
-            interval_s=self.options.policy_interval,
-            overhead_prior_s=self.options.restart_overhead_prior,
-            state=DriverState.from_json(self.job.policy_state),
-        )
-
     def _bring_up_on_policy(self, first: Market | None = None) -> StopOrder | None:
         """`_bring_up` on the market the spot policy picks (`first`, or a fresh decision);
         without a policy, plain `_bring_up`.
@@ -639,7 +407,7 @@ class JobRunner:
         if attempt.running:
             attempt.stop_trainers(self.layout, self.options.stop_grace)
             try:
-                self._final_pull()
+                self.salvage.final_pull(self.attempt)
             except OrchError as exc:
                 self.journal.event("WARNING", f"pull before the move: {exc}")
             if attempt.watch is not None:
@@ -652,20 +420,9 @@ class JobRunner:
         newest = self.keeper.newest()
         if newest is not None and newest.step is not None:
             return newest.step
-        return self._last_step if self._last_step is not None else self.job.step
+        return self.journal.last_step if self.journal.last_step is not None else self.job.step
 
     # --- checkpoints, logs and teardown ------------------------------------------------------
-    def _pull_wait(self) -> float:
-        """How long the nodes' agents may take to stage what a run left (longer when the
-        store holds the only copy)."""
-        if self.spec.checkpoint.mirror_mode == "none":
-            return self.options.store_only_wait
-        return self.options.final_pull_wait
-
-    def _final_pull(self) -> None:
-        """Collect what the run left, once the nodes' agents staged it (bounded wait)."""
-        self.keeper.finish(skip=self.attempt.gone_ranks, wait_s=self._pull_wait())
-
     def _catch_up_logs(self) -> None:
         attempt = self.attempt
         if attempt.watch is None:
@@ -687,7 +444,9 @@ class JobRunner:
         writes.write(
             "the STOPPING event",
             lambda: journal.event(
-                "STOPPING", f"{order.state.value}: {reason or 'finished'}", step=self._last_step
+                "STOPPING",
+                f"{order.state.value}: {reason or 'finished'}",
+                step=self.journal.last_step,
             ),
         )
         self.reporter.phase(
@@ -696,7 +455,7 @@ class JobRunner:
         if self.attempt.running:
             if order.state is not JobState.SUCCEEDED:
                 self.attempt.stop_trainers(self.layout, self.options.stop_grace)
-            for salvage in (self._final_pull, self._catch_up_logs):
+            for salvage in (lambda: self.salvage.final_pull(self.attempt), self._catch_up_logs):
                 try:
                     salvage()
                 except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
@@ -706,14 +465,14 @@ class JobRunner:
             self.keeper.sweep_store()
         except Exception as exc:  # noqa: BLE001 - the job's end is recorded whatever happens here
             self.nodes.warn(f"store cleanup: {exc}")
-        step = self._last_step if self._last_step is not None else self.job.step
+        step = self.journal.last_step if self.journal.last_step is not None else self.job.step
         writes.write(
             f"the job's end ({order.state.value})",
             lambda: journal.ended(order, ended_at=ended_at, step=step),
         )
         writes.write(
             f"the {order.state.value} event",
-            lambda: journal.event(order.state.value, reason or "", step=self._last_step),
+            lambda: journal.event(order.state.value, reason or "", step=self.journal.last_step),
         )
         if writes.retry():
             self.nodes.save_unrecorded(

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
-from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.cluster.notice_watch import NoticeWatcher
 from orchestrator.cluster.run_watch import RunWatch
-from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt
-from orchestrator.control.guards import Guards
-from orchestrator.control.journal import Journal
-from orchestrator.control.options import Reporter, RunnerOptions
+from orchestrator.control.parts import JobParts
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.stop_rules import StopOrder, budget_order, idle_order, runtime_order
 from orchestrator.errors import JobCancelled, JobFailed, NodeLost
@@ -33,29 +27,10 @@ from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
 from orchestrator.node.progress import Metrics
 from orchestrator.node.spot_notice import SpotNotice
-from orchestrator.providers.base import Provider
-from orchestrator.spec.model import JobSpec
-from orchestrator.spot.driver import DeadlineDriver, PlannedMove
+from orchestrator.spot.driver import PlannedMove
 
 Decision = StopOrder | Interruption | PlannedMove
 OnMetrics = Callable[[Metrics, float], None]  # (metrics, time.monotonic() of the reading)
-
-
-@dataclass(frozen=True)
-class Watching:
-    """What a supervisor needs of the job besides the attempt it watches."""
-
-    journal: Journal
-    spec: JobSpec
-    options: RunnerOptions
-    settings: Settings
-    provider: Provider
-    reporter: Reporter
-    keeper: CheckpointKeeper
-    guards: Guards
-    layout: launch.NodeLayout
-    job_dir: Path
-    driver: DeadlineDriver | None
 
 
 class _First:
@@ -79,7 +54,7 @@ class _First:
 class Supervisor:
     """Watches one attempt; `watch` may be called once per started run."""
 
-    def __init__(self, parts: Watching, on_metrics: OnMetrics) -> None:
+    def __init__(self, parts: JobParts, on_metrics: OnMetrics) -> None:
         self.parts = parts
         self.on_metrics = on_metrics
 
@@ -137,20 +112,20 @@ class Supervisor:
             timezone=UTC,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        checks: list[tuple[Callable[[], Decision | None], float, datetime | None]] = [
-            (lambda: self.check_run(attempt), options.watch_interval, now),
-            (lambda: self.check_activity(attempt, activity), options.watch_interval, now),
-            (lambda: self.check_budget(attempt), options.budget_interval, now),
-        ]
+        for check, seconds in (
+            (lambda: self.check_run(attempt), options.watch_interval),
+            (lambda: self.check_activity(attempt, activity), options.watch_interval),
+            (lambda: self.check_budget(attempt), options.budget_interval),
+        ):
+            scheduler.add_job(
+                self._guarded(check, first), "interval", seconds=seconds, next_run_time=now
+            )
         if p.driver is not None:
             driver = p.driver
-            checks.append(
-                (lambda: driver.tick(attempt.market, self._last_step()), options.policy_interval,
-                 None)
-            )  # fmt: skip
-        for check, seconds, next_run in checks:
-            scheduler.add_job(
-                self._guarded(check, first), "interval", seconds=seconds, next_run_time=next_run
+            scheduler.add_job(  # first decision one interval in (the launch was just decided)
+                self._guarded(lambda: driver.tick(attempt.market, self._last_step()), first),
+                "interval",
+                seconds=options.policy_interval,
             )
         scheduler.start()
         p.keeper.watch(cluster, gone=lambda: set(attempt.gone_ranks), on_failure=first.decide)

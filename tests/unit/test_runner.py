@@ -242,6 +242,7 @@ def runner(
     ledger: Ledger,
     provider: FakeProvider,
     supervise: Supervise,
+    options: RunnerOptions = FAST,
     **spec_fields: Any,
 ) -> JobRunner:
     loaded = loaded_job(tmp_path, **spec_fields)
@@ -256,7 +257,7 @@ def runner(
         ledger=ledger,
         provider=provider,  # type: ignore[arg-type]
         reporter=SilentReporter(),
-        options=FAST,
+        options=options,
         open_attempt=open_fake,
         keeper=cast(CheckpointKeeper, FakeKeeper()),
         supervise=supervise,
@@ -338,8 +339,8 @@ def test_a_spot_notice_salvages_with_a_checkpoint_then_relaunches(
         attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
         return calls.pop(0)(attempt)
 
-    the_runner = runner(tmp_path, ledger, provider, supervise)
-    the_runner.options = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_retries=0)
+    options = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_retries=0)
+    the_runner = runner(tmp_path, ledger, provider, supervise, options)
     keeper = cast(FakeKeeper, the_runner.keeper)
     outcome = the_runner.run()
 
@@ -385,7 +386,7 @@ def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._claim_identity()
+    killed.launcher.claim_identity()
     killed._bring_up()  # RUNNING on 2 nodes; then the controller dies (no teardown)
     assert ledger.get_job(JOB_ID).state == JobState.RUNNING
     ledger.update_job(JOB_ID, step=42)
@@ -431,7 +432,7 @@ def test_the_journal_refuses_an_illegal_transition_and_writes_nothing(
     tmp_path: Path, ledger: Ledger
 ) -> None:
     job = add_job(ledger, loaded_job(tmp_path))
-    journal = Journal(job, ledger, SilentReporter(), lambda: None)
+    journal = Journal(job, ledger, SilentReporter())
 
     with pytest.raises(IllegalTransition):
         journal.running("too soon", started_at=utcnow())
