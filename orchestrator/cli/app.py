@@ -20,7 +20,8 @@ from rich.markup import escape
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 
 if TYPE_CHECKING:
     from orchestrator.providers.plan import LaunchPlan

@@ -14,7 +14,8 @@ from orchestrator.cli.console import events_table, gpu_table
 from orchestrator.config import Settings
 from orchestrator.control.supervision import revive_controllers
 from orchestrator.errors import SpecError
-from orchestrator.ledger.store import JobState, Ledger
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger
 from orchestrator.report.data import budget_from_spec
 from orchestrator.report.documents import job_document
 

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.base import Instance
 from orchestrator.providers.local.chaos import ReclaimDraws, excess_spot_nodes
 from orchestrator.providers.local.provider import LocalProvider

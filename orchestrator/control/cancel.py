@@ -20,7 +20,8 @@ from orchestrator.control.ownership import check_identity
 from orchestrator.control.reconcile import end_nodes
 from orchestrator.control.supervision import ControllerLock, controller_pid
 from orchestrator.errors import OrchError
-from orchestrator.ledger.store import JobState, Ledger, utcnow
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Provider
 

@@ -27,7 +27,8 @@ from orchestrator.control.supervision import (
     wait_for_controller,
 )
 from orchestrator.errors import SpecError, UnknownJob
-from orchestrator.ledger.store import Job, JobState, Ledger, utcnow
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.providers.plan import DryRun, LaunchPlan

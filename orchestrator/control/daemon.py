@@ -18,7 +18,8 @@ from orchestrator.control.runner import JobRunner, RunnerOptions
 from orchestrator.control.supervision import ControllerLock, controller_identity, load_job_record
 from orchestrator.control.unrecorded import finish_unrecorded, has_unrecorded
 from orchestrator.errors import IdentityMismatch, LedgerError
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.node.progress import Metrics
 from orchestrator.providers import get_provider
 

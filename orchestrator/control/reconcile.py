@@ -26,7 +26,8 @@ from orchestrator.control.unrecorded import (
     save_unrecorded,
 )
 from orchestrator.errors import LedgerError, OrchError, UnknownJob
-from orchestrator.ledger.store import JobState, Lease, Ledger
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Lease, Ledger
 from orchestrator.providers.base import Instance, Provider
 
 
@@ -66,17 +67,8 @@ def lease_unrecorded(
     leased = []
     for instance in (described[iid] for iid in sorted(missing) if iid in described):
         ledger.open_lease(
-            Lease(
-                job_id=job_id,
-                cluster=instance.cluster,
-                provider=provider.name,
-                instance_id=instance.instance_id,
-                rank=instance.rank,
-                market=instance.market,
-                instance_type=instance.instance_type,
-                price_per_hour=instance.price_per_hour,
-                launched_at=instance.launched_at,
-                identity=identity_json(provider),
+            Lease.from_instance(
+                instance, job_id=job_id, provider=provider.name, identity=identity_json(provider)
             )
         )
         ledger.add_event(

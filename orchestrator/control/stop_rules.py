@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from orchestrator.ledger.store import JobState
+from orchestrator.job_state import JobState
 
 
 @dataclass(frozen=True)

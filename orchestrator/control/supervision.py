@@ -20,7 +20,8 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError
-from orchestrator.ledger.store import Job, JobState, Ledger, utcnow
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.spec.model import JobSpec, LoadedJob
 
 

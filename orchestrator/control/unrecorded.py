@@ -23,7 +23,8 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger.store import JobState, Ledger
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger
 
 LEDGER_FAILURES: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 """What a ledger write raises when the database refuses it (locked, full, read-only, I/O)."""

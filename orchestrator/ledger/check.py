@@ -25,7 +25,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from orchestrator.ledger.store import FINAL_STATES, JobState
+from orchestrator.job_state import FINAL_STATES, JobState
 
 _KNOWN_STATES = {state.value for state in JobState}
 _FINAL = {state.value for state in FINAL_STATES}

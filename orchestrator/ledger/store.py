@@ -10,13 +10,12 @@ re-read from a catalog; spend = sum over leases of seconds x price / 3600.
 
 from __future__ import annotations
 
-import enum
 import secrets
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import String, event, inspect, text
 from sqlalchemy.engine import Engine
@@ -24,6 +23,10 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
 from orchestrator.errors import UnknownJob
+from orchestrator.job_state import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.providers.base import Instance
 
 
 def utcnow() -> datetime:
@@ -58,39 +61,6 @@ class DecimalText(TypeDecorator):
 
     def process_result_value(self, value: str | None, dialect: object) -> Decimal | None:
         return None if value is None else Decimal(value)
-
-
-class JobState(enum.StrEnum):
-    PENDING = "PENDING"
-    PROVISIONING = "PROVISIONING"
-    SYNCING = "SYNCING"
-    RUNNING = "RUNNING"
-    RECOVERING = "RECOVERING"  # nodes were lost (spot reclaim): replacing them, then resuming
-    SWITCHING = "SWITCHING"  # spot policy: checkpoint, end the nodes, relaunch on the other market
-    WAITING = "WAITING"  # spot policy: no node at all (nothing billed) until it says run
-    STOPPING = "STOPPING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    IDLE_STOPPED = "IDLE_STOPPED"
-    TIMED_OUT = "TIMED_OUT"
-    BUDGET_STOPPED = "BUDGET_STOPPED"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_STATES
-
-
-FINAL_STATES = frozenset(
-    {
-        JobState.SUCCEEDED,
-        JobState.FAILED,
-        JobState.CANCELLED,
-        JobState.IDLE_STOPPED,
-        JobState.TIMED_OUT,
-        JobState.BUDGET_STOPPED,
-    }
-)
 
 
 def _utc_column(nullable: bool = True) -> Column:
@@ -139,6 +109,25 @@ class Lease(SQLModel, table=True):
     launched_at: datetime = Field(sa_column=_utc_column(nullable=False))
     ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
     identity: str | None = None  # cloud identity (CloudIdentity JSON) the node was launched as
+
+    @classmethod
+    def from_instance(
+        cls, instance: Instance, *, job_id: str, provider: str, identity: str | None
+    ) -> Lease:
+        """The lease of a node as the provider described it: billed from its launch time at the
+        price it was launched at (never re-read from a catalog)."""
+        return cls(
+            job_id=job_id,
+            cluster=instance.cluster,
+            provider=provider,
+            instance_id=instance.instance_id,
+            rank=instance.rank,
+            market=instance.market,
+            instance_type=instance.instance_type,
+            price_per_hour=instance.price_per_hour,
+            launched_at=instance.launched_at,
+            identity=identity,
+        )
 
 
 class LedgerMeta(SQLModel, table=True):

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
-from orchestrator.ledger.store import Event, GpuSampleRecord, Job, JobState, Lease
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Event, GpuSampleRecord, Job, Lease
 
 CPU_GPU_INDEX = -1  # the GPU index under which a node's CPU fallback readings are stored
 

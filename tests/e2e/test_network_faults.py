@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.ledger.store import JobState, Ledger, make_engine, utcnow
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine, utcnow
 from orchestrator.providers.local.net import host_veth_name
 from tests.support.helpers import REPO, assert_nothing_left, job_json, orch_env, run_orch
 from tests.support.leak_checks import host_leaks, lease_problems, ledger_problems

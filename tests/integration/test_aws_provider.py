@@ -460,7 +460,8 @@ def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) 
     """A controller killed between a launch and its leases leaves nodes that bill off the
     books: reconcile ends them and puts their seconds on their job's bill."""
     from orchestrator.control.reconcile import reconcile
-    from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
+    from orchestrator.job_state import JobState
+    from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 
     ledger = Ledger(make_engine(provider.settings.db_path))
     ledger.add_job(

@@ -138,7 +138,8 @@ def test_cancelling_a_job_without_a_controller_leaves_a_consistent_ledger(
     tmp_path: Path,
 ) -> None:
     """`orch cancel` of a job whose controller is gone ends it with an end time and exit code."""
-    from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
+    from orchestrator.job_state import JobState
+    from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 
     home = tmp_path / "orch"
     ledger = Ledger(make_engine(home / "orch.db"))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import CapacityError
-from orchestrator.ledger.store import Job, JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.local.spot import follow_trace, read_capacity
 from orchestrator.providers.traces import SpotTrace

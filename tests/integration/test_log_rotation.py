@@ -13,7 +13,8 @@ from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.run_watch import RunWatch
 from orchestrator.config import LocalSettings, LogSettings, Settings
 from orchestrator.control.supervision import register_job
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.node import launch
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider

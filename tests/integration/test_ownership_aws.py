@@ -18,7 +18,8 @@ from orchestrator.control.reconcile import reconcile
 from orchestrator.control.runner import JobRunner
 from orchestrator.control.supervision import register_job
 from orchestrator.errors import IdentityMismatch, InstancesNotFound
-from orchestrator.ledger.store import JobState, Lease, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Lease, Ledger, make_engine
 from orchestrator.providers.aws.launch import new_host_key
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import Instance, LaunchRequest

@@ -24,7 +24,8 @@ from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervision import register_job
 from orchestrator.control.unrecorded import UNRECORDED_DIR, finish_unrecorded
 from orchestrator.errors import LedgerError
-from orchestrator.ledger.store import JobState, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.remote.keys import ensure_identity
@@ -95,7 +96,7 @@ def test_a_teardown_with_a_locked_ledger_ends_every_node(
     )  # fmt: skip
     try:
         runner._provision()  # real nodes, leases open
-        ids = sorted(i.instance_id for i in runner.instances)
+        ids = sorted(runner.attempt.ids())
         assert len(ids) == 2 and all(processes_with_marker(i) for i in ids)
         with writes_refused(settings.db_path):
             runner._teardown(StopOrder(JobState.CANCELLED, 130, "cancelled"))

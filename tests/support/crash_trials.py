@@ -43,7 +43,8 @@ from pathlib import Path
 
 from orchestrator.config import Settings, load_settings
 from orchestrator.control.supervision import controller_running
-from orchestrator.ledger.store import Job, JobState, Ledger, make_engine, utcnow
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 from orchestrator.providers.local.provider import LocalProvider
 from tests.support.helpers import (
     ORCH,

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.control.supervision import controller_running
+from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
-from orchestrator.ledger.store import JobState, Lease, Ledger
+from orchestrator.ledger.store import Lease, Ledger
 from orchestrator.providers.local.net import (
     NODE_MARKER,
     host_veth_name,

@@ -22,12 +22,12 @@ from decimal import Decimal
 
 from sqlmodel import Session
 
+from orchestrator.job_state import JobState
 from orchestrator.ledger.store import (
     CheckpointRecord,
     Event,
     GpuSampleRecord,
     Job,
-    JobState,
     Lease,
     Ledger,
     make_engine,

@@ -47,8 +47,9 @@ from typing import Any
 
 from orchestrator.config import load_settings
 from orchestrator.control.supervision import controller_running
+from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
-from orchestrator.ledger.store import Job, JobState, Ledger, make_engine
+from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.providers.aws.launch import (
     TAG_LEDGER,
     TAG_OWNER,

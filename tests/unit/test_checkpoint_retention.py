@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.cluster.checkpoints.retention import StoredVersion, keys_to_delete, retire
 from orchestrator.control.stop_rules import PullStreak, pull_failure_order
-from orchestrator.ledger.store import JobState
+from orchestrator.job_state import JobState
 
 
 def v(record_id: int, name: str, kind: str = "file", step: int | None = None, *keys: str):

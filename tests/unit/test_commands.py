@@ -19,7 +19,8 @@ from orchestrator.control import commands
 from orchestrator.control.cancel import CancelRoute, cancel
 from orchestrator.control.supervision import ControllerLock, revive_controllers
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
-from orchestrator.ledger.store import Job, JobState, Lease, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Lease, Ledger, make_engine
 from orchestrator.providers.base import CloudIdentity, Instance
 from orchestrator.providers.requests import launch_request
 from orchestrator.spec.model import JobSpec

@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger.store import Job, JobState, Lease, Ledger, make_engine
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Job, Lease, Ledger, make_engine
 from orchestrator.report.documents import cost_document, job_document
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

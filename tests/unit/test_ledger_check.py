@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
-from orchestrator.ledger.store import Job, JobState, Lease, Ledger, make_engine, utcnow
+from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
 
 T0 = utcnow()
 

@@ -40,7 +40,8 @@ from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
 from orchestrator.control.stop_rules import PullStreak, StopOrder, pull_failure_order
 from orchestrator.errors import OrchError, RemoteError
-from orchestrator.ledger.store import JobState, Ledger
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,

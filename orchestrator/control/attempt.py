@@ -1,0 +1,219 @@
+"""One attempt at running a job: the nodes of one launch, their connections and run watch.
+
+A runner always holds an `Attempt`: a not-launched one (no node) before provisioning and
+after the nodes of a run were ended, a launched one in between. Ending the nodes is the
+runner's (it closes their leases); an attempt only talks to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.run_watch import RunWatch
+from orchestrator.errors import OrchError
+from orchestrator.node import launch
+from orchestrator.providers.base import Instance
+from orchestrator.remote.keys import Identity
+from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.sync import Transfer, push_argv, run_parallel
+from orchestrator.spec.model import LoadedJob
+
+T = TypeVar("T")
+
+
+class Attempt:
+    """The nodes of one launch (by rank), once connected their `Cluster`, whether the run was
+    started on them, its `RunWatch`, and the ranks found gone (lost, reclaimed or downed).
+
+    Nothing here ends a node or stops its billing: that is `terminate` on the provider, which
+    the runner calls before it takes a fresh attempt. The best-effort calls (`renew`,
+    `stop_trainers`) leave out the gone ranks and swallow a node that does not answer; the
+    others raise `RemoteError` when a node's host is gone.
+    """
+
+    def __init__(self, instances: Sequence[Instance] = (), cluster: Cluster | None = None) -> None:
+        self.instances = list(instances)
+        self._cluster = cluster
+        self.started = False  # the run was started on these nodes (or adopted running)
+        self.watch: RunWatch | None = None
+        self.gone_ranks: set[int] = set()
+
+    @classmethod
+    def not_launched(cls) -> Attempt:
+        """No node: before provisioning, or once the nodes of a run were ended."""
+        return cls()
+
+    @property
+    def connected(self) -> bool:
+        return self._cluster is not None
+
+    @property
+    def running(self) -> bool:
+        """Connected to nodes the run was started on: there is a run to stop and collect."""
+        return self._cluster is not None and self.started
+
+    @property
+    def cluster(self) -> Cluster:
+        """The connections; only on an attempt opened on launched nodes."""
+        if self._cluster is None:
+            raise RuntimeError("this attempt has no connected node")
+        return self._cluster
+
+    @property
+    def market(self) -> str | None:
+        return self.instances[0].market if self.instances else None
+
+    def ids(self, ranks: Sequence[int] | None = None) -> list[str]:
+        """The instance ids of `ranks` (all nodes when None)."""
+        if ranks is None:
+            return [i.instance_id for i in self.instances]
+        return [self.instances[rank].instance_id for rank in ranks]
+
+    def node_access(self) -> dict[str, object]:
+        """What the nodes bring to the checkpoint store: credentials of their own (an instance
+        profile) or none, and their region."""
+        instances = self.instances if self._cluster is not None else []
+        return {
+            "nodes_have_credentials": bool(instances) and all(i.credentials for i in instances),
+            "region": instances[0].region if instances else None,
+        }
+
+    # --- work on the nodes ----------------------------------------------------------------
+    def push(self, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+        """Copy the workdir and every data path to every node; returns the transfers made."""
+        cluster = self.cluster
+        transfers: list[Transfer] = []
+        for address in cluster.addresses:
+            transfers.append(
+                Transfer(
+                    f"workdir -> {address.name}",
+                    push_argv(
+                        loaded.workdir, address, cluster.identity, layout.workdir, workdir=True
+                    ),
+                )
+            )
+            for mount, source in zip(loaded.spec.data, loaded.data_sources, strict=True):
+                transfers.append(
+                    Transfer(
+                        f"{mount.src} -> {address.name}:{mount.dst}",
+                        push_argv(source, address, cluster.identity, mount.dst),
+                    )
+                )
+        run_parallel(transfers)
+        return len(transfers)
+
+    def free_port(self) -> int:
+        """A free port on the head node, for torchrun's rendezvous."""
+        return int(self.cluster.head.run(launch.free_port_command()).stdout.strip())
+
+    def start(self, cluster_launch: launch.ClusterLaunch) -> list[str]:
+        """Start the run on every node (`start_on_nodes`); from now on it counts as started."""
+        pids = start_on_nodes(self.cluster, cluster_launch)
+        self.started = True
+        return pids
+
+    def read(self, command: str) -> list[str]:
+        """Each node's output of `command`, by rank (its exit status ignored)."""
+
+        def run(rank: int, connection: NodeConnection) -> str:
+            return connection.run(command, timeout=15, check=False).stdout
+
+        return self.cluster.map(run)
+
+    def renew(self, command: str, document: str) -> None:
+        """Feed `document` to `command` on every node that answers (best effort)."""
+        if self._cluster is None:
+            return
+        gone = set(self.gone_ranks)
+
+        def renew(rank: int, connection: NodeConnection) -> None:
+            if rank not in gone:
+                connection.run(command, stdin=document, timeout=10, check=False)
+
+        with contextlib.suppress(OrchError):
+            self._cluster.map(renew)
+
+    def stop_trainers(self, layout: launch.NodeLayout, grace_s: float) -> None:
+        """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit.
+
+        Nodes found gone are left out (each would cost a connect timeout), and then nothing
+        is waited for: a job that lost a node cannot finish a collective step, and torchrun on
+        the others waits for its lost peer far longer than any grace. A node that merely
+        missed a check still gets its SIGTERM and its wait."""
+        cluster = self.cluster
+        unanswering = set(self.gone_ranks)
+
+        def stop(rank: int, connection: NodeConnection) -> None:
+            if rank not in unanswering:
+                connection.run(launch.stop_command(layout), timeout=15, check=False)
+
+        with contextlib.suppress(OrchError):
+            cluster.map(stop)
+        if unanswering:
+            return
+
+        def probe(rank: int, connection: NodeConnection) -> launch.NodeProbe:
+            command = launch.probe_command(layout, None)
+            return launch.parse_probe(connection.run(command, timeout=15, check=False).stdout)
+
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                probes = cluster.map(probe)
+            except OrchError:
+                return
+            if all(p.state != "running" for p in probes):
+                return
+            time.sleep(0.5)
+
+    def log_tail(self, rank: int, layout: launch.NodeLayout) -> str:
+        """The last lines of node `rank`'s log; empty when it cannot be read."""
+        with contextlib.suppress(OrchError):
+            return (
+                self.cluster.connections[rank]
+                .run(f"tail -n 30 {launch.home_expr(layout.log)}", timeout=15, check=False)
+                .stdout.rstrip()
+            )
+        return ""
+
+    def abort(self, rank: int) -> None:
+        """Drop the connection to node `rank`: whatever waits on it ends now."""
+        if self._cluster is not None:
+            self._cluster.connections[rank].abort()
+
+    def close(self) -> None:
+        """Close the connections (the nodes keep running and billing)."""
+        if self._cluster is not None:
+            self._cluster.close()
+
+
+AttemptOpener = Callable[[list[Instance], Identity, float], Attempt]
+"""Opens an attempt on launched nodes: (instances, SSH identity, connect timeout)."""
+
+
+def open_attempt(instances: list[Instance], identity: Identity, connect_timeout: float) -> Attempt:
+    """An attempt connected (over SSH, as `identity`) to the nodes of one launch."""
+    return Attempt(instances, Cluster(instances, identity, connect_timeout=connect_timeout))
+
+
+def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> list[str]:
+    """Write each node's launch script and start it detached; returns the pids, by rank.
+
+    Refuses (RemoteError) to start a node whose run was already started.
+    """
+    layout = cluster_launch.layout
+
+    def start(rank: int, connection: NodeConnection) -> str:
+        node = launch.NodeLaunch(rank, cluster.instances[rank].interface)
+        script = launch.launch_script(cluster_launch, node)
+        # 0700: the script holds the spec's env values, which may be secrets
+        connection.run(
+            launch.write_file_command(f"{layout.run_dir}/launch.sh", "0700"), stdin=script
+        )
+        return connection.run(launch.start_command(layout)).stdout.strip()
+
+    return cluster.map(start)

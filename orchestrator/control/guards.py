@@ -1,0 +1,189 @@
+"""The runner's side of the nodes' guards (see orchestrator.node.guard): the terms they are
+launched with, the leases they are fed, and what it means when they ended their nodes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.journal import Journal
+from orchestrator.control.options import Reporter, RunnerOptions
+from orchestrator.control.stop_rules import StopOrder, guard_limit_at
+from orchestrator.errors import OrchError
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
+from orchestrator.node.guard_protocol import (
+    GuardLayout,
+    GuardTerms,
+    lease_document,
+    lease_until,
+    parse_status,
+    renew_command,
+    status_command,
+)
+from orchestrator.providers.base import NodeEnd, Provider
+from orchestrator.spec.model import JobSpec
+
+
+class Guards:
+    """What the controller tells the nodes' guards, and hears of them."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        spec: JobSpec,
+        options: RunnerOptions,
+        provider: Provider,
+        reporter: Reporter,
+    ) -> None:
+        self.journal = journal
+        self.ledger = journal.ledger
+        self.spec = spec
+        self.options = options
+        self.provider = provider
+        self.reporter = reporter
+
+    def terms(self, pull_wait: float) -> GuardTerms:
+        """The job's limits for the guards of the nodes about to be launched.
+
+        max_runtime counts from the job's start (its first RUNNING); before that, from now,
+        which is earlier than any start: the guard never acts later than the controller would.
+        The budget is what is left of `max_cost_usd` now."""
+        job, budget, options = self.journal.job, self.spec.budget, self.options
+        now = utcnow()
+        deadline = None
+        if budget.max_runtime is not None:
+            deadline = (job.started_at or now) + timedelta(seconds=budget.max_runtime)
+        left = None
+        if budget.max_cost_usd is not None:
+            left = budget.max_cost_usd - self.ledger.spend(job.id, now)
+        return GuardTerms(
+            job_id=job.id,
+            interval_s=options.watch_interval,
+            silence_s=max(10.0, 3 * options.watch_interval),
+            allowance_s=options.stop_grace + pull_wait + options.stop_allowance + 30.0,
+            deadman_s=options.deadman_timeout,
+            stop_grace_s=options.stop_grace,
+            upload_wait_s=pull_wait if self.spec.checkpoint.store else 0.0,
+            idle_util_pct=options.idle_util_pct,
+            idle_cpu_pct=options.idle_cpu_pct,
+            runtime_deadline=deadline,
+            budget_left_usd=left,
+            idle_timeout_s=budget.idle_timeout,
+            stop_allowance_s=options.stop_allowance,
+        )
+
+    def check(self, attempt: Attempt) -> None:
+        """Record whether every node's guard is armed and can power its node off; a guard that
+        cannot act is a warning (the controller's own limits still hold while it lives)."""
+        try:
+            statuses = [
+                parse_status(text)
+                for text in attempt.read(status_command(GuardLayout(self.journal.job.id)))
+            ]
+        except OrchError as exc:
+            self.journal.event("WARNING", f"could not read the guards: {exc}")
+            return
+        problems = [
+            f"node {rank}: " + (status.problem or "no guard runs")
+            for rank, status in enumerate(statuses)
+            if not status.armed or status.problem
+        ]
+        if problems:
+            text = "; ".join(problems)
+            self.journal.event(
+                "WARNING", f"a guard cannot end its node without the controller: "
+                f"{text}; keep this controller running, or fix the node's poweroff (sudo -n)",
+            )  # fmt: skip
+            self.reporter.line(f"[orch] warning: guard: {text}")
+        else:
+            self.journal.event("GUARDED", self._summary(len(statuses)))
+
+    def _summary(self, nodes: int) -> str:
+        budget = self.spec.budget
+        limits = [
+            f"max_runtime {budget.max_runtime:.0f} s" if budget.max_runtime else "",
+            f"budget lease on ${budget.max_cost_usd}" if budget.max_cost_usd is not None else "",
+            f"idle {budget.idle_timeout:.0f} s" if budget.idle_timeout else "",
+        ]
+        named = ", ".join(limit for limit in limits if limit) or "no limit: training runs on"
+        return (
+            f"guards armed on {nodes} node(s): {named}; dead-man "
+            f"{self.options.deadman_timeout:.0f} s"
+        )
+
+    def _lease(self, now: datetime) -> str:
+        """The lease the nodes get now: the run's deadline, and how long the rest of the
+        budget lasts at the open leases' prices."""
+        job, budget = self.journal.job, self.spec.budget
+        deadline = None
+        if budget.max_runtime is not None:  # before the first start: the start about to be
+            deadline = (job.started_at or now) + timedelta(seconds=budget.max_runtime)
+        until = None
+        if budget.max_cost_usd is not None:
+            leases = self.ledger.leases(job.id)
+            hourly = hourly_rate(leases)
+            until = lease_until(
+                now=now,
+                budget_left_usd=budget.max_cost_usd - total_cost(leases, now),
+                hourly_usd=hourly,
+                reserve_s=self.options.stop_grace + self.options.stop_allowance,
+            )
+        return lease_document(now=now, runtime_deadline=deadline, lease_until=until)
+
+    def renew(self, attempt: Attempt) -> None:
+        """Write the lease to every node that answers (best effort: a node that misses it
+        keeps its last lease, which never reaches past the budget)."""
+        if not attempt.connected:
+            return
+        attempt.renew(renew_command(GuardLayout(self.journal.job.id)), self._lease(utcnow()))
+
+    def ended_by_guard(self, instance_ids: tuple[str, ...]) -> StopOrder | None:
+        """The stop for nodes that powered themselves off: their guard acted on a limit, so
+        the job ends as that limit says instead of launching new nodes. Their leases close at
+        the time the provider says they ended."""
+        if not instance_ids:
+            return None
+        ended = self.provider.self_ended(list(instance_ids))
+        if not ended:
+            return None
+        self.close_self_ended(ended)
+        first = min(ended.values(), key=lambda end: end.at or utcnow())
+        words = f"node(s) {', '.join(sorted(ended))} powered themselves off: {first.message}"
+        kind = first.kind or self._limit_behind(first.at or utcnow())
+        states = {
+            "max_runtime": (JobState.TIMED_OUT, 1),
+            "budget": (JobState.BUDGET_STOPPED, 4),
+            "idle": (JobState.IDLE_STOPPED, 1),
+        }
+        state, code = states.get(kind, (JobState.FAILED, 1))
+        if not first.kind and kind:
+            words += f" (by the job's limits at that time: {kind})"
+        if kind == "deadman":
+            words += " (the run had ended while no controller watched; its exit code is lost)"
+        return StopOrder(state, code, words)
+
+    def _limit_behind(self, at: datetime) -> str:
+        """Which limit a guard most likely acted on when nodes powered themselves off at `at`
+        and the provider cannot say why (EC2 keeps no word of it)."""
+        job, budget = self.journal.job, self.spec.budget
+        leases = self.ledger.leases(job.id)
+        hourly = hourly_rate(leases)
+        return guard_limit_at(
+            at=at,
+            started_at=job.started_at,
+            max_runtime_s=budget.max_runtime,
+            spend=total_cost(leases, at),
+            max_cost=budget.max_cost_usd,
+            reserve_usd=hourly
+            * Decimal(str(self.options.stop_grace + self.options.stop_allowance))
+            / 3600,
+            idle_timeout_s=budget.idle_timeout,
+        )
+
+    def close_self_ended(self, ended: dict[str, NodeEnd]) -> None:
+        """Close the leases of nodes that ended themselves, at the time they did."""
+        for instance_id, end in ended.items():
+            if end.at is not None:
+                self.ledger.close_leases([instance_id], end.at)

@@ -1,0 +1,196 @@
+"""Bringing a run up on nodes: launch them (leases first), copy the job over, start it; or
+take over the nodes of a run another controller started."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from orchestrator.control.attempt import Attempt, AttemptOpener
+from orchestrator.control.ownership import check_identity
+from orchestrator.control.parts import JobParts
+from orchestrator.control.recovery_rules import backoff_seconds
+from orchestrator.control.supervision import controller_identity
+from orchestrator.errors import CapacityError, IdentityMismatch, OrchError
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import utcnow
+from orchestrator.node import launch
+from orchestrator.providers.base import Instance, LaunchRequest
+from orchestrator.providers.requests import launch_request
+from orchestrator.remote.keys import Identity, ensure_identity
+
+
+class Launcher:
+    """Makes the attempts of one job. Billing starts with `provision`'s launch; nothing here
+    ends a node (the runner does, whatever fails here)."""
+
+    def __init__(self, parts: JobParts, open_attempt: AttemptOpener) -> None:
+        self.parts = parts
+        self.journal = parts.journal
+        self.open_attempt = open_attempt
+
+    def claim_identity(self) -> None:
+        """Refuse a job whose nodes were launched as another cloud identity (`IdentityMismatch`,
+        also written as a REFUSED event); record the provider's on a job that has none yet.
+
+        When the cloud cannot say who this is, a job with a recorded identity is refused too
+        (the error as is): nothing may be touched that cannot be seen.
+        """
+        job, ledger = self.journal.job, self.journal.ledger
+        recorded = [job.identity]
+        recorded += [lease.identity for lease in ledger.leases(job.id, open_only=True)]
+        try:
+            current = self.parts.provider.identity()
+        except OrchError:
+            if any(text is not None for text in recorded):
+                raise
+            return  # nothing recorded to protect: a launch says what is wrong
+        try:
+            check_identity(job.id, recorded, current)
+        except IdentityMismatch as exc:
+            last = ledger.events(job.id)[-1:]
+            if not last or (last[0].kind, last[0].message) != ("REFUSED", str(exc)):
+                self.journal.event("REFUSED", str(exc), step=job.step)
+            raise
+        if job.identity is None:
+            self.journal.identity(current.to_json())
+
+    def _identity(self) -> Identity:
+        job_id = self.journal.job.id
+        return ensure_identity(self.parts.settings.keys_dir(job_id), f"orch-{job_id}")
+
+    def provision(
+        self, *, avoid_zones: tuple[str, ...], pull_wait: float, keep: Callable[[Attempt], None]
+    ) -> Attempt:
+        """PROVISIONING, then launch the job's nodes and open their leases; returns the
+        attempt connected to them. `keep` gets the nodes as soon as they are launched, before
+        their leases are written, so that the caller ends them whatever fails next."""
+        p, job = self.parts, self.journal.job
+        resources = p.spec.resources
+        identity = self._identity()
+        self.journal.provisioning(
+            f"{resources.nodes} node(s) x {resources.gpus_per_node} on {p.provider.name}"
+        )
+        request = launch_request(
+            p.spec,
+            job.id,
+            public_key=identity.public_key,
+            spot=p.driver.launch_spot if p.driver is not None else None,
+            avoid_zones=avoid_zones,
+            guard=p.guards.terms(pull_wait),
+            ledger_id=self.journal.ledger.ledger_id,
+            attempt=self._launch_number(),
+        )
+        instances = self._launch(request)
+        keep(Attempt(instances))
+        for instance in instances:
+            self.journal.leased(instance, provider=p.provider.name)
+        attempt = self.open_attempt(instances, identity, p.options.connect_timeout)
+        keep(attempt)
+        return attempt
+
+    def _launch_number(self) -> int:
+        """The number of the launch about to be made, 0 first: one per PROVISIONING event (each
+        launch writes one first), whoever made them. So a controller that starts a job again
+        after another died never repeats the idempotency tokens of that one's launch (EC2 would
+        answer with the old, terminated instances, or refuse the new user data)."""
+        kind = JobState.PROVISIONING.value
+        events = self.journal.ledger.events(self.journal.job.id)
+        return max(0, sum(1 for e in events if e.kind == kind) - 1)
+
+    def _launch(self, request: LaunchRequest) -> list[Instance]:
+        """Launch the nodes; spot-only launches refused for capacity are retried with backoff."""
+        p = self.parts
+        attempt = 0
+        while True:
+            try:
+                return p.provider.launch(request)
+            except CapacityError as exc:
+                if request.spot is not True or p.driver is not None:
+                    raise  # a spot policy decides again instead of retrying
+                if attempt >= p.options.launch_retries:
+                    raise CapacityError(
+                        f"spot capacity was refused {attempt + 1} time(s) in a row; last "
+                        f"answer: {exc.message}",
+                        hint="set resources.spot to auto (falls back on on-demand) or retry later",
+                    ) from exc
+                attempt += 1
+                wait = backoff_seconds(attempt, p.options.launch_backoff)
+                self.journal.event(
+                    "WAITING", f"spot launch refused ({exc.message}); retry "
+                    f"{attempt} of {p.options.launch_retries} in {wait:.0f} s",
+                )  # fmt: skip
+                p.reporter.phase(f"no spot capacity; retrying in {wait:.0f} s")
+                time.sleep(wait)
+
+    def sync(self, attempt: Attempt) -> None:
+        """SYNCING, then copy the workdir and the data paths to every node."""
+        spec = self.parts.spec
+        self.journal.syncing(f"workdir and {len(spec.data)} data path(s)")
+        started = time.monotonic()
+        transfers = attempt.push(self.parts.loaded, self.parts.layout)
+        seconds = time.monotonic() - started
+        self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
+
+    def start(self, attempt: Attempt) -> None:
+        """Start the run (from the newest checkpoint), then RUNNING."""
+        p = self.parts
+        port = attempt.free_port()
+        resume = p.keeper.prepare(attempt.cluster, **attempt.node_access())
+        resume_from, resume_step = resume.path, resume.step
+        instances = attempt.instances
+        cluster_launch = launch_plan(p, instances, port, resume_from)
+        p.guards.check(attempt)
+        p.guards.renew(attempt)  # heard from, and the run's own deadline, before it starts
+        pids = attempt.start(cluster_launch)
+        self.journal.await_progress()
+        if p.driver is not None:
+            p.driver.new_run()
+        job = self.journal.job
+        self.journal.running(
+            f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
+            started_at=job.started_at or utcnow(),
+        )
+        p.guards.renew(attempt)
+        if self.journal.job.recoveries or resume_from:
+            self.journal.event(
+                "RESUMED", f"from {resume_from}" if resume_from else
+                "from the checkpoint files pulled so far (no complete step-* directory)",
+                step=resume_step,
+            )  # fmt: skip
+
+    def adopt(self, instances: list[Instance]) -> Attempt:
+        """Take over `instances`, on which another controller started the run; it goes on."""
+        p, job = self.parts, self.journal.job
+        attempt = self.open_attempt(instances, self._identity(), p.options.connect_timeout)
+        attempt.started = True
+        try:
+            p.keeper.adopt(attempt.cluster, **attempt.node_access())
+        except OrchError as exc:
+            self.journal.event("WARNING", f"checkpoint agents: {exc}")
+        self.journal.event(
+            "ADOPTED", f"controller {controller_identity()} took over "
+            f"{len(instances)} node(s)", step=job.step,
+        )  # fmt: skip
+        p.reporter.phase(f"adopted by controller {controller_identity()}")
+        return attempt
+
+
+def launch_plan(
+    parts: JobParts, instances: list[Instance], port: int, resume_from: str
+) -> launch.ClusterLaunch:
+    """How torchrun is started on `instances`, its rendezvous on node 0's `port`."""
+    spec = parts.spec
+    return launch.ClusterLaunch(
+        job_id=parts.journal.job.id,
+        run=spec.run,
+        setup=spec.setup,
+        num_nodes=len(instances),
+        procs_per_node=spec.resources.gpus_per_node,
+        master_addr=instances[0].private_ip,
+        master_port=port,
+        node_ips=[i.private_ip for i in instances],
+        checkpoint_dir=parts.layout.node_path(spec.checkpoint.dir),
+        resume_from=resume_from,
+        user_env=dict(spec.env),
+    )

@@ -1,0 +1,75 @@
+"""Collecting what a run leaves (checkpoints, logs) before its nodes are ended."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.parts import JobParts
+from orchestrator.control.recovery_rules import Interruption, salvage_seconds
+from orchestrator.errors import OrchError
+from orchestrator.ledger.store import utcnow
+
+
+class Salvage:
+    """Pulls checkpoints off an attempt's nodes; never ends a node (billing goes on until the
+    runner ends them). Nodes found gone are never asked (each would cost a timeout)."""
+
+    def __init__(self, parts: JobParts) -> None:
+        self.parts = parts
+
+    def pull_wait(self) -> float:
+        """How long the nodes' agents may take to stage what a run left (longer when the
+        store holds the only copy)."""
+        options = self.parts.options
+        if self.parts.spec.checkpoint.mirror_mode == "none":
+            return options.store_only_wait
+        return options.final_pull_wait
+
+    def final_pull(self, attempt: Attempt) -> None:
+        """Collect what the run left, once the nodes' agents staged it (bounded wait)."""
+        self.parts.keeper.finish(skip=attempt.gone_ranks, wait_s=self.pull_wait())
+
+    def interrupted(self, attempt: Attempt, interruption: Interruption) -> None:
+        """Keep what the interrupted run can still give before its nodes go (SALVAGED).
+
+        After a notice the nodes still run: every trainer gets SIGTERM (rank 0 writes its
+        emergency checkpoint), and what the agents stage of it is collected before the reclaim.
+        Without a notice, what the nodes that still answer hold is collected: a checkpoint
+        that needed a lost node's files is whole only if those arrived before it was lost.
+        """
+        p = self.parts
+        started = time.monotonic()
+        grace = salvage_seconds(interruption, utcnow(), p.options.stop_grace)
+        if grace > 0:
+            attempt.stop_trainers(p.layout, grace)
+        skip = self._unanswering(attempt, interruption)
+        if len(skip) < len(attempt.instances):
+            wait = salvage_seconds(interruption, utcnow(), p.options.final_pull_wait)
+            try:
+                p.keeper.finish(skip=skip, wait_s=wait if interruption.cause == "notice" else 0)
+            except OrchError as exc:
+                p.journal.event("WARNING", f"salvage pull failed: {exc}")
+        if interruption.cause == "notice" and attempt.watch is not None:
+            with contextlib.suppress(OrchError):
+                attempt.watch.catch_up()
+        newest = p.keeper.newest()
+        p.journal.event(
+            "SALVAGED", f"newest checkpoint {newest.name if newest else 'none'}, "
+            f"{time.monotonic() - started:.1f} s after detection",
+            step=newest.step if newest else None,
+        )  # fmt: skip
+
+    def _unanswering(self, attempt: Attempt, interruption: Interruption) -> set[int]:
+        """Nodes not to ask for checkpoints after an interruption: those lost or taken, and
+        those that missed the last probe or that the provider reports taken meanwhile (asking
+        them would cost a connection timeout). After a notice every node still runs."""
+        if interruption.cause == "notice" or not attempt.instances:
+            return set()
+        skip = set(interruption.ranks) | set(attempt.gone_ranks)
+        if attempt.watch is not None:
+            skip |= {rank for rank, misses in enumerate(attempt.watch.misses) if misses}
+        rest = [i for i in attempt.instances if i.rank not in skip]
+        taken = self.parts.provider.preempted([i.instance_id for i in rest]) if rest else set()
+        return skip | {i.rank for i in rest if i.instance_id in taken}

@@ -1,0 +1,287 @@
+"""Watching a started run until something must be done about it.
+
+`Supervisor.watch` runs the periodic checks (APScheduler threads) and returns ONE decision:
+a `StopOrder` (the job ends), an `Interruption` (nodes to replace) or a `PlannedMove` (the
+spot policy moves the job). Each check returns a decision or None; the first decision (or
+the first check that fails) wins, and it is the main thread that acts on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from orchestrator.cluster.activity import ActivityThresholds, JobActivity
+from orchestrator.cluster.notice_watch import NoticeWatcher
+from orchestrator.cluster.run_watch import RunWatch
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.parts import JobParts
+from orchestrator.control.recovery_rules import Interruption
+from orchestrator.control.stop_rules import StopOrder, budget_order, idle_order, runtime_order
+from orchestrator.errors import JobCancelled, JobFailed, NodeLost
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
+from orchestrator.node import launch
+from orchestrator.node.progress import Metrics
+from orchestrator.node.spot_notice import SpotNotice
+from orchestrator.spot.driver import PlannedMove
+
+Decision = StopOrder | Interruption | PlannedMove
+OnMetrics = Callable[[Metrics, float], None]  # (metrics, time.monotonic() of the reading)
+
+
+class _First:
+    """The first decision (or failure) of the checks, handed to the main thread."""
+
+    def __init__(self) -> None:
+        self.decision: Decision | None = None
+        self.failure: BaseException | None = None
+        self.reached = threading.Event()
+
+    def decide(self, decision: Decision | None) -> None:
+        if decision is not None and not self.reached.is_set():
+            self.decision = decision
+            self.reached.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.failure = exc
+        self.reached.set()
+
+
+class Supervisor:
+    """Watches one attempt; `watch` may be called once per started run."""
+
+    def __init__(self, parts: JobParts, on_metrics: OnMetrics) -> None:
+        self.parts = parts
+        self.on_metrics = on_metrics
+
+    @property
+    def _job_id(self) -> str:
+        return self.parts.journal.job.id
+
+    def run_watch(self, attempt: Attempt) -> RunWatch:
+        p = self.parts
+        return RunWatch(
+            attempt.cluster,
+            p.layout,
+            p.job_dir / "logs",
+            on_metrics=self.on_metrics,
+            on_line=p.reporter.line,
+            lost_after=p.options.lost_after,
+            probe_timeout=max(p.options.probe_timeout, p.options.watch_interval),
+            max_log_bytes=p.settings.logs.max_bytes,
+            log_keep=p.settings.logs.keep,
+        )
+
+    def watch(self, attempt: Attempt) -> Decision:
+        """Watch until the run ends, a limit stops it, nodes are interrupted, or the spot
+        policy moves the job; returns that decision. A check that fails raises here (a
+        `JobFailed` when the run failed on a node). Ctrl-C lands in the main thread as
+        KeyboardInterrupt; the nodes keep running (and billing) either way: ending them is the
+        runner's.
+        """
+        p, options = self.parts, self.parts.options
+        cluster = attempt.cluster
+        attempt.watch = self.run_watch(attempt)
+        attempt.gone_ranks = set()
+        first = _First()
+        notices = NoticeWatcher(
+            cluster,
+            lambda rank, notice: first.decide(self._notice(attempt, rank, notice)),
+            interval_s=options.notice_poll_interval,
+        )
+        activity = JobActivity(
+            self._job_id,
+            cluster,
+            p.layout,
+            interval_s=options.watch_interval,
+            gpus_per_node=p.spec.resources.gpus_per_node,
+            idle_timeout_s=p.spec.budget.idle_timeout,
+            thresholds=ActivityThresholds(
+                options.idle_util_pct, options.idle_cpu_pct, options.gpu_sample_every
+            ),
+            record=p.journal.ledger.add_gpu_samples,
+        )
+        activity.start()
+        notices.start()
+        now = datetime.now(UTC)
+        scheduler = BackgroundScheduler(
+            timezone=UTC,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        for check, seconds in (
+            (lambda: self.check_run(attempt), options.watch_interval),
+            (lambda: self.check_activity(attempt, activity), options.watch_interval),
+            (lambda: self.check_budget(attempt), options.budget_interval),
+        ):
+            scheduler.add_job(
+                self._guarded(check, first), "interval", seconds=seconds, next_run_time=now
+            )
+        if p.driver is not None:
+            driver = p.driver
+            scheduler.add_job(  # first decision one interval in (the launch was just decided)
+                self._guarded(lambda: driver.tick(attempt.market, self._last_step()), first),
+                "interval",
+                seconds=options.policy_interval,
+            )
+        scheduler.start()
+        p.keeper.watch(cluster, gone=lambda: set(attempt.gone_ranks), on_failure=first.decide)
+        try:
+            while not first.reached.wait(0.2):
+                pass
+        finally:
+            self._abort_gone(attempt)
+            p.keeper.stop_watching()
+            scheduler.shutdown(wait=True)
+            notices.stop()
+            activity.stop()
+        if first.failure is not None:
+            raise first.failure
+        assert first.decision is not None  # reached is set by a decision or a failure
+        return first.decision
+
+    def _last_step(self) -> int | None:
+        return self.parts.journal.last_step
+
+    def _guarded(self, check: Callable[[], Decision | None], first: _First) -> Callable[[], None]:
+        def run_check() -> None:
+            if first.reached.is_set():
+                return
+            try:
+                first.decide(check())
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                if first.reached.is_set():
+                    # A check cut short by the decision (a pull from a node found gone) must
+                    # not turn a recovery into a failure: the decision stands.
+                    self.parts.reporter.line(f"[orch] after the decision, a check failed: {exc}")
+                    return
+                first.fail(exc)
+
+        return run_check
+
+    def _abort_gone(self, attempt: Attempt) -> None:
+        """Drop the connections of nodes found gone (lost, reclaimed, downed): a task still
+        waiting on one (a checkpoint pull, a CPU reading) ends now rather than at the
+        keepalive timeout, so the decision is acted on seconds sooner."""
+        for rank in attempt.gone_ranks:
+            self.parts.keeper.node_gone(rank)  # a checkpoint transfer from it is killed too
+            attempt.abort(rank)
+
+    # --- the checks -------------------------------------------------------------------------
+    def _notice(self, attempt: Attempt, rank: int, notice: SpotNotice) -> Interruption:
+        when = notice.time.isoformat() if notice.time else "an unstated time"
+        return Interruption(
+            (rank,), (attempt.instances[rank].instance_id,), "notice",
+            f"spot interruption notice ({notice.action} at {when})", utcnow(), notice.time,
+        )  # fmt: skip
+
+    def check_run(self, attempt: Attempt) -> Decision | None:
+        """Liveness, the run's end and max_runtime. A node lost, reclaimed or downed is added
+        to the attempt's gone ranks; a run that failed on a node raises `JobFailed` with the
+        tail of that node's log."""
+        p = self.parts
+        watch = attempt.watch
+        assert watch is not None  # set by `watch` before any check runs
+        try:
+            verdict = watch.tick()
+        except NodeLost as lost:
+            attempt.gone_ranks.add(lost.rank)
+            ended = self._ended_by_orch(attempt, (lost.rank,)) or p.guards.ended_by_guard(
+                (attempt.instances[lost.rank].instance_id,)
+            )
+            return ended or self._gone(attempt, (lost.rank,), str(lost.message))
+        missing = tuple(rank for rank, misses in enumerate(watch.misses) if misses)
+        if missing:
+            # One missed probe is not a loss, unless the node's lease was closed by `orch down`
+            # or the provider says it took the node.
+            ended = self._ended_by_orch(attempt, missing)
+            if ended is not None:
+                attempt.gone_ranks.update(missing)
+                return ended
+            taken = p.provider.preempted(attempt.ids(missing))
+            if taken:
+                ranks = tuple(r for r in missing if attempt.instances[r].instance_id in taken)
+                attempt.gone_ranks.update(ranks)
+                return self._gone(attempt, ranks, "reclaimed by the provider")
+        if verdict.done:
+            if verdict.failed_rank is not None:
+                if missing:
+                    return None  # a peer stopped answering: wait until it is back or lost
+                self._fail_with_tail(attempt, verdict.failed_rank, verdict.exit_code)
+            return StopOrder(JobState.SUCCEEDED, 0, "")
+        started = p.journal.job.started_at or utcnow()
+        return runtime_order(
+            elapsed_s=(utcnow() - started).total_seconds(),
+            max_runtime_s=p.spec.budget.max_runtime,
+        )
+
+    def check_activity(self, attempt: Attempt, activity: JobActivity) -> StopOrder | None:
+        """Read every node's GPUs (or the job's CPU use) and stop the job once idle too long.
+
+        A check of its own: a reading from a node that stopped answering can take as long as
+        the connection's timeouts, and must not hold up the liveness checks of `check_run`.
+        While a node misses checks it cannot be judged idle, so nothing is read then.
+        """
+        if attempt.watch is not None and any(attempt.watch.misses):
+            return None
+        return idle_order(
+            idle_for_s=activity.tick(),
+            idle_timeout_s=self.parts.spec.budget.idle_timeout,
+            what=activity.what,
+        )
+
+    def check_budget(self, attempt: Attempt) -> StopOrder | None:
+        """Spend and hourly rate of the job's leases against its budget; while under it, the
+        nodes' guards get a fresh lease (the rest of the budget at the current rate)."""
+        p = self.parts
+        leases = p.journal.ledger.leases(self._job_id)
+        order = budget_order(
+            spend=total_cost(leases, utcnow()),
+            hourly_rate=hourly_rate(leases),
+            max_cost=p.spec.budget.max_cost_usd,
+            max_hourly=p.spec.budget.max_hourly_usd,
+            horizon_s=p.options.budget_interval + p.options.stop_allowance,
+        )
+        if order is None and (p.spec.budget.max_cost_usd is not None or p.spec.budget.max_runtime):
+            p.guards.renew(attempt)
+        return order
+
+    def _ended_by_orch(self, attempt: Attempt, ranks: tuple[int, ...]) -> StopOrder | None:
+        """The stop for nodes that another orch command ended (`orch down`, which closes their
+        leases): they were taken on purpose, so the job ends instead of launching new ones."""
+        ids = set(attempt.ids(ranks))
+        closed = sorted(
+            lease.instance_id
+            for lease in self.parts.journal.ledger.leases(self._job_id)
+            if lease.instance_id in ids and lease.ended_at is not None
+        )
+        if not closed:
+            return None
+        return StopOrder(
+            JobState.CANCELLED,
+            JobCancelled.exit_code,
+            f"node(s) {', '.join(closed)} were shut down by another orch command (orch down)",
+        )
+
+    def _gone(self, attempt: Attempt, ranks: tuple[int, ...], detail: str) -> Interruption:
+        """The interruption for nodes found gone, labelled by what the provider says."""
+        ids = tuple(attempt.ids(ranks))
+        taken = self.parts.provider.preempted(list(ids))
+        cause = "preempted" if taken else "lost"
+        return Interruption(ranks, ids, cause, detail, utcnow())
+
+    def _fail_with_tail(self, attempt: Attempt, rank: int, exit_code: int | None) -> None:
+        layout = self.parts.layout
+        tail = attempt.log_tail(rank, layout)
+        what = (
+            "the setup command failed"
+            if exit_code == launch.SETUP_FAILED_EXIT
+            else f"torchrun exited with code {exit_code}"
+        )
+        raise JobFailed(
+            f"node {rank}: {what}\n--- last lines of node {rank}'s log ---\n{tail}",
+            hint=f"full log: orch logs {self._job_id} --node {rank}",
+        )

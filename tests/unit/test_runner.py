@@ -1,0 +1,467 @@
+"""The runner's branching, on a real ledger (SQLite in tmp_path) with a fake provider, fake
+attempts (no SSH) and a scripted supervisor: what each path leaves in the ledger (state,
+events, leases) and asks of the provider."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
+from orchestrator.cluster.connections import Cluster
+from orchestrator.config import Settings
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.journal import IllegalTransition, Journal
+from orchestrator.control.options import RunnerOptions, SilentReporter
+from orchestrator.control.recovery_rules import Interruption
+from orchestrator.control.runner import JobRunner
+from orchestrator.control.stop_rules import StopOrder
+from orchestrator.control.supervisor import Decision
+from orchestrator.errors import CapacityError
+from orchestrator.job_state import FINAL_STATES, TRANSITIONS, JobState, may_follow
+from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
+from orchestrator.node import launch
+from orchestrator.providers.base import CloudIdentity, Instance, LaunchRequest, NodeEnd
+from orchestrator.remote.keys import Identity
+from orchestrator.spec.model import JobSpec, LoadedJob
+
+JOB_ID = "unit-1"
+FAST = RunnerOptions(stop_grace=0.0, final_pull_wait=0.0, launch_retries=0, launch_backoff=0.0)
+
+
+# --- fakes ------------------------------------------------------------------------------------
+@dataclass
+class FakeProvider:
+    """Launches instances that exist only here; `capacity` False refuses every launch."""
+
+    ledger_id: str
+    name: str = "fake"
+    capacity: bool = True
+    price: Decimal = Decimal("3.60")
+    launched_ago: timedelta = timedelta(0)
+    running: dict[str, Instance] = field(default_factory=dict)
+    requests: list[LaunchRequest] = field(default_factory=list)
+    terminated: list[list[str]] = field(default_factory=list)
+    taken: set[str] = field(default_factory=set)
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        self.requests.append(request)
+        if not self.capacity:
+            raise CapacityError("no capacity for the fake nodes")
+        launched = [
+            Instance(
+                instance_id=f"f-{len(self.requests)}-{rank}",
+                job_id=request.job_id,
+                cluster=request.cluster,
+                rank=rank,
+                private_ip=f"10.0.0.{rank + 1}",
+                ssh_host="127.0.0.1",
+                ssh_port=22,
+                ssh_user="orch",
+                host_key="ssh-ed25519 K",
+                interface="lo",
+                market="spot" if request.spot is True else "on-demand",
+                instance_type="fake.gpu",
+                price_per_hour=self.price,
+                launched_at=utcnow() - self.launched_ago,
+                zone=f"zone-{rank}",
+                ledger_id=self.ledger_id,
+            )  # fmt: skip
+            for rank in range(request.count)
+        ]
+        self.running.update({i.instance_id: i for i in launched})
+        return launched
+
+    def terminate(self, instance_ids: list[str]) -> datetime:
+        self.terminated.append(sorted(instance_ids))
+        for instance_id in instance_ids:
+            self.running.pop(instance_id, None)
+        return utcnow()
+
+    def list_owned(self, *, job_id: str | None = None) -> list[Instance]:
+        return [i for i in self.running.values() if job_id in (None, i.job_id)]
+
+    def identity(self) -> CloudIdentity:
+        return CloudIdentity(provider="fake", account="unit")
+
+    def preempted(self, instance_ids: list[str]) -> set[str]:
+        return self.taken & set(instance_ids)
+
+    def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
+        return {}
+
+    def take(self, instance_id: str) -> None:
+        """The cloud reclaims a node."""
+        self.taken.add(instance_id)
+        self.running.pop(instance_id, None)
+
+
+class FakeWatch:
+    def __init__(self, nodes: int) -> None:
+        self.misses = [0] * nodes
+        self.caught_up = 0
+
+    def catch_up(self, *, skip: Collection[int] = ()) -> None:
+        self.caught_up += 1
+
+
+class FakeAttempt(Attempt):
+    """An attempt on nodes nothing connects to: every command succeeds at once."""
+
+    opened: list[FakeAttempt] = []
+
+    def __init__(self, instances: list[Instance]) -> None:
+        super().__init__(instances, cast(Cluster, object()))
+        self.stops: list[float] = []
+        self.pushes = 0
+        FakeAttempt.opened.append(self)
+
+    def push(self, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+        self.pushes += 1
+        return len(self.instances)
+
+    def free_port(self) -> int:
+        return 29500
+
+    def start(self, cluster_launch: launch.ClusterLaunch) -> list[str]:
+        self.started = True
+        return [str(1000 + i.rank) for i in self.instances]
+
+    def read(self, command: str) -> list[str]:
+        return []
+
+    def renew(self, command: str, document: str) -> None:
+        pass
+
+    def stop_trainers(self, layout: launch.NodeLayout, grace_s: float) -> None:
+        self.stops.append(grace_s)
+
+    def log_tail(self, rank: int, layout: launch.NodeLayout) -> str:
+        return ""
+
+    def abort(self, rank: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_fake(instances: list[Instance], identity: Identity, connect_timeout: float) -> Attempt:
+    return FakeAttempt(instances)
+
+
+class FakeKeeper:
+    """Checkpoints nobody writes: nothing to resume from, every pull returns at once."""
+
+    def __init__(self) -> None:
+        self.finished: list[tuple[set[int], float]] = []
+        self.adopted = 0
+
+    def prepare(self, cluster: object, **access: object) -> Resume:
+        return Resume("", None)
+
+    def adopt(self, cluster: object, **access: object) -> None:
+        self.adopted += 1
+
+    def finish(self, *, skip: Collection[int] = (), wait_s: float = 60.0) -> None:
+        self.finished.append((set(skip), wait_s))
+
+    def newest(self) -> None:
+        return None
+
+    def sweep_store(self) -> None:
+        pass
+
+    def node_gone(self, rank: int) -> None:
+        pass
+
+    def watch(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def stop_watching(self) -> None:
+        pass
+
+
+# --- set-up -----------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _fresh_attempts() -> None:
+    FakeAttempt.opened = []
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(make_engine(tmp_path / "orch.db"))
+
+
+@pytest.fixture
+def provider(ledger: Ledger) -> FakeProvider:
+    return FakeProvider(ledger.ledger_id)
+
+
+def loaded_job(tmp_path: Path, **fields: Any) -> LoadedJob:
+    spec = JobSpec.model_validate(
+        {"name": "unit", "workdir": ".", "run": "true", "resources": {"nodes": 2}, **fields}
+    )
+    return LoadedJob(spec, tmp_path / "job.yaml", tmp_path, tmp_path, [])
+
+
+def add_job(ledger: Ledger, loaded: LoadedJob) -> Job:
+    spec = loaded.spec
+    return ledger.add_job(
+        Job(
+            id=JOB_ID, name=spec.name, provider="fake", nodes=spec.resources.nodes,
+            gpus_per_node=spec.resources.gpus_per_node, spec_json=spec.model_dump_json(),
+            spec_path="job.yaml", created_at=utcnow(),
+        )
+    )  # fmt: skip
+
+
+Supervise = Callable[[Attempt], Decision]
+
+
+def scripted(*decisions: Decision) -> Supervise:
+    """A supervisor that hands back `decisions` in turn, one per started run."""
+    left = list(decisions)
+
+    def supervise(attempt: Attempt) -> Decision:
+        assert attempt.running, "supervised before the run was started"
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return left.pop(0)
+
+    return supervise
+
+
+def runner(
+    tmp_path: Path,
+    ledger: Ledger,
+    provider: FakeProvider,
+    supervise: Supervise,
+    options: RunnerOptions = FAST,
+    **spec_fields: Any,
+) -> JobRunner:
+    loaded = loaded_job(tmp_path, **spec_fields)
+    try:
+        job = ledger.get_job(JOB_ID)
+    except Exception:
+        job = add_job(ledger, loaded)
+    return JobRunner(
+        job,
+        loaded,
+        settings=Settings(home=tmp_path / "orch"),
+        ledger=ledger,
+        provider=provider,  # type: ignore[arg-type]
+        reporter=SilentReporter(),
+        options=options,
+        open_attempt=open_fake,
+        keeper=cast(CheckpointKeeper, FakeKeeper()),
+        supervise=supervise,
+    )
+
+
+def kinds(ledger: Ledger) -> list[str]:
+    return [event.kind for event in ledger.events(JOB_ID)]
+
+
+def assert_all_leases_closed(ledger: Ledger, provider: FakeProvider) -> None:
+    leases = ledger.leases(JOB_ID)
+    assert leases, "no lease was opened"
+    assert all(lease.ended_at is not None for lease in leases)
+    assert not provider.running
+
+
+# --- the runner's paths -----------------------------------------------------------------------
+def test_a_launch_refused_for_capacity_fails_the_job_with_nothing_leased(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    provider.capacity = False
+    outcome = runner(tmp_path, ledger, provider, scripted()).run()
+
+    assert (outcome.state, outcome.exit_code) == (JobState.FAILED, CapacityError.exit_code)
+    assert "no capacity for the fake nodes" in (outcome.reason or "")
+    job = ledger.get_job(JOB_ID)
+    assert job.state == JobState.FAILED and job.ended_at is not None
+    assert kinds(ledger) == ["PROVISIONING", "STOPPING", "FAILED"]
+    assert ledger.leases(JOB_ID) == []
+    assert FakeAttempt.opened == []
+
+
+def test_a_node_lost_mid_run_is_replaced_and_the_run_resumed(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    def lost(attempt: Attempt) -> Decision:
+        first = attempt.instances[1]
+        provider.take(first.instance_id)
+        attempt.gone_ranks.add(1)
+        return Interruption((1,), (first.instance_id,), "lost", "stopped answering", utcnow())
+
+    script = scripted(StopOrder(JobState.SUCCEEDED, 0, ""))
+    calls: list[Supervise] = [lost, script]
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    the_runner = runner(tmp_path, ledger, provider, supervise)
+    keeper = cast(FakeKeeper, the_runner.keeper)
+    outcome = the_runner.run()
+
+    assert (outcome.state, outcome.exit_code) == (JobState.SUCCEEDED, 0)
+    job = ledger.get_job(JOB_ID)
+    assert job.state == JobState.SUCCEEDED and job.recoveries == 1
+    events = kinds(ledger)
+    assert events.count("PROVISIONING") == 2 and events.count("RUNNING") == 2
+    assert events.index("PREEMPTED") < events.index("SALVAGED") < events.index("RECOVERING")
+    assert "RESUMED" in events  # a recovery always says where it resumed from
+    assert [r.attempt for r in provider.requests] == [0, 1]  # fresh launch tokens
+    assert provider.requests[1].avoid_zones == ("zone-1",)  # the zone that took the node
+    assert keeper.finished[0] == ({1}, 0)  # salvage asked only the node that answers
+    assert len(ledger.leases(JOB_ID)) == 4
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_a_spot_notice_salvages_with_a_checkpoint_then_relaunches(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    def notice(attempt: Attempt) -> Decision:
+        node = attempt.instances[0]
+        soon = utcnow() + timedelta(seconds=120)
+        return Interruption((0,), (node.instance_id,), "notice", "spot notice", utcnow(), soon)
+
+    calls: list[Supervise] = [notice, lambda a: StopOrder(JobState.SUCCEEDED, 0, "")]
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    options = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_retries=0)
+    the_runner = runner(tmp_path, ledger, provider, supervise, options)
+    keeper = cast(FakeKeeper, the_runner.keeper)
+    outcome = the_runner.run()
+
+    assert outcome.state is JobState.SUCCEEDED
+    first = FakeAttempt.opened[0]
+    assert first.stops and 0 < first.stops[0] <= 30.0  # SIGTERM: the trainers checkpoint
+    skip, wait = keeper.finished[0]
+    assert skip == set() and wait > 0  # after a notice every node still answers
+    preempted = [e for e in ledger.events(JOB_ID) if e.kind == "PREEMPTED"]
+    assert len(preempted) == 1 and preempted[0].message.startswith("notice: ")
+    assert ledger.get_job(JOB_ID).recoveries == 1
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_the_budget_reached_stops_the_job_with_the_budget_reason(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    provider.price = Decimal("36")  # $0.01/s per node
+    provider.launched_ago = timedelta(minutes=10)  # 2 nodes x 600 s: $12 spent already
+    holder: list[JobRunner] = []
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        order = holder[0].supervisor.check_budget(attempt)  # the real check, on the ledger
+        assert order is not None
+        return order
+
+    the_runner = runner(tmp_path, ledger, provider, supervise, budget={"max_cost_usd": 5})
+    holder.append(the_runner)
+    outcome = the_runner.run()
+
+    assert (outcome.state, outcome.exit_code) == (JobState.BUDGET_STOPPED, 4)
+    job = ledger.get_job(JOB_ID)
+    assert job.state == JobState.BUDGET_STOPPED
+    assert job.reason is not None and "budget.max_cost_usd $5" in job.reason
+    final = ledger.events(JOB_ID)[-1]
+    assert (final.kind, final.message) == ("BUDGET_STOPPED", job.reason)
+    assert FakeAttempt.opened[0].stops  # not a success: the trainers got their SIGTERM
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    killed = runner(tmp_path, ledger, provider, scripted())
+    killed.launcher.claim_identity()
+    killed._bring_up()  # RUNNING on 2 nodes; then the controller dies (no teardown)
+    assert ledger.get_job(JOB_ID).state == JobState.RUNNING
+    ledger.update_job(JOB_ID, step=42)
+
+    adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
+    keeper = cast(FakeKeeper, adopting.keeper)
+    outcome = adopting.run()
+
+    assert outcome.state is JobState.SUCCEEDED
+    assert len(provider.requests) == 1  # training never stopped: nothing launched again
+    adopted = FakeAttempt.opened[-1]
+    assert adopted.started and adopted.pushes == 0  # the run was taken over, not restarted
+    assert keeper.adopted == 1
+    events = ledger.events(JOB_ID)
+    adoption = [e for e in events if e.kind == "ADOPTED"]
+    assert len(adoption) == 1 and "took over 2 node(s)" in adoption[0].message
+    assert adoption[0].step == 42
+    assert "RECOVERING" not in kinds(ledger)
+    assert ledger.get_job(JOB_ID).state == JobState.SUCCEEDED
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_an_adopted_job_whose_node_vanished_meanwhile_is_recovered(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    killed = runner(tmp_path, ledger, provider, scripted())
+    killed._bring_up()
+    provider.take(FakeAttempt.opened[0].instances[1].instance_id)  # reclaimed, no controller
+
+    adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
+    outcome = adopting.run()
+
+    assert outcome.state is JobState.SUCCEEDED
+    assert len(provider.requests) == 2
+    preempted = [e for e in ledger.events(JOB_ID) if e.kind == "PREEMPTED"]
+    assert len(preempted) == 1 and preempted[0].message.startswith("preempted: ")
+    assert ledger.get_job(JOB_ID).recoveries == 1
+    assert_all_leases_closed(ledger, provider)
+
+
+# --- the journal and its transition table -----------------------------------------------------
+def test_the_journal_refuses_an_illegal_transition_and_writes_nothing(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    job = add_job(ledger, loaded_job(tmp_path))
+    journal = Journal(job, ledger, SilentReporter())
+
+    with pytest.raises(IllegalTransition):
+        journal.running("too soon", started_at=utcnow())
+    assert ledger.get_job(JOB_ID).state == JobState.PENDING
+    assert ledger.events(JOB_ID) == []
+
+    journal.provisioning("2 node(s)")
+    journal.syncing("workdir")
+    journal.running("torchrun", started_at=datetime(2026, 1, 1, tzinfo=UTC))
+    journal.stopping(StopOrder(JobState.SUCCEEDED, 0, ""))
+    journal.ended(StopOrder(JobState.SUCCEEDED, 0, ""), ended_at=utcnow(), step=7)
+    job = ledger.get_job(JOB_ID)
+    assert (job.state, job.stop_state, job.step) == (JobState.SUCCEEDED, "SUCCEEDED", 7)
+    assert kinds(ledger) == ["PROVISIONING", "SYNCING", "RUNNING"]
+    with pytest.raises(IllegalTransition):
+        journal.provisioning("a finished job never starts again")
+    assert ledger.get_job(JOB_ID).state == JobState.SUCCEEDED
+
+
+def test_the_transition_table() -> None:
+    assert set(TRANSITIONS) == set(JobState)
+    for state in JobState:
+        assert may_follow(state, JobState.STOPPING) is not state.is_final
+    for final in FINAL_STATES:
+        assert TRANSITIONS[final] == frozenset()
+        assert may_follow(JobState.STOPPING, final)
+        assert not may_follow(JobState.RUNNING, final)  # an end always goes through STOPPING
+    assert not may_follow(JobState.PENDING, JobState.RUNNING)
+    assert not may_follow(JobState.RUNNING, JobState.PROVISIONING)  # recovery comes first
+    assert may_follow(JobState.RUNNING, JobState.RECOVERING)
+    assert may_follow(JobState.RECOVERING, JobState.PROVISIONING)
+    assert may_follow(JobState.RUNNING, JobState.SWITCHING)
