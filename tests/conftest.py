@@ -5,9 +5,9 @@ property either holds or not, and how long one example took says nothing about t
 
 Running `orch`, waiting and leak checks are plain functions in `tests/support/`.
 
-The suite runs in parallel workers (pytest-xdist). What exists once per machine is taken in
-turns: an `orch sandbox aws` holds a machine-wide lock, so the tests that start one wait for
-each other (`tests.support.sandbox_run.sandbox_turn`)."""
+What exists once per machine is taken in turns: an `orch sandbox aws` holds a machine-wide
+lock, so tests that start one wait for each other (`tests.support.sandbox_run.sandbox_turn`),
+also across pytest processes."""
 
 from __future__ import annotations
 
