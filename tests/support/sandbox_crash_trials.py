@@ -60,6 +60,7 @@ from orchestrator.providers.aws.launch import (
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.offers import Offer
 from orchestrator.sandbox.client import SandboxClient
+from tests.support.crash_trials import TrialFailed, wait_job
 from tests.support.helpers import (
     ORCH,
     REPO,
@@ -76,7 +77,6 @@ from tests.support.sandbox_run import (
     sandbox_namespaces,
     sandbox_turn,
 )
-from tests.support.waiting import wait_for_job
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
 # Upper bound of the kill moment, seconds into the phase (each lasts at least that long here).
@@ -166,10 +166,6 @@ def table(results: list[TrialResult]) -> str:
     return "\n".join([HEADER, *(result.row() for result in results)])
 
 
-class TrialFailed(Exception):
-    """The trial could not go on (the job never reached its phase, a command failed)."""
-
-
 # --- one trial ------------------------------------------------------------------------------
 
 
@@ -194,16 +190,6 @@ def write_job(directory: Path, stop_s: float = 0.0) -> Path:
 
 def trial_env(home: Path, endpoint: str) -> dict[str, str]:
     return fast_env(home, **aws_env(endpoint))
-
-
-def wait_job(
-    ledger: Ledger, job_id: str, predicate: Callable[[Job], bool], what: str, timeout: float
-) -> Job:
-    """Poll the ledger (every 20 ms) until `predicate` holds; TrialFailed on a final state."""
-    final = [state.value for state in JobState if state.is_final]
-    return wait_for_job(
-        ledger, job_id, predicate, what, timeout, interval=0.02, stop_at=final, fail=TrialFailed
-    )
 
 
 def _training(job: Job) -> bool:
