@@ -48,7 +48,7 @@ infra-test: setup
 	bash scripts/infra_test.sh
 
 # The spot deadline sweep: the generated part of docs/spot-deadlines.md and its PNG.
-SPOT_TRACES ?= ../shared/spot-traces
+SPOT_TRACES ?= traces
 
 docs-simulate: setup
 	.venv/bin/python -m orchestrator.cli simulate --sweep --out-dir docs --overhead-minutes 12 --job-hours 10 --job-hours 40 \

@@ -1,6 +1,6 @@
 """Spot availability traces: load and validate one, and ask it about a moment of wall time.
 
-File format (the one of skypilot-org/spot-traces, see ../shared/spot-traces/README.md):
+File format (the one of skypilot-org/spot-traces, see traces/README.md):
 
     {"metadata": {"gap_seconds": 195}, "data": [1, 1, 0, 0, 1, ...]}
 
@@ -98,7 +98,7 @@ def load_trace(path: str | os.PathLike[str]) -> SpotTrace:
     except OSError as exc:
         raise TraceError(
             f"cannot read trace {file}: {exc.strerror or exc}",
-            hint="give the path of a trace file, e.g. ../shared/spot-traces/*.json",
+            hint="give the path of a trace file, e.g. traces/*.json",
         ) from None
     if len(raw) > MAX_TRACE_BYTES:
         raise TraceError(f"{file.name}: larger than {MAX_TRACE_BYTES // 2**20} MiB", hint=_HINT)
