@@ -1,7 +1,9 @@
 """What every test shares: settings, and the ledger, environment and home fixtures.
 
-Hypothesis: no per-example deadline. The machines that run the suite are shared and loaded; a
-property either holds or not, and how long one example took says nothing about that.
+Hypothesis: a quarter of each property's examples (`tests.support.fuzzing`; all of them with
+ORCH_FULL_FUZZ=1, as `make soak` runs), and no per-example deadline. The machines that run the
+suite are shared and loaded; a property either holds or not, and how long one example took
+says nothing about that.
 
 Running `orch`, waiting and leak checks are plain functions in `tests/support/`.
 
@@ -18,10 +20,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from orchestrator.ledger.store import Ledger, make_engine
+from tests.support.fuzzing import examples
 from tests.support.helpers import fast_env
 
 settings.register_profile(
-    "orch", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+    "orch",
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 settings.load_profile("orch")
 

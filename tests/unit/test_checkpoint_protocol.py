@@ -16,6 +16,7 @@ from orchestrator.node.checkpoint_protocol import (
     parse_report,
     restore_error,
 )
+from tests.support.fuzzing import examples
 
 SHA = "ab" * 32
 UNSAFE = ["../escape", "/etc/passwd", "a//b", "./x", "a/./b", "..", ".", "", "step/../../x",
@@ -58,7 +59,7 @@ names = st.lists(
 ).map("/".join) | st.text(max_size=12)  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(paths=st.lists(names, max_size=8))
 def test_every_parsed_path_stays_inside_the_checkpoint_directory(paths: list[str]) -> None:
     files = {p: {"size": 1, "mtime_ns": 1, "staged": staged()} for p in paths}

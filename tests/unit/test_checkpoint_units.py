@@ -14,6 +14,7 @@ from orchestrator.cluster.checkpoints.units import (
     step_of,
 )
 from orchestrator.node.checkpoint_protocol import DcpListing, NodeFile, NodeManifest, StagedCopy
+from tests.support.fuzzing import examples
 
 S = 1_000_000_000
 
@@ -166,7 +167,7 @@ paths = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     files=st.lists(
         st.tuples(st.integers(0, 1), paths, st.integers(1, 40), st.booleans(), st.booleans()),

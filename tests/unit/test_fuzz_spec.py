@@ -8,11 +8,9 @@ The named cases below are inputs the fuzzing once found crashing or hanging.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
-import sys
 import tempfile
 import threading
 import time
@@ -27,9 +25,11 @@ from hypothesis import strategies as st
 from orchestrator.errors import SpecError
 from orchestrator.spec.loading import MAX_SHOWN_PROBLEMS, load_job
 from orchestrator.spec.model import MAX_SPEC_BYTES, LoadedJob
+from tests.support.fuzzing import examples
+from tests.support.in_process import run_main
 
 FUZZ = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -360,23 +360,6 @@ flags = st.fixed_dictionaries(
 SWITCHES = ("--spot", "--json", "--detach")  # flags without a value
 
 
-def _run_main(argv: list[str]) -> tuple[int, str, str]:
-    """Run the `orch` console entry point in this process; (exit code, stdout, stderr)."""
-    from orchestrator.cli.app import main
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, sys.stdout, sys.stderr
-    sys.argv, sys.stdout, sys.stderr = ["orch", *argv], out, err
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv, sys.stdout, sys.stderr = saved
-    return code, out.getvalue(), err.getvalue()
-
-
 @FUZZ
 @given(chosen=flags)
 @example(chosen={"--detach": "--detach"})
@@ -392,7 +375,7 @@ def test_submit_dry_run_with_any_flags(
     argv = ["submit", str(spec), "--dry-run"]
     for flag, value in chosen.items():
         argv += [value] if flag in SWITCHES else [flag, value]
-    code, out, err = _run_main(argv)
+    code, out, err = run_main(argv)
     assert "Traceback" not in out + err
     assert code in (0, 2), (argv, code, out, err)
     if code == 0:

@@ -30,6 +30,7 @@ from orchestrator.node.gpu import (
     parse_cpu_ticks,
     parse_line,
 )
+from tests.support.fuzzing import examples
 from tests.support.waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -121,7 +122,7 @@ def test_implausible_utilization_is_unknown(util: str) -> None:
     assert got.index == 0 and got.util_pct is None and not got.ok
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.text())
 def test_parse_line_never_raises_on_any_text(line: str) -> None:
     got = parse_line(line)
@@ -130,7 +131,7 @@ def test_parse_line_never_raises_on_any_text(line: str) -> None:
         assert 0.0 <= got.util_pct <= 100.0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary())
 def test_parse_line_never_raises_on_decoded_bytes(raw: bytes) -> None:
     got = parse_line(raw.decode("utf-8", errors="replace"))
@@ -139,7 +140,7 @@ def test_parse_line_never_raises_on_decoded_bytes(raw: bytes) -> None:
         assert 0.0 <= got.util_pct <= 100.0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.one_of(st.integers(-5, 200).map(str), st.sampled_from(["N/A", "[N/A]", " ", "%"])),
@@ -275,7 +276,7 @@ def test_parse_cpu_ticks() -> None:
         assert parse_cpu_ticks(bad) is None, bad
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_parse_cpu_ticks_never_raises(text: str) -> None:
     for output in (text, f"{CPU_MARK} {text}"):

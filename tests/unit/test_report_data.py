@@ -29,6 +29,7 @@ from orchestrator.report.data import (
 )
 from orchestrator.report.write import report_data
 from orchestrator.spec.model import JobSpec
+from tests.support.fuzzing import examples
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -123,7 +124,7 @@ def test_a_finished_job_ends_its_axis_at_its_end_and_its_spend_stays_flat(
     assert data.budget_usd is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(
         st.tuples(

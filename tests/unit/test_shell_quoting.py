@@ -47,6 +47,7 @@ from orchestrator.remote.sync import (
     ssh_option_path,
     ssh_transport_argv,
 )
+from tests.support.fuzzing import examples
 
 HOSTILE = [
     "plain",
@@ -106,7 +107,7 @@ def home(tmp_path: Path) -> Path:
 # argv builders: shlex.split gives back what went in
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(argv=st.lists(text, min_size=1, max_size=6))
 def test_shell_command_round_trips_through_split_and_bash(argv: list[str]) -> None:
     command = shell_command(argv)

@@ -25,6 +25,7 @@ from orchestrator.spot.policies import (
 )
 from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
 from orchestrator.spot.sweep import SLACKS_PCT, SweepCell, mean_costs, start_ticks, sweep
+from tests.support.fuzzing import examples
 from tests.support.helpers import orch_env, run_orch
 from tests.unit.trace_files import shared_trace_paths
 
@@ -188,7 +189,7 @@ def random_traces(draw: st.DrawFn) -> SpotTrace:
     return SpotTrace(name="random", gap_s=gap, counts=tuple(counts))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     trace=random_traces(),
     job_h=st.floats(0.05, 12),

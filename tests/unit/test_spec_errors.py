@@ -21,6 +21,7 @@ from orchestrator.spec.model import (
     OVERRIDE_FLAGS,
     JobSpec,
 )
+from tests.support.fuzzing import examples
 from tests.unit.spec_cases import (
     BLOCK,
     MINIMAL,
@@ -405,7 +406,7 @@ def _set(doc: dict[object, object], path: tuple[str, ...], value: object) -> Non
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzzing import examples
 from trainer.sampler import (
     ResumableBatchSampler,
     StepPlan,
@@ -37,7 +38,7 @@ def test_permutation_is_deterministic_and_changes_with_epoch_and_seed() -> None:
     assert first != epoch_permutation(50, seed=4, epoch=0)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     n=st.integers(1, 120),
     world=st.integers(1, 5),
@@ -64,7 +65,7 @@ def test_ranks_cover_the_rest_of_the_epoch_exactly_once(
     assert len(per_rank[0]) == steps_remaining(n, start, global_batch)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     n=st.integers(10, 150),
     before=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 2)),
