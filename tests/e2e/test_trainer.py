@@ -399,20 +399,11 @@ def test_world_size_change_sees_every_sample_once(tmp_path: Path) -> None:
 # --- bad input ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [
-        (["--batch-size", "0"], "--batch-size"),
-        (["--no-such-flag"], "unrecognized arguments"),
-        (["--data", "/nonexistent/images"], "/nonexistent/images"),
-        (["--data", "cifar10:/nonexistent/cifar"], "cifar10 data not found"),
-        (["--resume", "/nonexistent/step-000001"], "does not exist"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> None:
-    result = run([*TINY, "--fake-size", "8", "--steps", "1", *args], timeout=60)
+def test_bad_input_is_one_line_and_exit_2_from_a_real_process() -> None:
+    """Every case runs in-process in tests/unit/test_trainer_usage.py; this is the process's
+    own exit status and stderr."""
+    result = run([*TINY, "--fake-size", "8", "--steps", "1", "--no-such-flag"], timeout=60)
     assert_ok(result, 2)
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("trainer: error: ") and fragment in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("trainer: error: unrecognized arguments"), result.stderr
     assert not progress(result.stdout)
