@@ -84,7 +84,7 @@ def ended_at(home: Path, iid: str) -> datetime:
 
 
 def test_max_runtime_ends_a_hung_job_without_its_controller(tmp_path: Path) -> None:
-    max_runtime = 20
+    max_runtime = 12
     ledger, job_id, home = submit_and_kill(
         tmp_path, f"{{max_runtime: {max_runtime}}}", ORCH_WATCH_INTERVAL="1"
     )
