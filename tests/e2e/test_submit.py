@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.helpers import (
+    REPO,
     Background,
     assert_nothing_left,
     job_json,
@@ -24,9 +25,12 @@ pytestmark = pytest.mark.e2e
 PRICE = "0.36"
 
 
-@pytest.mark.parametrize("network", ["namespace", "loopback"])
-def test_demo_job_round_trip(tmp_path: Path, network: str) -> None:
-    env = orch_env(tmp_path / "orch", ORCH_LOCAL_PRICE_PER_HOUR=PRICE, ORCH_LOCAL_NETWORK=network)
+def test_demo_job_round_trip(tmp_path: Path) -> None:
+    """The README's demo on namespace nodes (the default as root). Loopback nodes run real
+    DDP training in test_taken_default_port_moves_the_master_elsewhere."""
+    env = orch_env(
+        tmp_path / "orch", ORCH_LOCAL_PRICE_PER_HOUR=PRICE, ORCH_LOCAL_NETWORK="namespace"
+    )
     result = run_orch(
         ["submit", "templates/demo-ddp.yaml", "--nodes", "2", "--gpus", "2"], env, timeout=400
     )
@@ -89,7 +93,8 @@ def test_failing_run_command_fails_the_job_and_shows_the_tail(tmp_path: Path) ->
 
 
 def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
-    # Loopback nodes share this host's ports, so holding 29500 here takes it from node 0.
+    """Two loopback nodes train the reference model in one DDP world, whose master had to
+    move: loopback nodes share this host's ports, so holding 29500 here takes it from node 0."""
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("0.0.0.0", 29500))
@@ -97,9 +102,11 @@ def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
     try:
         spec = write_job(
             tmp_path,
-            "name: port\nworkdir: work\n"
-            "run: python -c \"import os; print('port', os.environ['MASTER_PORT'])\"\n"
-            "resources: {nodes: 2, gpus_per_node: 1}\n",
+            f"name: port\nworkdir: {REPO}\n"
+            "run: >-\n  echo port $MASTER_PORT &&\n"
+            "  python -m trainer.train --model tiny --data fake --fake-size 64 --batch-size 16\n"
+            "  --workers 0 --steps 2 --log-every 1 --checkpoint-seconds 0\n"
+            "resources: {nodes: 2, gpus_per_node: 1}\nenv: {OMP_NUM_THREADS: '1'}\n",
         )
         env = orch_env(tmp_path / "orch", ORCH_LOCAL_NETWORK="loopback")
         result = run_orch(["submit", str(spec)], env, timeout=200)
@@ -111,8 +118,14 @@ def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
     running = next(e for e in job["events"] if e["kind"] == "RUNNING")
     port = int(running["message"].rsplit(":", 1)[1])
     assert port != 29500
-    log = (tmp_path / "orch" / "jobs" / job["id"] / "logs" / "node-0.log").read_text()
+    assert job["state"] == "SUCCEEDED" and job["step"] == 2
+    logs = tmp_path / "orch" / "jobs" / job["id"] / "logs"
+    log = (logs / "node-0.log").read_text()
     assert f"port {port}" in log
+    text = log + (logs / "node-1.log").read_text()
+    for rank in range(2):
+        assert f"trainer rank={rank} world_size=2" in text, text[-3000:]
+    assert_nothing_left(job)
 
 
 @pytest.mark.parametrize("how", ["sigint", "orch-cancel"])
