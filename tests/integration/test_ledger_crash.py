@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from orchestrator.ledger.check import check_ledger
+from tests.support.fuzzing import trials
 from tests.support.helpers import REPO, orch_env, run_orch
 
-KILLS = 8
+KILLS = trials(8, 4)
 
 
 def _load(mode: str, path: Path, seconds: float) -> subprocess.Popen[str]:
@@ -95,7 +96,7 @@ def test_a_writer_killed_at_random_moments_leaves_a_consistent_ledger(tmp_path: 
 def test_many_readers_and_one_writer_never_see_a_locked_database(tmp_path: Path) -> None:
     home = tmp_path / "orch"
     path = home / "orch.db"
-    seconds = 20.0
+    seconds = float(trials(20, 10))
     writer = _load("write", path, seconds)
     deadline = time.monotonic() + 30
     while not path.exists():
