@@ -7,10 +7,9 @@ block it."""
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
-from tests.support.helpers import orch_env, processes_with_marker, run_orch
+from tests.support.helpers import assert_nothing_provisioned, orch_env, run_orch
 
 GOOD = "name: ok\nworkdir: work\nrun: python train.py\nresources: {nodes: 1, gpus_per_node: 1}\n"
 
@@ -27,11 +26,7 @@ def test_an_unknown_field_exits_2_from_the_installed_command_and_provisions_noth
     assert result.returncode == 2, output
     assert "Traceback" not in output
     assert "resources2" in output and "line 5" in output, output
-    assert not (home / "local" / "nodes").exists() or not any((home / "local/nodes").iterdir())
-    assert processes_with_marker(str(home)) == []
-    if (home / "orch.db").exists():
-        with sqlite3.connect(home / "orch.db") as db:
-            assert db.execute("select count(*) from lease").fetchone() == (0,)
+    assert_nothing_provisioned(home)
 
 
 def test_a_named_pipe_as_spec_exits_2_without_waiting_for_a_writer(tmp_path: Path) -> None:

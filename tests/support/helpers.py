@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -235,3 +236,13 @@ def loopback_cluster(home: Path, job: str, *, count: int, gpus_per_node: int = 1
     finally:
         cluster.close()
         provider.terminate([i.instance_id for i in instances])
+
+
+def assert_nothing_provisioned(home: Path) -> None:
+    """A refused submit left no local node, no process naming ORCH_HOME and no lease."""
+    nodes = home / "local" / "nodes"
+    assert not nodes.exists() or not any(nodes.iterdir())
+    assert processes_with_marker(str(home)) == []
+    if (home / "orch.db").exists():
+        with sqlite3.connect(home / "orch.db") as db:
+            assert db.execute("select count(*) from lease").fetchone() == (0,)

@@ -5,12 +5,11 @@ anything is provisioned: every case through the console entry point, in this pro
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import processes_with_marker
+from tests.support.helpers import assert_nothing_provisioned
 from tests.support.in_process import run_main
 
 GOOD = "name: ok\nworkdir: work\nrun: python train.py\nresources: {nodes: 1, gpus_per_node: 1}\n"
@@ -47,15 +46,6 @@ def orch_home_set(orch_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("ORCH_HOME", str(orch_home))
     monkeypatch.setenv("COLUMNS", "160")
     return orch_home
-
-
-def assert_nothing_provisioned(home: Path) -> None:
-    nodes = home / "local" / "nodes"
-    assert not nodes.exists() or not any(nodes.iterdir())
-    assert processes_with_marker(str(home)) == []
-    if (home / "orch.db").exists():
-        with sqlite3.connect(home / "orch.db") as db:
-            assert db.execute("select count(*) from lease").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
