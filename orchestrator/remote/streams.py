@@ -31,8 +31,9 @@ class CommandLines:
     Contract of the iteration (from one thread):
     - each line is its bytes up to a newline, decoded as UTF-8 (undecodable bytes replaced),
       without the newline; a last line without one is handed over when the command ends;
-    - when more than `max_line` bytes (if set) come without a newline, the first 200 of them are
-      handed over as a line and reading starts a new line;
+    - a line longer than `max_line` bytes (if set) is handed over as its first 200 bytes as soon
+      as it is known to be too long; the rest of it, up to its newline, is dropped (however the
+      bytes arrived: in one read or many);
     - iteration ends when the command's output ends (it exited, or the node closed the
       channel; `exit_status()` then tells how) or once `close()` was called, from any thread;
     - `StreamStalled` when the command printed nothing for `idle_timeout_s` (if set), and
@@ -103,6 +104,7 @@ class CommandLines:
         except OSError:  # a channel closed already
             return
         pending = b""
+        dropping = False  # inside a too-long line that was handed over already
         last_output = time.monotonic()
         while not self._closed.is_set():
             try:
@@ -135,9 +137,15 @@ class CommandLines:
             last_output = time.monotonic()
             pending += data
             *lines, pending = pending.split(b"\n")
-            if self.max_line is not None and len(pending) > self.max_line:
-                lines.append(pending[:_CUT_LINE])
+            if dropping and lines:  # its newline came: the first of these is its tail
+                lines, dropping = lines[1:], False
+            if dropping:
                 pending = b""
+            if self.max_line is not None:
+                lines = [line[:_CUT_LINE] if len(line) > self.max_line else line for line in lines]
+                if len(pending) > self.max_line:
+                    lines.append(pending[:_CUT_LINE])
+                    pending, dropping = b"", True
             for raw in lines:
                 yield raw.decode("utf-8", errors="replace")
                 if self._closed.is_set():

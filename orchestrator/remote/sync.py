@@ -245,7 +245,8 @@ two a refused connection or a node killed mid-transfer comes out as is a race.""
 def ssh_transport_failed(returncode: int, said: str) -> bool:
     """Whether an rsync that exited `returncode`, having written `said`, failed because its ssh
     could not reach the node or lost it: exit 255 always; exit 12 when rsync says its connection
-    closed, unless the node's shell said rsync is missing there (a node to fix, not a gone one).
+    closed or its pipe broke, or ssh says it could not connect, unless the node's shell said rsync
+    is missing there (a node to fix, not a gone one).
 
     A multiplexed ssh that loses its node may say nothing at all, so an exit 12 cannot wait for
     ssh's own words."""
@@ -253,9 +254,16 @@ def ssh_transport_failed(returncode: int, said: str) -> bool:
         return True
     return (
         returncode == STREAM_BROKEN
-        and "connection unexpectedly closed" in said
+        and any(sign in said for sign in _TRANSPORT_GONE)
         and "command not found" not in said
     )
+
+
+_TRANSPORT_GONE = (
+    "connection unexpectedly closed",  # rsync read from a closed pipe
+    "Broken pipe",  # rsync wrote to one first (a refused ssh that closed its pipes early)
+    "ssh: connect to host",  # ssh's own word that it never reached the node
+)
 
 
 ABORT_POLL_S = 0.2  # how often a transfer that may be aborted looks at its abort flag

@@ -13,9 +13,21 @@ KILLED_UNDER_A_SHARED_CONNECTION = (  # the multiplexed ssh says nothing
     "rsync: connection unexpectedly closed (25827411 bytes received so far) [receiver]\n"
     "rsync: [generator] write error: Broken pipe (32)\n"
 )
+REFUSED_BEFORE_RSYNC_READ = (  # rsync wrote to the closed pipe before reading from it
+    "ssh: connect to host node port 22: Connection refused\n"
+    "rsync: [sender] safe_write failed to write 4 bytes to socket: Broken pipe (32)\n"
+)
 
 
-@pytest.mark.parametrize("said", [REFUSED, KEEPALIVE_GAVE_UP, KILLED_UNDER_A_SHARED_CONNECTION])
+TRANSPORT_FAILURES = [
+    REFUSED,
+    KEEPALIVE_GAVE_UP,
+    KILLED_UNDER_A_SHARED_CONNECTION,
+    REFUSED_BEFORE_RSYNC_READ,
+]
+
+
+@pytest.mark.parametrize("said", TRANSPORT_FAILURES)
 @pytest.mark.parametrize("returncode", [255, 12])
 def test_an_ssh_failure_is_one_whichever_code_rsync_gives(returncode: int, said: str) -> None:
     assert ssh_transport_failed(returncode, said + f"rsync error: (code {returncode})\n")
