@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from decimal import Decimal
 
@@ -103,6 +104,8 @@ def watch_command(
         raise SpecError("--watch needs a job id", hint="`orch status` lists jobs")
     if interval is not None and not 0 < interval <= 3600:
         raise SpecError(f"--interval must be between 0 and 3600 seconds, not {interval:g}")
+    # A shell starts a background command with SIGINT ignored; `kill -INT` must still stop it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         watch_job(settings, ledger, job_id, interval=interval or DEFAULT_INTERVAL, console=console)
     except KeyboardInterrupt:

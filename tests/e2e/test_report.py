@@ -75,7 +75,10 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         job_id = submitted.stdout.split()[-1]
         started = time.monotonic()
         watcher = Background(["status", job_id, "--watch", "--interval", "0.5"], env)
-        leaver = Background(["status", job_id, "--watch", "--interval", "0.5"], env)
+        # Started as `orch status JOB --watch &` in a script starts it: Ctrl-C's SIGINT ignored.
+        leaver = Background(
+            ["status", job_id, "--watch", "--interval", "0.5"], env, sigint_ignored=True
+        )
         # Node 1's GPU gets busy at another level, so the nodes' lines differ.
         job = wait_for_state(job_id, env, {"RUNNING"}, timeout=120)
         node_1 = next(lease for lease in job["leases"] if lease["rank"] == 1)["instance_id"]

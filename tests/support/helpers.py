@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -179,13 +180,21 @@ def events(job: dict, kind: str) -> list[dict]:
     return [e for e in job["events"] if e["kind"] == kind]
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Background:
     """An orch command run in the background, its output collected by a thread."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], *, sigint_ignored: bool = False
+    ) -> None:
+        """`sigint_ignored`: start it as a shell starts a background job, SIGINT ignored."""
         self.proc = subprocess.Popen(
             [*ORCH, *args], env=env, cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_ignore_sigint if sigint_ignored else None,
         )  # fmt: skip
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
