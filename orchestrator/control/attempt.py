@@ -24,6 +24,9 @@ from orchestrator.spec.model import LoadedJob
 
 T = TypeVar("T")
 
+LOST_PEER_GRACE_S = 10.0
+"""How long the runs left on a job that lost a node get to exit after SIGTERM before SIGKILL."""
+
 
 class Attempt:
     """The nodes of one launch (by rank), once connected their `Cluster`, whether the run was
@@ -138,36 +141,48 @@ class Attempt:
             self._cluster.map(renew)
 
     def stop_trainers(self, layout: launch.NodeLayout, grace_s: float) -> None:
-        """SIGTERM the run on every node and wait (bounded) for it to checkpoint and exit.
+        """SIGTERM the run on every node and wait (at most `grace_s`) for it to checkpoint and
+        exit. Nodes found gone are left out (each would cost a connect timeout).
 
-        Nodes found gone are left out (each would cost a connect timeout), and then nothing
-        is waited for: a job that lost a node cannot finish a collective step, and torchrun on
-        the others waits for its lost peer far longer than any grace. A node that merely
-        missed a check still gets its SIGTERM and its wait."""
-        cluster = self.cluster
-        unanswering = set(self.gone_ranks)
+        A run that lost a node cannot finish a collective step: torchrun on the others would
+        wait for its lost peer, then 30 s more for its workers, while every node bills. Those
+        runs get at most `LOST_PEER_GRACE_S` (a save under way ends) and are then killed, so
+        that their checkpoint agents stage what is there and the nodes can end. A node that
+        merely missed a check still gets its SIGTERM and the full wait."""
+        gone = set(self.gone_ranks)
+        self._signal_runs(layout, "TERM", skip=gone)
+        wait_s = min(grace_s, LOST_PEER_GRACE_S) if gone else grace_s
+        if not self._runs_end_within(layout, wait_s, skip=gone) and gone:
+            self._signal_runs(layout, "KILL", skip=gone)
 
-        def stop(rank: int, connection: NodeConnection) -> None:
-            if rank not in unanswering:
-                connection.run(launch.stop_command(layout), timeout=15, check=False)
+    def _signal_runs(self, layout: launch.NodeLayout, signal: str, *, skip: set[int]) -> None:
+        def send(rank: int, connection: NodeConnection) -> None:
+            if rank not in skip:
+                connection.run(launch.stop_command(layout, signal), timeout=15, check=False)
 
         with contextlib.suppress(OrchError):
-            cluster.map(stop)
-        if unanswering:
-            return
+            self.cluster.map(send)
 
-        def probe(rank: int, connection: NodeConnection) -> launch.NodeProbe:
-            command = launch.probe_command(layout, None)
-            return launch.parse_probe(connection.run(command, timeout=15, check=False).stdout)
+    def _runs_end_within(self, layout: launch.NodeLayout, wait_s: float, *, skip: set[int]) -> bool:
+        """Whether the run ended on every node but `skip` within `wait_s` (False when a node
+        could not be asked)."""
+        command = launch.probe_command(layout, None)
 
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
+        def running(rank: int, connection: NodeConnection) -> bool:
+            if rank in skip:
+                return False
+            probe = launch.parse_probe(connection.run(command, timeout=15, check=False).stdout)
+            return probe.state == "running"
+
+        deadline = time.monotonic() + wait_s
+        while True:
             try:
-                probes = cluster.map(probe)
+                if not any(self.cluster.map(running)):
+                    return True
             except OrchError:
-                return
-            if all(p.state != "running" for p in probes):
-                return
+                return False
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.5)
 
     def log_tail(self, rank: int, layout: launch.NodeLayout) -> str:

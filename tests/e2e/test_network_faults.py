@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
+from orchestrator.control.attempt import LOST_PEER_GRACE_S
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, make_engine, utcnow
 from orchestrator.providers.local.net import host_veth_name
@@ -136,4 +137,8 @@ def test_a_lost_node_without_recoveries_left_fails_the_job_cleanly(tmp_path: Pat
     assert job.state == "FAILED" and job.exit_code == 1
     assert "lost" in job.reason and "no recovery left" in job.reason, job.reason
     assert job.recoveries == 0 and len(ledger.leases(job_id)) == 2
+    # node 0's torchrun waits for its lost peer: it is not waited for past LOST_PEER_GRACE_S
+    at = {event.kind: event.at for event in ledger.events(job_id)}
+    stopping_s = (at["TERMINATED"] - at["STOPPING"]).total_seconds()
+    assert stopping_s < LOST_PEER_GRACE_S + 12, f"the nodes ended {stopping_s:.0f} s after STOPPING"
     assert_clean(env, ledger, job_id)
