@@ -8,6 +8,7 @@ the first check that fails) wins, and it is the main thread that acts on it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +31,31 @@ from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
 
 Decision = StopOrder | Interruption | PlannedMove
+
+
+class _SkippedTurnsUnsaid(logging.Filter):
+    """Drops APScheduler's line for a check skipped because its previous run still goes on.
+
+    That is by design (one run of a check at a time): a check waits up to `probe_timeout` on a
+    node that does not answer, and would otherwise put a line a second in controller.log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
+def check_scheduler() -> BackgroundScheduler:
+    """A scheduler for periodic checks: one run of each at a time, late turns merged into one,
+    in UTC. Not started."""
+    logger = logging.getLogger("orchestrator.control.checks")
+    if not any(isinstance(known, _SkippedTurnsUnsaid) for known in logger.filters):
+        logger.addFilter(_SkippedTurnsUnsaid())
+    return BackgroundScheduler(
+        timezone=UTC,
+        logger=logger,
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+    )
+
+
 OnMetrics = Callable[[Metrics, float], None]  # (metrics, time.monotonic() of the reading)
 
 
@@ -108,10 +134,7 @@ class Supervisor:
         activity.start()
         notices.start()
         now = datetime.now(UTC)
-        scheduler = BackgroundScheduler(
-            timezone=UTC,
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-        )
+        scheduler = check_scheduler()
         for check, seconds in (
             (lambda: self.check_run(attempt), options.watch_interval),
             (lambda: self.check_activity(attempt, activity), options.watch_interval),
