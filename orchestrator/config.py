@@ -2,7 +2,8 @@
 
 Layout of ORCH_HOME (default ~/.orch):
 
-    orch.db                  the ledger (SQLite)
+    orch.db                  the ledger (SQLite); orch.db.schema-lock: held while its tables
+                             are created
     config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
                              {aws: {regions: [us-east-1], ami_id: ami-...}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)

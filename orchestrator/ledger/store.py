@@ -10,8 +10,10 @@ re-read from a catalog; spend = sum over leases of seconds x price / 3600.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -209,9 +211,27 @@ def make_engine(path: Path | str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    SQLModel.metadata.create_all(engine)
-    _add_missing_columns(engine)
+    with _schema_lock(path):
+        SQLModel.metadata.create_all(engine)
+        _add_missing_columns(engine)
     return engine
+
+
+@contextlib.contextmanager
+def _schema_lock(path: Path | str) -> Iterator[None]:
+    """Held while the tables are checked and created: commands started at once on a new
+    ORCH_HOME would otherwise each find a table missing and all but one fail creating it.
+    A lock file beside the ledger (never the ledger itself: closing a descriptor of the
+    database would drop SQLite's own locks in this process)."""
+    if str(path) == ":memory:":
+        yield
+        return
+    with open(f"{path}.schema-lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _add_missing_columns(engine: Engine) -> None:

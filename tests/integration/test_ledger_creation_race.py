@@ -1,0 +1,32 @@
+"""Commands started at once on a fresh ORCH_HOME all open the ledger: the first to create its
+tables does not fail the others (a real race of processes on one new SQLite file)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from orchestrator.ledger.store import Ledger, make_engine
+
+OPENERS = 6
+FRESH_LEDGERS = 4
+
+
+def _open(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    barrier.wait()
+    Ledger(make_engine(path)).ledger_id  # noqa: B018 - reading it writes the ledger's id
+
+
+def test_processes_opening_a_new_ledger_at_once_all_succeed(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    for attempt in range(FRESH_LEDGERS):
+        path = str(tmp_path / f"home-{attempt}" / "orch.db")
+        barrier = context.Barrier(OPENERS)
+        openers = [context.Process(target=_open, args=(path, barrier)) for _ in range(OPENERS)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(60)
+        assert [opener.exitcode for opener in openers] == [0] * OPENERS
+        ids = {Ledger(make_engine(path)).ledger_id}
+        assert len(ids) == 1
