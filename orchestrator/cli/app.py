@@ -454,13 +454,17 @@ def _revive_lost_controllers(context: typer.Context) -> None:
     """Before any command: an unfinished job whose controller died gets a new one."""
     if context.invoked_subcommand in ("reconcile", "down", "sandbox"):
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
-    from orchestrator.control.supervision import revive_controllers
+    from orchestrator.cli.console import revived_line
+    from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
 
     settings = load_settings()
     if settings.db_path.exists():
-        for job_id in revive_controllers(settings, _ledger(settings)):
+        ledger = _ledger(settings)
+        for job_id in revive_controllers(settings, ledger):
             Console(stderr=True).print(
-                f"orch: the controller of {job_id} was gone; a new one adopted the job"
+                revived_line(job_id, refused_by_last_controller(ledger, job_id)),
+                highlight=False,
+                markup=False,
             )
 
 

@@ -59,6 +59,18 @@ class RichReporter:
         self._progress.console.print(Text(text, style="dim"), highlight=False)
 
 
+def revived_line(job_id: str, refusal: str | None) -> str:
+    """What a command says when it started a new controller for `job_id`; `refusal` is why
+    the last one would not drive the job (`refused_by_last_controller`), if it would not."""
+    if refusal is None:
+        return f"orch: the controller of {job_id} was gone; a new one adopted the job"
+    return (
+        f"orch: the controller of {job_id} was gone and a new one was started, but the last "
+        f"one refused the job: {refusal}. Run orch from the shell that started the job (its "
+        "AWS profile or credentials, ORCH_AWS_REGIONS, ORCH_AWS_ENDPOINT_URL)"
+    )
+
+
 def jobs_table(rows: list[dict]) -> Table:
     table = Table(title="jobs")
     for column in ("id", "state", "provider", "nodes", "step", "spend", "created"):

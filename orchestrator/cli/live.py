@@ -11,9 +11,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.cli.console import events_table, gpu_table
+from orchestrator.cli.console import events_table, gpu_table, revived_line
 from orchestrator.config import Settings
-from orchestrator.control.supervision import revive_controllers
+from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
@@ -74,7 +74,9 @@ def watch_job(
                 return doc
             if revive_controllers(settings, ledger, [job_id]):
                 live.console.print(
-                    f"orch: the controller of {job_id} was gone; a new one adopts it"
+                    revived_line(job_id, refused_by_last_controller(ledger, job_id)),
+                    highlight=False,
+                    markup=False,
                 )
             time.sleep(interval)
 

@@ -132,6 +132,14 @@ def revive_controllers(
     return revived
 
 
+def refused_by_last_controller(ledger: Ledger, job_id: str) -> str | None:
+    """Why the job's last controller would not drive it (the REFUSED event's message: another
+    cloud identity than its nodes'), when that is the job's newest event; None otherwise. A
+    controller revived from the same environment refuses it again and touches nothing."""
+    last = ledger.events(job_id)[-1:]
+    return last[0].message if last and last[0].kind == "REFUSED" else None
+
+
 # --- what a controller needs to drive a job without the original command line -------------
 
 JOB_RECORD = "job.json"

@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.console import revived_line
 from orchestrator.config import AwsSettings, ControllerSettings, LocalSettings, Settings
 from orchestrator.control import cancel as cancel_module
 from orchestrator.control import commands
 from orchestrator.control.cancel import CancelRoute, cancel
-from orchestrator.control.supervision import ControllerLock, revive_controllers
+from orchestrator.control.supervision import (
+    ControllerLock,
+    refused_by_last_controller,
+    revive_controllers,
+)
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Lease, Ledger, make_engine
@@ -204,6 +209,22 @@ def test_revive_controllers_limited_to_given_jobs_skips_final_and_unrecorded(
     assert revive_controllers(settings, ledger, ["fin-1", "norec-1"]) == []
     with pytest.raises(UnknownJob):
         revive_controllers(settings, ledger, ["nobody-1"])
+
+
+def test_a_revived_job_whose_last_controller_refused_it_says_why(ledger: Ledger) -> None:
+    add_job(ledger, "ref-1")
+    assert refused_by_last_controller(ledger, "ref-1") is None  # no event at all
+    why = "job ref-1 was started as account 1 in us-east-1, but this controller acts as ..."
+    ledger.add_event("ref-1", "REFUSED", why)
+    assert refused_by_last_controller(ledger, "ref-1") == why
+    line = revived_line("ref-1", refused_by_last_controller(ledger, "ref-1"))
+    assert "refused the job: " + why in line and "shell that started the job" in line
+    assert "adopted" not in line
+    ledger.add_event("ref-1", "RUNNING", "adopted")  # the right controller took it since
+    assert refused_by_last_controller(ledger, "ref-1") is None
+    assert revived_line("ref-1", None) == (
+        "orch: the controller of ref-1 was gone; a new one adopted the job"
+    )
 
 
 # --- the launch request and the dry-run plans -----------------------------------------------
