@@ -133,7 +133,7 @@ def hanging_since(home: Path, job_id: str, ids: list[str]) -> datetime:
 
 def test_idle_nodes_end_without_their_controller(tmp_path: Path) -> None:
     """No nvidia-smi on these nodes: idleness is the job's CPU use, as the controller reads it."""
-    idle_timeout, watch = 24, 2.0
+    idle_timeout, watch = 14, 2.0
     ledger, job_id, home = submit_and_kill(
         tmp_path, f"{{idle_timeout: {idle_timeout}}}", ORCH_WATCH_INTERVAL=str(watch)
     )

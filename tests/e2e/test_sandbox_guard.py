@@ -18,7 +18,7 @@ from tests.support.sandbox_run import SandboxProcess, aws_env
 
 pytestmark = pytest.mark.e2e
 
-MAX_RUNTIME = 30
+MAX_RUNTIME = 15
 GRACE = 3
 HANG = (
     'python -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
