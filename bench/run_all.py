@@ -290,6 +290,31 @@ def parse_checkpoint_speed(text: str) -> list[Figure]:
     return figures
 
 
+_GUARD = re.compile(
+    rf"guarded \(max_runtime (?P<runtime>{_NUMBER}) s\)\s+(?P<ours>{_NUMBER}) instance-s\s+"
+    rf"bound (?P<bound>{_NUMBER})\n\s+no limit \(as before the guard\)\s+"
+    rf"(?P<base>{_NUMBER}) instance-s in (?P<window>{_NUMBER}) s"
+)
+
+
+def parse_guard_billing(text: str) -> list[Figure]:
+    m = _GUARD.search(text)
+    if not m:
+        return []
+    return [
+        Figure(
+            name=f"billed after the controller's death (max_runtime {m.group('runtime')} s)",
+            value=float(m.group("ours")),
+            unit="instance-s",
+            baseline=float(m.group("base")),
+            baseline_name=f"the same hung job with no limit, over {m.group('window')} s "
+            "and still billing",
+            target=f"<= {m.group('bound')} instance-s (2 x (max_runtime + grace + 15 s))",
+            bound=float(m.group("bound")),
+        )
+    ]
+
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "launch_overhead",
@@ -333,6 +358,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         parse_spot_recovery,
         quick_args=("--trials", "2"),
         timeout_s=2400.0,
+    ),
+    Benchmark(
+        "guard_billing",
+        "Billing after the controller dies, with a hung job",
+        "the same hung job with no limit, observed over the same window",
+        parse_guard_billing,
+        quick_args=("--max-runtime", "20"),
     ),
     Benchmark(
         "checkpoint_speed",

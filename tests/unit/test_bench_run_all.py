@@ -125,3 +125,19 @@ def test_the_checkpoint_figures_are_read_with_their_own_targets() -> None:
     assert (rate.unit, rate.met) == ("steps/s", True)
     slower = run_all.parse_checkpoint_speed(text.replace("orch    18.000", "orch    17.000"))
     assert slower[-1].met is False
+
+
+def test_the_guard_billing_figure_is_read_with_its_bound() -> None:
+    text = (
+        "  trial 0: guarded 71.2 instance-s, unlimited 126.0 instance-s over 63 s and still "
+        "billing\n\nbilled after the controller's death (2 nodes, hung job; medians of 1):\n"
+        "  guarded (max_runtime 30 s)       71.2 instance-s   bound 96\n"
+        "  no limit (as before the guard)     126.0 instance-s in 63 s, growing by 2 per second "
+        "until someone acts\n"
+    )
+    (figure,) = run_all.parse_guard_billing(text)
+    assert (figure.value, figure.baseline, figure.bound, figure.met) == (71.2, 126.0, 96.0, True)
+    assert "max_runtime 30 s" in figure.name
+    (over,) = run_all.parse_guard_billing(text.replace("71.2 instance-s   ", "97.5 instance-s   "))
+    assert over.met is False
+    assert run_all.parse_guard_billing("guarded nodes still up 63 s after the kill") == []
