@@ -4,14 +4,18 @@ date and how to reproduce; a failing or hanging benchmark is reported, not fatal
 
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from bench import run_all
 from bench.run_all import Benchmark, parse_controller_cpu, parse_idle_latency, report_rows
 
 REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
 
 
 def _script(tmp_path: Path, name: str, body: str) -> tuple[str, ...]:
@@ -141,3 +145,11 @@ def test_the_guard_billing_figure_is_read_with_its_bound() -> None:
     (over,) = run_all.parse_guard_billing(text.replace("71.2 instance-s   ", "97.5 instance-s   "))
     assert over.met is False
     assert run_all.parse_guard_billing("guarded nodes still up 63 s after the kill") == []
+
+
+@pytest.mark.parametrize(
+    "module", sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
+)
+def test_every_benchmark_imports(module: str) -> None:
+    """Nothing else imports the benchmarks: a moved module would only show at `make bench`."""
+    importlib.import_module(f"bench.{module}")
