@@ -372,7 +372,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "raw rsync of the same file over the same ssh options; a plain boto3 upload_file; the "
         "same training loop saving where orch does not look",
         parse_checkpoint_speed,
-        quick_args=("--repeats", "2", "--saves", "4", "--rate-s", "15", "--upload-mb", "256"),
+        quick_args=("--repeats", "3", "--saves", "4", "--rate-s", "15", "--upload-mb", "256"),
         timeout_s=2400.0,
     ),
 )
