@@ -799,8 +799,12 @@ class Agent:
         with self.lock:
             if self.uploading:
                 return False
+            # A file put back from the controller's mirror has no staged object (it was never
+            # in the store, and the node holds no copy of its own to send): nothing to wait for.
             waiting = [
-                r for r, e in self.files.items() if e["staged"] and not e["staged"]["stored"]
+                r
+                for r, e in self.files.items()
+                if e["staged"] and e["staged"]["object"] and not e["staged"]["stored"]
             ]
         if not waiting:
             return True

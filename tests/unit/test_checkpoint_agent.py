@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -238,6 +239,24 @@ def test_reading_dcp_metadata_runs_nothing_it_names(tmp_path: Path) -> None:
     assert dcp_files(hostile) is None
     assert not sentinel.exists()
     assert dcp_files(b"not a pickle") is None
+
+
+def test_files_put_back_from_the_mirror_do_not_hold_up_the_agent_s_end(tmp_path: Path) -> None:
+    """A step pushed back from the controller's mirror, never in the store: the agent has no
+    copy of it to upload, so the end of the run must not wait for one (the controller's final
+    collection waited its whole 60 s for such an agent, every node billing)."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "snapshot.pt").write_bytes(b"pushed back")
+    restored = {"snapshot.pt": {"digest": "ab" * 32, "size": 11}}  # no store key
+    a = make_agent(tmp_path, restored=restored, store={"url": f"file://{tmp_path / 'store'}"})
+    (tmp_path / "run" / "exit_code").write_text("0")
+    ended = threading.Thread(target=a.loop, daemon=True)
+    ended.start()
+    ended.join(timeout=10)
+    assert not ended.is_alive(), a.files
+    manifest = json.loads((tmp_path / "state" / "manifest.json").read_text())
+    assert manifest["done"] is True
+    assert manifest["files"]["snapshot.pt"]["staged"]["stored"] is None
 
 
 def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path: Path) -> None:
