@@ -163,7 +163,7 @@ def save_latency(home: Path, size: int, saves: int) -> tuple[float, float, list[
     """(median save -> mirror seconds, median raw rsync seconds of such a file, all latencies)."""
     options = KeeperOptions(pull_every=3600)  # only the agents' news triggers a pull
     with keeper_nodes(home, "latency", options=options) as nodes:
-        nodes.keeper.watch(nodes.cluster, gone=set, on_failure=lambda order: None)
+        nodes.keeper.watch(nodes.cluster, gone=set, on_failure=lambda reason: None)
         nodes.cluster.head.run("cat > writer.py", stdin=WRITER)
         nodes.run(0, f"setsid nohup python3 writer.py ckpt/snapshot.pt saves.log {size} {saves} "
                      "6 > writer.out 2>&1 < /dev/null &")  # fmt: skip
@@ -343,7 +343,7 @@ def step_rate(
     watched, unwatched = [], []
     with keeper_nodes(home, "rate", checkpoint=spec, options=options) as nodes:
         nodes.cluster.head.run("cat > loop.py", stdin=LOOP)
-        nodes.keeper.watch(nodes.cluster, gone=set, on_failure=lambda order: None)
+        nodes.keeper.watch(nodes.cluster, gone=set, on_failure=lambda reason: None)
         for rep in range(repeats):
             for target in (("ckpt/state.bin", "elsewhere/state.bin") if rep % 2 == 0
                            else ("elsewhere/state.bin", "ckpt/state.bin")):  # fmt: skip

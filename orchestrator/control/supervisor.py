@@ -151,7 +151,11 @@ class Supervisor:
                 seconds=options.policy_interval,
             )
         scheduler.start()
-        p.keeper.watch(cluster, gone=lambda: set(attempt.gone_ranks), on_failure=first.decide)
+        p.keeper.watch(
+            cluster,
+            gone=lambda: set(attempt.gone_ranks),
+            on_failure=lambda reason: first.decide(StopOrder(JobState.FAILED, 1, reason)),
+        )
         try:
             while not first.reached.wait(0.2):
                 pass

@@ -235,14 +235,7 @@ RULES: dict[str, Callable[[Import], bool]] = {
 }
 
 # Today's breaches: (rule, importing module, imported module) -> why it is still there.
-EXCEPTIONS: dict[tuple[str, str, str], str] = {
-    (
-        "wing arrows run one way",
-        "orchestrator.cluster.checkpoints.keeper",
-        "orchestrator.control.stop_rules",
-    ): "the keeper decides to fail a job whose checkpoints cannot be pulled with control's "
-    "PullStreak and pull_failure_order (a StopOrder); the one arrow from cluster up to control",
-}
+EXCEPTIONS: dict[tuple[str, str, str], str] = {}
 
 
 def breaches(imports: Iterable[Import]) -> Iterator[Breach]:

@@ -36,11 +36,10 @@ from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
 from orchestrator.cluster.checkpoints.store import (
     node_access,
 )
+from orchestrator.cluster.checkpoints.streak import PullStreak, pull_failure_reason
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
-from orchestrator.control.stop_rules import PullStreak, StopOrder, pull_failure_order
 from orchestrator.errors import OrchError, RemoteError
-from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
@@ -281,9 +280,11 @@ class CheckpointKeeper:
         cluster: Cluster,
         *,
         gone: Callable[[], Collection[int]],
-        on_failure: Callable[[StopOrder], None],
+        on_failure: Callable[[str], None],
     ) -> None:
-        """Collect whenever an agent reports news, and every `pull_every` seconds."""
+        """Collect whenever an agent reports news, and every `pull_every` seconds. Failed
+        collections are retried with backoff; once they have failed for long enough (or on an
+        unexpected error) `on_failure` gets the reason the job must fail, and watching ends."""
         self._stop.clear()
         self._wake.clear()
         self._streams = [
@@ -315,9 +316,7 @@ class CheckpointKeeper:
             self._thread.join()
             self._thread = None
 
-    def _loop(
-        self, gone: Callable[[], Collection[int]], on_failure: Callable[[StopOrder], None]
-    ) -> None:
+    def _loop(self, gone: Callable[[], Collection[int]], on_failure: Callable[[str], None]) -> None:
         next_at = time.monotonic() + self.options.pull_every
         while not self._stop.is_set():
             self._wake.wait(max(0.0, next_at - time.monotonic()))
@@ -331,20 +330,20 @@ class CheckpointKeeper:
             try:
                 self.collect(skip=gone())
             except OrchError as exc:
-                order = self._failed(exc)
-                if order is not None:
-                    on_failure(order)
+                reason = self._failed(exc)
+                if reason is not None:
+                    on_failure(reason)
                     return
                 next_at = time.monotonic() + self.streak.retry_in(
                     self.options.backoff_first_s, self.options.backoff_cap_s
                 )
                 continue
             except Exception as exc:  # noqa: BLE001 - handed to the runner, which ends the job
-                on_failure(StopOrder(JobState.FAILED, 1, f"internal error: {exc!r}"))
+                on_failure(f"internal error: {exc!r}")
                 return
             next_at = time.monotonic() + self.options.pull_every
 
-    def _failed(self, exc: OrchError) -> StopOrder | None:
+    def _failed(self, exc: OrchError) -> str | None:
         now = time.monotonic()
         self.streak.failed(now, exc.message)
         wait = self.streak.retry_in(self.options.backoff_first_s, self.options.backoff_cap_s)
@@ -352,7 +351,7 @@ class CheckpointKeeper:
             self.job_id, "WARNING", f"checkpoint pull failed ({self.streak.failures} in a "
             f"row; the mirror keeps what it had); next try in {wait:.0f} s: {exc.message}",
         )  # fmt: skip
-        return pull_failure_order(
+        return pull_failure_reason(
             self.streak, now=now, limit_s=self.options.failure_limit_s,
             min_failures=self.options.failure_min,
         )  # fmt: skip
