@@ -13,8 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator.cluster.checkpoints.collector import CheckpointCollector
 from orchestrator.cluster.checkpoints.keeper import KeeperOptions
+from orchestrator.spec.model import CheckpointSpec, MirrorMode
 from tests.support.checkpoint_nodes import collect_until, end_run, keeper_nodes
 
 IN_PLACE_WRITER = r"""
@@ -202,3 +205,26 @@ def test_a_restart_gets_the_mirror_back_and_does_not_fetch_it_again(tmp_path: Pa
         assert len(nodes.ledger.checkpoints(job)) == recorded
         assert nodes.events("PUSHED")[-1].startswith("checkpoints to 2 node(s)")
 
+
+STEP = "mkdir -p ckpt/step-{n} && printf {n} > ckpt/step-{n}/state.pt && : > ckpt/step-{n}/COMPLETE"
+
+
+@pytest.mark.parametrize(("mirror", "kept"), [
+    ("latest", ["step-000002"]),
+    ("all", ["step-000001", "step-000002"]),
+])  # fmt: skip
+def test_the_mirror_mode_decides_which_step_directories_stay_home(
+    tmp_path: Path, mirror: MirrorMode, kept: list[str]
+) -> None:
+    """`latest` lets an older step directory go once a newer one is whole in the mirror; `all`
+    keeps every step the nodes still hold."""
+    job = f"mirror-{mirror}"
+    spec = CheckpointSpec(dir="~/ckpt", mirror=mirror)
+    with keeper_nodes(tmp_path / "orch", job, checkpoint=spec) as nodes:
+        nodes.run(0, STEP.format(n="000001"))
+        collect_until(nodes, lambda c: [u.name for u in c.installed] == ["step-000001"])
+        nodes.run(0, STEP.format(n="000002"))
+        collect_until(nodes, lambda c: [u.name for u in c.installed] == ["step-000002"])
+        held = sorted(p.name for p in nodes.mirror.root.iterdir() if p.name.startswith("step-"))
+        assert held == kept
+        assert (nodes.mirror.root / "step-000002" / "state.pt").read_text() == "000002"

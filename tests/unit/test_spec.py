@@ -219,3 +219,20 @@ def test_node_paths() -> None:
     assert CheckpointSpec(dir="ckpt").node_dir(home, workdir) == workdir / "ckpt"
     assert CheckpointSpec(dir="~/ckpt").node_dir(home, workdir) == home / "ckpt"
     assert CheckpointSpec(dir="/ckpt").node_dir(home, workdir) == PurePosixPath("/ckpt")
+
+
+@pytest.mark.parametrize(
+    ("fields", "mode"),
+    [
+        ({}, "all"),
+        ({"store": "s3://bucket/runs"}, "latest"),
+        ({"store": "file:///srv/ckpt"}, "latest"),
+        ({"store": "s3://bucket/runs", "mirror": "all"}, "all"),
+        ({"mirror": "latest"}, "latest"),
+        ({"store": "s3://bucket/runs", "mirror": "none"}, "none"),
+    ],
+)
+def test_the_mirror_defaults_to_latest_with_a_store_and_all_without(
+    fields: dict[str, str], mode: str
+) -> None:
+    assert CheckpointSpec(dir="~/ckpt", **fields).mirror_mode == mode
