@@ -64,8 +64,13 @@ def test_nodes_upload_the_ledger_records_and_new_nodes_restore_from_s3(
         assert {f["path"] for f in files} == {"step-000010/state.pt", "step-000010/COMPLETE"}
         for f in files:
             assert f["key"].startswith(f"team/runs/{job}/step-000010/")
-            body = s3.get_object(Bucket=BUCKET, Key=f["key"])["Body"].read()
+            reply = s3.get_object(Bucket=BUCKET, Key=f["key"])
+            body = reply["Body"].read()
             assert hashlib.blake2b(body, digest_size=32).hexdigest() == f["digest"]
+            assert len(body) == f["size"]
+        weights = next(f for f in files if f["path"] == "step-000010/state.pt")
+        etag = s3.head_object(Bucket=BUCKET, Key=weights["key"])["ETag"].strip('"')
+        assert etag.endswith("-3"), etag  # 40 MiB went up as a multipart upload of 16 MiB parts
         # A version that never became whole (no COMPLETE yet) is swept at the end.
         nodes.run(0, "mkdir -p ckpt/step-000020 && printf half > ckpt/step-000020/state.pt")
         deadline = time.monotonic() + 30
