@@ -1,10 +1,12 @@
 """The reference parts of the docs match the code: the generated spec table and CLI reference,
-every setting and ORCH_* variable in docs/config.md, and every EC2 action the AWS provider
-calls in the IAM policy of docs/providers.md."""
+every setting and ORCH_* variable in docs/config.md, every EC2 action the AWS provider
+calls in the IAM policy of docs/providers.md, and the tag conditions of that policy and of
+the Terraform policy in infra/README.md."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import re
 from decimal import Decimal
@@ -167,10 +169,19 @@ def _aws_modules() -> list[Path]:
     ]
 
 
-def _documented_policy() -> dict:
-    page = REPO / "docs" / "providers.md"
+def _policy_on(page: Path) -> dict:
     [policy] = [b for b in blocks(page) if b.kind == "iam-policy"]
     return json.loads(policy.text)
+
+
+def _documented_policy() -> dict:
+    """The policy orch's AWS provider runs with."""
+    return _policy_on(REPO / "docs" / "providers.md")
+
+
+def _infra_policy() -> dict:
+    """The policy of the identity that runs Terraform on infra/."""
+    return _policy_on(REPO / "infra" / "README.md")
 
 
 def _actions(policy: dict) -> set[str]:
@@ -218,11 +229,14 @@ def test_the_spot_service_linked_role_is_limited_to_spot() -> None:
     assert statement["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
 
 
-def _statements_allowing(action: str) -> list[dict]:
+def _statements_allowing(action: str, policy: dict | None = None) -> list[dict]:
+    """The statements of `policy` (docs/providers.md's by default) that allow `action`,
+    by name or by a wildcard."""
     found = []
-    for statement in _documented_policy()["Statement"]:
+    for statement in (policy or _documented_policy())["Statement"]:
         listed = statement["Action"]
-        if action in ({listed} if isinstance(listed, str) else set(listed)):
+        names = {listed} if isinstance(listed, str) else set(listed)
+        if any(fnmatch.fnmatchcase(action, name) for name in names):
             assert statement["Effect"] == "Allow"
             found.append(statement)
     return found
@@ -280,3 +294,106 @@ def test_the_documented_policy_launches_only_tagged_instances() -> None:
     tagged = {s["ResourceType"] for s in args["TagSpecifications"] if
               {"Key": TAG_JOB, "Value": "j"} in s["Tags"]}  # fmt: skip
     assert tagged == {"instance", "volume"}
+
+
+# --- the Terraform identity's policy (infra/README.md) ------------------------------------
+
+# The EC2 resources infra/*.tf tags: the call that creates each (and tags it, TagSpecifications)
+# and its ARN's resource type.
+INFRA_CREATES = {
+    "aws_vpc": ("CreateVpc", "vpc"),
+    "aws_subnet": ("CreateSubnet", "subnet"),
+    "aws_internet_gateway": ("CreateInternetGateway", "internet-gateway"),
+    "aws_route_table": ("CreateRouteTable", "route-table"),
+    "aws_security_group": ("CreateSecurityGroup", "security-group"),
+    "aws_vpc_security_group_ingress_rule": ("AuthorizeSecurityGroupIngress", "security-group-rule"),
+    "aws_vpc_security_group_egress_rule": ("AuthorizeSecurityGroupEgress", "security-group-rule"),
+    "aws_key_pair": ("ImportKeyPair", "key-pair"),
+}
+RETAG_CONDITION = {
+    "Null": {"aws:ResourceTag/orch-owner": "false"},
+    "ForAllValues:StringNotEquals": {"aws:TagKeys": ["orch-owner"]},
+}
+
+
+def _tagged_ec2_resources() -> set[str]:
+    """The resource types of infra/*.tf whose blocks set `tags` (IAM ones left out)."""
+    found = set()
+    for path in sorted((REPO / "infra").glob("*.tf")):
+        for block in re.split(r"^(?=resource )", path.read_text(), flags=re.MULTILINE):
+            kind = re.match(r'resource "(aws_[a-z0-9_]+)"', block)
+            tags = re.search(r"^\s*tags\s*=", block, flags=re.MULTILINE)
+            if kind and tags and not kind.group(1).startswith("aws_iam_"):
+                found.add(kind.group(1))
+    return found
+
+
+def _tag_at_create(policy: dict) -> list[dict]:
+    return [
+        s for s in _statements_allowing("ec2:CreateTags", policy)
+        if "ec2:CreateAction" in s.get("Condition", {}).get("StringEquals", {})
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", ["docs/providers.md", "infra/README.md"])
+def test_no_policy_tags_launches_or_ends_without_a_condition(page: str) -> None:
+    """Neither documented policy allows tagging, launching or ending on "*", by name or by a
+    wildcard action, without a condition to meet."""
+    policy = _policy_on(REPO / page)
+    actions = (
+        "ec2:CreateTags", "ec2:DeleteTags", "ec2:RunInstances", "ec2:TerminateInstances",
+        "ec2:StopInstances", "ec2:RebootInstances",
+    )  # fmt: skip
+    for action in actions:
+        for statement in _statements_allowing(action, policy):
+            if action == "ec2:RunInstances" and "Condition" not in statement:
+                continue  # what a launch only uses: checked by the test on launches
+            assert "*" not in _resources(statement), f"{page}: {action} on *"
+            assert statement.get("Condition"), f"{page}: {action} without a condition"
+
+
+def test_the_infra_policy_tags_only_at_creation_or_what_already_is_orchs() -> None:
+    """Terraform's identity tags a resource only in the call that creates it, with the
+    orch-owner tag in the request; later it may retag only what carries orch-owner, and
+    never that tag itself."""
+    policy = _infra_policy()
+    at_create = _tag_at_create(policy)
+    assert len(at_create) == 1, "one statement allows CreateTags inside the create calls"
+    [statement] = at_create
+    assert statement["Condition"]["Null"] == {"aws:RequestTag/orch-owner": "false"}
+    assert set(statement["Condition"]) == {"StringEquals", "Null"}
+    creates = set(statement["Condition"]["StringEquals"]["ec2:CreateAction"])
+    allowed = {a for a in _actions(policy) if a.startswith("ec2:")}
+    assert {f"ec2:{name}" for name in creates} <= allowed
+    for action in ("ec2:CreateTags", "ec2:DeleteTags"):
+        for other in _statements_allowing(action, policy):
+            if other is not statement:
+                assert other["Condition"] == RETAG_CONDITION, other.get("Sid")
+    assert _statements_allowing("ec2:DeleteTags", policy)
+
+
+def test_every_resource_infra_tags_is_tagged_under_the_policy() -> None:
+    """Each EC2 resource infra/*.tf tags is tagged by a create call the policy lets tag, on a
+    resource type it names; a resource added to infra/ without its line here fails."""
+    tagged = _tagged_ec2_resources()
+    assert {"aws_vpc", "aws_subnet", "aws_security_group", "aws_key_pair"} <= tagged
+    unknown = tagged - set(INFRA_CREATES)
+    assert not unknown, f"add the create call of {sorted(unknown)} to INFRA_CREATES and the policy"
+    [statement] = _tag_at_create(_infra_policy())
+    creates = set(statement["Condition"]["StringEquals"]["ec2:CreateAction"])
+    resources = _resources(statement)
+    for kind in sorted(tagged):
+        action, arn_type = INFRA_CREATES[kind]
+        assert action in creates, f"{kind}: {action} may not tag what it creates"
+        assert f"arn:aws:ec2:*:*:{arn_type}/*" in resources, f"{kind}: {arn_type} not taggable"
+
+
+def test_the_infra_identity_never_launches_or_ends_instances() -> None:
+    """Launching and ending nodes is orch's provider's, under the policy infra/README.md
+    points to."""
+    policy = _infra_policy()
+    for action in ("ec2:RunInstances", "ec2:TerminateInstances", "ec2:StopInstances"):
+        assert not _statements_allowing(action, policy), action
+    readme = (REPO / "infra" / "README.md").read_text()
+    assert "(../docs/providers.md#iam-permissions-orch-needs)" in readme
+    assert "### IAM permissions orch needs" in (REPO / "docs" / "providers.md").read_text()
