@@ -1,0 +1,170 @@
+"""The budget lease the controller renews on real nodes (local nodes on 127.0.0.1, over SSH).
+
+Each budget check under the cap writes a fresh lease to every node that answers: the run's
+deadline and the time until which what is left of `max_cost_usd` pays for the open leases at
+the prices the ledger recorded at launch, less the time a stop takes. The expected times are
+worked out here from the ledger's leases, independently of `lease_until`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from orchestrator.cluster.connections import Cluster
+from orchestrator.config import Settings
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.options import RunnerOptions, SilentReporter
+from orchestrator.control.parts import job_parts
+from orchestrator.control.supervisor import Supervisor
+from orchestrator.ledger.store import Job, Lease, Ledger, utcnow
+from orchestrator.node import guard
+from orchestrator.node.guard_protocol import GuardLayout
+from orchestrator.node.launch import home_expr
+from orchestrator.providers.base import Provider
+from orchestrator.spec.model import JobSpec, LoadedJob
+from tests.support.helpers import loopback_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB_ID = "lease"
+MAX_COST = 10.0
+PRICE = Decimal("1.80")  # per node and hour, as recorded at launch
+MAX_RUNTIME = 7200.0
+OPTIONS = RunnerOptions(stop_grace=5.0, stop_allowance=15.0)
+RESERVE_S = 20.0  # stop_grace + stop_allowance: kept back for the stop itself
+SLACK_S = 0.01  # the lease is written to the millisecond
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with loopback_cluster(tmp_path_factory.mktemp("orch"), JOB_ID, count=2) as built:
+        yield built
+
+
+class Controller:
+    """A job with a budget, its ledger, and the supervisor's budget check on the nodes."""
+
+    def __init__(self, home: Path, ledger: Ledger, cluster: Cluster) -> None:
+        self.ledger = ledger
+        spec = JobSpec.model_validate(
+            {
+                "name": "lease", "workdir": ".", "run": "true", "resources": {"nodes": 2},
+                "budget": {"max_cost_usd": MAX_COST, "max_runtime": MAX_RUNTIME},
+            }
+        )  # fmt: skip
+        self.launched = utcnow() - timedelta(seconds=1000)
+        job = self.ledger.add_job(
+            Job(
+                id=JOB_ID, name=spec.name, provider="local", nodes=2, gpus_per_node=1,
+                spec_json=spec.model_dump_json(), spec_path="job.yaml",
+                created_at=self.launched, started_at=self.launched,
+            )
+        )  # fmt: skip
+        for instance in cluster.instances:
+            recorded = replace(instance, launched_at=self.launched, price_per_hour=PRICE)
+            self.ledger.open_lease(
+                Lease.from_instance(recorded, job_id=JOB_ID, provider="local", identity=None)
+            )
+        parts = job_parts(
+            job, LoadedJob(spec, home / "job.yaml", home, home, []), settings=Settings(home=home),
+            ledger=self.ledger, provider=cast(Provider, None), reporter=SilentReporter(),
+            options=OPTIONS,
+        )  # fmt: skip
+        self.supervisor = Supervisor(parts, lambda metrics: None)
+        self.attempt = Attempt(cluster.instances, cluster)
+        self.attempt.read(f"rm -rf {home_expr(GuardLayout(JOB_ID).root)}")  # no lease yet
+
+    def check_budget(self) -> list[dict]:
+        """One budget check; returns the lease each node holds afterwards, by rank."""
+        assert self.supervisor.check_budget(self.attempt) is None  # under the cap
+        path = home_expr(GuardLayout(JOB_ID).lease)
+        held = self.attempt.read(f"cat {path} 2>/dev/null")
+        assert all(held), f"nodes without a lease: {[r for r, text in enumerate(held) if not text]}"
+        return [json.loads(text) for text in held]
+
+    def budget_buys_until(self, at: float) -> float:
+        """Until when the rest of the budget at time `at` pays for the open leases, less the
+        stop's reserve: worked out from the ledger's leases."""
+        spent, hourly = 0.0, 0.0
+        for lease in self.ledger.leases(JOB_ID):
+            end = lease.ended_at.timestamp() if lease.ended_at else at
+            spent += float(lease.price_per_hour) * (min(end, at) - lease.launched_at.timestamp())
+            if lease.ended_at is None:
+                hourly += float(lease.price_per_hour)
+        spent /= 3600
+        return at + (MAX_COST - spent) / hourly * 3600 - RESERVE_S
+
+
+def test_each_budget_check_renews_the_nodes_lease_within_what_the_budget_buys(
+    tmp_path: Path, ledger: Ledger, cluster: Cluster
+) -> None:
+    """Every check writes a new lease to the nodes; its end is never past what the rest of the
+    budget buys at the recorded prices: it moves back when spend grows and forward when a
+    node's lease closes, and a node taken for gone keeps its last one."""
+    controller = Controller(tmp_path, ledger, cluster)
+    deadline = controller.launched.timestamp() + MAX_RUNTIME
+    path = home_expr(GuardLayout(JOB_ID).lease)
+    assert controller.attempt.read(f"cat {path} 2>/dev/null") == ["", ""]
+
+    before = utcnow().timestamp()
+    first = controller.check_budget()
+    assert first[0] == first[1], "every node gets the same lease"
+    lease = first[0]
+    assert before <= lease["renewed_at"] <= utcnow().timestamp()
+    assert lease["runtime_deadline"] == pytest.approx(deadline, abs=1e-3)
+    # $10 at 2 x $1.80/h lasts 10000 s from the launch; $1 of it is spent by now
+    until = controller.budget_buys_until(lease["renewed_at"])
+    assert until == pytest.approx(controller.launched.timestamp() + 10000 - RESERVE_S, abs=0.01)
+    assert until - SLACK_S <= lease["lease_until"] <= until
+
+    # A previous launch of the job cost $3.60: the lease shrinks by the hour that paid for.
+    controller.ledger.open_lease(
+        Lease(
+            job_id=JOB_ID, cluster=JOB_ID, provider="local", instance_id="l-earlier", rank=0,
+            market="on-demand", instance_type="local", price_per_hour=Decimal("3.60"),
+            launched_at=controller.launched - timedelta(hours=2),
+            ended_at=controller.launched - timedelta(hours=1),
+        )
+    )  # fmt: skip
+    second = controller.check_budget()
+    assert second[0] == second[1]
+    lease = second[0]
+    assert lease["renewed_at"] > first[0]["renewed_at"]
+    until = controller.budget_buys_until(lease["renewed_at"])
+    assert until - SLACK_S <= lease["lease_until"] <= until
+    assert lease["lease_until"] == pytest.approx(first[0]["lease_until"] - 3600, abs=0.01)
+
+    # Node 1 is lost and its lease closed: the budget pays for one node from now on, so the
+    # lease moves forward; the lost node is not written to and keeps what it had.
+    lost = controller.attempt.instances[1].instance_id
+    controller.ledger.close_leases([lost], utcnow())
+    controller.attempt.gone_ranks.add(1)
+    third = controller.check_budget()
+    lease = third[0]
+    assert lease["renewed_at"] > second[0]["renewed_at"]
+    until = controller.budget_buys_until(lease["renewed_at"])
+    assert until - SLACK_S <= lease["lease_until"] <= until
+    assert lease["lease_until"] > second[0]["lease_until"] + 4000
+    assert lease["runtime_deadline"] == pytest.approx(deadline, abs=1e-3)
+    assert third[1] == second[0]
+
+
+def test_the_guard_reads_the_lease_where_the_controller_writes_it(
+    tmp_path: Path, ledger: Ledger, cluster: Cluster
+) -> None:
+    """The node's guard, given the node's home, finds the renewed lease as its own."""
+    controller = Controller(tmp_path, ledger, cluster)
+    written = controller.check_budget()[0]
+    home = controller.attempt.read("echo $HOME")[0].strip()
+    assert Path(home).is_dir(), f"node 0's home {home} is not visible here"
+    terms = tmp_path / "terms.json"
+    terms.write_text(json.dumps({"job_id": JOB_ID, "home": home}))
+    assert guard.Guard(str(terms)).lease() == written
