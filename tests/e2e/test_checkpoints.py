@@ -137,6 +137,9 @@ def test_a_sharded_dcp_job_loses_node_1_and_every_rank_resumes_what_it_saved(
     restored = {e["rank"]: e["sha256"] for e in lines if e.get("event") == "restored"}
     assert sorted(restored) == [0, 1, 2, 3]
     assert restored == saved, "a rank resumed from something other than what it saved"
+    whole = [".metadata", *[f"__{r}_0.distcp" for r in range(4)]]
+    held = {e["rank"]: e["files"] for e in lines if e.get("event") == "restored"}
+    assert all(files == whole for files in held.values()), held  # not just each node's own
     # Every shard came from its own node; the store keeps the newest step whole. (The resumed
     # step itself may be gone from the store by now: when the mirror held it first, nothing
     # uploaded it, and newer steps superseded it.)
