@@ -1,9 +1,12 @@
 """The node guard on `orch sandbox aws`: armed by cloud-init's user data at boot, it ends a hung
 job's instances at max_runtime after its controller was killed, as EC2 ends an instance that
-shuts itself down; the next orch command ends the job TIMED_OUT without launching again."""
+shuts itself down; the next orch command ends the job TIMED_OUT without launching again.
+While the job runs, a second ledger under the same login reconciles the same account and leaves
+the job's instances alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -49,12 +52,17 @@ def test_a_hung_job_ends_at_max_runtime_on_the_sandbox_without_its_controller(
         time.sleep(0.2)
     kinds = {e.kind: e.message for e in ledger.events(job_id)}
     assert "GUARDED" in kinds, kinds  # every node's guard runs and can power it off
+    ids = [lease.instance_id for lease in ledger.leases(job_id)]
+    theirs = orch_env(tmp_path / "other-orch", **aws_env(sandbox.endpoint))  # same login
+    reconciled = run_orch(["reconcile", "--json"], theirs, timeout=120)
+    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+    assert sorted(json.loads(reconciled.stdout)["not_ours"]) == sorted(ids)
+    assert ledger.get_job(job_id).state == "RUNNING"
     os.kill(int((home / "jobs" / job_id / "controller.pid").read_text()), signal.SIGKILL)
     started = ledger.get_job(job_id).started_at
     assert started is not None
 
     ec2 = sandbox.ec2()
-    ids = [lease.instance_id for lease in ledger.leases(job_id)]
 
     def states() -> dict[str, dict]:
         reply = ec2.describe_instances(InstanceIds=ids)
