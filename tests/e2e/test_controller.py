@@ -71,6 +71,9 @@ def test_detached_job_is_watched_from_other_commands_and_cancelled(tmp_path: Pat
     assert not (tmp_path / "orch" / "jobs" / job_id / "controller.pid").exists()
 
 
+# `make test` keeps test_crash_trials' kills (a new controller adopts and finishes the job) and
+# test_runner's adoption; this plain kill runs in `make soak`
+@pytest.mark.soak
 def test_a_killed_controller_is_replaced_and_the_job_finishes(tmp_path: Path) -> None:
     spec = write_job(tmp_path, f"name: adopted\nrun: {TICKS.format(n=15)}\n")
     env = fast_env(tmp_path / "orch")

@@ -252,6 +252,9 @@ def would_come_back_to_spot(ledger: Ledger, job_id: str, plan: Plan) -> bool:
     return decision is Decision.SPOT
 
 
+# two minutes of a live market; `make test` keeps the live driver surviving its controller
+# below, and the policy's decisions in test_deadline_driver, test_spot_policy and test_simulate
+@pytest.mark.soak
 def test_uniform_progress_goes_on_demand_without_spot_back_to_spot_and_meets_the_deadline(
     tmp_path: Path,
 ) -> None:

@@ -69,6 +69,8 @@ def set_trace(tmp_path: Path, job: dict, text: str) -> None:
         tmp.replace(disk / "bin" / "nvidia-smi.trace")
 
 
+# `make test` keeps test_activity's busy GPU resetting the idle clock
+@pytest.mark.soak
 def test_one_busy_gpu_keeps_the_job_alive(tmp_path: Path) -> None:
     """Busy GPUs are never stopped, even when a node's other GPU idles."""
     spec = prepare(tmp_path, SLEEP_RUN.format(s=IDLE_TIMEOUT + 5), gpus=[0.0, 85.0])
@@ -95,6 +97,9 @@ def test_gpus_going_idle_stop_the_job_after_the_timeout(tmp_path: Path) -> None:
     assert_nothing_left(job)
 
 
+# `make test` keeps test_gpu_watch's hanging nvidia-smi (unknown, then recovered) and
+# test_activity's unknown readings that never count as idle
+@pytest.mark.soak
 def test_a_hanging_nvidia_smi_never_stops_the_job(tmp_path: Path) -> None:
     """A hang, the worst of the broken readings (garbage and failures are read as unknown the
     same way: tests/integration/test_gpu_watch.py), never counts as idle."""
@@ -111,6 +116,9 @@ def test_a_hanging_nvidia_smi_never_stops_the_job(tmp_path: Path) -> None:
     assert_nothing_left(job_json(job_id, env))
 
 
+# `make test` keeps test_gpu_watch's CPU share of the job's session over SSH, test_activity's
+# CPU fallback, and the guard's CPU idleness on real nodes (test_node_guard.py)
+@pytest.mark.soak
 @pytest.mark.parametrize(("run", "stopped"), [(SLEEP_RUN, True), (BUSY_RUN, False)])
 def test_without_gpus_cpu_use_decides(tmp_path: Path, run: str, stopped: bool) -> None:
     spec = prepare(tmp_path, run.format(s=14), gpus=None)

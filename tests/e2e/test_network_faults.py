@@ -129,6 +129,8 @@ def test_a_node_cut_off_past_the_confirmation_window_is_lost_and_replaced(tmp_pa
     assert_clean(env, ledger, job_id)
 
 
+# `make test` keeps test_spot's job that runs out of recoveries, and the cut-off above
+@pytest.mark.soak
 def test_a_lost_node_without_recoveries_left_fails_the_job_cleanly(tmp_path: Path) -> None:
     job_id, env, ledger = start(tmp_path, "nospare", SHORT, "recovery: {max_recoveries: 0}\n")
     veth = training(ledger, job_id)

@@ -83,6 +83,9 @@ def ended_at(home: Path, iid: str) -> datetime:
     )
 
 
+# `make test` keeps the same guard ending a hung job at max_runtime on the sandbox
+# (test_sandbox_guard.py), and bench/guard_billing measures it here
+@pytest.mark.soak
 def test_max_runtime_ends_a_hung_job_without_its_controller(tmp_path: Path) -> None:
     max_runtime = 12
     ledger, job_id, home = submit_and_kill(
@@ -146,6 +149,8 @@ def test_idle_nodes_end_without_their_controller(tmp_path: Path) -> None:
         assert (ended_at(home, iid) - idle_from).total_seconds() >= idle_timeout
 
 
+# `make test` keeps test_sandbox_guard.py's reconcile ending a guarded job TIMED_OUT
+@pytest.mark.soak
 def test_the_next_orch_command_ends_the_job_as_its_guard_did(tmp_path: Path) -> None:
     """Once the guard ended the nodes, a revived controller stops the job with the guard's
     reason and closes its leases at the nodes' own end: it launches nothing new."""

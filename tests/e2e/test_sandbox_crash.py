@@ -26,6 +26,8 @@ def run_and_show(plans: list, base: Path, capsys: pytest.CaptureFixture[str]) ->
     assert all(result.ok for result in results), shown
 
 
+# `make test` keeps test_crash_trials.py: the same trials on local nodes
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_a_kill_while_recovering_leaves_nothing_behind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -120,6 +120,9 @@ def test_notice_on_node_1_resumes_from_the_emergency_checkpoint(tmp_path: Path) 
     assert '"event": "resume"' in log or '"event":"resume"' in log, log[-2000:]
 
 
+# `make test` keeps test_checkpoints.py's job that loses node 0 without notice and resumes
+# from its pulled snapshot
+@pytest.mark.soak
 def test_master_killed_without_notice_resumes_from_the_last_good_pulled_checkpoint(
     tmp_path: Path,
 ) -> None:

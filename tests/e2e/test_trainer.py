@@ -327,6 +327,8 @@ def test_a_hung_peer_fails_the_job_after_the_timeout(tmp_path: Path) -> None:
 # --- resuming: incomplete checkpoints, other world sizes --------------------------------
 
 
+# `make test` keeps test_trainer_checkpoint's incomplete and temporary directories
+@pytest.mark.soak
 def test_half_written_checkpoints_are_never_resumed(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = [*TINY, "--fake-size", "64", "--batch-size", "8"]
@@ -365,6 +367,8 @@ def _consumed(prefix: Path) -> list[int]:
     return found
 
 
+# `make test` keeps test_trainer_sampler's world-size change mid-epoch
+@pytest.mark.soak
 def test_world_size_change_sees_every_sample_once(tmp_path: Path) -> None:
     # 98 samples: 2 ranks x 8 stop after 3 steps (48 consumed); 50 remain, which 3 ranks x 8
     # take as 24 + 24 + 2 (the last micro-step leaves rank 2 empty), 1 rank x 8 as 6x8 + 2
