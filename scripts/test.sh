@@ -2,15 +2,54 @@
 # The test suite: lint, then every test (unit, integration with real sshd, e2e with torchrun)
 # except the long soak trials, which `scripts/soak.sh` (`make soak`) runs; each of those has a
 # short version here.
+#
+# Two pytest runs go side by side. The e2e tests run one at a time, as they must: each starts
+# real jobs and times nodes, controllers and guards against limits. The unit, integration and
+# infra tests run beside them: they mostly wait on sshd, moto and terraform, and a two-core
+# machine has room for them next to one job. Arguments (`make test` passes none) select tests
+# for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check orchestrator trainer tests bench
-set +e
-.venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not soak" tests "$@"
-code=$?
-set -e
-if [ "$code" -eq 5 ]; then
-    echo "no tests were collected: that is a failure" >&2
-    exit 1
+
+pytest_run() {
+    .venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not soak" "$@"
+}
+
+# pytest's exit code 5 (no tests collected) is a failure too.
+verdict() {
+    if [ "$1" -eq 5 ]; then
+        echo "no tests were collected for $2: that is a failure" >&2
+        return 1
+    fi
+    return "$1"
+}
+
+if [ "$#" -gt 0 ]; then
+    set +e
+    pytest_run "$@"
+    code=$?
+    set -e
+    verdict "$code" "$*"
+    exit $?
 fi
-exit "$code"
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+pytest_run tests/unit tests/integration tests/infra >"$logs/beside.log" 2>&1 &
+beside_pid=$!
+
+set +e
+pytest_run tests/e2e
+e2e_code=$?
+wait "$beside_pid"
+beside_code=$?
+set -e
+
+echo
+echo "--- unit, integration and infra tests (run beside the e2e tests) ---"
+cat "$logs/beside.log"
+status=0
+verdict "$e2e_code" "tests/e2e" || status=1
+verdict "$beside_code" "tests/unit, tests/integration, tests/infra" || status=1
+exit "$status"
