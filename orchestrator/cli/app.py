@@ -31,7 +31,6 @@ app = typer.Typer(
     name="orch",
     help="Run distributed PyTorch training on cheap cloud nodes, and shut them down after.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 
@@ -449,8 +448,24 @@ def _add_sub_apps() -> None:
 _add_sub_apps()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"orch {version('orch')}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _revive_lost_controllers(context: typer.Context) -> None:
+def _revive_lost_controllers(
+    context: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
     """Before any command: an unfinished job whose controller died gets a new one."""
     if context.invoked_subcommand in ("reconcile", "down", "sandbox"):
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
