@@ -440,9 +440,12 @@ def reconcile(
 def _add_sub_apps() -> None:
     from orchestrator.cli.local import app as local_app
     from orchestrator.cli.sandbox import sandbox_app
+    from orchestrator.cli.shell import ssh_command, ssh_config_command
 
     app.add_typer(local_app, name="local")
     app.add_typer(sandbox_app, name="sandbox")
+    app.command(name="ssh")(ssh_command)
+    app.command(name="ssh-config")(ssh_config_command)
 
 
 _add_sub_apps()

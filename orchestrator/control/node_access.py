@@ -1,0 +1,119 @@
+"""Which node `orch ssh NAME|JOB` and `orch ssh-config NAME` reach, and with what key.
+
+A name is a cluster of this ledger with live nodes (a job's cluster is named by its job id), or
+a job id. The nodes are those the provider still runs, in rank order; their host keys are
+pinned in a known_hosts file of the cluster's own (`known_hosts.shell` beside the cluster's
+key), so a person's ssh never rewrites the file the controller's transfers use, and nothing is
+written into `~/.ssh`. A job recorded under another cloud identity is refused, as for cancel.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.cluster.connections import host_address
+from orchestrator.config import Settings
+from orchestrator.control.cancel import check_job_identity
+from orchestrator.errors import SpecError, UnknownJob
+from orchestrator.job_state import JobState
+from orchestrator.ledger.store import Ledger
+from orchestrator.providers import get_provider
+from orchestrator.providers.base import Instance
+from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, known_hosts_text
+from orchestrator.remote.shell import Forward, parse_forward, shell_argv, ssh_config_block
+
+SHELL_KNOWN_HOSTS = "known_hosts.shell"
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """How to reach every live node of one cluster."""
+
+    name: str  # the cluster's name
+    job_id: str  # the job whose nodes they are
+    nodes: tuple[HostAddress, ...]  # by rank
+    identity: Identity  # the cluster's key
+    known_hosts: Path  # pins exactly these nodes' host keys
+
+    def node(self, rank: int) -> HostAddress:
+        """Node `rank`, or SpecError naming the ranks there are."""
+        if not 0 <= rank < len(self.nodes):
+            raise SpecError(
+                f"cluster {self.name} has no node {rank}",
+                hint=f"its nodes are 0 to {len(self.nodes) - 1}",
+            )
+        return self.nodes[rank]
+
+    def ssh_argv(self, rank: int, *, command: list[str], forwards: list[Forward]) -> list[str]:
+        """The `ssh` to node `rank` (`orchestrator.remote.shell.shell_argv`)."""
+        return shell_argv(
+            self.node(rank), self.identity, self.known_hosts, command=command, forwards=forwards
+        )
+
+    def ssh_config(self) -> str:
+        """One `Host orch-NAME-RANK` block per node, in rank order."""
+        return "\n".join(
+            ssh_config_block(f"orch-{self.name}-{rank}", node, self.identity, self.known_hosts)
+            for rank, node in enumerate(self.nodes)
+        )
+
+
+def forwards(texts: list[str]) -> list[Forward]:
+    """`-L` values as forwardings; SpecError (exit 2) for a malformed one, before any node is
+    asked for."""
+    return [parse_forward(text) for text in texts]
+
+
+def _job_of(ledger: Ledger, name: str) -> tuple[str, str]:
+    """(job id, cluster) for a cluster name or a job id with open leases in this ledger."""
+    open_leases = ledger.leases(open_only=True)
+    for lease in open_leases:
+        if lease.cluster == name:
+            return lease.job_id, lease.cluster
+    for lease in open_leases:
+        if lease.job_id == name:
+            return lease.job_id, lease.cluster
+    try:
+        ended = ledger.get_job(name)
+    except UnknownJob:
+        ended = None
+    if ended is not None:
+        raise SpecError(
+            f"job {name} has no running nodes ({JobState(ended.state).value})",
+            hint=f"`orch logs {name}` shows what its nodes printed; checkpoints are under "
+            "ORCH_HOME/jobs/<job>/checkpoints",
+        )
+    raise SpecError(
+        f"no running cluster or job {name!r} in this ledger",
+        hint="`orch status` lists jobs and their clusters",
+    )
+
+
+def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAccess:
+    """The live nodes of cluster or job `name`, asked of its provider now (a node replaced
+    after a spot interruption is the new one). Raises SpecError when nothing of that name
+    runs, IdentityMismatch when the job was launched as another cloud identity."""
+    job_id, cluster = _job_of(ledger, name)
+    job = ledger.get_job(job_id)
+    provider = get_provider(job.provider, settings)
+    check_job_identity(ledger, job_id, provider)
+    live: list[Instance] = sorted(
+        (i for i in provider.list_owned(job_id=job_id) if i.cluster == cluster),
+        key=lambda i: i.rank,
+    )
+    if not live:
+        raise SpecError(
+            f"cluster {cluster} has no running node",
+            hint="its nodes may be ending: `orch status` shows the job",
+        )
+    identity = ensure_identity(settings.keys_dir(job_id), f"orch-{job_id}")
+    nodes = tuple(host_address(i) for i in live)
+    known_hosts = identity.private_key.parent / SHELL_KNOWN_HOSTS
+    tmp = known_hosts.with_name(f"{SHELL_KNOWN_HOSTS}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(known_hosts_text(list(nodes)))
+    os.replace(tmp, known_hosts)
+    return ClusterAccess(cluster, job_id, nodes, identity, known_hosts)
