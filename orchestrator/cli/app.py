@@ -251,6 +251,8 @@ def logs(
         raise SpecError(f"--rank must be between 0 and {job.nodes * job.gpus_per_node - 1}")
     node_index = node if node is not None else (rank or 0) // job.gpus_per_node
     local_rank = None if node is not None else (rank or 0) % job.gpus_per_node
+    if json.loads(job.spec_json or "{}").get("launcher") == "none":
+        local_rank = None  # the run's own output carries no rank prefix: the node's whole log
     path = settings.job_dir(job.id) / "logs" / f"node-{node_index}.log"
     consumed = 0  # position in the log's stream, across its rotated files
     while True:

@@ -76,6 +76,7 @@ class RunWatch:
         probe_timeout: float = 30.0,
         max_log_bytes: int = 0,
         log_keep: int = 3,
+        unprefixed_is_rank0: bool = False,
     ) -> None:
         self.cluster = cluster
         self.layout = layout
@@ -86,6 +87,9 @@ class RunWatch:
         self.probe_timeout = probe_timeout
         self.max_log_bytes = max_log_bytes  # cap per log file, 0: none (see log_files)
         self.log_keep = log_keep  # rotated files kept per log
+        # `launcher: none`: the run's own output on node 0 has no torchrun prefix; it is read as
+        # rank 0's (a launcher of its own that tees with prefixes still works as usual).
+        self.unprefixed_is_rank0 = unprefixed_is_rank0
         logs_dir.mkdir(parents=True, exist_ok=True)
         count = len(cluster.instances)
         self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
@@ -200,7 +204,10 @@ class RunWatch:
             if local_rank is None:
                 if text.startswith("[orch]"):
                     self.on_line(text)
-                continue
+                    continue
+                if not self.unprefixed_is_rank0:
+                    continue
+                local_rank = 0
             if local_rank != 0:
                 continue
             metrics = parse_metrics(text)

@@ -179,7 +179,7 @@ class Launcher:
 def launch_plan(
     parts: JobParts, instances: list[Instance], port: int, resume_from: str
 ) -> launch.ClusterLaunch:
-    """How torchrun is started on `instances`, its rendezvous on node 0's `port`."""
+    """How the run is started on `instances`, its rendezvous on node 0's `port`."""
     spec = parts.spec
     return launch.ClusterLaunch(
         job_id=parts.journal.job.id,
@@ -193,4 +193,5 @@ def launch_plan(
         checkpoint_dir=parts.layout.node_path(spec.checkpoint.dir),
         resume_from=resume_from,
         user_env=dict(spec.env),
+        launcher=spec.launcher,
     )

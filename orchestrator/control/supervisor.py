@@ -100,6 +100,7 @@ class Supervisor:
             probe_timeout=max(p.options.probe_timeout, p.options.watch_interval),
             max_log_bytes=p.settings.logs.max_bytes,
             log_keep=p.settings.logs.keep,
+            unprefixed_is_rank0=p.spec.launcher == "none",
         )
 
     def watch(self, attempt: Attempt) -> Decision:

@@ -93,6 +93,7 @@ class ClusterLaunch:
     checkpoint_dir: str  # home-relative or absolute (NodeLayout.node_path)
     resume_from: str = ""  # home-relative or absolute path of the checkpoint to resume from
     user_env: Mapping[str, str] = ()  # type: ignore[assignment]
+    launcher: str = "torchrun"  # torchrun: orch starts `run` under torchrun; none: as written
 
     @property
     def layout(self) -> NodeLayout:
@@ -100,12 +101,29 @@ class ClusterLaunch:
 
 
 def orch_environment(cluster: ClusterLaunch, node: NodeLaunch) -> dict[str, str]:
-    """ORCH_* variables of DESIGN.md plus the socket interface, as plain values.
+    """ORCH_* variables of DESIGN.md, SkyPilot's names for the same facts (so a task written
+    for it runs unchanged), and the socket interface, as plain values. With `launcher: none`
+    also MASTER_ADDR, MASTER_PORT and NODE_RANK, which the run's own launcher reads (torchrun
+    sets its workers' own).
 
     ORCH_CHECKPOINT_DIR and ORCH_RESUME_FROM are home-relative here; `launch_script` turns them
     into absolute paths on the node.
     """
+    own_launcher = (
+        {
+            "MASTER_ADDR": cluster.master_addr,
+            "MASTER_PORT": str(cluster.master_port),
+            "NODE_RANK": str(node.node_rank),
+        }
+        if cluster.launcher == "none"
+        else {}
+    )
     return {
+        **own_launcher,
+        "SKYPILOT_NODE_RANK": str(node.node_rank),
+        "SKYPILOT_NODE_IPS": "\n".join(cluster.node_ips),
+        "SKYPILOT_NUM_NODES": str(cluster.num_nodes),
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(cluster.procs_per_node),
         "ORCH_JOB_ID": cluster.job_id,
         "ORCH_NODE_RANK": str(node.node_rank),
         "ORCH_NUM_NODES": str(cluster.num_nodes),
@@ -141,7 +159,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
-    """The bash script that runs the job on one node and records torchrun's exit code.
+    """The bash script that runs the job on one node and records its exit code: torchrun's,
+    or with `launcher: none` that of `run` itself.
 
     Every user-supplied value is quoted with shlex; none is pasted into the script raw.
     """
@@ -182,10 +201,13 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
             f"finish {SETUP_FAILED_EXIT}",
             "}",
         ]
-    lines += [
-        'torchrun --log-dir="$run_dir/ranks" ' + shlex.join(torchrun_args(cluster, node)),
-        'finish "$?"',
-    ]
+    if cluster.launcher == "none":
+        lines.append(f"bash -c {shlex.quote(cluster.run)}")
+    else:
+        lines.append(
+            'torchrun --log-dir="$run_dir/ranks" ' + shlex.join(torchrun_args(cluster, node))
+        )
+    lines.append('finish "$?"')
     return "\n".join(lines) + "\n"
 
 

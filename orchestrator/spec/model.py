@@ -64,6 +64,7 @@ __all__ = [
     "Budget",
     "CheckpointSpec",
     "DataMount",
+    "Launcher",
     "MirrorMode",
     "JobSpec",
     "LoadedJob",
@@ -367,6 +368,7 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _STORE_HELP = "s3://bucket/prefix, or file:///absolute/path (a directory every node can reach)"
 
 MirrorMode = Literal["all", "latest", "none"]
+Launcher = Literal["torchrun", "none"]
 """What the user's machine keeps of a job's checkpoints (`checkpoint.mirror`)."""
 
 
@@ -478,7 +480,16 @@ class JobSpec(_Model):
     setup: str | None = Field(
         default=None, description="shell command run once on every node before `run`"
     )
-    run: str = Field(description="training command, run under torchrun on every node")
+    run: str = Field(
+        description="training command: run under torchrun on every node, or once per node as "
+        "written with `launcher: none`"
+    )
+    launcher: Launcher = Field(
+        default="torchrun",
+        description="torchrun: orch starts `run` under torchrun, gpus_per_node processes a node; "
+        "none: `run` runs once per node as written and starts its own processes (accelerate, "
+        "deepspeed, a torchrun line of its own), with MASTER_ADDR, MASTER_PORT and NODE_RANK set",
+    )
     resources: Resources = Field(default_factory=Resources, description="nodes and GPUs")
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, description="checkpoint location and pulls"

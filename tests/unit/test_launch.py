@@ -157,3 +157,33 @@ def test_free_port_prefers_the_default_and_avoids_a_taken_one() -> None:
         assert int(out) != taken and int(out) > 0
     finally:
         holder.close()
+
+
+def test_launcher_none_runs_the_command_once_as_written_with_the_rendezvous_in_its_env(
+    tmp_path: Path,
+) -> None:
+    """No torchrun: `run` itself, once, sees MASTER_ADDR/PORT, NODE_RANK and SkyPilot's names
+    (the fake torchrun on the PATH would leave a `run-arg` file had it been called)."""
+    script = launch.launch_script(
+        cluster(run="env > run-env; exit 4", launcher="none"), launch.NodeLaunch(1, "eth0")
+    )
+    result = run_script(tmp_path, script)
+    assert result.returncode == 4
+    assert not (tmp_path / "run-arg").exists(), "torchrun was started"
+    assert (tmp_path / "orch-jobs/job-1/run/exit_code").read_text().strip() == "4"
+    env_text = (tmp_path / "orch-jobs/job-1/workdir/run-env").read_text()
+    for line in ("MASTER_ADDR=10.213.0.2", "MASTER_PORT=29500", "NODE_RANK=1",
+                 "SKYPILOT_NODE_RANK=1", "SKYPILOT_NUM_NODES=2", "SKYPILOT_NUM_GPUS_PER_NODE=2",
+                 "ORCH_NODE_RANK=1"):  # fmt: skip
+        assert f"\n{line}\n" in f"\n{env_text}", line
+    assert "SKYPILOT_NODE_IPS=10.213.0.2\n10.213.0.3\n" in env_text  # newline-separated
+
+
+def test_under_torchrun_the_run_sees_skypilot_s_names_but_torchrun_sets_the_rendezvous(
+    tmp_path: Path,
+) -> None:
+    result = run_script(tmp_path, launch.launch_script(cluster(), launch.NodeLaunch(0, "lo")))
+    assert result.returncode == 0, result.stderr
+    env_text = (tmp_path / "env").read_text()
+    assert "SKYPILOT_NODE_RANK=0" in env_text and "SKYPILOT_NUM_NODES=2" in env_text
+    assert "\nNODE_RANK=" not in env_text and "\nMASTER_ADDR=" not in env_text
