@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from orchestrator.spec.model import (
     _one_line,
     _show,
 )
+from orchestrator.spec.skypilot import from_skypilot, looks_like_skypilot, task_loc
 
 # --------------------------------------------------------------------------------------------
 # Loading
@@ -97,6 +98,11 @@ def load_job(
             f"invalid job spec {source}: the top level must be a mapping of fields "
             f"(name: ..., workdir: ..., run: ...), got {got}"
         )
+    task = looks_like_skypilot(raw)
+    translated: list[_Problem] = []
+    if task:  # a SkyPilot task: its fields read as orch's
+        raw, refused = from_skypilot(raw, source.stem)
+        translated = [_Problem(loc, message) for loc, message in refused]
     applied = _apply_overrides(raw, overrides or {}, source, root)
 
     problems: list[_Problem] = []
@@ -106,6 +112,8 @@ def load_job(
     except ValidationError as exc:
         problems.extend(_problem_from_error(err) for err in exc.errors())
     problems.extend(_path_problems(raw, source.parent, {p.loc for p in problems}))
+    if task:
+        problems = translated + [replace(p, loc=task_loc(p.loc)) for p in problems]
     if problems or spec is None:
         raise SpecError(_render(problems, source, root, applied))
 

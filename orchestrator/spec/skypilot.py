@@ -1,0 +1,194 @@
+"""A SkyPilot task file read as an orch job spec (pure).
+
+`orch submit task.yaml` takes a SkyPilot task unchanged when it uses the fields both tools
+share. Its `run` starts its own processes once per node (SkyPilot's way), so the job gets
+`launcher: none`, and the run sees SkyPilot's variables (`SKYPILOT_NODE_RANK`,
+`SKYPILOT_NODE_IPS`, `SKYPILOT_NUM_NODES`, `SKYPILOT_NUM_GPUS_PER_NODE`) beside orch's.
+
+    SkyPilot                          orch
+    name, workdir, setup, run         the same (the name lower-cased, with '-' for other
+                                      characters; by default the file's; workdir: .)
+    num_nodes                         resources.nodes
+    resources.accelerators: A10G:4    resources.accelerator: A10G, resources.gpus_per_node: 4
+    resources.use_spot                resources.spot
+    resources.disk_size               resources.disk_size_gb
+    resources.cloud / infra: aws      provider: aws
+    envs                              env
+    file_mounts: {/remote: ./local}   data: [{src: ./local, dst: /remote}]
+
+Every other SkyPilot field is refused by name (never ignored): a task that asks for a region,
+an image or a bucket mount would otherwise run somewhere it did not ask for. orch's own
+sections (budget, checkpoint, recovery, deadline, spot_policy) may be added to such a file.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str]  # where (in the task file), what is wrong
+
+SKYPILOT_TOP = ("num_nodes", "envs", "file_mounts", "secrets", "service", "config")
+SKYPILOT_RESOURCES = ("accelerators", "use_spot", "disk_size", "cloud", "infra")
+SHARED_TOP = ("name", "workdir", "setup", "run")
+ORCH_EXTRAS = ("budget", "checkpoint", "recovery", "deadline", "spot_policy", "provider")
+_CLOUDS = {"aws": "aws"}  # SkyPilot's cloud names that orch serves, to orch's providers
+_ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?::(\d+))?$")
+_NOT_HERE = "orch does not support this SkyPilot field"
+
+
+def looks_like_skypilot(raw: dict[Any, Any]) -> bool:
+    """Whether a spec file is written in SkyPilot's fields rather than orch's."""
+    if any(key in raw for key in SKYPILOT_TOP):
+        return True
+    resources = raw.get("resources")
+    return isinstance(resources, dict) and any(key in resources for key in SKYPILOT_RESOURCES)
+
+
+def from_skypilot(raw: dict[Any, Any], default_name: str) -> tuple[dict[str, Any], list[Problem]]:
+    """The orch spec a SkyPilot task means, and every field that cannot be taken (with its
+    place in the task file). Values are checked further by orch's own spec."""
+    problems: list[Problem] = []
+    spec: dict[str, Any] = {"launcher": "none"}
+    for key, value in raw.items():
+        if key == "name" and isinstance(value, str):
+            spec["name"] = _name(value)  # SkyPilot allows capitals and '_', orch's ids do not
+        elif key in SHARED_TOP or key in ORCH_EXTRAS:
+            spec[key] = value
+        elif key == "num_nodes":
+            spec.setdefault("resources", {})["nodes"] = value
+        elif key == "envs":
+            spec["env"] = _envs(value, problems)
+        elif key == "file_mounts":
+            spec["data"] = _file_mounts(value, problems)
+        elif key == "resources":
+            _resources(value, spec, problems)
+        else:
+            problems.append(((str(key),), f"{_NOT_HERE}; {_HINTS.get(str(key), _SEE_DOCS)}"))
+    spec.setdefault("name", _name(default_name))
+    spec.setdefault("workdir", ".")
+    return spec, problems
+
+
+_SEE_DOCS = "docs/spec.md (SkyPilot task files) lists the fields orch takes"
+_HINTS = {
+    "env": "a SkyPilot task gives it as envs",
+    "data": "a SkyPilot task gives it as file_mounts",
+    "secrets": "put the values in envs for now",
+    "service": "orch runs training jobs, not services",
+    "config": "orch's settings live in ORCH_HOME/config.yaml",
+}
+
+
+# orch's places of what a task file says, back to the task's own field names (for errors).
+_BACK: dict[Loc, Loc] = {
+    ("resources", "nodes"): ("num_nodes",),
+    ("resources", "spot"): ("resources", "use_spot"),
+    ("resources", "disk_size_gb"): ("resources", "disk_size"),
+    ("resources", "accelerator"): ("resources", "accelerators"),
+    ("resources", "gpus_per_node"): ("resources", "accelerators"),
+    ("env",): ("envs",),
+    ("data",): ("file_mounts",),
+}
+
+
+def task_loc(loc: Loc) -> Loc:
+    """Where in the task file an error found at orch's `loc` belongs (`resources.nodes` is
+    the task's `num_nodes`); a place both share stays as it is."""
+    for length in (2, 1):
+        if loc[:length] in _BACK:
+            back = _BACK[loc[:length]]
+            return back if loc[0] == "data" else back + loc[length:]
+    return loc
+
+
+def _name(text: str) -> str:
+    """A valid orch job name from a file name (`train_task.yaml` -> `train-task`)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+    return name if name[:1].isalpha() else f"task-{name}".strip("-")[:63]
+
+
+def _envs(value: object, problems: list[Problem]) -> object:
+    if not isinstance(value, dict):
+        return value  # orch's spec names the wrong shape
+    for name, item in value.items():
+        if item is None or item == "":
+            problems.append(
+                (
+                    ("envs", str(name)),
+                    "has no value: SkyPilot would take it from `--env`; "
+                    "give it a value in the file",
+                )  # fmt: skip
+            )
+    return {k: v for k, v in value.items() if v is not None and v != ""}
+
+
+def _file_mounts(value: object, problems: list[Problem]) -> list[dict[str, object]]:
+    if not isinstance(value, dict):
+        problems.append((("file_mounts",), "must map node paths to local paths"))
+        return []
+    mounts = []
+    for dst, src in value.items():
+        if not isinstance(src, str):
+            problems.append(
+                (("file_mounts", str(dst)), f"{_NOT_HERE} (bucket mounts); give a local path")
+            )
+        elif "://" in src:
+            problems.append(
+                (
+                    ("file_mounts", str(dst)),
+                    f"{src!r}: orch copies local paths only; a "
+                    "checkpoint store is checkpoint.store",
+                )  # fmt: skip
+            )
+        else:
+            mounts.append({"src": src, "dst": str(dst)})
+    return mounts
+
+
+def _resources(value: object, spec: dict[str, Any], problems: list[Problem]) -> None:
+    if not isinstance(value, dict):
+        problems.append((("resources",), "must be a mapping of SkyPilot resource fields"))
+        return
+    resources = spec.setdefault("resources", {})
+    for key, item in value.items():
+        where: Loc = ("resources", str(key))
+        if key == "accelerators":
+            _accelerators(item, resources, problems)
+        elif key == "use_spot":
+            resources["spot"] = item
+        elif key == "disk_size":
+            resources["disk_size_gb"] = item
+        elif key in ("cloud", "infra"):
+            cloud = str(item).split("/", 1)[0].lower()
+            if cloud not in _CLOUDS:
+                problems.append((where, f"{item!r}: orch runs on aws (or its local provider)"))
+            elif "/" in str(item):
+                problems.append(
+                    (where, f"{item!r}: a region in `infra` is not supported yet; use "
+                     "infra: aws, and aws.regions in ORCH_HOME/config.yaml (ORCH_AWS_REGIONS)")
+                )  # fmt: skip
+            else:
+                spec["provider"] = _CLOUDS[cloud]
+        else:
+            problems.append((where, f"{_NOT_HERE}; {_SEE_DOCS}"))
+
+
+def _accelerators(item: object, resources: dict[str, Any], problems: list[Problem]) -> None:
+    where: Loc = ("resources", "accelerators")
+    if isinstance(item, dict) and len(item) == 1:
+        ((name, count),) = item.items()
+        item = f"{name}:{count}"
+    match = _ACCELERATOR.match(item) if isinstance(item, str) else None
+    if match is None:
+        problems.append(
+            (
+                where,
+                f"{item!r}: give one accelerator as NAME or NAME:COUNT, e.g. A10G:4 "
+                "(orch does not choose among several)",
+            )  # fmt: skip
+        )
+        return
+    resources["accelerator"] = match.group(1)
+    resources["gpus_per_node"] = int(match.group(2) or 1)

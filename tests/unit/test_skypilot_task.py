@@ -1,0 +1,113 @@
+"""SkyPilot task files read as orch job specs: the shared fields map over, `run` keeps
+SkyPilot's meaning (once per node, `launcher: none`), and every field orch cannot honour is
+refused by its own name and line, never ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec.loading import load_job
+from orchestrator.spec.skypilot import from_skypilot, looks_like_skypilot, task_loc
+from tests.unit.spec_cases import FULL_EXAMPLE, MINIMAL, write
+
+TASK = """\
+name: minGPT_DDP
+workdir: .
+num_nodes: 2
+resources:
+  accelerators: A10G:4
+  use_spot: true
+  disk_size: 256
+  cloud: aws
+envs:
+  LR: "3e-4"
+file_mounts:
+  /data: ./data
+setup: pip install -r requirements.txt
+run: |
+  MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
+  torchrun --nnodes=$SKYPILOT_NUM_NODES --nproc_per_node=$SKYPILOT_NUM_GPUS_PER_NODE \\
+    --node_rank=$SKYPILOT_NODE_RANK --master_addr=$MASTER_ADDR --master_port=8008 main.py
+budget: {max_cost_usd: 40}
+"""
+
+
+def test_a_skypilot_task_loads_as_the_job_it_means(project: Path) -> None:
+    (project / "data").mkdir(exist_ok=True)
+    job = load_job(write(project, TASK))
+    spec = job.spec
+    assert spec.name == "mingpt-ddp" and spec.launcher == "none" and spec.provider == "aws"
+    assert spec.resources.nodes == 2 and spec.resources.gpus_per_node == 4
+    assert spec.resources.accelerator == "A10G" and spec.resources.spot is True
+    assert spec.resources.disk_size_gb == 256
+    assert dict(spec.env) == {"LR": "3e-4"}
+    assert [(d.src, d.dst) for d in spec.data] == [("./data", "/data")]
+    assert spec.run.startswith('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS"')
+    assert spec.budget.max_cost_usd == 40  # orch's own sections may be added
+
+
+@pytest.mark.parametrize(
+    ("accelerators", "name", "count"),
+    [("A10G", "A10G", 1), ("H100:8", "H100", 8), ({"L4": 2}, "L4", 2)],
+)
+def test_each_way_of_writing_one_accelerator(accelerators: object, name: str, count: int) -> None:
+    spec, problems = from_skypilot({"resources": {"accelerators": accelerators}, "run": "x"}, "t")
+    assert problems == []
+    assert spec["resources"] == {"accelerator": name, "gpus_per_node": count}
+
+
+@pytest.mark.parametrize(
+    ("task", "field", "words"),
+    [
+        (
+            "num_nodes: 1\nresources: {cpus: 4+}",
+            "resources.cpus",
+            "does not support this SkyPilot field",
+        ),
+        ("num_nodes: 1\nresources: {image_id: ami-1}", "resources.image_id", "does not support"),
+        ("resources: {accelerators: [A10G, L4]}", "resources.accelerators", "one accelerator"),
+        ("resources: {cloud: gcp}", "resources.cloud", "runs on aws"),
+        ("resources: {infra: aws/us-east-1}", "resources.infra", "aws.regions"),
+        ("num_nodes: 0", "num_nodes", "must be >= 1"),
+        ("resources: {use_spot: maybe}", "resources.use_spot", ""),
+        ("envs: {HF_TOKEN: null}", "envs.HF_TOKEN", "has no value"),
+        ("file_mounts: {/ckpt: s3://bucket/x}", "file_mounts./ckpt", "local paths only"),
+        ("file_mounts: {/ckpt: {source: s3://b, mode: MOUNT}}", "file_mounts./ckpt", "bucket"),
+        ("num_nodes: 1\nsecrets: {HF_TOKEN: null}", "secrets", "envs"),
+        ("num_nodes: 1\nservice: {replicas: 2}", "service", "not services"),
+        ("num_nodes: 1\nenv: {A: b}", "env", "envs"),
+    ],
+)
+def test_a_field_orch_cannot_honour_is_refused_by_its_name_and_line(
+    project: Path, task: str, field: str, words: str
+) -> None:
+    text = f"name: t\nworkdir: .\nrun: python main.py\n{task}\n"
+    with pytest.raises(SpecError) as refused:
+        load_job(write(project, text))
+    message = str(refused.value)
+    assert refused.value.exit_code == 2
+    assert f"{field} (line 4" in message or f"{field} (line 5" in message, message
+    assert words in message, message
+
+
+def test_orch_s_own_specs_are_not_read_as_tasks(project: Path) -> None:
+    for text in (FULL_EXAMPLE, MINIMAL):
+        assert load_job(write(project, text)).spec.launcher == "torchrun"
+    assert not looks_like_skypilot({"name": "x", "run": "y", "resources": {"nodes": 2}})
+
+
+def test_a_task_without_name_or_workdir_takes_the_file_s_name_and_its_folder() -> None:
+    spec, problems = from_skypilot({"num_nodes": 1, "run": "x"}, "My Task_v2")
+    assert problems == [] and spec["name"] == "my-task-v2" and spec["workdir"] == "."
+    assert from_skypilot({"num_nodes": 1, "run": "x"}, "2024-run")[0]["name"] == "task-2024-run"
+
+
+def test_errors_found_by_orch_s_own_checks_point_at_the_task_s_fields() -> None:
+    assert task_loc(("resources", "nodes")) == ("num_nodes",)
+    assert task_loc(("resources", "spot")) == ("resources", "use_spot")
+    assert task_loc(("env", "LR")) == ("envs", "LR")
+    assert task_loc(("data", 0, "src")) == ("file_mounts",)
+    assert task_loc(("run",)) == ("run",)
