@@ -57,6 +57,8 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.spec.placement import Image, InstanceTypes, Ports, Regions, Zones, zone_region
+
 __all__ = [
     "MAX_SPEC_BYTES",
     "OVERRIDE_FLAGS",
@@ -323,6 +325,39 @@ class Resources(_Model):
         description="root volume per node, in GB (AWS: an encrypted gp3 volume);"
         " None: the image's own size",
     )
+    instance_type: InstanceTypes | None = Field(
+        default=None,
+        description="AWS instance type, or a list in order of preference, e.g. [g5.12xlarge, "
+        "g6.12xlarge]; None: the cheapest type that fits (local: ignored)",
+    )
+    region: Regions | None = Field(
+        default=None, description="AWS region, or a list; None: aws.regions (local: ignored)"
+    )
+    zone: Zones | None = Field(
+        default=None,
+        description="availability zone, or a list, within the regions; None: any (local: ignored)",
+    )
+    image: Image | None = Field(
+        default=None,
+        description="AMI id, or an AMI name pattern (newest match); None: aws.ami_id or "
+        "aws.ami_name (local: ignored)",
+    )
+    ports: Ports = Field(
+        default_factory=list,
+        description="ports or ranges (6006, 8000-8010) opened on the nodes to this machine's "
+        "address only (local nodes are reachable from it anyway)",
+    )
+
+    @model_validator(mode="after")
+    def _zones_in_regions(self) -> Resources:
+        if self.zone and self.region:
+            outside = [z for z in self.zone if zone_region(z) not in self.region]
+            if outside:
+                raise ValueError(
+                    f"zone {', '.join(outside)} is not in region {', '.join(self.region)}: "
+                    "list the zones' regions too, or leave region out"
+                )
+        return self
 
     @field_validator("accelerator")
     @classmethod
