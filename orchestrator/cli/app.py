@@ -134,16 +134,20 @@ def submit(
         if json_out:
             _print_json({**prepared.dry_run.document, "spec": loaded.spec.public_document()})
         else:
+            where = f" in {plan.zone}" if plan.zone else ""
             Console().print(
                 f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "
-                f"{plan.provider} at ${plan.price_per_node_hour}/node-hour "
+                f"{plan.provider}{where} at ${plan.price_per_node_hour}/node-hour "
                 f"(${plan.hourly_usd}/h in all"
                 + (
                     f", ${plan.cost_at_max_runtime:.2f} for max_runtime)"
                     if plan.cost_at_max_runtime is not None
                     else ")"
-                )
+                ),
+                highlight=False,
             )
+            for note in plan.notes:
+                Console().print(f"  {note}", highlight=False)
         return
     commands.check_hourly_cap(prepared)
     if not yes:

@@ -61,6 +61,11 @@ class LaunchRequest:
     #                                  (None: no guard; see orchestrator.node.guard)
     ledger_id: str | None = None  # id of the orch ledger the job is in; tagged on every node
     #                               (None: no ledger tag, e.g. a request built only for prices)
+    instance_types: tuple[str, ...] = ()  # only these types, in order of preference (): any
+    regions: tuple[str, ...] = ()  # only these regions (): the provider's configured ones
+    zones: tuple[str, ...] = ()  # only these availability zones (): any
+    image: str | None = None  # AMI id or AMI name pattern (None: the provider's configured one)
+    ports: tuple[str, ...] = ()  # "N" or "A-B": opened to the submitting machine's address only
     attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
     #                   restart after its controller died, ...); part of the idempotency
     #                   token, so a retried call never launches twice while a new attempt

@@ -11,8 +11,10 @@ Rules (the issue's contract):
   price, or with one at or above on-demand, is no spot offer;
 - `spot`: True -> spot offers only, False -> on-demand only, "auto" -> both;
 - filters: accelerator (any when None), at least `gpus_per_node` GPUs, at least
-  `min_gpu_memory_gb` per GPU, price at most `max_price_per_hour`;
-- order: price, then on-demand before spot at an equal price, then fewer GPUs, then the
+  `min_gpu_memory_gb` per GPU, price at most `max_price_per_hour`, only the listed
+  `instance_types` and `zones` when the spec lists them;
+- order: a listed instance type before the ones listed after it (the spec's preference, at
+  any price), then price, then on-demand before spot at an equal price, then fewer GPUs, then the
   cheaper on-demand type, then the order of `regions`, then zone name, then type name (so
   equal inputs always rank the same).
 """
@@ -44,6 +46,8 @@ class OfferQuery:
     min_gpu_memory_gb: float | None = None  # least memory per GPU (GiB as AWS lists it)
     spot: bool | Literal["auto"] = False  # True: spot only; False: on-demand only; "auto": both
     max_price_per_hour: Decimal | None = None  # per node; offers above it are dropped
+    instance_types: tuple[str, ...] = ()  # only these, the earlier preferred at any price
+    zones: tuple[str, ...] = ()  # only these availability zones (): any
 
     @classmethod
     def from_resources(cls, resources: Any) -> OfferQuery:
@@ -54,6 +58,8 @@ class OfferQuery:
             min_gpu_memory_gb=getattr(resources, "min_gpu_memory_gb", None),
             spot=resources.spot,
             max_price_per_hour=resources.max_price_per_hour,
+            instance_types=tuple(getattr(resources, "instance_types", ())),
+            zones=tuple(getattr(resources, "zones", ())),
         )
 
     @property
@@ -113,8 +119,12 @@ def rank_offers(
             min_gpu_memory_gb=query.min_gpu_memory_gb,
             region=region,
         ):
+            if query.instance_types and itype.name not in query.instance_types:
+                continue
             on_demand = itype.on_demand[region]
             for zone in sorted(set(zones.get((region, itype.name), ()))):
+                if query.zones and zone not in query.zones:
+                    continue
                 for market in query.markets:
                     if market == "on-demand":
                         price: Decimal | None = on_demand
@@ -140,8 +150,10 @@ def rank_offers(
                         )
                     )
     region_order = {r: i for i, r in enumerate(regions)}
+    preference = {name: i for i, name in enumerate(query.instance_types)}
     offers.sort(
         key=lambda o: (
+            preference.get(o.instance_type, 0),  # a listed type before any later one
             o.price_per_hour,
             _MARKET_ORDER[o.market],
             o.gpus,
@@ -273,6 +285,7 @@ def collect_offers(
                 min_gpu_memory_gb=query.min_gpu_memory_gb,
                 region=region,
             )
+            if not query.instance_types or t.name in query.instance_types
         ]
         zones.update(source.zones(region, names))
         if "spot" in query.markets:

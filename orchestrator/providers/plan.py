@@ -24,6 +24,8 @@ class LaunchPlan:
     price_per_node_hour: Decimal  # USD
     max_runtime_s: float | None
     max_cost_usd: Decimal | None
+    zone: str | None = None  # where the first try goes (None: the provider has no zones)
+    notes: tuple[str, ...] = ()  # what else the plan means (ports opened, fields ignored)
 
     @property
     def hourly_usd(self) -> Decimal:
@@ -48,6 +50,8 @@ class LaunchPlan:
             "max_runtime_s": self.max_runtime_s,
             "cost_at_max_runtime_usd": None if cost is None else float(cost),
             "max_cost_usd": None if self.max_cost_usd is None else float(self.max_cost_usd),
+            "zone": self.zone,
+            "notes": list(self.notes),
         }
 
 
@@ -57,6 +61,43 @@ class DryRun:
 
     plan: LaunchPlan  # the launch a submit would try first
     document: dict[str, Any]  # `orch submit --dry-run --json`, less its "spec" key
+
+
+def placement(request: LaunchRequest) -> dict[str, Any]:
+    """Where the spec asked the nodes to go, as the dry run shows it (only what it set)."""
+    asked = {
+        "instance_types": list(request.instance_types),
+        "regions": list(request.regions),
+        "zones": list(request.zones),
+        "image": request.image,
+        "ports": list(request.ports),
+    }
+    return {key: value for key, value in asked.items() if value}
+
+
+_CLOUD_ONLY = {  # placement keys the local provider leaves aside -> their spec fields
+    "instance_types": "instance_type",
+    "regions": "region",
+    "zones": "zone",
+    "image": "image",
+}
+
+
+def placement_notes(request: LaunchRequest, *, provider: str) -> tuple[str, ...]:
+    """Lines the dry run adds about placement: the ports opened, and on the local provider
+    the cloud-only fields it leaves aside (a spec written for AWS rehearsed locally)."""
+    notes = []
+    if request.ports:
+        where = "reachable from this machine" if provider == "local" else "open to this machine"
+        notes.append(f"ports {', '.join(request.ports)}: {where} only")
+    if provider == "local":
+        asked = placement(request)
+        fields = ", ".join(
+            f"resources.{field}" for key, field in _CLOUD_ONLY.items() if key in asked
+        )
+        if fields:
+            notes.append(f"ignored on local nodes: {fields}")
+    return tuple(notes)
 
 
 def local_plan(
@@ -74,12 +115,14 @@ def local_plan(
         price_per_node_hour=spot_price if spot else on_demand_price,
         max_runtime_s=budget.max_runtime,
         max_cost_usd=budget.max_cost_usd,
+        notes=placement_notes(request, provider="local"),
     )
 
 
-def local_dry_run(plan: LaunchPlan) -> DryRun:
+def local_dry_run(plan: LaunchPlan, request: LaunchRequest) -> DryRun:
     """The local dry run: its plan, with no offers to list."""
-    return DryRun(plan, {"provider": plan.provider, "plan": plan.as_dict()})
+    document = {"provider": plan.provider, "plan": plan.as_dict(), "placement": placement(request)}
+    return DryRun(plan, document)
 
 
 def offer_plan(
@@ -95,6 +138,8 @@ def offer_plan(
         price_per_node_hour=offer.price_per_hour,
         max_runtime_s=budget.max_runtime,
         max_cost_usd=budget.max_cost_usd,
+        zone=offer.zone,
+        notes=placement_notes(request, provider=provider),
     )
 
 
@@ -131,4 +176,5 @@ def offers_dry_run(
         "chosen": rows[0] if rows else None,
         "offers": rows,
         "offers_total": len(offers),
+        "placement": placement(request),
     }

@@ -28,7 +28,8 @@ def launch_request(
     attempt: int = 0,
 ) -> LaunchRequest:
     """The request for `spec`'s nodes (one cluster named after job `job_id`): count, GPUs,
-    accelerator, price cap, GPU memory, disk and checkpoint store all come from the spec.
+    accelerator, price cap, GPU memory, disk, placement (types, regions, zones, image, ports)
+    and checkpoint store all come from the spec.
 
     `spot` overrides `resources.spot` (None: the spec's), as a spot policy picks the market of
     each launch. The defaults (no key, no guard, no ledger) make a request fit only for
@@ -46,6 +47,11 @@ def launch_request(
         max_price_per_hour=resources.max_price_per_hour,
         min_gpu_memory_gb=resources.min_gpu_memory_gb,
         disk_size_gb=resources.disk_size_gb,
+        instance_types=tuple(resources.instance_type or ()),
+        regions=tuple(resources.region or ()),
+        zones=tuple(resources.zone or ()),
+        image=resources.image,
+        ports=tuple(resources.ports),
         avoid_zones=avoid_zones,
         store=spec.checkpoint.store,
         guard=guard,

@@ -267,7 +267,7 @@ def test_launch_arguments_and_token() -> None:
         offer,
         image_id="ami-1",
         subnet_id="subnet-1",
-        security_group_id="sg-1",
+        security_group_ids=["sg-1"],
         key_name=None,
         tags={"orch-job": "j1"},
         token=token,
@@ -286,7 +286,7 @@ def test_every_node_requires_imdsv2_and_an_encrypted_root_volume() -> None:
     common: dict = {
         "image_id": "ami-1",
         "subnet_id": "subnet-1",
-        "security_group_id": "sg-1",
+        "security_group_ids": ["sg-1"],
         "key_name": "k",
         "tags": {"orch-job": "j1"},
         "token": "t",

@@ -26,9 +26,10 @@ from orchestrator.control.supervision import (
 from orchestrator.errors import CapacityError, OrchError, SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Lease, Ledger, make_engine
-from orchestrator.providers.base import CloudIdentity, Instance
+from orchestrator.providers.base import CloudIdentity, Instance, LaunchRequest
+from orchestrator.providers.plan import local_plan
 from orchestrator.providers.requests import launch_request
-from orchestrator.spec.model import JobSpec
+from orchestrator.spec.model import Budget, JobSpec
 from orchestrator.spot.driver import price_request
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -258,7 +259,7 @@ def test_local_plan_prices_the_market_and_the_runtime(tmp_path: Path) -> None:
     dry = provider.plan(launch_request(spec, "cmd"), spec.budget)
     assert dry.plan.market == "spot" and dry.plan.price_per_node_hour == Decimal("0.3")
     assert dry.plan.hourly_usd == Decimal("0.6") and dry.plan.cost_at_max_runtime == Decimal("1.2")
-    assert dry.document == {"provider": "local", "plan": dry.plan.as_dict()}
+    assert dry.document == {"provider": "local", "plan": dry.plan.as_dict(), "placement": {}}
     on_demand = provider.plan(launch_request(spec, "cmd", spot=False), spec.budget)
     assert on_demand.plan.market == "on-demand" and on_demand.plan.price_per_node_hour == Decimal(
         "0.9"
@@ -345,3 +346,16 @@ def test_the_hourly_cap_refuses_a_plan_above_it(tmp_path: Path) -> None:
         commands.check_hourly_cap(prepared)
     cheap = write_job(tmp_path, "resources: {nodes: 1}\nbudget: {max_hourly_usd: 3}\n")
     commands.check_hourly_cap(commands.prepare_submit(settings, cheap, {}))  # within: no error
+
+
+def test_a_local_plan_names_the_cloud_fields_it_leaves_aside_and_the_ports() -> None:
+    """A spec written for AWS, rehearsed on local nodes: the dry run says what it ignores."""
+    request = LaunchRequest(
+        job_id="j", cluster="j", count=2, gpus_per_node=1, public_key="",
+        regions=("us-east-1",), instance_types=("g5.xlarge",), ports=("6006",),
+    )  # fmt: skip
+    plan = local_plan(request, Budget(), Decimal("0.5"), Decimal("0.3"))
+    assert plan.notes == (
+        "ports 6006: reachable from this machine only",
+        "ignored on local nodes: resources.instance_type, resources.region",
+    )

@@ -283,7 +283,7 @@ def test_the_documented_policy_launches_only_tagged_instances() -> None:
         rank(spot=False, accelerator="A10G")[0],
         image_id="ami-1",
         subnet_id="subnet-1",
-        security_group_id="sg-1",
+        security_group_ids=["sg-1"],
         key_name=None,
         tags={TAG_JOB: "j"},
         token="t",

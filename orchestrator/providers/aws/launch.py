@@ -197,7 +197,7 @@ def run_instances_args(
     *,
     image_id: str,
     subnet_id: str,
-    security_group_id: str,
+    security_group_ids: list[str],
     key_name: str | None,
     tags: dict[str, str],
     token: str,
@@ -222,7 +222,7 @@ def run_instances_args(
         "ClientToken": token,
         "UserData": user_data_text,
         "SubnetId": subnet_id,
-        "SecurityGroupIds": [security_group_id],
+        "SecurityGroupIds": list(security_group_ids),
         "Placement": {"AvailabilityZone": offer.zone},
         "TagSpecifications": [
             {"ResourceType": "instance", "Tags": tag_list},

@@ -5,7 +5,8 @@ Taken, in order, from the settings (`aws.key_name`, `aws.security_group_id`, `aw
 created in the region's default VPC: a key pair named after the cluster key's fingerprint
 (imported from `LaunchRequest.public_key`), a security group `orch` (SSH from `aws.ssh_cidr`,
 all traffic between members of the group for NCCL/gloo; its rules are set back to exactly these
-on every launch) and the default subnet of each zone.
+on every launch) and the default subnet of each zone. A job with `resources.ports` also joins a
+group that opens just those ports to the same address as SSH (`ensure_ports_group`).
 Created key pairs and groups are left in place for the next launch (they cost nothing).
 """
 
@@ -38,6 +39,12 @@ class Network:
     subnets: dict[str, str]  # zone -> subnet id; a zone not listed cannot be used
     root_device_name: str  # the image's root device (DescribeImages: RootDeviceName)
     root_volume_gb: int | None = None  # size of the image's root snapshot (None: unknown)
+    ports_group_id: str | None = None  # the job's ports, open to this machine (None: no ports)
+
+    @property
+    def security_group_ids(self) -> list[str]:
+        """The groups every node of a launch joins."""
+        return [self.security_group_id] + ([self.ports_group_id] if self.ports_group_id else [])
 
 
 def tf_outputs(settings: AwsSettings) -> TerraformOutputs:
@@ -51,8 +58,19 @@ def regions(settings: AwsSettings) -> list[str]:
     return [region] if region else list(settings.regions)
 
 
-def resolve_network(ec2: Any, region: str, settings: AwsSettings, public_key: str) -> Network:
-    """Find (or create) everything a launch in `region` needs. Does I/O; idempotent."""
+def resolve_network(
+    ec2: Any,
+    region: str,
+    settings: AwsSettings,
+    public_key: str,
+    *,
+    image: str | None = None,
+    ports: tuple[str, ...] = (),
+) -> Network:
+    """Find (or create) everything a launch in `region` needs. Does I/O; idempotent.
+
+    `image` (the spec's: an AMI id, or a name pattern whose newest match is taken) replaces
+    `aws.ami_id` / `aws.ami_name`; `ports` get a group of their own (`ensure_ports_group`)."""
     tf = tf_outputs(settings)
     key_name = settings.key_name or tf.key_name or ensure_key_pair(ec2, public_key)
     group = settings.security_group_id or tf.security_group_id
@@ -62,16 +80,26 @@ def resolve_network(ec2: Any, region: str, settings: AwsSettings, public_key: st
         if group is None:
             group = ensure_security_group(ec2, vpc["VpcId"], ssh_cidr(settings, vpc["CidrBlock"]))
         subnets = subnets or default_subnets(ec2, vpc["VpcId"])
-    image = describe_image(ec2, region, settings.ami_id) if settings.ami_id else None
-    image = image or find_image(ec2, region, settings)
+    if image is not None:
+        by_id = image.startswith("ami-")
+        override = {"ami_id": image} if by_id else {"ami_id": None, "ami_name": image}
+        settings = settings.model_copy(update=override)
+    found = describe_image(ec2, region, settings.ami_id) if settings.ami_id else None
+    found = found or find_image(ec2, region, settings)
+    ports_group = None
+    if ports:
+        vpc_id = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["VpcId"]
+        vpc_cidr = ec2.describe_vpcs(VpcIds=[vpc_id])["Vpcs"][0]["CidrBlock"]
+        ports_group = ensure_ports_group(ec2, vpc_id, ssh_cidr(settings, vpc_cidr), ports)
     return Network(
         region=region,
-        image_id=image["ImageId"],
+        image_id=found["ImageId"],
         key_name=key_name,
         security_group_id=group,
         subnets=subnets,
-        root_device_name=root_device_name(image),
-        root_volume_gb=root_volume_gb(image),
+        root_device_name=root_device_name(found),
+        root_volume_gb=root_volume_gb(found),
+        ports_group_id=ports_group,
     )
 
 
@@ -219,6 +247,65 @@ def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
     ec2.authorize_security_group_ingress(
         GroupId=group_id, IpPermissions=ingress_plan([], group_id, ssh_cidr)[1]
     )
+    return group_id
+
+
+def ports_rules(cidr: str, ports: tuple[str, ...]) -> list[dict[str, Any]]:
+    """TCP ingress from `cidr` to each port or range ("6006", "8000-8010"). Pure."""
+    network = ip_network(cidr)
+    rules = []
+    for port in ports:
+        low, _, high = port.partition("-")
+        source = (
+            {"IpRanges": [{"CidrIp": cidr}]}
+            if network.version == 4
+            else {"Ipv6Ranges": [{"CidrIpv6": cidr}]}
+        )
+        rules.append(
+            {"IpProtocol": "tcp", "FromPort": int(low), "ToPort": int(high or low), **source}
+        )
+    return rules
+
+
+def ports_group_name(cidr: str, ports: tuple[str, ...]) -> str:
+    """The name of the group that opens exactly `ports` to `cidr`: `orch-ports-` and a digest,
+    so jobs asking for the same ports share one group, and a group's rules never change."""
+    digest = hashlib.sha256(f"{cidr} {' '.join(sorted(ports))}".encode()).hexdigest()[:12]
+    return f"orch-ports-{digest}"
+
+
+def ensure_ports_group(ec2: Any, vpc_id: str, cidr: str, ports: tuple[str, ...]) -> str:
+    """The group of the VPC that opens `ports` (TCP) to `cidr` and nothing else, created when
+    missing and left in place for the next job with the same ports (groups cost nothing); its
+    rules are set back to exactly these when found."""
+    name = ports_group_name(cidr, ports)
+    found = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [name]},
+            {"Name": "vpc-id", "Values": [vpc_id]},
+        ]
+    )["SecurityGroups"]
+    wanted = ports_rules(cidr, ports)
+    if found:
+        group_id = found[0]["GroupId"]
+        permissions = found[0].get("IpPermissions") or []
+        current = [single for p in permissions for single in _single_sources(p)]
+        revoke = [rule for rule in current if rule not in wanted]
+        missing = [rule for rule in wanted if rule not in current]
+        if revoke:
+            ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
+        if missing:
+            ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=missing)
+        return group_id
+    group_id = ec2.create_security_group(
+        GroupName=name,
+        Description=f"orch job ports {', '.join(ports)} from {cidr}",
+        VpcId=vpc_id,
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [{"Key": "orch-owner", "Value": "orch"}]}
+        ],
+    )["GroupId"]
+    ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=wanted)
     return group_id
 
 

@@ -104,6 +104,7 @@ from orchestrator.providers.offers import (
 from orchestrator.providers.plan import DryRun, offer_plan, offers_dry_run
 from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.spec.model import Budget
+from orchestrator.spec.placement import zone_region
 
 _CHUNK = 200  # ids per describe/terminate call
 
@@ -160,7 +161,7 @@ class AwsProvider:
         # reused with others: IdempotentParameterMismatch), host key included
         self._host_keys: dict[str, HostKey] = {}
         self._user_data: dict[str, str] = {}  # by launch token
-        self._networks: dict[tuple[str, str], aws_network.Network] = {}
+        self._networks: dict[tuple[object, ...], aws_network.Network] = {}
         self._identity: CloudIdentity | None = None
         self._sleep = sleep
         self.spot_source = spot_source or SpotPriceSource(
@@ -215,24 +216,45 @@ class AwsProvider:
     def regions(self) -> list[str]:
         return aws_network.regions(self.aws)
 
-    def offers(self, query: OfferQuery) -> list[Offer]:
-        """Ranked offers for `query` in the regions in use (asks EC2 for zones and spot prices)."""
+    def offers(self, query: OfferQuery, regions: list[str] | None = None) -> list[Offer]:
+        """Ranked offers for `query` in `regions` (None: the regions in use); asks EC2 for
+        zones and spot prices."""
+        where = self.regions() if regions is None else regions
         return self._api(
             "list offers",
-            lambda: collect_offers(
-                self.catalog, query, regions=self.regions(), source=self.spot_source
-            ),
+            lambda: collect_offers(self.catalog, query, regions=where, source=self.spot_source),
         )
+
+    def request_regions(self, request: LaunchRequest) -> list[str]:
+        """The regions a request may launch in: its own (`resources.region`, or its zones'
+        regions), which must be among the regions in use, since those are the ones orch lists
+        and ends nodes in; else all regions in use. `ConfigError` names a region outside."""
+        in_use = self.regions()
+        wanted = list(request.regions) or list(dict.fromkeys(zone_region(z) for z in request.zones))
+        outside = [r for r in wanted if r not in in_use]
+        if outside:
+            raise ConfigError(
+                f"region {', '.join(outside)} (resources.region or zone) is not among the "
+                f"regions orch uses: {', '.join(in_use)}",
+                hint="add it to aws.regions (ORCH_AWS_REGIONS), so that orch also lists and "
+                "ends nodes there",
+            )
+        return wanted or in_use
+
+    def _request_offers(self, request: LaunchRequest, **changes: object) -> list[Offer]:
+        query = replace(OfferQuery.from_resources(request), **changes)  # type: ignore[arg-type]
+        return self.offers(query, self.request_regions(request))
 
     # --- Provider interface ---------------------------------------------------------------------
 
     def plan(self, request: LaunchRequest, budget: Budget) -> DryRun:
         """The cheapest fitting offer (asks EC2 for zones and spot prices), with the ten
         cheapest listed in the document; `CapacityError` when no offer fits at all."""
-        offers = self.offers(OfferQuery.from_resources(request))
+        offers = self._request_offers(request)
         if not offers:
             raise CapacityError(
-                "no AWS offer fits the job's resources (GPU type, count, memory, max price)",
+                "no AWS offer fits the job's resources (GPU type, count, memory, max price, "
+                "instance types, regions, zones)",
                 hint="`orch catalog` lists the instance types; relax resources or "
                 "max_price_per_hour",
             )
@@ -252,12 +274,12 @@ class AwsProvider:
         """
         if request.store:
             self._instance_profile()
-        offers = self.offers(OfferQuery.from_resources(request))
+        offers = self._request_offers(request)
         if not offers:
             raise CapacityError(
                 f"no AWS offer fits {request.gpus_per_node} x {request.accelerator or 'any GPU'}"
                 f" (spot={request.spot}, max ${request.max_price_per_hour}/h)"
-                f" in {', '.join(self.regions())}",
+                f" in {', '.join(request.zones or self.request_regions(request))}",
                 hint="relax resources (accelerator, max_price_per_hour, spot) or add regions",
             )
         # After an interruption, the zone that took the nodes back is tried last (stable sort:
@@ -384,7 +406,7 @@ class AwsProvider:
 
     def market_prices(self, request: LaunchRequest) -> MarketPrices:
         """Prices of the cheapest offer that fits `request` on each market (asks EC2)."""
-        offers = self.offers(replace(OfferQuery.from_resources(request), spot="auto"))
+        offers = self._request_offers(request, spot="auto")
         return cheapest_prices(offers)
 
     # --- launch internals -----------------------------------------------------------------------
@@ -401,20 +423,25 @@ class AwsProvider:
             )
         return profile
 
-    def _network(self, region: str, public_key: str) -> aws_network.Network:
-        key = (region, public_key.strip())
+    def _network(self, region: str, request: LaunchRequest) -> aws_network.Network:
+        key = (region, request.public_key.strip(), request.image, request.ports)
         if key not in self._networks:
             self._networks[key] = self._api(
                 f"prepare the network in {region}",
                 lambda: aws_network.resolve_network(
-                    self.client(region), region, self.aws, public_key
-                ),
+                    self.client(region),
+                    region,
+                    self.aws,
+                    request.public_key,
+                    image=request.image,
+                    ports=request.ports,
+                ),  # fmt: skip
             )
         return self._networks[key]
 
     def _launch_offer(self, request: LaunchRequest, offer: Offer) -> list[Instance]:
         """All nodes on `offer`, or `_Refused` (capacity) with none of them left running."""
-        network = self._network(offer.region, request.public_key)
+        network = self._network(offer.region, request)
         image_gb, disk_gb = network.root_volume_gb, request.disk_size_gb
         if disk_gb is not None and image_gb is not None and disk_gb < image_gb:
             raise ConfigError(
@@ -515,7 +542,7 @@ class AwsProvider:
             offer,
             image_id=network.image_id,
             subnet_id=subnet,
-            security_group_id=network.security_group_id,
+            security_group_ids=network.security_group_ids,
             key_name=network.key_name,
             tags=node_tags(
                 request, rank, offer, owner=self.owner, host_key=host_key.public_line, token=token

@@ -105,7 +105,8 @@ class LocalProvider:
         from orchestrator.providers.plan import local_dry_run, local_plan
 
         local = self.settings.local
-        return local_dry_run(local_plan(request, budget, local.price_per_hour, local.spot_price))
+        plan = local_plan(request, budget, local.price_per_hour, local.spot_price)
+        return local_dry_run(plan, request)
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
         """Start `request.count` nodes, ordered by rank, each reachable over SSH.
