@@ -12,12 +12,15 @@ share. Its `run` starts its own processes once per node (SkyPilot's way), so the
     resources.accelerators: A10G:4    resources.accelerator: A10G, resources.gpus_per_node: 4
     resources.use_spot                resources.spot
     resources.disk_size               resources.disk_size_gb
-    resources.cloud / infra: aws      provider: aws
+    resources.instance_type, region,  resources.instance_type, region, zone, image, ports
+      zone, image_id, ports
+    resources.cloud: aws, or          provider: aws (and resources.region, zone)
+      infra: aws[/REGION[/ZONE]]
     envs                              env
     file_mounts: {/remote: ./local}   data: [{src: ./local, dst: /remote}]
 
-Every other SkyPilot field is refused by name (never ignored): a task that asks for a region,
-an image or a bucket mount would otherwise run somewhere it did not ask for. orch's own
+Every other SkyPilot field is refused by name (never ignored): a task that asks for, say, a
+CPU count or a bucket mount would otherwise run on something it did not ask for. orch's own
 sections (budget, checkpoint, recovery, deadline, spot_policy) may be added to such a file.
 """
 
@@ -88,6 +91,7 @@ _BACK: dict[Loc, Loc] = {
     ("resources", "disk_size_gb"): ("resources", "disk_size"),
     ("resources", "accelerator"): ("resources", "accelerators"),
     ("resources", "gpus_per_node"): ("resources", "accelerators"),
+    ("resources", "image"): ("resources", "image_id"),
     ("env",): ("envs",),
     ("data",): ("file_mounts",),
 }
@@ -160,19 +164,27 @@ def _resources(value: object, spec: dict[str, Any], problems: list[Problem]) -> 
             resources["spot"] = item
         elif key == "disk_size":
             resources["disk_size_gb"] = item
+        elif key in _SAME_PLACE:
+            resources[_SAME_PLACE[key]] = item
         elif key in ("cloud", "infra"):
-            cloud = str(item).split("/", 1)[0].lower()
-            if cloud not in _CLOUDS:
+            cloud, *place = str(item).split("/")
+            if cloud.lower() not in _CLOUDS or len(place) > 2:
                 problems.append((where, f"{item!r}: orch runs on aws (or its local provider)"))
-            elif "/" in str(item):
-                problems.append(
-                    (where, f"{item!r}: a region in `infra` is not supported yet; use "
-                     "infra: aws, and aws.regions in ORCH_HOME/config.yaml (ORCH_AWS_REGIONS)")
-                )  # fmt: skip
-            else:
-                spec["provider"] = _CLOUDS[cloud]
+                continue
+            spec["provider"] = _CLOUDS[cloud.lower()]
+            for field, value in zip(("region", "zone"), place, strict=False):
+                resources[field] = value  # infra: aws/REGION[/ZONE]
         else:
             problems.append((where, f"{_NOT_HERE}; {_SEE_DOCS}"))
+
+
+_SAME_PLACE = {  # SkyPilot resource fields that mean what an orch resource field means
+    "instance_type": "instance_type",
+    "region": "region",
+    "zone": "zone",
+    "image_id": "image",
+    "ports": "ports",
+}
 
 
 def _accelerators(item: object, resources: dict[str, Any], problems: list[Problem]) -> None:

@@ -22,6 +22,11 @@ resources:
   use_spot: true
   disk_size: 256
   cloud: aws
+  region: us-east-1
+  zone: us-east-1b
+  instance_type: g5.12xlarge
+  image_id: ami-0868a20f5a3bf9702
+  ports: 8081
 envs:
   LR: "3e-4"
 file_mounts:
@@ -43,10 +48,19 @@ def test_a_skypilot_task_loads_as_the_job_it_means(project: Path) -> None:
     assert spec.resources.nodes == 2 and spec.resources.gpus_per_node == 4
     assert spec.resources.accelerator == "A10G" and spec.resources.spot is True
     assert spec.resources.disk_size_gb == 256
+    assert spec.resources.region == ["us-east-1"] and spec.resources.zone == ["us-east-1b"]
+    assert spec.resources.instance_type == ["g5.12xlarge"]
+    assert spec.resources.image == "ami-0868a20f5a3bf9702" and spec.resources.ports == ["8081"]
     assert dict(spec.env) == {"LR": "3e-4"}
     assert [(d.src, d.dst) for d in spec.data] == [("./data", "/data")]
     assert spec.run.startswith('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS"')
     assert spec.budget.max_cost_usd == 40  # orch's own sections may be added
+
+
+def test_infra_names_the_cloud_and_may_name_its_region_and_zone() -> None:
+    spec, problems = from_skypilot({"resources": {"infra": "aws/us-west-2/us-west-2b"}}, "t")
+    assert problems == [] and spec["provider"] == "aws"
+    assert spec["resources"] == {"region": "us-west-2", "zone": "us-west-2b"}
 
 
 @pytest.mark.parametrize(
@@ -67,10 +81,12 @@ def test_each_way_of_writing_one_accelerator(accelerators: object, name: str, co
             "resources.cpus",
             "does not support this SkyPilot field",
         ),
-        ("num_nodes: 1\nresources: {image_id: ami-1}", "resources.image_id", "does not support"),
+        ("num_nodes: 1\nresources: {image_id: ami-1}", "resources.image_id", "AMI id"),
+        ("num_nodes: 1\nresources: {disk_tier: best}", "resources.disk_tier", "does not support"),
+        ("num_nodes: 1\nresources: {any_of: [{}]}", "resources.any_of", "does not support"),
         ("resources: {accelerators: [A10G, L4]}", "resources.accelerators", "one accelerator"),
         ("resources: {cloud: gcp}", "resources.cloud", "runs on aws"),
-        ("resources: {infra: aws/us-east-1}", "resources.infra", "aws.regions"),
+        ("resources: {infra: azure/eastus}", "resources.infra", "runs on aws"),
         ("num_nodes: 0", "num_nodes", "must be >= 1"),
         ("resources: {use_spot: maybe}", "resources.use_spot", ""),
         ("envs: {HF_TOKEN: null}", "envs.HF_TOKEN", "has no value"),
