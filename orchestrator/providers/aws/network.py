@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
 from typing import Any
@@ -24,6 +25,7 @@ from botocore.exceptions import ClientError
 from orchestrator.config import AwsSettings
 from orchestrator.errors import ConfigError, ProviderError
 from orchestrator.providers.aws.launch import TerraformOutputs, error_code, read_tf_outputs
+from orchestrator.spec.placement import port_range
 
 SECURITY_GROUP_NAME = "orch"
 
@@ -200,21 +202,64 @@ def _single_sources(permission: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def rules_plan(
+    permissions: list[dict[str, Any]], wanted: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rules to revoke, rules to authorize) that leave a group whose ingress is `permissions`
+    (DescribeSecurityGroups' `IpPermissions`) with exactly `wanted`, each of one source;
+    descriptions do not count. Pure."""
+    current = [single for p in permissions for single in _single_sources(p)]
+    bare = [_single_sources(rule)[0] for rule in wanted]
+    revoke = [rule for rule in current if rule not in bare]
+    authorize = [rule for rule, plain in zip(wanted, bare, strict=True) if plain not in current]
+    return revoke, authorize
+
+
 def ingress_plan(
     permissions: list[dict[str, Any]], group_id: str, ssh_cidr: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rules to revoke, rules to authorize) that leave the `orch` group `group_id`, whose
-    ingress is `permissions` (DescribeSecurityGroups' `IpPermissions`), with exactly its two
-    rules: SSH from `ssh_cidr`, and all traffic between its members. Pure."""
-    ssh = _single_sources(_ssh_rule(ssh_cidr))[0]
+    """`rules_plan` for the `orch` group `group_id`: exactly its two rules, SSH from
+    `ssh_cidr` and all traffic between its members. Pure."""
     members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
-    wanted = [ssh, members]
-    current = [single for p in permissions for single in _single_sources(p)]
-    revoke = [rule for rule in current if rule not in wanted]
-    authorize = [
-        _ssh_rule(ssh_cidr) if rule is ssh else rule for rule in wanted if rule not in current
-    ]
-    return revoke, authorize
+    return rules_plan(permissions, [_ssh_rule(ssh_cidr), members])
+
+
+def _ensure_group(
+    ec2: Any,
+    vpc_id: str,
+    name: str,
+    description: str,
+    wanted: Callable[[str], list[dict[str, Any]]],
+) -> str:
+    """Group `name` of the VPC (created, tagged orch's, when missing) with exactly the ingress
+    `wanted(group_id)`: rules that differ are revoked, missing ones authorized."""
+    found = ec2.describe_security_groups(
+        Filters=[
+            {"Name": "group-name", "Values": [name]},
+            {"Name": "vpc-id", "Values": [vpc_id]},
+        ]
+    )["SecurityGroups"]
+    if found:
+        group_id = found[0]["GroupId"]
+        revoke, authorize = rules_plan(found[0].get("IpPermissions") or [], wanted(group_id))
+    else:
+        group_id = ec2.create_security_group(
+            GroupName=name,
+            Description=description,
+            VpcId=vpc_id,
+            TagSpecifications=[
+                {
+                    "ResourceType": "security-group",
+                    "Tags": [{"Key": "orch-owner", "Value": "orch"}],
+                }
+            ],
+        )["GroupId"]
+        revoke, authorize = [], wanted(group_id)
+    if revoke:
+        ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
+    if authorize:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=authorize)
+    return group_id
 
 
 def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
@@ -222,48 +267,20 @@ def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
     `ssh_cidr` and all traffic between its members. Rules that differ (an older, wider SSH
     rule; one added by hand) are revoked on every launch: the group is orch's; a group of
     one's own is `aws.security_group_id`."""
-    found = ec2.describe_security_groups(
-        Filters=[
-            {"Name": "group-name", "Values": [SECURITY_GROUP_NAME]},
-            {"Name": "vpc-id", "Values": [vpc_id]},
-        ]
-    )["SecurityGroups"]
-    if found:
-        group_id = found[0]["GroupId"]
-        revoke, authorize = ingress_plan(found[0].get("IpPermissions") or [], group_id, ssh_cidr)
-        if revoke:
-            ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
-        if authorize:
-            ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=authorize)
-        return group_id
-    group_id = ec2.create_security_group(
-        GroupName=SECURITY_GROUP_NAME,
-        Description="orch nodes: SSH in, all traffic between nodes",
-        VpcId=vpc_id,
-        TagSpecifications=[
-            {"ResourceType": "security-group", "Tags": [{"Key": "orch-owner", "Value": "orch"}]}
-        ],
-    )["GroupId"]
-    ec2.authorize_security_group_ingress(
-        GroupId=group_id, IpPermissions=ingress_plan([], group_id, ssh_cidr)[1]
-    )
-    return group_id
+    return _ensure_group(
+        ec2, vpc_id, SECURITY_GROUP_NAME, "orch nodes: SSH in, all traffic between nodes",
+        lambda group_id: ingress_plan([], group_id, ssh_cidr)[1],
+    )  # fmt: skip
 
 
 def ports_rules(cidr: str, ports: tuple[str, ...]) -> list[dict[str, Any]]:
     """TCP ingress from `cidr` to each port or range ("6006", "8000-8010"). Pure."""
-    network = ip_network(cidr)
+    v4 = ip_network(cidr).version == 4
+    key, field = ("IpRanges", "CidrIp") if v4 else ("Ipv6Ranges", "CidrIpv6")
     rules = []
     for port in ports:
-        low, _, high = port.partition("-")
-        source = (
-            {"IpRanges": [{"CidrIp": cidr}]}
-            if network.version == 4
-            else {"Ipv6Ranges": [{"CidrIpv6": cidr}]}
-        )
-        rules.append(
-            {"IpProtocol": "tcp", "FromPort": int(low), "ToPort": int(high or low), **source}
-        )
+        low, high = port_range(port)
+        rules.append({"IpProtocol": "tcp", "FromPort": low, "ToPort": high, key: [{field: cidr}]})
     return rules
 
 
@@ -278,35 +295,11 @@ def ensure_ports_group(ec2: Any, vpc_id: str, cidr: str, ports: tuple[str, ...])
     """The group of the VPC that opens `ports` (TCP) to `cidr` and nothing else, created when
     missing and left in place for the next job with the same ports (groups cost nothing); its
     rules are set back to exactly these when found."""
-    name = ports_group_name(cidr, ports)
-    found = ec2.describe_security_groups(
-        Filters=[
-            {"Name": "group-name", "Values": [name]},
-            {"Name": "vpc-id", "Values": [vpc_id]},
-        ]
-    )["SecurityGroups"]
-    wanted = ports_rules(cidr, ports)
-    if found:
-        group_id = found[0]["GroupId"]
-        permissions = found[0].get("IpPermissions") or []
-        current = [single for p in permissions for single in _single_sources(p)]
-        revoke = [rule for rule in current if rule not in wanted]
-        missing = [rule for rule in wanted if rule not in current]
-        if revoke:
-            ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
-        if missing:
-            ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=missing)
-        return group_id
-    group_id = ec2.create_security_group(
-        GroupName=name,
-        Description=f"orch job ports {', '.join(ports)} from {cidr}",
-        VpcId=vpc_id,
-        TagSpecifications=[
-            {"ResourceType": "security-group", "Tags": [{"Key": "orch-owner", "Value": "orch"}]}
-        ],
-    )["GroupId"]
-    ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=wanted)
-    return group_id
+    return _ensure_group(
+        ec2, vpc_id, ports_group_name(cidr, ports),
+        f"orch job ports {', '.join(ports)} from {cidr}",
+        lambda _group_id: ports_rules(cidr, ports),
+    )  # fmt: skip
 
 
 def default_subnets(ec2: Any, vpc_id: str) -> dict[str, str]:

@@ -435,7 +435,7 @@ class AwsProvider:
                     request.public_key,
                     image=request.image,
                     ports=request.ports,
-                ),  # fmt: skip
+                ),
             )
         return self._networks[key]
 
