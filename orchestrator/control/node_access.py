@@ -9,7 +9,6 @@ written into `~/.ssh`. A job recorded under another cloud identity is refused, a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance
-from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, known_hosts_text
+from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, write_known_hosts
 from orchestrator.remote.shell import Forward, parse_forward, shell_argv, ssh_config_block
 
 SHELL_KNOWN_HOSTS = "known_hosts.shell"
@@ -100,7 +99,11 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
     provider = get_provider(job.provider, settings)
     check_job_identity(ledger, job_id, provider)
     live: list[Instance] = sorted(
-        (i for i in provider.list_owned(job_id=job_id) if i.cluster == cluster),
+        (
+            i
+            for i in provider.list_owned(job_id=job_id)
+            if i.cluster == cluster and i.ledger_id in (None, ledger.ledger_id)
+        ),
         key=lambda i: i.rank,
     )
     if not live:
@@ -111,9 +114,5 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
     identity = ensure_identity(settings.keys_dir(job_id), f"orch-{job_id}")
     nodes = tuple(host_address(i) for i in live)
     known_hosts = identity.private_key.parent / SHELL_KNOWN_HOSTS
-    tmp = known_hosts.with_name(f"{SHELL_KNOWN_HOSTS}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(known_hosts_text(list(nodes)))
-    os.replace(tmp, known_hosts)
+    write_known_hosts(known_hosts, list(nodes))
     return ClusterAccess(cluster, job_id, nodes, identity, known_hosts)

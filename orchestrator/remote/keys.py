@@ -94,7 +94,12 @@ def known_hosts_text(hosts: list[HostAddress]) -> str:
 
 def pin_hosts(identity: Identity, hosts: list[HostAddress]) -> None:
     """Replace the cluster's known_hosts with exactly these hosts' keys."""
-    tmp = identity.known_hosts.with_suffix(".tmp")
-    tmp.write_text(known_hosts_text(hosts))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, identity.known_hosts)
+    write_known_hosts(identity.known_hosts, hosts)
+
+
+def write_known_hosts(path: Path, hosts: list[HostAddress]) -> None:
+    """Replace the known_hosts file `path` (0600) with exactly these hosts' keys, atomically;
+    two processes writing it at once each write a whole file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    _write_private(tmp, known_hosts_text(hosts).encode())
+    os.replace(tmp, path)
