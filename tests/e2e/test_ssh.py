@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tests.support.helpers import (
     run_orch,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,14 +35,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def wait_until(check, what: str, timeout: float = 60.0):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-    return found
 
 
 def test_ssh_runs_commands_forwards_a_port_and_prints_a_working_ssh_config(
@@ -72,6 +64,7 @@ def test_ssh_runs_commands_forwards_a_port_and_prints_a_working_ssh_config(
             and r.stdout
         ),
         "rank 1's file on node 1",
+        timeout=60,
     )
     assert on_node_1.strip() == "1"
     assert ssh("--", "cat", f"{workdir}/rank.txt").stdout.strip() == "0"
@@ -102,7 +95,7 @@ def test_ssh_runs_commands_forwards_a_port_and_prints_a_working_ssh_config(
             return None
 
     try:
-        assert wait_until(fetched, "the page through the tunnel") == MARKER
+        assert wait_until(fetched, "the page through the tunnel", timeout=60) == MARKER
     finally:
         os.killpg(tunnel.pid, signal.SIGTERM)
         tunnel.wait(timeout=30)
