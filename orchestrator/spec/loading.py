@@ -26,7 +26,6 @@ from pydantic_core import ErrorDetails
 from orchestrator.errors import SpecError
 from orchestrator.spec.model import (
     _MERGE_TAG,
-    MAX_DURATION_S,
     MAX_NESTING,
     MAX_SPEC_BYTES,
     MAX_VALUES,
@@ -38,12 +37,9 @@ from orchestrator.spec.model import (
     LoadedJob,
     Recovery,
     Resources,
-    _kind,
-    _local_path,
-    _one_line,
-    _show,
 )
 from orchestrator.spec.skypilot import from_skypilot, looks_like_skypilot, task_loc
+from orchestrator.spec.values import MAX_DURATION_S, _kind, _local_path, _one_line, _show
 
 # --------------------------------------------------------------------------------------------
 # Loading
