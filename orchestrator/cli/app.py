@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from orchestrator.cli.flags import DURATION_METAVAR, duration
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
@@ -87,7 +88,13 @@ def submit(
         str | None, typer.Option("--max-cost", help="hard cap on the job's spend, USD")
     ] = None,
     idle_timeout: Annotated[
-        float | None, typer.Option("--idle-timeout", help="seconds of idleness before stopping")
+        float | None,
+        typer.Option(
+            "--idle-timeout",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="idleness before stopping (600, 10m, 1h)",
+        ),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="show the plan, launch nothing")
@@ -200,7 +207,13 @@ def status(
     json_out: JsonFlag = False,
     watch: Annotated[bool, typer.Option("--watch", help="live view until the job ends")] = False,
     interval: Annotated[
-        float | None, typer.Option("--interval", help="seconds between --watch refreshes [2]")
+        float | None,
+        typer.Option(
+            "--interval",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="time between --watch refreshes (2, 5s) [2s]",
+        ),
     ] = None,
 ) -> None:
     """Show jobs, or one job with its leases, checkpoints and events (--watch: live)."""

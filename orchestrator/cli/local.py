@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from orchestrator.cli.flags import DURATION_METAVAR, duration
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
@@ -64,7 +65,13 @@ def preempt(
         int | None, typer.Option("--node", help="node rank (default: the last)")
     ] = None,
     notice: Annotated[
-        float, typer.Option("--notice", min=0, help="seconds of notice before the reclaim")
+        float,
+        typer.Option(
+            "--notice",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="notice before the reclaim (30, 30s, 2m)",
+        ),
     ] = 0.0,
     any_market: Annotated[
         bool, typer.Option("--any-market", help="reclaim an on-demand node too")
@@ -110,7 +117,12 @@ def chaos(
         int | None,
         typer.Option("--count", min=1, help="stop after this many [--rate: 5; trace: no limit]"),
     ] = None,
-    notice: Annotated[float, typer.Option("--notice", min=0, help="seconds of notice")] = 0.0,
+    notice: Annotated[
+        float,
+        typer.Option(
+            "--notice", parser=duration, metavar=DURATION_METAVAR, help="notice before each reclaim"
+        ),
+    ] = 0.0,
     trace: Annotated[
         Path | None,
         typer.Option("--trace", help="follow this availability trace instead of a rate"),

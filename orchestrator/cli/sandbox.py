@@ -20,6 +20,7 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli.flags import DURATION_METAVAR, duration
 from orchestrator.config import load_settings
 from orchestrator.errors import SpecError
 
@@ -135,7 +136,13 @@ def status(
 def preempt(
     instance: Annotated[str, typer.Argument(help="instance id (i-...)", show_default=False)],
     notice: Annotated[
-        float, typer.Option("--notice", help="seconds the notice is served before the end")
+        float,
+        typer.Option(
+            "--notice",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="how long the notice is served before the end (120, 2m)",
+        ),
     ] = 120.0,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="return once it is gone")] = True,
     endpoint: EndpointOption = None,

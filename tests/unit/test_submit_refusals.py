@@ -4,6 +4,7 @@ anything is provisioned: every case through the console entry point, in this pro
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -26,6 +27,7 @@ CASES = {
     "unknown provider in the spec": (GOOD + "provider: mars\n", [], ["provider (line 5)"]),
     "wrong type": (GOOD.replace("nodes: 1", "nodes: [1]"), [], ["resources.nodes (line 4)"]),
     "bad flag value": (GOOD, ["--nodes", "two"], ["--nodes"]),
+    "bad duration flag": (GOOD, ["--idle-timeout", "10x"], ["--idle-timeout", "invalid duration"]),
     "conflicting flags": (GOOD, ["--dry-run", "--detach"], ["--dry-run or --detach"]),
     "huge file": (GOOD + "#" * (1 << 20) + "\n", [], ["1 MiB"]),
     "deep nesting": (GOOD + "x: " + "[" * 5000 + "]" * 5000 + "\n", [], ["nested"]),
@@ -79,3 +81,30 @@ def test_unreadable_spec_files_exit_2(tmp_path: Path, orch_home_set: Path, kind:
     expected = {"directory": "is a directory", "not utf-8": "is not UTF-8 text (line 5)"}[kind]
     assert expected in " ".join(output.split()), output
     assert_nothing_provisioned(orch_home_set)
+
+
+@pytest.mark.parametrize(("flag", "seconds"), [("600", 600.0), ("10m", 600.0), ("1h30m", 5400.0)])
+def test_duration_flags_take_what_the_spec_takes(
+    tmp_path: Path, orch_home_set: Path, flag: str, seconds: float
+) -> None:
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(GOOD)
+    code, out, err = run_main(["submit", str(spec), "--dry-run", "--json", "--idle-timeout", flag])
+    assert code == 0, out + err
+    assert json.loads(out)["spec"]["budget"]["idle_timeout"] == seconds
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["local", "preempt", "some-job", "--notice", "2x"],
+        ["status", "--watch", "--interval", "-5s"],
+    ],
+)
+def test_every_duration_flag_refuses_what_the_spec_refuses(
+    orch_home_set: Path, argv: list[str]
+) -> None:
+    code, out, err = run_main(argv)
+    assert code == 2, out + err
+    assert "Invalid value for '--" in out + err

@@ -1,0 +1,26 @@
+"""Flag value types shared by the commands.
+
+Every duration flag takes what the spec takes (`orchestrator.spec.values.parse_duration`):
+600, 90s, 10m, 1h30m, 2d. A bad value is click's usage error: exit 2, naming the flag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import typer
+
+from orchestrator.spec.values import parse_duration
+
+DURATION_METAVAR = "DURATION"
+
+
+def duration(text: str) -> float:
+    """A duration flag's value in seconds (not negative)."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise typer.BadParameter(f"{text!r}: a duration must be 0 or more")
+    return seconds
