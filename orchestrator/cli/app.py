@@ -291,6 +291,40 @@ def logs(
 
 
 @app.command()
+def wait(
+    job_id: Annotated[str, typer.Argument(help="job id", show_default=False)],
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="give up after this long (exit 124), e.g. 2h",
+        ),
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Block until a job ends, then exit with its exit code (0 succeeded, 1 failed, 4 budget,
+    130 cancelled; 124 when --timeout passed first). Its controller drives it meanwhile."""
+    from orchestrator.control.waiting import job_exit_code, wait_for_end
+    from orchestrator.report.documents import job_document
+
+    settings = load_settings()
+    ledger = _ledger(settings)
+    job = wait_for_end(settings, ledger, job_id, timeout_s=timeout)
+    if job is None:
+        state = ledger.get_job(job_id).state
+        Console(stderr=True).print(f"job {job_id} is still {state} after --timeout")
+        raise typer.Exit(124)
+    if json_out:
+        _print_json(job_document(ledger, settings, job, detail=False))
+    else:
+        reason = f": {job.reason}" if job.reason else ""
+        Console().print(f"job {job_id} {job.state}{reason}", highlight=False, markup=False)
+    raise typer.Exit(job_exit_code(job))
+
+
+@app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
     from orchestrator.control.cancel import CancelRoute
