@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrator.control.stop_rules import guard_limit_at
@@ -102,6 +103,24 @@ def test_the_guard_finds_the_program_behind_env_and_setsid() -> None:
     assert guard.first_program(line.split()) == "/usr/bin/python3"
     assert guard.first_program(["sudo", "shutdown", "-h", "now"]) == "sudo"
     assert guard.first_program(["env"]) is None
+
+
+@pytest.fixture(autouse=True)
+def _no_sync_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard takes an rsync running on its node for a sync in progress. The node here is
+    the test machine, where other tests' jobs sync at any moment: none is seen."""
+    monkeypatch.setattr(guard, "process_running", lambda name: False)
+
+
+def test_a_sync_in_progress_counts_as_a_live_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path, deadman_s=5.0)
+    node.heartbeat(age_s=3600)
+    assert node.guard.due(time.time())[0] == "deadman"
+    monkeypatch.setattr(guard, "process_running", lambda name: name == "rsync")
+    assert node.guard.due(time.time()) is None  # a long sync, no controller heard meanwhile
+    assert node.guard.controller_alive(time.time())
 
 
 class Node:
