@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.output import make_console
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
@@ -69,7 +69,7 @@ def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
             "(ORCH_DEFAULT_MAX_RUNTIME)",
         )
     if not typer.confirm(f"{notice.text()}. Launch?", default=False, err=True):
-        Console(stderr=True).print("not launched", highlight=False)
+        make_console(stderr=True).print("not launched", highlight=False)
         raise typer.Exit(130)
 
 
@@ -142,7 +142,7 @@ def submit(
             _print_json({**prepared.dry_run.document, "spec": loaded.spec.public_document()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""
-            Console().print(
+            make_console().print(
                 f"would launch {plan.nodes} x {plan.instance_type} ({plan.market}) on "
                 f"{plan.provider}{where} at ${plan.price_per_node_hour}/node-hour "
                 f"(${plan.hourly_usd}/h in all"
@@ -154,7 +154,7 @@ def submit(
                 highlight=False,
             )
             for note in plan.notes:
-                Console().print(f"  {note}", highlight=False)
+                make_console().print(f"  {note}", highlight=False)
         return
     commands.check_hourly_cap(prepared)
     if not yes:
@@ -165,7 +165,7 @@ def submit(
         if json_out:
             _print_json(job_document(ledger, settings, ledger.get_job(job_id), detail=False))
         else:
-            Console(stderr=True).print(
+            make_console(stderr=True).print(
                 f"job {job_id} submitted; follow it with `orch status {job_id}` or "
                 f"`orch logs {job_id} -f`, stop it with `orch cancel {job_id}`",
                 highlight=False,
@@ -174,7 +174,7 @@ def submit(
         return
     with commands.submit_foreground(settings, ledger, prepared) as foreground:
         job = foreground.job
-        console = Console(stderr=json_out)
+        console = make_console(stderr=json_out)
         console.print(f"job [bold]{job.id}[/] submitted ({loaded.source.name})")
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and `orch cancel`,
         # Ctrl-C and SIGTERM must all reach a foreground controller the same way.
@@ -222,7 +222,7 @@ def status(
 
     settings = load_settings()
     ledger = _ledger(settings)
-    console = Console()
+    console = make_console()
     if watch or interval is not None:
         from orchestrator.cli.live import watch_command
 
@@ -285,7 +285,7 @@ def logs(
             break
         time.sleep(1.0)
     if not consumed:
-        Console(stderr=True).print(
+        make_console(stderr=True).print(
             f"no log of node {node_index} yet (logs arrive with the controller's next watch tick)"
         )
 
@@ -314,13 +314,13 @@ def wait(
     job = wait_for_end(settings, ledger, job_id, timeout_s=timeout)
     if job is None:
         state = ledger.get_job(job_id).state
-        Console(stderr=True).print(f"job {job_id} is still {state} after --timeout")
+        make_console(stderr=True).print(f"job {job_id} is still {state} after --timeout")
         raise typer.Exit(124)
     if json_out:
         _print_json(job_document(ledger, settings, job, detail=False))
     else:
         reason = f": {job.reason}" if job.reason else ""
-        Console().print(f"job {job_id} {job.state}{reason}", highlight=False, markup=False)
+        make_console().print(f"job {job_id} {job.state}{reason}", highlight=False, markup=False)
     raise typer.Exit(job_exit_code(job))
 
 
@@ -331,7 +331,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     from orchestrator.control.cancel import cancel as cancel_job
 
     settings = load_settings()
-    console = Console()
+    console = make_console()
 
     def signalled(pid: int) -> None:
         console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
@@ -358,7 +358,7 @@ def cost(
     if json_out:
         _print_json(document)
     else:
-        Console().print(cost_table(document))
+        make_console().print(cost_table(document))
 
 
 @app.command()
@@ -400,17 +400,17 @@ def down(
     settings = load_settings()
 
     def ended(group: commands.NodesEnded) -> None:
-        Console().print(
+        make_console().print(
             f"{group.job_id}: terminated {len(group.instance_ids)} {group.provider} node(s)"
         )
 
     result = commands.down(settings, _ledger(settings), cluster, on_ended=ended)
     if line := not_ours_line(result.not_ours):
-        Console().print(line)
+        make_console().print(line)
     if cluster is not None and not result.ended:
         raise commands.cluster_not_found(cluster)
     if not result.ended:
-        Console().print("nothing to shut down")
+        make_console().print("nothing to shut down")
 
 
 @app.command()
@@ -443,7 +443,7 @@ def catalog(
             str(row["vcpus"]), f"{row['memory_gib']:g}",
             *(row["on_demand_usd_per_hour"].get(region, "-") for region in regions),
         )  # fmt: skip
-    Console().print(table)
+    make_console().print(table)
 
 
 app.command(name="simulate")(simulate_command)
@@ -476,7 +476,7 @@ def reconcile(
             }
         )
         return
-    console = Console()
+    console = make_console()
     ended, adopted = ("would terminate", "would get") if dry_run else ("terminated", "got")
     for job_id, ids in report.terminated.items():
         console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
@@ -532,7 +532,7 @@ def _revive_lost_controllers(
     if settings.db_path.exists():
         ledger = _ledger(settings)
         for job_id in revive_controllers(settings, ledger):
-            Console(stderr=True).print(
+            make_console(stderr=True).print(
                 revived_line(job_id, refused_by_last_controller(ledger, job_id)),
                 highlight=False,
                 markup=False,
@@ -544,10 +544,10 @@ def main() -> None:
     try:
         app()
     except OrchError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        make_console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
+        make_console(stderr=True).print("interrupted")
         sys.exit(130)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.output import make_console
 from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
@@ -85,7 +85,7 @@ def preempt(
     """
     settings = load_settings()
     target = _pick(_job_nodes(settings, job_id), node, any_market, job_id)
-    console = Console(stderr=json_out)
+    console = make_console(stderr=json_out)
     posted = datetime.now(UTC)
     if notice:
         console.print(
@@ -176,7 +176,7 @@ def _reclaim_at_random(
 ) -> None:
     ledger = Ledger(make_engine(settings.db_path))
     draws = ReclaimDraws(seed, rate)
-    console = Console()
+    console = make_console()
     done = 0
     for wait in draws.waits():
         if done >= count:
@@ -231,7 +231,7 @@ def _reclaim_by_capacity(
     `orch local spot on|off`) no longer grants, read afresh every 0.2 s, until the job ends."""
     _job_nodes(settings, job_id)  # a local job that exists
     ledger = Ledger(make_engine(settings.db_path))
-    console = Console()
+    console = make_console()
     in_notice: set[str] = set()
     lock = threading.Lock()
     done = 0
@@ -314,7 +314,7 @@ def spot(
     `on` or `off` ends the replay.
     """
     provider = LocalProvider(load_settings())
-    console = Console()
+    console = make_console()
     if trace is not None:
         if state is not None:
             raise SpecError(f"give on, off or --trace, not both {state!r} and --trace")

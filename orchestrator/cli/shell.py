@@ -17,8 +17,8 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from orchestrator.cli.output import make_console
 from orchestrator.config import load_settings
 from orchestrator.control.node_access import cluster_access, forwards
 from orchestrator.errors import SpecError
@@ -60,7 +60,7 @@ def ssh_command(
     finally:
         signal.signal(signal.SIGINT, previous)
     if code == 255:
-        Console(stderr=True).print(
+        make_console(stderr=True).print(
             f"ssh to node {node} of {access.name} ended with 255: the node could not be reached, "
             "or the command itself exited 255",
             highlight=False,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cli.output import make_console
 from orchestrator.errors import SpecError
 from orchestrator.providers.traces import load_trace
 from orchestrator.spot.policies import POLICY_NAMES, get_policy
@@ -181,7 +181,7 @@ def _run_one(
             f"{result.spot_s / 3600:.2f}", f"{result.on_demand_s / 3600:.2f}",
             str(result.restarts),
         )  # fmt: skip
-    Console().print(table)
+    make_console().print(table)
 
 
 def _run_sweep(
@@ -212,4 +212,4 @@ def _run_sweep(
         f"each trace, jobs of {', '.join(f'{h:g}' for h in job_hours)} h."
     )
     page, image = write_report(cells, setup, out_dir)
-    Console().print(f"wrote {page} and {image}")
+    make_console().print(f"wrote {page} and {image}")
