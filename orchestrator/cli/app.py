@@ -189,8 +189,9 @@ def submit(
         _print_json(document)
     else:
         style = "green" if outcome.state is JobState.SUCCEEDED else "red"
+        step = "" if document["step"] is None else f"step {document['step']}, "
         console.print(
-            f"[{style}]{outcome.state.value}[/] job {job.id}: step {document['step']}, "
+            f"[{style}]{outcome.state.value}[/] job {job.id}: {step}"
             f"spend ${document['spend_usd']:.4f}, "
             f"{len(document['checkpoints'])} checkpoint(s) kept: "
             f"{_kept_where(loaded.spec.checkpoint, settings.job_dir(job.id) / 'checkpoints')}"

@@ -26,6 +26,8 @@ T = TypeVar("T")
 
 LOST_PEER_GRACE_S = 10.0
 """How long the runs left on a job that lost a node get to exit after SIGTERM before SIGKILL."""
+LOG_TAIL_BYTES = 128 * 1024
+"""How much of a failed node's log is read, from its end (see `Attempt.log_tail`)."""
 
 
 class Attempt:
@@ -186,13 +188,11 @@ class Attempt:
             time.sleep(0.5)
 
     def log_tail(self, rank: int, layout: launch.NodeLayout) -> str:
-        """The last lines of node `rank`'s log; empty when it cannot be read."""
+        """The end of node `rank`'s log (its last 128 KiB, enough to hold the failing rank's
+        traceback above torchrun's own report); empty when it cannot be read."""
+        command = f"tail -c {LOG_TAIL_BYTES} {launch.home_expr(layout.log)}"
         with contextlib.suppress(OrchError):
-            return (
-                self.cluster.connections[rank]
-                .run(f"tail -n 30 {launch.home_expr(layout.log)}", timeout=15, check=False)
-                .stdout.rstrip()
-            )
+            return self.cluster.connections[rank].run(command, timeout=15, check=False).stdout
         return ""
 
     def abort(self, rank: int) -> None:

@@ -26,6 +26,7 @@ from orchestrator.errors import JobCancelled, JobFailed, NodeLost
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
+from orchestrator.node.failure import failure_report
 from orchestrator.node.progress import Metrics
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
@@ -302,14 +303,13 @@ class Supervisor:
         return Interruption(ranks, ids, cause, detail, utcnow())
 
     def _fail_with_tail(self, attempt: Attempt, rank: int, exit_code: int | None) -> None:
-        layout = self.parts.layout
-        tail = attempt.log_tail(rank, layout)
+        log = attempt.log_tail(rank, self.parts.layout)
         what = (
             "the setup command failed"
             if exit_code == launch.SETUP_FAILED_EXIT
             else f"torchrun exited with code {exit_code}"
         )
         raise JobFailed(
-            f"node {rank}: {what}\n--- last lines of node {rank}'s log ---\n{tail}",
+            failure_report(rank, what, log),
             hint=f"full log: orch logs {self._job_id} --node {rank}",
         )

@@ -76,10 +76,12 @@ def write_job(tmp_path: Path, body: str) -> Path:
 
 
 def test_failing_run_command_fails_the_job_and_shows_the_tail(tmp_path: Path) -> None:
+    """The reason starts with the script's own error line, not torchrun's ChildFailedError."""
     spec = write_job(
         tmp_path,
         "name: fails\nworkdir: work\n"
-        "run: echo about to fail with a clear reason; exit 3\n"
+        "run: >-\n  echo about to fail with a clear reason;\n"
+        "  python -c 'raise RuntimeError(\"boom: CUDA out of memory (simulated)\")'\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n",
     )
     env = orch_env(tmp_path / "orch")
@@ -87,8 +89,14 @@ def test_failing_run_command_fails_the_job_and_shows_the_tail(tmp_path: Path) ->
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "about to fail with a clear reason" in output  # the node's log tail
+    assert "step None" not in output  # no step was reported: none is shown
     job = job_json(submitted_job_id(output), env)
     assert job["state"] == "FAILED"
+    first = job["reason"].splitlines()[0]
+    assert re.fullmatch(
+        r"rank [01] \(node [01]\): RuntimeError: boom: CUDA out of memory \(simulated\)", first
+    ), job["reason"]
+    assert "bash FAILED" in job["reason"]  # torchrun's report stays, in the tail
     assert_nothing_left(job)
 
 

@@ -1,0 +1,137 @@
+"""Why a run failed, read out of a node log (pure).
+
+torchrun's own report of a failed child (`ChildFailedError ... bash FAILED`) names the rank
+that failed first and its exit code, but not what went wrong: a script that does not use
+torch.distributed.elastic's `@record` leaves no error file, and orch runs the user's command as
+`torchrun --no-python bash -c RUN`. What went wrong is in the failing rank's own output, which
+torchrun tees into the node log with a `[default<local rank>]:` prefix: its last traceback ends
+with the exception line (`RuntimeError: CUDA out of memory ...`). `find_failure` picks that line;
+`failure_report` puts it first, above the log's tail.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from orchestrator.node.progress import local_rank_line, rank_lines
+
+TAIL_LINES = 30  # lines of the node log shown under the failure
+TRACEBACK_LINES = 20  # at most this many lines of the failing rank's traceback
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_TRACEBACK = "Traceback (most recent call last):"
+# An exception line outside a traceback block: a dotted name ending in Error, Exception,
+# Interrupt or Exit, alone or with `: message`.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::.*)?$"
+)
+_LAUNCHER_ERROR = "ChildFailedError"  # torchrun's own exception, never the script's
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a node log says about its failed run; every field may be unknown."""
+
+    local_rank: int | None  # the failing process's local rank on its node
+    rank: int | None  # its global rank, from torchrun's report
+    exit_code: int | None  # its exit code, from torchrun's report (negative: killed by a signal)
+    error: str | None  # its last exception line, e.g. "RuntimeError: boom"
+    traceback: tuple[str, ...] = ()  # the traceback that ends with `error` (last lines)
+
+
+def _root_cause(lines: list[str]) -> tuple[int | None, int | None, int | None]:
+    """(global rank, local rank, exit code) from torchrun's last ChildFailedError report."""
+    rank = local = code = None
+    starts = [i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE]
+    if not starts:
+        return None, None, None
+    for line in lines[starts[-1] + 1 :]:
+        if line.startswith("="):
+            break
+        if (match := _REPORT_RANK.match(line)) is not None:
+            rank, local = int(match.group(1)), int(match.group(2))
+        elif (match := _REPORT_EXIT.match(line)) is not None:
+            code = int(match.group(1))
+    return rank, local, code
+
+
+def last_exception(lines: list[str]) -> tuple[str | None, tuple[str, ...]]:
+    """The last exception line in one process's output and the traceback that ends with it.
+
+    A traceback block is `Traceback (most recent call last):`, indented frame lines, then the
+    exception line at the left margin. Without a block, the last line that looks like an
+    exception (`ValueError: ...`) counts, with no traceback. torchrun's own ChildFailedError
+    is never the answer.
+    """
+    error: str | None = None
+    traceback: tuple[str, ...] = ()
+    block: int | None = None  # index of the open block's `Traceback` line
+    for i, line in enumerate(lines):
+        if line.startswith(_TRACEBACK):
+            block = i
+            continue
+        if block is not None and line[:1].isspace():
+            continue  # a frame line of the open block
+        text = line.strip()
+        if _LAUNCHER_ERROR in text:
+            block = None
+        elif block is not None and text:
+            error, traceback = text, tuple(lines[max(block, i + 1 - TRACEBACK_LINES) : i + 1])
+            block = None
+        elif _EXCEPTION_LINE.match(text):
+            error, traceback = text, ()
+    return error, traceback
+
+
+def find_failure(log_text: str) -> Failure | None:
+    """The failing process of a node log: the rank torchrun's report names as the root cause,
+    else the last rank (or, in a log without rank prefixes, the log itself) that printed an
+    exception. None when the log names neither a failing rank nor an exception."""
+    lines = log_text.splitlines()
+    rank, local, code = _root_cause(lines)
+    if local is not None:
+        error, traceback = last_exception(rank_lines(log_text, local))
+        return Failure(local, rank, code, error, traceback)
+    last_rank: int | None = None
+    for line in reversed(lines):
+        local_rank, text = local_rank_line(line)
+        if local_rank is not None and last_exception([text])[0] is not None:
+            last_rank = local_rank
+            break
+    if last_rank is not None:
+        error, traceback = last_exception(rank_lines(log_text, last_rank))
+        return Failure(last_rank, None, None, error, traceback)
+    if any(local_rank_line(line)[0] is not None for line in lines):
+        return None
+    error, traceback = last_exception(lines)
+    return Failure(None, None, None, error, traceback) if error else None
+
+
+def failure_report(node: int, what: str, log_text: str) -> str:
+    """The reason a run failed on node `node`: the failing rank's own exception line first
+    (when the log holds one), then `what` happened (e.g. "torchrun exited with code 1"),
+    that rank's traceback, and the last `TAIL_LINES` lines of the node log."""
+    tail = "\n".join(log_text.rstrip().splitlines()[-TAIL_LINES:])
+    failure = find_failure(log_text)
+    parts: list[str] = []
+    if failure is not None and failure.error is not None:
+        who = _who(node, failure)
+        parts.append(f"{who}: {failure.error}")
+    parts.append(f"node {node}: {what}")
+    if failure is not None and failure.traceback:
+        parts.append(f"--- {_who(node, failure)}'s traceback ---")
+        parts.extend(failure.traceback)
+    parts.append(f"--- last lines of node {node}'s log ---")
+    parts.append(tail)
+    return "\n".join(parts)
+
+
+def _who(node: int, failure: Failure) -> str:
+    if failure.rank is not None:
+        return f"rank {failure.rank} (node {node})"
+    if failure.local_rank is not None:
+        return f"node {node}, local rank {failure.local_rank}"
+    return f"node {node}"

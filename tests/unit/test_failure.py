@@ -1,0 +1,94 @@
+"""The reason of a failed run, read from real torchrun output.
+
+tests/fixtures/torchrun_root_cause.log is the node log of `torchrun --nproc_per_node=2
+--redirects=3 --tee=3 --no-python bash -c 'python fail.py'` (torchrun's venv path shortened):
+local rank 1 raises a chained ValueError; torchrun then SIGTERMs rank 0, whose handler raises a
+RuntimeError of its own, printed later; torchrun's ChildFailedError report names rank 1.
+"""
+
+from __future__ import annotations
+
+from orchestrator.node.failure import TAIL_LINES, failure_report, find_failure, last_exception
+from tests.support.helpers import REPO
+
+SAMPLE = (REPO / "tests" / "fixtures" / "torchrun_root_cause.log").read_text()
+WHAT = "torchrun exited with code 1"
+
+
+def test_the_root_cause_rank_is_chosen_over_a_later_exception() -> None:
+    failure = find_failure(SAMPLE)
+    assert failure is not None
+    assert (failure.local_rank, failure.rank, failure.exit_code) == (1, 1, 1)
+    assert failure.error == "ValueError: boom: bad batch shape [3, 224]"
+    # The traceback is the raised exception's own block, ending with its line.
+    assert failure.traceback[0] == "Traceback (most recent call last):"
+    assert failure.traceback[-1] == failure.error
+    assert any("fail2.py" in line and "line 15" in line for line in failure.traceback)
+
+
+def test_the_report_puts_the_scripts_error_line_first() -> None:
+    report = failure_report(0, WHAT, SAMPLE)
+    lines = report.splitlines()
+    assert lines[0] == "rank 1 (node 0): ValueError: boom: bad batch shape [3, 224]"
+    assert lines[1] == f"node 0: {WHAT}"
+    # torchrun's own report is still there, at the end: the log's last lines.
+    assert lines[-TAIL_LINES:] == SAMPLE.rstrip().splitlines()[-TAIL_LINES:]
+    assert "bash FAILED" in report and "ChildFailedError" not in lines[0]
+
+
+def test_a_node_log_with_a_prefix_on_other_nodes_names_the_global_rank() -> None:
+    # On node 1 of two with two processes each, local rank 1 is global rank 3.
+    log = SAMPLE.replace("rank      : 1 (local_rank: 1)", "rank      : 3 (local_rank: 1)")
+    assert failure_report(1, WHAT, log).splitlines()[0] == (
+        "rank 3 (node 1): ValueError: boom: bad batch shape [3, 224]"
+    )
+
+
+def test_a_run_without_an_exception_keeps_the_plain_reason() -> None:
+    # `exit 3` on every rank: torchrun's report names the rank, which printed no exception.
+    log = "\n".join(
+        [
+            "[default0]:about to fail with a clear reason",
+            *SAMPLE.splitlines()[SAMPLE.splitlines().index("Traceback (most recent call last):") :],
+        ]
+    ).replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+    failure = find_failure(log)
+    assert failure is not None and failure.error is None and failure.local_rank == 0
+    report = failure_report(0, "torchrun exited with code 3", log)
+    assert report.splitlines()[0] == "node 0: torchrun exited with code 3"
+
+
+def test_without_torchruns_report_the_last_rank_to_raise_is_chosen() -> None:
+    # torchrun itself was killed before it could report: no ChildFailedError block.
+    cut = SAMPLE.index("E1204")
+    failure = find_failure(SAMPLE[:cut])
+    assert failure is not None and failure.local_rank == 0 and failure.rank is None
+    assert failure.error == "RuntimeError: rank 0 stopped by torchrun"
+    assert failure_report(0, WHAT, SAMPLE[:cut]).startswith(
+        "node 0, local rank 0: RuntimeError: rank 0 stopped by torchrun\n"
+    )
+
+
+def test_a_log_without_rank_prefixes_is_read_whole() -> None:
+    # launcher: none, where the run's output is not prefixed.
+    log = 'loading\nTraceback (most recent call last):\n  File "x.py", line 1\nOSError: disk full\n'
+    failure = find_failure(log)
+    assert failure is not None and failure.error == "OSError: disk full"
+    assert failure_report(0, "the run exited with code 1", log).startswith(
+        "node 0: OSError: disk full\n"
+    )
+    assert find_failure("all good\n") is None
+
+
+def test_exception_lines() -> None:
+    assert last_exception(["torch.OutOfMemoryError: CUDA out of memory."])[0] == (
+        "torch.OutOfMemoryError: CUDA out of memory."
+    )
+    assert last_exception(["KeyboardInterrupt"])[0] == "KeyboardInterrupt"
+    # A traceback ends with whatever name is raised, even one not ending in Error.
+    block = ["Traceback (most recent call last):", '  File "t.py", line 2', "Boom: no"]
+    assert last_exception(block) == ("Boom: no", tuple(block))
+    # Progress lines and torchrun's own exception are not the script's error.
+    assert last_exception(['{"step": 3, "loss": 1.5}', "loss: 0.5"]) == (None, ())
+    launcher = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "
+    assert last_exception(["Traceback (most recent call last):", "  File", launcher]) == (None, ())
