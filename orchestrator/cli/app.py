@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -17,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.logs import logs_command
 from orchestrator.cli.output import make_console
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.config import Settings, load_settings
@@ -246,49 +246,7 @@ def status(
         console.print(jobs_table(documents))
 
 
-@app.command()
-def logs(
-    job_id: Annotated[str, typer.Argument(help="job id")],
-    rank: Annotated[int | None, typer.Option("--rank", help="only this global rank")] = None,
-    node: Annotated[int | None, typer.Option("--node", help="this node's whole log")] = None,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
-) -> None:
-    """Print a job's logs (rank 0 by default) as pulled from its nodes.
-
-    The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
-    first, oldest first; -f follows the log across rotations."""
-    from orchestrator.cluster.log_files import read_from
-    from orchestrator.node.progress import rank_lines
-
-    settings = load_settings()
-    ledger = _ledger(settings)
-    job = ledger.get_job(job_id)
-    if rank is not None and node is not None:
-        raise SpecError("give --rank or --node, not both")
-    if rank is not None and not 0 <= rank < job.nodes * job.gpus_per_node:
-        raise SpecError(f"--rank must be between 0 and {job.nodes * job.gpus_per_node - 1}")
-    node_index = node if node is not None else (rank or 0) // job.gpus_per_node
-    local_rank = None if node is not None else (rank or 0) % job.gpus_per_node
-    if json.loads(job.spec_json or "{}").get("launcher") == "none":
-        local_rank = None  # the run's own output carries no rank prefix: the node's whole log
-    path = settings.job_dir(job.id) / "logs" / f"node-{node_index}.log"
-    consumed = 0  # position in the log's stream, across its rotated files
-    while True:
-        done = not follow or JobState(ledger.get_job(job.id).state).is_final
-        first, data = read_from(path, consumed)
-        if not done:  # a line still being written is printed once it is whole
-            data = data[: data.rfind(b"\n") + 1]
-        for line in rank_lines(data.decode(errors="replace"), local_rank):
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        consumed = first + len(data)
-        if done:
-            break
-        time.sleep(1.0)
-    if not consumed:
-        make_console(stderr=True).print(
-            f"no log of node {node_index} yet (logs arrive with the controller's next watch tick)"
-        )
+app.command(name="logs")(logs_command)
 
 
 @app.command()

@@ -4,6 +4,6 @@ spot-notice watch, node logs, and checkpoints (`cluster.checkpoints`).
 Built on `remote/` (SSH and rsync) and on the parsers of `node/`; knows no cloud."""
 
 __all__ = [
-    "activity", "checkpoints", "connections", "gpu_watch", "log_files", "notice_watch",
-    "run_watch",
+    "activity", "checkpoints", "connections", "gpu_watch", "log_files", "log_lines",
+    "notice_watch", "run_watch",
 ]  # fmt: skip

@@ -9,13 +9,21 @@ Every log also has a count of the bytes rotated out of it, `.rotated/<name>` (al
 deleted ones too), so the log reads as one stream whose byte positions never move:
 `logical_size` = rotated + current size. The watch resumes from those positions and
 `orch logs -f` follows them across rotations (`read_from`).
+
+Node lines carry no time of their own, so each append also records when the controller pulled
+those bytes, `.times/<name>`: one `<stream position> <UTC ISO time>` line per append. A line's
+time (`time_at`) is the pull that brought its first byte: within one watch interval of when
+the node printed it. Records older than the kept files are dropped at each rotation.
 """
 
 from __future__ import annotations
 
+import bisect
+from datetime import datetime
 from pathlib import Path
 
 ROTATED_DIR = ".rotated"
+TIMES_DIR = ".times"
 
 
 def needs_rotation(current_size: int, incoming: int, max_bytes: int) -> bool:
@@ -49,6 +57,54 @@ def logical_size(path: Path) -> int:
     return rotated_bytes(path) + size
 
 
+def pull_times(path: Path) -> list[tuple[int, datetime]]:
+    """The recorded pulls of the log at `path`: (stream position, UTC time), in order; empty
+    for a log mirrored before times were recorded."""
+    try:
+        text = (path.parent / TIMES_DIR / path.name).read_text()
+    except OSError:
+        return []
+    times = []
+    for row in text.splitlines():
+        position, _, at = row.partition(" ")
+        try:
+            times.append((int(position), datetime.fromisoformat(at)))
+        except ValueError:
+            continue  # a record cut short by a crash
+    return times
+
+
+def time_at(times: list[tuple[int, datetime]], position: int) -> datetime | None:
+    """When the byte at stream `position` was pulled, from `pull_times`; None when no pull
+    before it was recorded. Pure."""
+    index = bisect.bisect_right([p for p, _ in times], position) - 1
+    return times[index][1] if index >= 0 else None
+
+
+def _record_pull(path: Path, position: int, at: datetime) -> None:
+    record = path.parent / TIMES_DIR / path.name
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with record.open("a") as handle:
+        handle.write(f"{position} {at.isoformat()}\n")
+
+
+def _drop_pulls_before(path: Path, position: int) -> None:
+    """Forget the pulls of bytes no kept file holds, keeping the one that brought `position`."""
+    times = pull_times(path)
+    first = max(0, bisect.bisect_right([p for p, _ in times], position) - 1)
+    if first == 0:
+        return
+    record = path.parent / TIMES_DIR / path.name
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text("".join(f"{p} {at.isoformat()}\n" for p, at in times[first:]))
+    tmp.replace(record)
+
+
+def _kept_start(path: Path, parts: list[Path]) -> int:
+    """The stream position of the first byte the kept files `parts` of `path` hold."""
+    return max(0, rotated_bytes(path) - sum(p.stat().st_size for p in parts if p != path))
+
+
 def rotate(path: Path, keep: int) -> None:
     """Rotate the log at `path` once (see `rotation_moves`) and count the bytes moved out."""
     size = path.stat().st_size if path.exists() else 0
@@ -65,13 +121,19 @@ def rotate(path: Path, keep: int) -> None:
         else:
             src.rename(path.parent / target)
     tmp.replace(counter)
+    _drop_pulls_before(path, _kept_start(path, log_parts(path)))
 
 
-def append(path: Path, data: bytes, *, max_bytes: int, keep: int) -> None:
-    """Append `data` to the log at `path`, rotating it first when it would pass the cap."""
+def append(
+    path: Path, data: bytes, *, max_bytes: int, keep: int, pulled_at: datetime | None = None
+) -> None:
+    """Append `data` to the log at `path`, rotating it first when it would pass the cap;
+    `pulled_at` (UTC), when given, is recorded as the time of these bytes (`pull_times`)."""
     size = path.stat().st_size if path.exists() else 0
     if needs_rotation(size, len(data), max_bytes):
         rotate(path, keep)
+    if pulled_at is not None and data:
+        _record_pull(path, logical_size(path), pulled_at)
     with path.open("ab") as handle:
         handle.write(data)
 
@@ -93,8 +155,7 @@ def read_from(path: Path, offset: int) -> tuple[int, bytes]:
     returns (the position of the first byte returned, the bytes). Bytes before the oldest
     kept file are gone; reading starts at that file then."""
     parts = log_parts(path)
-    start = rotated_bytes(path) - sum(p.stat().st_size for p in parts if p != path)
-    position, chunks = max(start, 0), []
+    position, chunks = _kept_start(path, parts), []
     first = max(offset, position)
     for part in parts:
         data = part.read_bytes()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.cluster import log_files
@@ -170,7 +171,13 @@ class RunWatch:
 
     def _append(self, rank: int, text: str) -> None:
         data = text.encode()
-        log_files.append(self.paths[rank], data, max_bytes=self.max_log_bytes, keep=self.log_keep)
+        log_files.append(
+            self.paths[rank],
+            data,
+            max_bytes=self.max_log_bytes,
+            keep=self.log_keep,
+            pulled_at=datetime.now(UTC),
+        )
         self.offsets[rank] += len(data)
 
     def _remote_offset(self, path: Path, instance_id: str) -> int:

@@ -7,6 +7,7 @@ as a trainer would print between two ticks.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from orchestrator.cluster.connections import Cluster
@@ -82,6 +83,14 @@ def test_a_capped_log_rotates_and_orch_logs_reads_every_kept_part(tmp_path: Path
         shown = run_orch(["logs", job.id, "--node", "0"], orch_env(settings.home))
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout == "".join(part(n) for n in (3, 4, 5))
+        # Each tick recorded when it pulled its lines: --since and --json read those times.
+        since = ["logs", job.id, "--node", "0", "--json", "--since", "10m"]
+        pulled = [
+            json.loads(line)
+            for line in run_orch(since, orch_env(settings.home)).stdout.splitlines()
+        ]
+        assert [o["line"] for o in pulled] == "".join(part(n) for n in (3, 4, 5)).splitlines()
+        assert all(o["node"] == 0 and o["rank"] is None and o["time"] for o in pulled)
     finally:
         cluster.close()
         provider.terminate([n.instance_id for n in nodes])

@@ -6,7 +6,11 @@ For what only a separate process shows (signals, blocking reads, leftovers), use
 from __future__ import annotations
 
 import io
+import os
 import sys
+from pathlib import Path
+
+import pytest
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
@@ -25,3 +29,13 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
     finally:
         sys.argv, sys.stdout, sys.stderr = saved
     return code, out.getvalue(), err.getvalue()
+
+
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point `ORCH_HOME` at `tmp_path/orch` and drop every other ORCH_* variable for one test,
+    so `run_main` sees only the test's ledger and settings; returns the home (not created)."""
+    for name in [n for n in os.environ if n.startswith("ORCH_")]:
+        monkeypatch.delenv(name)
+    home = tmp_path / "orch"
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    return home

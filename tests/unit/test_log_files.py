@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchestrator.cluster import log_files
@@ -54,3 +55,22 @@ def test_the_cap_and_the_kept_files_are_settings(tmp_path: Path) -> None:
     assert (settings.logs.max_bytes, settings.logs.keep) == (50 * 1024 * 1024, 3)
     env = {"ORCH_HOME": str(tmp_path), "ORCH_LOGS_MAX_BYTES": "1024", "ORCH_LOGS_KEEP": "1"}
     assert (load_settings(env).logs.max_bytes, load_settings(env).logs.keep) == (1024, 1)
+
+
+def test_each_pull_records_its_time_and_rotation_forgets_what_no_file_keeps(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "node-0.log"
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    for n in range(6):  # 24 bytes a pull, at minutes 0..5
+        at = start + timedelta(minutes=n)
+        log_files.append(log, f"chunk {n}\n".encode() * 3, max_bytes=40, keep=2, pulled_at=at)
+    times = log_files.pull_times(log)
+    first, _ = log_files.read_from(log, 0)
+    assert first == 3 * 24  # the kept files start at pull 3 ...
+    assert [p for p, _ in times] == [3 * 24, 4 * 24, 5 * 24]  # ... and so do the records
+    assert log_files.time_at(times, 3 * 24 + 10) == start + timedelta(minutes=3)
+    assert log_files.time_at(times, 6 * 24 - 1) == start + timedelta(minutes=5)
+    assert log_files.time_at(times, 0) is None
+    log_files.append(log, b"no time\n", max_bytes=0, keep=2)  # a pull without a time
+    assert len(log_files.pull_times(log)) == 3
