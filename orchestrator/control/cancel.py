@@ -12,7 +12,8 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 from orchestrator.config import Settings
 from orchestrator.control.commands import ledger_partition
@@ -142,12 +143,16 @@ def _stop_controller(
 
 
 def is_orch_process(pid: int) -> bool:
-    """Whether `pid` is a live orch process (a controller: daemon or foreground submit)."""
+    """Whether `pid` is a live orch process (a controller: daemon or foreground submit).
+
+    Read through psutil, so it works where there is no /proc (macOS). A process that has
+    exited (a zombie included) or that this user may not inspect is not one: it could not be
+    signalled either."""
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        args = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
         return False
-    return any(arg.startswith(b"orchestrator") or arg.endswith(b"/orch") for arg in args)
+    return any(arg.startswith("orchestrator") or arg.endswith("/orch") for arg in args)
 
 
 def check_job_identity(ledger: Ledger, job_id: str, provider: Provider) -> None:
