@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import DURATION_METAVAR, duration
 from orchestrator.cli.logs import logs_command
 from orchestrator.cli.output import make_console
 from orchestrator.cli.simulate import simulate_command
-from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
-from orchestrator.ledger.store import Ledger, make_engine
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
+    from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -39,7 +40,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document"
 
 
 def _ledger(settings: Settings) -> Ledger:
-    return Ledger(make_engine(settings.db_path))
+    return open_ledger(settings)
 
 
 def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
@@ -484,6 +485,8 @@ def _revive_lost_controllers(
     """Before any command: an unfinished job whose controller died gets a new one."""
     if context.invoked_subcommand in ("reconcile", "down", "sandbox"):
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
+    if "--help" in sys.argv[1:]:
+        return  # a command's help runs nothing; click runs this before the command parses it
     from orchestrator.cli.console import revived_line
     from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
 

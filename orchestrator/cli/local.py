@@ -9,20 +9,21 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import DURATION_METAVAR, duration
 from orchestrator.cli.output import make_console
-from orchestrator.config import Settings, load_settings
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
-from orchestrator.ledger.store import Ledger, make_engine
-from orchestrator.providers.base import Instance
-from orchestrator.providers.local.chaos import ReclaimDraws, excess_spot_nodes
-from orchestrator.providers.local.provider import LocalProvider
-from orchestrator.providers.traces import TraceClock, load_trace
+
+if TYPE_CHECKING:  # imported when a command runs: building the app (`orch --help`) needs none
+    from orchestrator.config import Settings
+    from orchestrator.providers.base import Instance
+    from orchestrator.providers.local.provider import LocalProvider
+    from orchestrator.providers.traces import TraceClock
 
 app = typer.Typer(
     name="local",
@@ -31,12 +32,18 @@ app = typer.Typer(
 )
 
 
+def _provider(settings: Settings) -> LocalProvider:
+    from orchestrator.providers.local.provider import LocalProvider
+
+    return LocalProvider(settings)
+
+
 def _job_nodes(settings: Settings, job_id: str) -> list[Instance]:
-    ledger = Ledger(make_engine(settings.db_path))
+    ledger = open_ledger(settings)
     job = ledger.get_job(job_id)
     if job.provider != "local":
         raise SpecError(f"job {job_id} runs on {job.provider}; `orch local` acts on local nodes")
-    return sorted(LocalProvider(settings).list_owned(job_id=job_id), key=lambda i: i.rank)
+    return sorted(_provider(settings).list_owned(job_id=job_id), key=lambda i: i.rank)
 
 
 def _pick(nodes: list[Instance], rank: int | None, any_market: bool, job_id: str) -> Instance:
@@ -91,7 +98,7 @@ def preempt(
         console.print(
             f"notice posted on node {target.rank} ({target.instance_id}); reclaim in {notice:g} s"
         )
-    taken = LocalProvider(settings).reclaim(target.instance_id, notice)
+    taken = _provider(settings).reclaim(target.instance_id, notice)
     if json_out:
         document = {
             "job": job_id, "node": target.rank, "instance_id": target.instance_id,
@@ -152,7 +159,7 @@ def chaos(
     the job ends.
     """
     settings = load_settings()
-    provider = LocalProvider(settings)
+    provider = _provider(settings)
     if trace is not None or follow_trace:
         if rate is not None:
             raise SpecError("--rate and --trace exclude each other", hint="give one of them")
@@ -174,7 +181,9 @@ def _reclaim_at_random(
     count: int,
     notice: float,
 ) -> None:
-    ledger = Ledger(make_engine(settings.db_path))
+    from orchestrator.providers.local.chaos import ReclaimDraws
+
+    ledger = open_ledger(settings)
     draws = ReclaimDraws(seed, rate)
     console = make_console()
     done = 0
@@ -229,8 +238,10 @@ def _reclaim_by_capacity(
 ) -> None:
     """Take back the job's spot nodes that the local spot capacity (a trace replayed, or
     `orch local spot on|off`) no longer grants, read afresh every 0.2 s, until the job ends."""
+    from orchestrator.providers.local.chaos import excess_spot_nodes
+
     _job_nodes(settings, job_id)  # a local job that exists
-    ledger = Ledger(make_engine(settings.db_path))
+    ledger = open_ledger(settings)
     console = make_console()
     in_notice: set[str] = set()
     lock = threading.Lock()
@@ -281,6 +292,8 @@ def _start_trace(
     """Load a trace file and make local spot capacity follow it from now on."""
     if not math.isfinite(time_scale) or time_scale <= 0:
         raise SpecError(f"--time-scale must be a positive number, got {time_scale}")
+    from orchestrator.providers.traces import load_trace
+
     loaded = load_trace(path)
     if start_tick >= len(loaded):
         raise SpecError(
@@ -313,7 +326,7 @@ def spot(
     at --start-tick: a launch of N spot nodes is refused while the trace's value is below N.
     `on` or `off` ends the replay.
     """
-    provider = LocalProvider(load_settings())
+    provider = _provider(load_settings())
     console = make_console()
     if trace is not None:
         if state is not None:

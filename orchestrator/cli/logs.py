@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import duration
 from orchestrator.cli.output import make_console
 from orchestrator.cluster.log_lines import LogLine, LogReader
-from orchestrator.config import load_settings
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
 
@@ -88,10 +88,8 @@ def logs_command(
 
     The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
     first, oldest first; -f follows the log across rotations."""
-    from orchestrator.ledger.store import Ledger, make_engine
-
     settings = load_settings()
-    ledger = Ledger(make_engine(settings.db_path))
+    ledger = open_ledger(settings)
     job = ledger.get_job(job_id)
     if sum((rank is not None, node is not None, all_ranks)) > 1:
         raise SpecError("give one of --rank, --node and --all-ranks")

@@ -20,8 +20,8 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli.context import load_settings
 from orchestrator.cli.flags import DURATION_METAVAR, duration
-from orchestrator.config import load_settings
 from orchestrator.errors import SpecError
 
 DEFAULT_PORT = 5055

@@ -18,11 +18,9 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.output import make_console
-from orchestrator.config import load_settings
-from orchestrator.control.node_access import cluster_access, forwards
 from orchestrator.errors import SpecError
-from orchestrator.ledger.store import Ledger, make_engine
 
 __all__ = ["ssh_command", "ssh_config_command"]
 
@@ -44,6 +42,8 @@ def ssh_command(
     """Open a shell on a node of a running cluster, or run one command there (its exit code is
     passed through); -L forwards a port, e.g. to TensorBoard on node 0. Uses the cluster's own
     key and pinned host keys: nothing is written into ~/.ssh."""
+    from orchestrator.control.node_access import cluster_access, forwards
+
     tunnels = forwards(forward or [])
     if shutil.which("ssh") is None:
         raise SpecError(
@@ -51,7 +51,7 @@ def ssh_command(
             hint="install it (Debian: apt-get install openssh-client)",
         )
     settings = load_settings()
-    access = cluster_access(settings, Ledger(make_engine(settings.db_path)), name)
+    access = cluster_access(settings, open_ledger(settings), name)
     argv = access.ssh_argv(node, command=command or [], forwards=tunnels)
     # Ctrl-C belongs to the remote shell or command while ssh runs, not to this process.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -72,6 +72,8 @@ def ssh_config_command(name: NameArgument) -> None:
     """Print OpenSSH `Host` blocks for a running cluster's nodes (`orch-NAME-0`, ...), for your
     own tools: `orch ssh-config NAME >> ~/.ssh/config`, then `ssh orch-NAME-0`, scp or VS Code
     Remote. The blocks point at the cluster's key and pinned host keys under ORCH_HOME."""
+    from orchestrator.control.node_access import cluster_access
+
     settings = load_settings()
-    access = cluster_access(settings, Ledger(make_engine(settings.db_path)), name)
+    access = cluster_access(settings, open_ledger(settings), name)
     sys.stdout.write(access.ssh_config())

@@ -15,17 +15,16 @@ import math
 import sys
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from orchestrator.cli.output import make_console
 from orchestrator.errors import SpecError
-from orchestrator.providers.traces import load_trace
-from orchestrator.spot.policies import POLICY_NAMES, get_policy
-from orchestrator.spot.simulate import Prices, Scenario, simulate
-from orchestrator.spot.sweep import sweep
+
+if TYPE_CHECKING:  # the simulator is imported when the command runs, not when the app is built
+    from orchestrator.spot.simulate import Prices
 
 __all__ = ["simulate_command"]
 
@@ -103,6 +102,9 @@ def simulate_command(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """Cost and finish time of each spot policy on a spot availability trace."""
+    from orchestrator.spot.policies import POLICY_NAMES, get_policy
+    from orchestrator.spot.simulate import Prices
+
     names = list(dict.fromkeys(policy or POLICY_NAMES))
     for name in names:
         get_policy(name)  # unknown names fail here, before any work
@@ -145,6 +147,10 @@ def _run_one(
     start_hour: float,
     json_out: bool,
 ) -> None:
+    from orchestrator.providers.traces import load_trace
+    from orchestrator.spot.policies import get_policy
+    from orchestrator.spot.simulate import Scenario, simulate
+
     data = load_trace(trace_path)
     start_tick = int(start_hour * 3600 // data.gap_s)
     if start_tick >= len(data):
@@ -194,7 +200,9 @@ def _run_sweep(
     starts: int,
     out_dir: Path,
 ) -> None:
+    from orchestrator.providers.traces import load_trace
     from orchestrator.report.sweep import write_report  # matplotlib: only when sweeping
+    from orchestrator.spot.sweep import sweep
 
     loaded = [load_trace(path) for path in traces]
     cells = sweep(
