@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import secrets
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import String, event, inspect, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
@@ -142,6 +144,7 @@ class LedgerMeta(SQLModel, table=True):
 
 
 LEDGER_ID_KEY = "ledger_id"
+SCHEMA_KEY = "schema"  # see `schema_fingerprint`
 
 
 class Event(SQLModel, table=True):
@@ -211,10 +214,43 @@ def make_engine(path: Path | str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
+    if _schema_stamp(engine) == schema_fingerprint():
+        return engine  # this orch's tables and columns are all there: nothing to check
     with _schema_lock(path):
         SQLModel.metadata.create_all(engine)
         _add_missing_columns(engine)
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO ledger_meta (key, value) VALUES (:key, :value) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                ),
+                {"key": SCHEMA_KEY, "value": schema_fingerprint()},
+            )
     return engine
+
+
+def schema_fingerprint() -> str:
+    """A digest of every table and column this orch's models define: a ledger stamped with
+    it needs no check on open. A new table or column changes it, so an older ledger is
+    brought up to date (once) by the first command of the newer orch."""
+    layout = sorted(
+        (table.name, sorted(column.name for column in table.columns))
+        for table in SQLModel.metadata.sorted_tables
+    )
+    return hashlib.blake2b(repr(layout).encode(), digest_size=16).hexdigest()
+
+
+def _schema_stamp(engine: Engine) -> str | None:
+    """The fingerprint the ledger was last brought up to date with; None for a new ledger
+    (or one that predates the stamp)."""
+    try:
+        with engine.connect() as connection:
+            return connection.execute(
+                text("SELECT value FROM ledger_meta WHERE key = :key"), {"key": SCHEMA_KEY}
+            ).scalar_one_or_none()
+    except OperationalError:  # no ledger_meta table yet
+        return None
 
 
 @contextlib.contextmanager

@@ -92,3 +92,34 @@ def test_an_older_ledger_gains_the_new_columns(tmp_path: Path) -> None:
     assert job.step == 5 and job.loss is None and job.stop_state is None
     ledger.update_job("old", loss=0.5)
     assert ledger.get_job("old").loss == 0.5
+
+
+def _job_columns(path: Path) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return {row[1] for row in db.execute("PRAGMA table_info(job)")}
+
+
+def test_the_schema_is_checked_once_then_trusted_until_orch_s_models_change(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    from orchestrator.ledger.store import SCHEMA_KEY, schema_fingerprint
+
+    path = tmp_path / "orch.db"
+    make_engine(path).dispose()  # a new ledger: created, then stamped
+    with sqlite3.connect(path) as db:
+        stamp = db.execute("SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)).fetchone()
+        assert stamp == (schema_fingerprint(),)
+        db.execute("ALTER TABLE job DROP COLUMN identity")  # behind orch's back
+    make_engine(path).dispose()
+    assert "identity" not in _job_columns(path)  # a stamped ledger is not inspected again
+    with sqlite3.connect(path) as db:  # as if written by an orch whose models differed
+        db.execute("UPDATE ledger_meta SET value = 'older' WHERE key = ?", (SCHEMA_KEY,))
+    make_engine(path).dispose()
+    assert "identity" in _job_columns(path)
+    with sqlite3.connect(path) as db:
+        stamp = db.execute("SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)).fetchone()
+        assert stamp == (schema_fingerprint(),)
