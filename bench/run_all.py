@@ -315,7 +315,36 @@ def parse_guard_billing(text: str) -> list[Figure]:
     ]
 
 
+_STARTUP = re.compile(
+    rf"^  (?P<name>orch [a-z -]+?)\s+(?P<ours>{_NUMBER}) s\s+baseline\s+(?P<base>{_NUMBER}) s\s+"
+    rf"ratio\s+{_NUMBER}(?:\s+target <= (?P<bound>{_NUMBER}) s)?",
+    re.MULTILINE,
+)
+
+
+def parse_cli_startup(text: str) -> list[Figure]:
+    return [
+        Figure(
+            name=m.group("name"),
+            value=float(m.group("ours")),
+            unit="s",
+            baseline=float(m.group("base")),
+            baseline_name="python -c 'import typer, rich.console'",
+            target=f"<= {m.group('bound')} s" if m.group("bound") else "",
+            bound=float(m.group("bound")) if m.group("bound") else None,
+        )
+        for m in _STARTUP.finditer(text)
+    ]
+
+
 BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark(
+        "cli_startup",
+        "Command start-up: `orch --help`, and `orch status` / `orch cost` on 100 jobs",
+        "the interpreter importing typer and rich.console, in the same run",
+        parse_cli_startup,
+        quick_args=("--repeats", "3"),
+    ),
     Benchmark(
         "launch_overhead",
         "Launch overhead: nodes up -> every rank started (2 nodes x 2 processes)",

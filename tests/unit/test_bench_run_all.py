@@ -147,6 +147,23 @@ def test_the_guard_billing_figure_is_read_with_its_bound() -> None:
     assert run_all.parse_guard_billing("guarded nodes still up 63 s after the kill") == []
 
 
+def test_the_start_up_figures_are_read_with_their_targets() -> None:
+    text = (
+        "\nCommand start-up, 100 jobs in the ledger  (machine: 2 cores, 23 GiB RAM; medians of "
+        "3; baseline: python -c 'import typer, rich.console' 0.137 s)\n"
+        "  orch --help           0.212 s   baseline  0.137 s   ratio  1.55   target <= 0.3 s: met\n"
+        "  orch --version        0.201 s   baseline  0.137 s   ratio  1.47\n"
+        "  orch status           0.612 s   baseline  0.137 s   ratio  4.47   target <= 0.5 s: "
+        "NOT met\n"
+    )
+    help_, version, status = run_all.parse_cli_startup(text)
+    assert (help_.name, help_.value, help_.baseline, help_.bound, help_.met) == (
+        "orch --help", 0.212, 0.137, 0.3, True,
+    )  # fmt: skip
+    assert (version.name, version.met, version.target) == ("orch --version", None, "")
+    assert (status.name, status.met) == ("orch status", False)
+
+
 @pytest.mark.parametrize(
     "module", sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 )
