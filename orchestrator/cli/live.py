@@ -54,17 +54,41 @@ def live_view(doc: dict, budget_usd: Decimal | None = None) -> RenderableType:
     return Group(*parts)
 
 
+def change_lines(before: dict | None, doc: dict) -> list[str]:
+    """The plain lines a piped watch prints for what changed from status document `before`
+    (None: the first look) to `doc`: one for the job when its state, step, loss or spend (to
+    the cent) moved, one per new event. Pure."""
+    now = (doc["state"], doc["step"], doc.get("loss"), round(doc["spend_usd"], 2))
+    was = None
+    if before is not None:
+        was = (before["state"], before["step"], before.get("loss"), round(before["spend_usd"], 2))
+    lines = []
+    if now != was:
+        parts = [doc["state"], "no step yet" if doc["step"] is None else f"step {doc['step']}"]
+        if doc.get("loss") is not None:
+            parts.append(f"loss {doc['loss']:.4f}")
+        parts.append(f"spend ${doc['spend_usd']:.4f}")
+        if JobState(doc["state"]).is_final and doc.get("reason"):
+            parts.append(doc["reason"].splitlines()[0])
+        lines.append(f"{doc['id']} " + " | ".join(parts))
+    seen = len(before.get("events", [])) if before is not None else 0
+    for event in doc.get("events", [])[seen:]:
+        message = event["message"].splitlines()[0] if event["message"] else ""
+        lines.append(f"{doc['id']} event {event['at'][11:19]} {event['kind']} {message}".rstrip())
+    return lines
+
+
 def watch_job(
     settings: Settings, ledger: Ledger, job_id: str, *, interval: float, console: Console
 ) -> dict:
     """Show the job live, re-read every `interval` seconds, until it is final; returns its
-    last status document. On a console that is not a terminal only a first line and the
-    final view are printed. KeyboardInterrupt (Ctrl-C) leaves the last view on screen and
-    propagates; the job itself goes on."""
+    last status document. On a console that is not a terminal (a pipe, a file) a plain line is
+    printed for each change instead (`change_lines`), as it happens. KeyboardInterrupt
+    (Ctrl-C) leaves the last view on screen and propagates; the job itself goes on."""
     job = ledger.get_job(job_id)
     budget = budget_from_spec(job.spec_json)
-    if not console.is_terminal:  # nothing is shown until the end: say what is going on
-        console.print(f"watching {job_id} until it ends (every {interval:g} s)", highlight=False)
+    if not console.is_terminal:
+        return _print_changes(settings, ledger, job_id, interval=interval, console=console)
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             job = ledger.get_job(job_id)
@@ -72,13 +96,34 @@ def watch_job(
             live.update(live_view(doc, budget), refresh=True)
             if JobState(job.state).is_final:
                 return doc
-            if revive_controllers(settings, ledger, [job_id]):
-                live.console.print(
-                    revived_line(job_id, refused_by_last_controller(ledger, job_id)),
-                    highlight=False,
-                    markup=False,
-                )
+            _revive(settings, ledger, job_id, live.console)
             time.sleep(interval)
+
+
+def _revive(settings: Settings, ledger: Ledger, job_id: str, console: Console) -> None:
+    if revive_controllers(settings, ledger, [job_id]):
+        console.print(
+            revived_line(job_id, refused_by_last_controller(ledger, job_id)),
+            highlight=False,
+            markup=False,
+        )
+
+
+def _print_changes(
+    settings: Settings, ledger: Ledger, job_id: str, *, interval: float, console: Console
+) -> dict:
+    before: dict | None = None
+    while True:
+        job = ledger.get_job(job_id)
+        doc = job_document(ledger, settings, job)
+        for line in change_lines(before, doc):
+            console.print(line, highlight=False, markup=False)
+        console.file.flush()
+        before = doc
+        if JobState(job.state).is_final:
+            return doc
+        _revive(settings, ledger, job_id, console)
+        time.sleep(interval)
 
 
 def watch_command(
