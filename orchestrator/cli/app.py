@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -74,6 +75,22 @@ def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
         raise typer.Exit(130)
 
 
+def _print_environment(spec: JobSpec) -> None:
+    """The run's own variables in a dry run: env values shown, secrets by name only."""
+    console = make_console()
+    for name, value in spec.env.items():
+        console.print(f"  env {name}={value}", markup=False, highlight=False)
+    for name in spec.secrets:
+        console.print(f"  secret {name} (value hidden)", markup=False, highlight=False)
+
+
+def _assignments(flag: str, what: str) -> typer.models.OptionInfo:
+    """A repeatable `flag NAME[=VALUE]` option (`spec.loading.assignment_overrides` reads it)."""
+    return typer.Option(
+        flag, metavar="NAME[=VALUE]", help=f"set {what}; without =VALUE: this shell's $NAME"
+    )
+
+
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -109,6 +126,10 @@ def submit(
             "--yes", "-y", help="launch without asking, even on a paid provider with no budget"
         ),
     ] = False,
+    env: Annotated[list[str] | None, _assignments("--env", "env.NAME")] = None,
+    secret: Annotated[
+        list[str] | None, _assignments("--secret", "secrets.NAME, never shown")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
@@ -121,6 +142,7 @@ def submit(
     """
     from orchestrator.control import commands
     from orchestrator.report.documents import job_document
+    from orchestrator.spec.loading import assignment_overrides
 
     if dry_run and detach:
         raise SpecError(
@@ -135,6 +157,8 @@ def submit(
         "resources.spot": spot,
         "budget.max_cost_usd": max_cost,
         "budget.idle_timeout": idle_timeout,
+        **assignment_overrides("--env", "env", env or [], os.environ),
+        **assignment_overrides("--secret", "secrets", secret or [], os.environ),
     }
     prepared = commands.prepare_submit(settings, job_file, overrides)
     loaded, plan = prepared.loaded, prepared.plan
@@ -156,6 +180,7 @@ def submit(
             )
             for note in plan.notes:
                 make_console().print(f"  {note}", highlight=False)
+            _print_environment(loaded.spec)
         return
     commands.check_hourly_cap(prepared)
     if not yes:

@@ -192,6 +192,6 @@ def launch_plan(
         node_ips=[i.private_ip for i in instances],
         checkpoint_dir=parts.layout.node_path(spec.checkpoint.dir),
         resume_from=resume_from,
-        user_env=dict(spec.env),
+        user_env={**spec.env, **spec.secrets},
         launcher=spec.launcher,
     )

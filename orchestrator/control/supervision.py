@@ -143,18 +143,18 @@ def refused_by_last_controller(ledger: Ledger, job_id: str) -> str | None:
 # --- what a controller needs to drive a job without the original command line -------------
 
 JOB_RECORD = "job.json"
-JOB_SECRETS = "env.json"  # the spec's env values: the one copy orch keeps, 0600
+JOB_SECRETS = "env.json"  # the spec's secrets' values: the one copy orch keeps, 0600
 
 
 def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
     """Keep the loaded spec (flags applied, paths resolved) for detached and adopting runs.
 
-    The spec's `env` values may be secrets: job.json shows only their names, and the values
-    go to env.json beside it, readable by the owner only (written 0600 from the start).
+    job.json shows only the names of the spec's `secrets`; their values go to env.json beside
+    it, readable by the owner only (written 0600 from the start).
     """
     directory = settings.job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=True)
-    _write_private_json(directory / JOB_SECRETS, {"env": dict(loaded.spec.env)})
+    _write_private_json(directory / JOB_SECRETS, {"secrets": dict(loaded.spec.secrets)})
     record = {
         "spec": loaded.spec.public_document(),
         "source": str(loaded.source),
@@ -179,13 +179,14 @@ def _write_private_json(path: Path, document: object) -> None:
 
 
 def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
-    """The job as `save_job_record` kept it, env values included."""
+    """The job as `save_job_record` kept it, secrets' values included."""
     directory = settings.job_dir(job_id)
     record = json.loads((directory / JOB_RECORD).read_text())
     spec = record["spec"]
     secrets = directory / JOB_SECRETS
     if secrets.exists():  # records written before env.json existed hold the values inline
-        spec["env"] = json.loads(secrets.read_text())["env"]
+        # {"secrets": ...}; records written before secrets existed keep {"env": ...} here
+        spec.update(json.loads(secrets.read_text()))
     return LoadedJob(
         spec=JobSpec.model_validate(spec),
         source=Path(record["source"]),

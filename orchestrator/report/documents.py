@@ -60,7 +60,8 @@ def checkpoint_document(record: CheckpointRecord, mirror: Path) -> dict[str, Any
 
 def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
     """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
-    spend_usd, checkpoints, recoveries; plus leases and events when `detail`)."""
+    spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
+    and the names of its `secrets`, never their values)."""
     now = utcnow()
     leases = ledger.leases(job.id)
     checkpoints = ledger.checkpoints(job.id, live_only=True)
@@ -87,6 +88,9 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         "checkpoints": [checkpoint_document(c, mirror) for c in checkpoints],
     }
     if detail:
+        spec = json.loads(job.spec_json or "{}")  # the public document: secrets' values hidden
+        doc["env"] = spec.get("env", {})
+        doc["secrets"] = sorted(spec.get("secrets", {}))  # names only
         doc["gpus"] = [
             {
                 "node": sample.rank,

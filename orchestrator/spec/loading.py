@@ -11,7 +11,7 @@ import difflib
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,15 @@ from orchestrator.spec.model import (
     Resources,
 )
 from orchestrator.spec.skypilot import from_skypilot, looks_like_skypilot, task_loc
-from orchestrator.spec.values import MAX_DURATION_S, _kind, _local_path, _one_line, _show
+from orchestrator.spec.values import (
+    _ENV_NAME_RE,
+    MAX_DURATION_S,
+    _kind,
+    _local_path,
+    _one_line,
+    _show,
+    expand_references,
+)
 
 # --------------------------------------------------------------------------------------------
 # Loading
@@ -74,12 +82,17 @@ class _Problem:
 
 
 def load_job(
-    path: str | os.PathLike[str], overrides: Mapping[str, object] | None = None
+    path: str | os.PathLike[str],
+    overrides: Mapping[str, object] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> LoadedJob:
     """Read, override, validate and resolve the job spec at `path`.
 
-    `overrides` maps dotted keys (`resources.nodes`, `budget.max_cost_usd`, `provider`) to values
-    that replace the file's before validation; None values are skipped. Raises SpecError, with
+    `overrides` maps dotted keys (`resources.nodes`, `budget.max_cost_usd`, `provider`,
+    `env.NAME`) to values that replace the file's before validation; None values are skipped.
+    `environ` is the submitting shell's environment (None: this process's), which `env` and
+    `secrets` values are resolved against (see `resolve_environment`). Raises SpecError, with
     every problem found, one per line; never any other exception for bad input.
     """
     source = Path(path)
@@ -100,13 +113,15 @@ def load_job(
         raw, refused = from_skypilot(raw, source.stem)
         translated = [_Problem(loc, message) for loc, message in refused]
     applied = _apply_overrides(raw, overrides or {}, source, root)
+    resolved = resolve_environment(raw, os.environ if environ is None else environ)
 
-    problems: list[_Problem] = []
+    problems: list[_Problem] = list(resolved)
     spec: JobSpec | None = None
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        problems.extend(_problem_from_error(err) for err in exc.errors())
+        found = (_problem_from_error(err) for err in exc.errors())
+        problems.extend(p for p in found if p.loc not in {r.loc for r in resolved})
     problems.extend(_path_problems(raw, source.parent, {p.loc for p in problems}))
     if task:
         problems = translated + [replace(p, loc=task_loc(p.loc)) for p in problems]
@@ -299,6 +314,79 @@ def _apply_overrides(
         target[parts[-1]] = value
         applied[parts] = key
     return applied
+
+
+_UNSET_IN_ENV = (
+    "export it before orch submit, or, for a token, list the variable under `secrets:` "
+    "(write $$ for a literal $)"
+)
+_UNSET_IN_SECRETS = "export it before orch submit (write $$ for a literal $)"
+
+
+def resolve_environment(raw: dict[Any, Any], environ: Mapping[str, str]) -> list[_Problem]:
+    """Resolve the `env` and `secrets` values of `raw` (in place) against the submitting
+    shell's `environ`: `${NAME}` and `$NAME` become NAME's value and `$$` one `$`, and a
+    secret with no value (null) takes the value of the variable of its own name. Returns a
+    problem for each value that names a variable `environ` lacks; other values (not strings,
+    a mapping that is not one) are left for validation to report.
+    """
+    problems: list[_Problem] = []
+    for section in ("env", "secrets"):
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        for name, value in values.items():
+            loc: Loc = (section, str(name))
+            if section == "secrets" and value is None:
+                if str(name) in environ:
+                    values[name] = environ[str(name)]
+                else:
+                    problems.append(
+                        _Problem(
+                            loc,
+                            f"has no value and {name} is not set in the submitting shell: "
+                            f"export {name}=... before orch submit, or pass "
+                            f"--secret {name}=VALUE",
+                        )  # fmt: skip
+                    )
+            elif isinstance(value, str):
+                hint = _UNSET_IN_ENV if section == "env" else _UNSET_IN_SECRETS
+                try:
+                    values[name] = expand_references(value, environ, unset_hint=hint)
+                except ValueError as exc:
+                    problems.append(_Problem(loc, str(exc)))
+    return problems
+
+
+def assignment_overrides(
+    flag: str, section: str, items: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The overrides (`section.NAME` -> value) of repeated `flag NAME[=VALUE]` arguments
+    (`--env`, `--secret`); a NAME without `=VALUE` takes the value of NAME in `environ`, the
+    submitting shell. The values are taken as written: a `$` in them is kept (escaped for
+    `resolve_environment`). The last of a repeated NAME wins.
+
+    Raises SpecError (exit 2) for a name that is not a variable name and for a NAME without
+    a value that `environ` does not hold, naming it and saying how to give it.
+    """
+    overrides: dict[str, str] = {}
+    for item in items:
+        name, given, value = item.partition("=")
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise SpecError(
+                f"{flag} {_show(item)}: {_show(name)} is not a variable name",
+                hint=f"write {flag} NAME=VALUE, or {flag} NAME to take $NAME from this shell "
+                "(letters, digits and '_', not starting with a digit)",
+            )
+        if not given:
+            if name not in environ:
+                raise SpecError(
+                    f"{flag} {name}: {name} is not set in this shell",
+                    hint=f"export {name}=... before orch submit, or pass {flag} {name}=VALUE",
+                )
+            value = environ[name]
+        overrides[f"{section}.{name}"] = value.replace("$", "$$")
+    return overrides
 
 
 def _path_problems(raw: dict[Any, Any], base_dir: Path, known: set[Loc]) -> list[_Problem]:
@@ -505,7 +593,13 @@ def _override_for(
 
 
 def _flag(key: str) -> str:
+    section, _, name = key.partition(".")
+    if section in _ASSIGNMENT_FLAGS and name:
+        return f"{_ASSIGNMENT_FLAGS[section]} {name}"
     return OVERRIDE_FLAGS.get(key, f"override {key}")
+
+
+_ASSIGNMENT_FLAGS = {"env": "--env", "secrets": "--secret"}
 
 
 def _line_of(root: yaml.Node | None, loc: Loc | tuple[str, ...]) -> int | None:

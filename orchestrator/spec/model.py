@@ -11,7 +11,8 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     checkpoint: {dir: ~/ckpt, pull_every: 60, store: s3://bucket/prefix, mirror: latest}
     budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
     recovery: {max_recoveries: 5}
-    env: {NCCL_DEBUG: WARN}
+    env: {NCCL_DEBUG: WARN, RUN_NAME: "${USER}-cifar"}   # ${VAR}: from the submitting shell
+    secrets: {WANDB_API_KEY: null}  # null: the submitting shell's $WANDB_API_KEY; never shown
     deadline: 36h                   # or an absolute time: 2025-07-01T18:00:00Z
     spot_policy: uniform-progress   # greedy, on-demand, spot-only; unset: resources.spot decides
 
@@ -25,6 +26,11 @@ Contract of `orchestrator.spec.loading.load_job(path, overrides)`:
   problem on its own line, naming the field by its dotted path (`resources.nodes`,
   `data[0].src`) and the YAML line it is on (or the line of its nearest existing parent), or the
   command-line flag it came from (`--nodes`). Unknown fields get a "did you mean" suggestion.
+- `env` and `secrets` values are resolved against the submitting shell's environment
+  (`load_job`'s `environ`) before validation: `${NAME}` and `$NAME` become NAME's value, `$$`
+  a literal `$`, and a secret without a value takes the shell's variable of its own name; an
+  unset variable is a SpecError naming it. `JobSpec.model_validate` itself expands nothing:
+  the values it gets are final (a stored record validates to the same spec).
 - On success it returns a `LoadedJob` holding the validated `JobSpec` and the resolved local
   paths. `JobSpec.model_dump(mode="json")` round-trips through `JobSpec.model_validate`.
 
@@ -62,6 +68,7 @@ from orchestrator.spec.values import (
     EnvName,
     EnvValue,
     Seconds,
+    SecretValue,
     SpotPolicyName,
     Usd,
     _check_node_path_text,
@@ -331,10 +338,10 @@ class Recovery(_Model):
     max_recoveries: Count = Field(default=3, ge=0, description="0 disables recovery")
 
 
-ENV_HIDDEN = "(hidden)"
-"""What `JobSpec.public_document` shows instead of an `env` value."""
+SECRET_HIDDEN = "(hidden)"
+"""What `JobSpec.public_document` shows instead of a `secrets` value."""
 
-_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env")
+_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env", "secrets")
 
 
 class JobSpec(_Model):
@@ -366,8 +373,13 @@ class JobSpec(_Model):
     recovery: Recovery = Field(default_factory=Recovery, description="spot/node-loss recovery")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
-        description="extra environment variables for setup and run; the values are treated as "
-        "secrets (see `public_document`)",
+        description="extra environment variables for setup and run: settings, shown by status "
+        "and dry runs; ${VAR} or $VAR is the submitting shell's VAR, $$ a literal $",
+    )
+    secrets: dict[EnvName, SecretValue] = Field(
+        default_factory=dict,
+        description="environment variables for setup and run whose values are never shown or "
+        "kept in the ledger; null: the submitting shell's variable of the same name",
     )
     provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
     deadline: Deadline | None = Field(
@@ -387,6 +399,16 @@ class JobSpec(_Model):
         if isinstance(data, dict) and any(data.get(k, 0) is None for k in _SECTIONS):
             return {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}
         return data
+
+    @model_validator(mode="after")
+    def _env_apart_from_secrets(self) -> JobSpec:
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} is in both env and secrets: keep it in one "
+                "(secrets: for a token, env: for a setting)"
+            )
+        return self
 
     @field_validator("name")
     @classmethod
@@ -458,10 +480,11 @@ class JobSpec(_Model):
 
     def public_document(self) -> dict[str, Any]:
         """The spec as JSON data for places other people or programs read (the ledger, the
-        job record, dry-run output): `env` values may be tokens, so each is replaced by
-        `ENV_HIDDEN`; the names stay. `model_dump` still holds the values."""
+        job record, dry-run output): each `secrets` value is replaced by `SECRET_HIDDEN`, the
+        names stay; `env` values are settings and are shown. `model_dump` still holds the
+        secrets' values."""
         document = self.model_dump(mode="json")
-        document["env"] = dict.fromkeys(document["env"], ENV_HIDDEN)
+        document["secrets"] = dict.fromkeys(document["secrets"], SECRET_HIDDEN)
         return document
 
     def workdir_path(self, base_dir: Path) -> Path:

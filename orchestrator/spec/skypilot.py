@@ -32,9 +32,9 @@ from typing import Any
 Loc = tuple[str | int, ...]
 Problem = tuple[Loc, str]  # where (in the task file), what is wrong
 
-SKYPILOT_TOP = ("num_nodes", "envs", "file_mounts", "secrets", "service", "config")
+SKYPILOT_TOP = ("num_nodes", "envs", "file_mounts", "service", "config")
 SKYPILOT_RESOURCES = ("accelerators", "use_spot", "disk_size", "cloud", "infra")
-SHARED_TOP = ("name", "workdir", "setup", "run")
+SHARED_TOP = ("name", "workdir", "setup", "run", "secrets")
 ORCH_EXTRAS = ("budget", "checkpoint", "recovery", "deadline", "spot_policy", "provider")
 _CLOUDS = {"aws": "aws"}  # SkyPilot's cloud names that orch serves, to orch's providers
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?::(\d+))?$")
@@ -78,7 +78,6 @@ _SEE_DOCS = "docs/spec.md (SkyPilot task files) lists the fields orch takes"
 _HINTS = {
     "env": "a SkyPilot task gives it as envs",
     "data": "a SkyPilot task gives it as file_mounts",
-    "secrets": "put the values in envs for now",
     "service": "orch runs training jobs, not services",
     "config": "orch's settings live in ORCH_HOME/config.yaml",
 }

@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import re
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
@@ -133,6 +134,53 @@ def _env_value(value: object) -> object:
     raise ValueError(f"must be a string, number or boolean, got {_show(value)}")
 
 
+def _env_value_given(value: object) -> object:
+    """An `env` value: as `_env_value`, and a missing one (YAML null) refused with a hint."""
+    if value is None:
+        raise ValueError(
+            "has no value: give it one, or, for a token, list it under `secrets:` instead, "
+            "where no value means the value of the same variable in the submitting shell"
+        )
+    return _env_value(value)
+
+
+def _secret_value(value: object) -> object:
+    """A `secrets` value: a string, number or boolean, never echoed in a message."""
+    if isinstance(value, str | bool | int | float | Decimal):
+        return _env_value(value)
+    raise ValueError("must be a string, number or boolean (its value is not shown)")
+
+
+_REFERENCE_RE = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}?|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand_references(text: str, environ: Mapping[str, str], *, unset_hint: str) -> str:
+    """`text` with each `${NAME}` and `$NAME` replaced by NAME's value in `environ`, and each
+    `$$` by one literal `$`; a `$` followed by anything else stays as it is.
+
+    Raises ValueError naming the first NAME that `environ` does not hold (then `unset_hint`,
+    what to do about it), or a `${...}` that is not a plain name (no shell defaults such as
+    `${A:-x}`). The values put in are not expanded again.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group("plain") or match.group("braced")
+        if match.group("braced") is not None and (
+            not match.group(0).endswith("}") or not _ENV_NAME_RE.fullmatch(name or "")
+        ):
+            raise ValueError(
+                f"{_show(match.group(0))} is not a variable reference orch expands: write "
+                "${NAME} or $NAME for a variable of the submitting shell, $$ for a literal $"
+            )
+        if name not in environ:
+            raise ValueError(f"${{{name}}} is not set in the submitting shell: {unset_hint}")
+        return environ[name]
+
+    return _REFERENCE_RE.sub(replace, text)
+
+
 Count = Annotated[int, BeforeValidator(_not_bool)]
 """A whole number; YAML true/false refused."""
 
@@ -161,7 +209,8 @@ SpotPolicyName = Literal["uniform-progress", "greedy", "on-demand", "spot-only"]
 _DEADLINE_POLICIES = ("uniform-progress", "greedy")
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
+EnvValue = Annotated[str, BeforeValidator(_env_value_given)]
+SecretValue = Annotated[str, BeforeValidator(_secret_value)]
 
 
 def _check_path_text(value: str) -> str:

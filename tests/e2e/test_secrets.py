@@ -1,17 +1,21 @@
 """Planted secrets and the cluster's private key show up nowhere they should not.
 
 A job runs on real local nodes while an AWS secret and a session token sit in the user's
-environment and two tokens sit in the spec's `env`. While it runs, the command line of every
-process on this machine is read, and the environment of the node's processes; after it ends,
-every file under ORCH_HOME (the ledger with its WAL, logs, job record, checkpoints) and the
-output of the read commands are searched. The spec's env values may exist in exactly two
-places: `jobs/<id>/env.json` (0600) and the node's launch script (0700), and they must reach
-the run command intact. Keys are 0600 in a 0700 directory.
+environment and two tokens are the job's `secrets`: one listed in the spec without a value,
+one given as `--secret NAME`, both taken from the submitting shell. While it runs, the command
+line of every process on this machine is read, and the environment of the node's processes;
+after it ends, every file under ORCH_HOME (the ledger with its WAL, logs, job record,
+checkpoints) and the output of the read commands are searched. The secrets' values may exist
+in exactly two places: `jobs/<id>/env.json` (0600) and the node's launch script (0700), and
+they must reach the run command intact. The spec's `env` values are settings: they reach the
+run too (one expanded from the shell, one given as `--env`) and show in the dry run and in
+`orch status`. Keys are 0600 in a 0700 directory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import stat
 import time
 import uuid
@@ -65,30 +69,37 @@ def _cmdlines() -> dict[int, bytes]:
 def test_no_secret_in_logs_ledger_status_or_process_arguments(tmp_path: Path) -> None:
     aws_secret, token = _secret("aws"), _secret("token")
     spec_secrets = {"WANDB_API_KEY": _secret("wandb"), "HF_TOKEN": _secret("hf")}
+    settings = {"PLAIN": "plain-setting-shown", "LEVEL": "3"}
     home = tmp_path / "orch"
     env = orch_env(
         home, ORCH_LOCAL_PRICE_PER_HOUR="0.1", AWS_SECRET_ACCESS_KEY=aws_secret,
-        AWS_SESSION_TOKEN=token, AWS_ACCESS_KEY_ID="AKIAPLANTED",
+        AWS_SESSION_TOKEN=token, AWS_ACCESS_KEY_ID="AKIAPLANTED", PLAIN_PART="plain",
+        **spec_secrets,
     )  # fmt: skip
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / "check.py").write_text(CHECK)
-    digests = [
-        x for k, v in spec_secrets.items() for x in (k, hashlib.sha256(v.encode()).hexdigest())
-    ]
+    expected = {**spec_secrets, **settings}
+    digests = [x for k, v in expected.items() for x in (k, hashlib.sha256(v.encode()).hexdigest())]
     spec = {
         "name": "secrets",
         "workdir": "work",
         "run": "python check.py " + " ".join(digests),
         "resources": {"nodes": 2, "gpus_per_node": 1},
-        "env": {**spec_secrets, "PLAIN": "shown-nowhere-either"},
+        "env": {"PLAIN": "${PLAIN_PART}-setting-shown"},
+        "secrets": {"HF_TOKEN": None},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
-    dry = run_orch(["submit", str(tmp_path / "job.yaml"), "--dry-run", "--json"], env, timeout=60)
+    flags = ["--secret", "WANDB_API_KEY", "--env", "LEVEL=3"]
+    dry = run_orch(
+        ["submit", str(tmp_path / "job.yaml"), *flags, "--dry-run", "--json"], env, timeout=60
+    )
     assert dry.returncode == 0, dry.stderr
-    assert '"HF_TOKEN": "(hidden)"' in dry.stdout
+    shown = json.loads(dry.stdout)["spec"]
+    assert shown["secrets"] == {"HF_TOKEN": "(hidden)", "WANDB_API_KEY": "(hidden)"}
+    assert shown["env"] == settings
     assert not any(v in dry.stdout for v in spec_secrets.values())
-    result = run_orch(["submit", str(tmp_path / "job.yaml"), "--detach"], env, timeout=120)
+    result = run_orch(["submit", str(tmp_path / "job.yaml"), *flags, "--detach"], env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.strip().splitlines()[-1]
 
@@ -125,7 +136,8 @@ def test_no_secret_in_logs_ledger_status_or_process_arguments(tmp_path: Path) ->
     assert looks >= 3
     job = wait_for_state(job_id, env, {"SUCCEEDED"}, timeout=180)
 
-    # The run command saw the spec's env intact, and nothing forwarded from the controller.
+    # The run command saw the secrets and the env intact, and nothing forwarded from the
+    # controller.
     verdict = (home / "jobs" / job_id / "checkpoints" / "verdict.txt").read_text()
     assert verdict == "spec env intact: True; forwarded from the controller: []"
 
@@ -147,11 +159,12 @@ def test_no_secret_in_logs_ledger_status_or_process_arguments(tmp_path: Path) ->
         searched += 1
         for what, needle in needles.items():
             assert needle not in data, f"{what} in {path.relative_to(home)}"
-        assert b"shown-nowhere-either" not in data, path
     assert searched >= 5
     assert (home / "orch.db").exists() and (home / "jobs" / job_id / "job.json").exists()
 
-    # Nor what the read commands print.
+    # The settings show in orch status; nor does what the read commands print hold a secret.
+    assert job_json(job_id, env)["env"] == settings
+    assert "PLAIN=plain-setting-shown, LEVEL=3" in run_orch(["status", job_id], env).stdout
     for args in (
         ["status", "--json"], ["status", job_id, "--json"], ["status", job_id], ["status"],
         ["cost", "--json"], ["logs", job_id], ["logs", job_id, "--node", "1"],

@@ -86,7 +86,8 @@ def test_hostile_run_setup_env_and_paths_reach_the_node_exactly(tmp_path: Path) 
         "run": shlex.join(["python", "echo_back.py", dst, *VALUES]),
         "resources": {"nodes": 1, "gpus_per_node": 1},
         "checkpoint": {"dir": f"ck {NAME}", "pull_every": 2},
-        "env": {f"V_{i}": value for i, value in enumerate(VALUES)},
+        # $$ is a literal $ in an env value (a bare $NAME would be this shell's NAME)
+        "env": {f"V_{i}": value.replace("$", "$$") for i, value in enumerate(VALUES)},
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False))

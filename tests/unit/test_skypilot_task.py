@@ -92,7 +92,6 @@ def test_each_way_of_writing_one_accelerator(accelerators: object, name: str, co
         ("envs: {HF_TOKEN: null}", "envs.HF_TOKEN", "has no value"),
         ("file_mounts: {/ckpt: s3://bucket/x}", "file_mounts./ckpt", "local paths only"),
         ("file_mounts: {/ckpt: {source: s3://b, mode: MOUNT}}", "file_mounts./ckpt", "bucket"),
-        ("num_nodes: 1\nsecrets: {HF_TOKEN: null}", "secrets", "envs"),
         ("num_nodes: 1\nservice: {replicas: 2}", "service", "not services"),
         ("num_nodes: 1\nenv: {A: b}", "env", "envs"),
     ],
