@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -29,6 +31,7 @@ class RichReporter:
         )
         self._task = self._progress.add_task("submitted", job=job_id, total=None)
         self._phase = "submitted"
+        self._first: tuple[float, int] | None = None  # (monotonic time, step) of the first report
 
     def __enter__(self) -> RichReporter:
         self._progress.start()
@@ -43,7 +46,10 @@ class RichReporter:
         self._progress.console.print(f"[cyan]orch[/] {self.job_id}: {text}")
 
     def metrics(self, metrics: Metrics) -> None:
-        parts = [f"step {metrics.step}"]
+        now = time.monotonic()
+        if self._first is None or metrics.step < self._first[1]:  # a restart from scratch
+            self._first = (now, metrics.step)
+        parts = [step_text(metrics, self._first, now)]
         if metrics.epoch is not None:
             parts.append(f"epoch {metrics.epoch:g}")
         if metrics.loss is not None:
@@ -57,6 +63,20 @@ class RichReporter:
 
     def line(self, text: str) -> None:
         self._progress.console.print(Text(text, style="dim"), highlight=False)
+
+
+def step_text(metrics: Metrics, first: tuple[float, int], now: float) -> str:
+    """`step 24/48 (50%, ETA 2m10s)` when rank 0 says where the run ends (total_steps), the ETA
+    from the pace since `first` (monotonic time, step); plain `step 24` otherwise. Pure."""
+    if metrics.total_steps is None:
+        return f"step {metrics.step}"
+    text = f"step {metrics.step}/{metrics.total_steps} ({metrics.step / metrics.total_steps:.0%}"
+    elapsed, done = now - first[0], metrics.step - first[1]
+    left = metrics.total_steps - metrics.step
+    if done > 0 and elapsed > 0 and left >= 0:
+        eta = round(left * elapsed / done)
+        text += ", ETA " + (f"{eta // 60}m{eta % 60:02d}s" if eta >= 60 else f"{eta}s")
+    return text + ")"
 
 
 def revived_line(job_id: str, refusal: str | None) -> str:

@@ -7,16 +7,18 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import duration
 from orchestrator.cli.output import make_console
-from orchestrator.cluster.log_lines import LogLine, LogReader
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.cluster.log_lines import LogLine
 
 FOLLOW_POLL_S = 1.0
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
@@ -88,6 +90,8 @@ def logs_command(
 
     The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
     first, oldest first; -f follows the log across rotations."""
+    from orchestrator.cluster.log_lines import LogReader
+
     settings = load_settings()
     ledger = open_ledger(settings)
     job = ledger.get_job(job_id)
