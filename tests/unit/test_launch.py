@@ -187,3 +187,53 @@ def test_under_torchrun_the_run_sees_skypilot_s_names_but_torchrun_sets_the_rend
     env_text = (tmp_path / "env").read_text()
     assert "SKYPILOT_NODE_RANK=0" in env_text and "SKYPILOT_NUM_NODES=2" in env_text
     assert "\nNODE_RANK=" not in env_text and "\nMASTER_ADDR=" not in env_text
+
+
+def _documented_runs(test_name: str) -> list[str]:
+    """The `run` of each YAML example in docs/spec.md marked as covered by `test_name`."""
+    import re
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "spec.md").read_text()
+    marker = rf"<!-- example: covered-by tests/unit/test_launch.py::{test_name} -->\n```yaml\n"
+    blocks = re.findall(marker + r"(.*?)```", page, re.S)
+    return [yaml.safe_load(block)["run"] for block in blocks]
+
+
+def test_the_documented_accelerate_and_deepspeed_runs_get_the_cluster_s_rendezvous(
+    tmp_path: Path,
+) -> None:
+    """Each launcher (a stand-in recording its arguments: neither is installed here) is
+    started on node 1 with the cluster's size, its rank and node 0's address and port."""
+    runs = _documented_runs(
+        "test_the_documented_accelerate_and_deepspeed_runs_get_the_cluster_s_rendezvous"
+    )
+    assert len(runs) == 2
+    for n, run in enumerate(runs):
+        home = tmp_path / f"run-{n}"
+        (home / "bin").mkdir(parents=True)
+        for name in ("accelerate", "deepspeed"):
+            stub = home / "bin" / name
+            stub.write_text(
+                f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path}/{name}-args"\n'
+                f'[ -f hostfile ] && cp hostfile "{tmp_path}/hostfile"; exit 0\n'
+            )
+            stub.chmod(0o755)
+        result = run_script(home, launch.launch_script(
+            cluster(run=run, launcher="none"), launch.NodeLaunch(1, "eth0")
+        ))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    accelerate = (tmp_path / "accelerate-args").read_text().splitlines()
+    assert accelerate[:2] == ["launch", "--multi_gpu"] and accelerate[-1] == "train.py"
+    flags = dict(zip(accelerate[2:-1:2], accelerate[3:-1:2], strict=True))
+    assert {k: flags[k] for k in ("--num_machines", "--num_processes", "--machine_rank")} == {
+        "--num_machines": "2", "--num_processes": "4", "--machine_rank": "1",
+    }  # fmt: skip
+    assert (flags["--main_process_ip"], flags["--main_process_port"]) == ("10.213.0.2", "29500")
+    deepspeed = (tmp_path / "deepspeed-args").read_text().splitlines()
+    assert deepspeed[:7] == [
+        "--hostfile", "hostfile", "--no_ssh", "--node_rank", "1", "--master_addr", "10.213.0.2",
+    ]  # fmt: skip
+    assert deepspeed[7:9] == ["--master_port", "29500"]
+    assert (tmp_path / "hostfile").read_text() == "10.213.0.2 slots=2\n10.213.0.3 slots=2\n"
