@@ -174,6 +174,9 @@ class ControllerSettings(BaseModel):
     # budget.max_runtime of jobs that set none (seconds, or a duration such as 4h); with it,
     # `orch submit` on a paid provider does not ask before launching a job without a budget
     default_max_runtime: Seconds | None = None
+    # run when a job ends, with its JSON document on stdin (orchestrator.control.notify);
+    # `orch submit --notify CMD` sets one job's own
+    notify: str | None = None
 
     def runner_options(self) -> dict[str, float | int]:
         return {
@@ -242,6 +245,7 @@ _ENV_OVERRIDES = {
     "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
     "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
     "ORCH_DEFAULT_MAX_RUNTIME": ("controller", "default_max_runtime"),
+    "ORCH_NOTIFY": ("controller", "notify"),
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
 }

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -130,6 +131,14 @@ def submit(
     secret: Annotated[
         list[str] | None, _assignments("--secret", "secrets.NAME, never shown")
     ] = None,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify",
+            metavar="CMD",
+            help="run CMD (sh -c) when the job ends, its JSON on stdin; e.g. curl -d @- URL",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
@@ -161,6 +170,8 @@ def submit(
         **assignment_overrides("--secret", "secrets", secret or [], os.environ),
     }
     prepared = commands.prepare_submit(settings, job_file, overrides)
+    if notify:
+        prepared = dataclasses.replace(prepared, notify=notify)
     loaded, plan = prepared.loaded, prepared.plan
     if dry_run:
         if json_out:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
+from orchestrator.control.notify import notify_end, save_notify
 from orchestrator.control.ownership import Partition, partition
 from orchestrator.control.reconcile import end_nodes
 from orchestrator.control.supervision import (
@@ -53,6 +54,7 @@ class PreparedSubmit:
     loaded: LoadedJob  # the spec with flags and the settings' default max_runtime applied
     provider: Provider
     dry_run: DryRun  # what the provider would launch first (the `--dry-run` answer)
+    notify: str | None = None  # the job's own end-of-job hook (`orch submit --notify`)
 
     @property
     def plan(self) -> LaunchPlan:
@@ -123,6 +125,8 @@ def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit
     the controller launches the nodes and bills; `cancel` stops it."""
     job_id = new_job_id(prepared.loaded.spec.name)
     register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    if prepared.notify:
+        save_notify(settings, job_id, prepared.notify)
     wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
     return Detached(job_id)
 
@@ -162,10 +166,13 @@ class ForegroundJob:
                 "watch_interval": min(base.watch_interval, FOREGROUND_WATCH_INTERVAL),
             }
         )
-        outcome = JobRunner(
-            self.job, self.prepared.loaded, settings=self.settings, ledger=self.ledger,
-            provider=self.prepared.provider, reporter=reporter, options=options,
-        ).run()  # fmt: skip
+        try:
+            outcome = JobRunner(
+                self.job, self.prepared.loaded, settings=self.settings, ledger=self.ledger,
+                provider=self.prepared.provider, reporter=reporter, options=options,
+            ).run()  # fmt: skip
+        finally:  # the nodes are gone by now, whatever happened
+            notify_end(self.settings, self.ledger, self.job.id)
         return Finished(self.job.id, outcome)
 
 
@@ -178,6 +185,8 @@ def submit_foreground(
     lock = ControllerLock(settings, job_id)
     lock.acquire()  # a new id: nobody else can hold it
     job = register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    if prepared.notify:
+        save_notify(settings, job_id, prepared.notify)
     return ForegroundJob(settings, ledger, prepared, job, lock)
 
 

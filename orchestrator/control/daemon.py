@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from orchestrator.config import load_settings
+from orchestrator.control.notify import notify_end
 from orchestrator.control.runner import JobRunner, RunnerOptions
 from orchestrator.control.supervision import ControllerLock, controller_identity, load_job_record
 from orchestrator.control.unrecorded import finish_unrecorded, has_unrecorded
@@ -83,6 +84,10 @@ def main(argv: list[str]) -> int:
         except IdentityMismatch as exc:  # the job is left as it was, for the right controller
             LogReporter().line(f"refused: {exc}")
             return exc.exit_code
+        finally:  # after teardown; nothing runs for a job that is not final (a refusal)
+            notified = notify_end(settings, ledger, job_id)
+            if notified is not None:
+                LogReporter().line(f"notify hook: exit {notified.exit_code}")
         return outcome.exit_code
     finally:
         lock.release()

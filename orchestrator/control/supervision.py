@@ -154,7 +154,7 @@ def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
     """
     directory = settings.job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=True)
-    _write_private_json(directory / JOB_SECRETS, {"secrets": dict(loaded.spec.secrets)})
+    write_private_json(directory / JOB_SECRETS, {"secrets": dict(loaded.spec.secrets)})
     record = {
         "spec": loaded.spec.public_document(),
         "source": str(loaded.source),
@@ -168,7 +168,7 @@ def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
     os.replace(tmp, path)
 
 
-def _write_private_json(path: Path, document: object) -> None:
+def write_private_json(path: Path, document: object) -> None:
     """Write `document` to `path` atomically; the file is never readable by others."""
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

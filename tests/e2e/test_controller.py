@@ -26,6 +26,7 @@ from tests.support.helpers import (
     run_orch,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +52,9 @@ def detach(spec: Path, env: dict[str, str]) -> str:
 
 def test_detached_job_is_watched_from_other_commands_and_cancelled(tmp_path: Path) -> None:
     spec = write_job(tmp_path, f"name: detached\nrun: {TICKS.format(n=600)}\n")
-    env = fast_env(tmp_path / "orch")
+    notified = tmp_path / "notified.json"  # the configuration's end-of-job hook
+    hook = f'echo "$ORCH_JOB_STATE $ORCH_EXIT_CODE" > {tmp_path}/state; cat > {notified}.tmp; '
+    env = fast_env(tmp_path / "orch", ORCH_NOTIFY=hook + f"mv {notified}.tmp {notified}")
     job_id = detach(spec, env)
     wait_for_state(job_id, env, {"RUNNING"})
     deadline = time.monotonic() + 60
@@ -69,6 +72,12 @@ def test_detached_job_is_watched_from_other_commands_and_cancelled(tmp_path: Pat
     assert job["state"] == "CANCELLED" and job["exit_code"] == 130
     assert_nothing_left(job)
     assert not (tmp_path / "orch" / "jobs" / job_id / "controller.pid").exists()
+    # The detached controller ran the hook after teardown, the job's document on its stdin.
+    wait_until(notified.exists, "the notify hook's file", 20)
+    document = json.loads(notified.read_text())
+    assert (document["id"], document["state"], document["exit_code"]) == (job_id, "CANCELLED", 130)
+    assert (tmp_path / "state").read_text() == "CANCELLED 130\n"
+    assert any(e["kind"] == "NOTIFIED" for e in job_json(job_id, env)["events"])
 
 
 # `make test` keeps test_crash_trials' kills (a new controller adopts and finishes the job) and

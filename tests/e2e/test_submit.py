@@ -85,9 +85,13 @@ def test_failing_run_command_fails_the_job_and_shows_the_tail(tmp_path: Path) ->
         "resources: {nodes: 2, gpus_per_node: 1}\n",
     )
     env = orch_env(tmp_path / "orch")
-    result = run_orch(["submit", str(spec)], env, timeout=200)
+    hook = f"cat > {tmp_path}/notified.json"  # the job's own end-of-job hook
+    result = run_orch(["submit", str(spec), "--notify", hook], env, timeout=200)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
+    notified = json.loads((tmp_path / "notified.json").read_text())  # written before exit
+    assert (notified["state"], notified["exit_code"]) == ("FAILED", 1)
+    assert notified["reason"].startswith("rank ")
     assert "about to fail with a clear reason" in output  # the node's log tail
     assert "step None" not in output  # no step was reported: none is shown
     job = job_json(submitted_job_id(output), env)

@@ -191,6 +191,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "node",
             "providers",
             "remote",
+            "report",
             "spec",
             "spot",
         }  # fmt: skip
