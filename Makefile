@@ -27,8 +27,8 @@ test-fast: setup
 	$(PYTEST) -q -m "not e2e" tests
 
 lint: setup
-	.venv/bin/ruff check orchestrator trainer tests bench
-	.venv/bin/ruff format --check orchestrator trainer tests bench
+	.venv/bin/ruff check orchestrator orch_trainer trainer tests bench
+	.venv/bin/ruff format --check orchestrator orch_trainer trainer tests bench
 
 # Every benchmark of bench/, one after another; writes docs/benchmarks.md (a failing benchmark
 # is reported there). BENCH_ARGS=--quick: fewer repetitions, for a loaded machine.

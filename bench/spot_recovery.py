@@ -44,7 +44,7 @@ JOB = """\
 name: spot-bench
 workdir: {repo}
 run: >-
-  python -m trainer.train --model tiny --data fake --fake-size 49152 --epochs 1
+  python -m orch_trainer.train --model tiny --data fake --fake-size 49152 --epochs 1
   --batch-size 32 --workers 0 --checkpoint-every 10 --log-every 5
 resources: {{nodes: 2, gpus_per_node: 2, spot: true}}
 checkpoint: {{dir: ~/ckpt, pull_every: 10}}

@@ -1,6 +1,6 @@
 """Training throughput of the reference trainer on the CPU: 2 DataLoader workers against 0.
 
-Each measurement is one real `python -m trainer.train` run (world size 1, fake data, no
+Each measurement is one real `python -m orch_trainer.train` run (world size 1, fake data, no
 checkpoints); its throughput is the median of the `img_s` of its progress lines, leaving out
 the first window (process start, first batches). Each configuration is repeated (the two
 worker settings interleaved) and the median of the repetitions is reported, with the ratio
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_once(model: str, workers: int, *, steps: int, batch: int, log_every: int) -> float:
     """img/s of one trainer run (median over its progress windows after the first)."""
     argv = [
-        sys.executable, "-m", "trainer.train", "--model", model, "--workers", str(workers),
+        sys.executable, "-m", "orch_trainer.train", "--model", model, "--workers", str(workers),
         "--steps", str(steps), "--batch-size", str(batch), "--log-every", str(log_every),
         "--fake-size", str(steps * batch), "--checkpoint-dir", "", "--resume", "none",
         "--checkpoint-seconds", "0",

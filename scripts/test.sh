@@ -10,7 +10,7 @@
 # for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/ruff check orchestrator trainer tests bench
+.venv/bin/ruff check orchestrator orch_trainer trainer tests bench
 
 pytest_run() {
     .venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not soak" "$@"

@@ -1,18 +1,34 @@
-"""Reference DDP trainer that orch runs on its nodes: `python -m trainer.train` (under torchrun).
+"""Deprecated: the reference trainer is now the package `orch_trainer`; this one forwards to it.
 
-It follows the orch trainer contract (see docs in `trainer.train`, `trainer.checkpoint` and
-`trainer.report`): checkpoints in `$ORCH_CHECKPOINT_DIR` as atomic `step-NNNNNN/` folders with a
-COMPLETE marker and a `latest` pointer, resume from `$ORCH_RESUME_FROM`, SIGTERM/SIGUSR1 ends
-the run after the current step and a checkpoint with exit status 143, and progress as JSON
-lines on rank 0's stdout.
-
-Modules, one job each:
-    train      entry point, exit statuses          args       flags -> TrainConfig
-    run        start-up sequence                   loop       steps, logging, saving, stopping
-    data       data sets and the DataLoader        sampler    resumable per-rank sample order
-    models     tiny CNN, ResNet-18 for 32x32       schedule   LR scaling, warmup, cosine
-    checkpoint checkpoint files on disk            state      what a checkpoint holds
-    dist       process group helpers               signals    stop requests
-    precision  AMP modes                           report     stdout lines
-    errors     exceptions (UsageError -> exit 2)
+Renamed so that it cannot collide with a project's own `trainer` package. For one release,
+`python -m trainer.train` still runs `python -m orch_trainer.train` (same flags, same exit
+statuses), and `import trainer.X` gives the module `orch_trainer.X` itself (the same object).
+Importing `trainer` warns with a DeprecationWarning; write `orch_trainer` instead, since this
+package goes in the next release.
 """
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+NEW_PACKAGE = "orch_trainer"
+
+warnings.warn(
+    "the package `trainer` is now `orch_trainer`: import orch_trainer and run "
+    "`python -m orch_trainer.train`; `trainer` goes in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+
+def forward(name: str) -> None:
+    """Make the module being imported as `name` (`trainer.X`) be `orch_trainer.X`.
+
+    Called at the end of `trainer/X.py`: the import system hands whatever `sys.modules[name]`
+    holds to the importer, so `import trainer.X` and `from trainer.X import f` get
+    orch_trainer's own module and objects (one copy of each class, no second import).
+    """
+    module = name.partition(".")[2]
+    sys.modules[name] = importlib.import_module(f"{NEW_PACKAGE}.{module}")

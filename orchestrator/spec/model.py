@@ -6,7 +6,7 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     workdir: .                      # local directory, synced to every node
     data: [{src: ./data, dst: ~/data}]
     setup: pip install -r requirements.txt
-    run: python -m trainer.train --epochs 5
+    run: python -m orch_trainer.train --epochs 5
     resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
     checkpoint: {dir: ~/ckpt, pull_every: 60, store: s3://bucket/prefix, mirror: latest}
     budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}

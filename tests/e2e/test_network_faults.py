@@ -40,7 +40,7 @@ def trainer_job(tmp_path: Path, *, name: str, steps: int, extra: str = "") -> Pa
         f"name: {name}\n"
         f"workdir: {REPO}\n"
         "run: >-\n"
-        "  python -m trainer.train --model tiny --data fake --fake-size 100000\n"
+        "  python -m orch_trainer.train --model tiny --data fake --fake-size 100000\n"
         f"  --steps {steps} --batch-size 32 --accum {ACCUM} --workers 0 --checkpoint-every 10\n"
         "  --log-every 1\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"

@@ -44,7 +44,7 @@ def test_demo_job_round_trip_on_sandbox_spot_nodes(tmp_path: Path, sandbox: Sand
     text = (logs / "node-0.log").read_text() + (logs / "node-1.log").read_text()
     for rank in range(4):
         assert f"trainer rank={rank} world_size=4" in text, text[-3000:]
-    from trainer.checkpoint import find_latest, load_state
+    from orch_trainer.checkpoint import find_latest, load_state
 
     latest = find_latest(tmp_path / "orch" / "jobs" / job_id / "checkpoints")
     assert latest is not None and load_state(latest)["progress"]["step"] == job["step"] > 0

@@ -58,7 +58,7 @@ def demo_job(tmp_path: Path) -> Path:
         "name: demo-spot\n"
         f"workdir: {REPO}\n"
         "run: >-\n"
-        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
+        f"  python -m orch_trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
         f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
         "  --log-every 2\n"
         "resources: {nodes: 2, gpus_per_node: 2}\n"

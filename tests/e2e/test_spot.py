@@ -50,7 +50,7 @@ def trainer_job(tmp_path: Path, *, name: str = "spot", extra: str = "") -> Path:
         f"name: {name}\n"
         f"workdir: {REPO}\n"
         "run: >-\n"
-        f"  python -m trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
+        f"  python -m orch_trainer.train --model tiny --data fake --fake-size {FAKE_SIZE}\n"
         f"  --epochs {EPOCHS} --batch-size 32 --workers 0 --checkpoint-every {CHECKPOINT_EVERY}\n"
         "  --log-every 2\n"
         "resources: {nodes: 2, gpus_per_node: 2, spot: true}\n"

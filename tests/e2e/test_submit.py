@@ -52,7 +52,7 @@ def test_demo_job_round_trip(tmp_path: Path) -> None:
         assert f"trainer rank={rank} world_size=4" in text, text[-3000:]
 
     # The pulled checkpoint is complete, loads, and holds the final step.
-    from trainer.checkpoint import find_latest, load_state
+    from orch_trainer.checkpoint import find_latest, load_state
 
     latest = find_latest(tmp_path / "orch" / "jobs" / job_id / "checkpoints")
     assert latest is not None
@@ -116,8 +116,8 @@ def test_taken_default_port_moves_the_master_elsewhere(tmp_path: Path) -> None:
             tmp_path,
             f"name: port\nworkdir: {REPO}\n"
             "run: >-\n  echo port $MASTER_PORT &&\n"
-            "  python -m trainer.train --model tiny --data fake --fake-size 64 --batch-size 16\n"
-            "  --workers 0 --steps 2 --log-every 1 --checkpoint-seconds 0\n"
+            "  python -m orch_trainer.train --model tiny --data fake --fake-size 64\n"
+            "  --batch-size 16 --workers 0 --steps 2 --log-every 1 --checkpoint-seconds 0\n"
             "resources: {nodes: 2, gpus_per_node: 1}\nenv: {OMP_NUM_THREADS: '1'}\n",
         )
         env = orch_env(tmp_path / "orch", ORCH_LOCAL_NETWORK="loopback")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.models import build_model
+from orch_trainer.models import build_model
 
 pytestmark = pytest.mark.e2e
 
@@ -53,11 +53,11 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 
 def command(args: list[str], nproc: int | None) -> list[str]:
-    """`python -m trainer.train ARGS`, under torchrun with `nproc` processes unless None."""
+    """`python -m orch_trainer.train ARGS`, under torchrun with `nproc` processes unless None."""
     if nproc is None:
-        return [sys.executable, "-m", "trainer.train", *args]
+        return [sys.executable, "-m", "orch_trainer.train", *args]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return [*launcher, f"--nproc-per-node={nproc}", "-m", "trainer.train", *args]
+    return [*launcher, f"--nproc-per-node={nproc}", "-m", "orch_trainer.train", *args]
 
 
 def run(

@@ -15,7 +15,7 @@ name: cifar-ddp
 workdir: .                      # synced to every node, honours .gitignore and .orchignore
 data: [{src: ./data, dst: ~/data}]
 setup: pip install -r requirements.txt
-run: python -m trainer.train --epochs 5     # run under torchrun on every node
+run: python -m orch_trainer.train --epochs 5     # run under torchrun on every node
 resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
 checkpoint: {dir: ~/ckpt, pull_every: 60}
 budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}

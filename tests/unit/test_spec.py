@@ -41,7 +41,7 @@ def test_full_example_loads(project: Path) -> None:
     assert spec.workdir == "."
     assert spec.data == [DataMount(src="./data", dst="~/data")]
     assert spec.setup == "pip install -r requirements.txt"
-    assert spec.run == "python -m trainer.train --epochs 5"
+    assert spec.run == "python -m orch_trainer.train --epochs 5"
     assert spec.resources.nodes == 2
     assert spec.resources.gpus_per_node == 4
     assert spec.resources.total_gpus == 8

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.args import parse_args, parse_data_spec
-from trainer.errors import UsageError
-from trainer.train import main
+from orch_trainer.args import parse_args, parse_data_spec
+from orch_trainer.errors import UsageError
+from orch_trainer.train import main
 
 
 def test_defaults() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from orch_trainer.checkpoint import (
     find_latest,
     is_complete,
     list_complete,
@@ -18,7 +18,7 @@ from trainer.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from trainer.errors import CheckpointError
+from orch_trainer.errors import CheckpointError
 
 
 def _state(step: int) -> dict[str, object]:

@@ -10,13 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer.args import MODEL_NAMES, parse_data_spec
-from trainer.data import SeededAugment, build_dataset, collate_or_none, empty_batch
-from trainer.errors import CheckpointError, DataError
-from trainer.models import build_model
-from trainer.precision import resolve_precision
-from trainer.schedule import WarmupCosine
-from trainer.state import (
+from orch_trainer.args import MODEL_NAMES, parse_data_spec
+from orch_trainer.data import SeededAugment, build_dataset, collate_or_none, empty_batch
+from orch_trainer.errors import CheckpointError, DataError
+from orch_trainer.models import build_model
+from orch_trainer.precision import resolve_precision
+from orch_trainer.schedule import WarmupCosine
+from orch_trainer.state import (
     Progress,
     RunMeta,
     capture_rng,

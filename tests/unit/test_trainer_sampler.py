@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.fuzzing import examples
-from trainer.sampler import (
+from orch_trainer.sampler import (
     ResumableBatchSampler,
     StepPlan,
     epoch_permutation,
@@ -17,6 +16,7 @@ from trainer.sampler import (
     plan_total_steps,
     steps_remaining,
 )
+from tests.support.fuzzing import examples
 
 
 def _all_ranks(

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.schedule import WarmupCosine, default_warmup, lr_factor, scaled_lr
+from orch_trainer.schedule import WarmupCosine, default_warmup, lr_factor, scaled_lr
 
 
 def test_linear_scaling_against_a_batch_of_256() -> None:

@@ -1,5 +1,5 @@
 """The trainer refuses bad flags and missing inputs with one `trainer: error:` line on stderr
-and exit 2, before any step: each case through `trainer.train.main` in this process
+and exit 2, before any step: each case through `orch_trainer.train.main` in this process
 (tests/e2e/test_trainer.py shows one of them in a real process)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainer.signals import STOP_SIGNALS
-from trainer.train import main
+from orch_trainer.signals import STOP_SIGNALS
+from orch_trainer.train import main
 
 TINY = ["--model", "tiny", "--workers", "0", "--checkpoint-seconds", "0", "--log-every", "1"]
 
