@@ -1,0 +1,57 @@
+"""What the local provider needs on this machine (`orch check local`).
+
+Always: OpenSSH's sshd (one per node) and the controller's rsync and ssh. Namespace nodes (each
+with its own address) also need root and iproute2's `ip`; without them `local.network: auto`
+falls back to loopback nodes (sshd on 127.0.0.1), so they are needed only when
+`local.network` is `namespace`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from orchestrator.config import Settings
+from orchestrator.providers.readiness import Readiness, Requirement, controller_tools, tool
+
+SSHD_PATH = Path("/usr/sbin/sshd")  # where Debian's and most distributions' sshd lives
+
+
+def local_readiness(
+    settings: Settings, *, path: str | None = None, euid: int | None = None
+) -> Readiness:
+    """The local provider's requirements as found here (`path`: the PATH to search, `euid`: the
+    user to judge, both this process's by default)."""
+    items = [*controller_tools(path=path), _sshd(path)]
+    mode = settings.local.network
+    if mode != "loopback":
+        needed = mode == "namespace"
+        fallback = "" if needed else "; without it nodes are loopback ones, on 127.0.0.1"
+        user = os.geteuid() if euid is None else euid
+        items.append(
+            Requirement("root", True, "running as root", needed=needed)
+            if user == 0
+            else Requirement(
+                "root",
+                False,
+                f"running as uid {user}: namespace nodes need root{fallback}",
+                "run orch as root (sudo -E orch ...), or set ORCH_LOCAL_NETWORK=loopback",
+                needed=needed,
+            )
+        )
+        ip = tool("ip", f"makes the nodes' namespaces{fallback}", "install iproute2", path=path)
+        items.append(Requirement(ip.name, ip.ok, ip.detail, ip.fix, needed=needed))
+    return Readiness("local", tuple(items))
+
+
+def _sshd(path: str | None) -> Requirement:
+    found = str(SSHD_PATH) if SSHD_PATH.exists() else shutil.which("sshd", path=path)
+    if found:
+        return Requirement("sshd", True, found)
+    return Requirement(
+        "sshd",
+        False,
+        f"neither {SSHD_PATH} nor on the PATH (every node is one sshd)",
+        "install OpenSSH's server (apt-get install openssh-server)",
+    )

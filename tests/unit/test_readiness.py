@@ -1,0 +1,68 @@
+"""`orch check`'s look at the local provider's needs, on this machine's real programs: a PATH
+that lacks one of them makes that part missing, with its fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import LocalSettings, Settings
+from orchestrator.errors import SpecError
+from orchestrator.providers.local.readiness import local_readiness
+from orchestrator.providers.readiness import check
+
+
+def path_with(tmp_path: Path, *names: str) -> str:
+    """A PATH holding only the real programs `names` (links to this machine's)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in names:
+        found = shutil.which(name)
+        assert found, f"{name} is part of this machine's set-up"
+        (bin_dir / name).symlink_to(found)
+    return str(bin_dir)
+
+
+def parts(settings: Settings, path: str, euid: int = 0) -> dict[str, tuple[bool, bool]]:
+    result = local_readiness(settings, path=path, euid=euid)
+    return {item.name: (item.ok, item.needed) for item in result.requirements}
+
+
+def test_every_part_there_is_ready(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, local=LocalSettings(network="namespace"))
+    result = local_readiness(settings, path=path_with(tmp_path, "rsync", "ssh", "ip"), euid=0)
+    assert result.ready and all(item.ok and not item.fix for item in result.requirements)
+    assert [item.name for item in result.requirements] == ["rsync", "ssh", "sshd", "root", "ip"]
+
+
+def test_a_path_without_rsync_is_not_ready_and_says_what_to_install(tmp_path: Path) -> None:
+    result = local_readiness(Settings(home=tmp_path), path=path_with(tmp_path, "ssh", "ip"), euid=0)
+    assert not result.ready
+    rsync = next(item for item in result.requirements if item.name == "rsync")
+    assert not rsync.ok and rsync.needed and rsync.fix == "install rsync"
+    assert [item.name for item in result.requirements if not item.ok] == ["rsync"]
+
+
+def test_namespace_nodes_need_root_and_ip_only_when_asked_for(tmp_path: Path) -> None:
+    path = path_with(tmp_path, "rsync", "ssh")  # no ip
+    auto = Settings(home=tmp_path)
+    # auto falls back on loopback nodes: a plain user without ip is ready, with notes.
+    assert parts(auto, path, euid=1000) == {
+        "rsync": (True, True), "ssh": (True, True), "sshd": (True, True),
+        "root": (False, False), "ip": (False, False),
+    }  # fmt: skip
+    assert local_readiness(auto, path=path, euid=1000).ready
+    namespace = Settings(home=tmp_path, local=LocalSettings(network="namespace"))
+    result = local_readiness(namespace, path=path, euid=1000)
+    assert not result.ready
+    root = next(item for item in result.requirements if item.name == "root")
+    assert "uid 1000" in root.detail and "ORCH_LOCAL_NETWORK=loopback" in root.fix
+    loopback = Settings(home=tmp_path, local=LocalSettings(network="loopback"))
+    assert set(parts(loopback, path, euid=1000)) == {"rsync", "ssh", "sshd"}
+
+
+def test_an_unknown_provider_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="unknown provider 'gcp'"):
+        check("gcp", Settings(home=tmp_path))
