@@ -488,6 +488,7 @@ def reconcile(
 
 def _add_sub_apps() -> None:
     from orchestrator.cli.check import check_command
+    from orchestrator.cli.init import init_command
     from orchestrator.cli.local import app as local_app
     from orchestrator.cli.sandbox import sandbox_app
     from orchestrator.cli.shell import ssh_command, ssh_config_command
@@ -496,6 +497,7 @@ def _add_sub_apps() -> None:
     app.add_typer(sandbox_app, name="sandbox")
     app.command(name="ssh")(ssh_command)
     app.command(name="ssh-config")(ssh_config_command)
+    app.command(name="init")(init_command)
     app.command(name="check")(check_command)
 
 
