@@ -126,7 +126,11 @@ def test_ctrl_c_stops_watching_and_leaves_the_job_running(finished: dict) -> Non
     code, output, state = finished["left"]
     assert code == 130, output
     assert f"job {finished['job_id']} goes on" in output
-    assert state in {"PENDING", "PROVISIONING", "SYNCING", "RUNNING"}
+    # Still running, or (on a loaded machine, the 5 s run may be over by the time the
+    # watcher has stopped) finished by itself: never cancelled by the watcher's Ctrl-C.
+    assert state in {"PENDING", "PROVISIONING", "SYNCING", "RUNNING", "SUCCEEDED"}
+    events = job_json(finished["job_id"], finished["env"])["events"]
+    assert not [e for e in events if e["kind"] == "CANCELLED"], events
 
 
 def test_png_report_draws_the_finished_job(finished: dict) -> None:

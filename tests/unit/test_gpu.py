@@ -349,9 +349,13 @@ def test_cpu_ticks_command_counts_descendants_in_other_sessions(tmp_path: Path) 
         command = cpu_ticks_command(shlex.quote(str(pid_file)))
         time.sleep(0.5)  # the child is up
         child = _wait_child_of(leader.pid)
-        first, child_first = parse_cpu_ticks(_sh(command)), _own_ticks(child)
+        # The child's own readings are taken inside the session's two, so whatever it ran
+        # between them the session's second reading holds too, however loaded the machine.
+        first = parse_cpu_ticks(_sh(command))
+        child_first = _own_ticks(child)
         time.sleep(1.0)
-        second, child_second = parse_cpu_ticks(_sh(command)), _own_ticks(child)
+        child_second = _own_ticks(child)
+        second = parse_cpu_ticks(_sh(command))
         assert first is not None and second is not None and second.processes == 2
         # The busy grandchild's own time is in the session's: on a loaded machine it may get
         # little of a core, but whatever it got is counted (its parent only sleeps).
