@@ -26,7 +26,7 @@ from orchestrator.errors import JobCancelled, JobFailed, NodeLost
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
-from orchestrator.node.failure import failure_report
+from orchestrator.node.failure import cluster_failure, failure_report
 from orchestrator.node.progress import Metrics
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
@@ -303,13 +303,14 @@ class Supervisor:
         return Interruption(ranks, ids, cause, detail, utcnow())
 
     def _fail_with_tail(self, attempt: Attempt, rank: int, exit_code: int | None) -> None:
-        log = attempt.log_tail(rank, self.parts.layout)
-        what = (
-            "the setup command failed"
-            if exit_code == launch.SETUP_FAILED_EXIT
-            else f"torchrun exited with code {exit_code}"
-        )
-        raise JobFailed(
-            failure_report(rank, what, log),
-            hint=f"full log: orch logs {self._job_id} --node {rank}",
-        )
+        layout = self.parts.layout
+        node = rank
+        if exit_code == launch.SETUP_FAILED_EXIT:
+            log = attempt.log_tail(rank, layout)
+            reason = failure_report(rank, "the setup command failed", log)
+        else:
+            # Every node's log: the node whose workers failed first holds the cause, and its
+            # torchrun may exit after the others', whose ranks lost a peer.
+            logs = {n: attempt.log_tail(n, layout) for n in range(len(attempt.instances))}
+            node, reason = cluster_failure(logs, rank, exit_code)
+        raise JobFailed(reason, hint=f"full log: orch logs {self._job_id} --node {node}")

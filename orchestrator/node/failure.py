@@ -6,12 +6,16 @@ torch.distributed.elastic's `@record` leaves no error file, and orch runs the us
 `torchrun --no-python bash -c RUN`. What went wrong is in the failing rank's own output, which
 torchrun tees into the node log with a `[default<local rank>]:` prefix: its last traceback ends
 with the exception line (`RuntimeError: CUDA out of memory ...`). `find_failure` picks that line;
-`failure_report` puts it first, above the log's tail.
+`failure_report` puts it first, above the log's tail. A script that set up torch.distributed
+prints its uncaught exception with torch's own `[rank<global rank>]: ` prefix as well, which
+is taken off. On several nodes, the node whose torchrun saw a failure first holds the cause;
+the others' ranks mostly fail because a peer went away (`cluster_failure`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.node.progress import local_rank_line, rank_lines
@@ -29,6 +33,10 @@ _EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::.*)?$"
 )
 _LAUNCHER_ERROR = "ChildFailedError"  # torchrun's own exception, never the script's
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on stderr
+# torchrun's (glog) line as it sees a worker fail: `E1204 19:10:35.510000 PID file:line] failed
+# (exitcode: -6) local_rank: 1 ...`; month, day and time to the microsecond.
+_FAILED_AT = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*\] failed \(exitcode: ")
 
 
 @dataclass(frozen=True)
@@ -93,21 +101,50 @@ def find_failure(log_text: str) -> Failure | None:
     lines = log_text.splitlines()
     rank, local, code = _root_cause(lines)
     if local is not None:
-        error, traceback = last_exception(rank_lines(log_text, local))
+        error, traceback = last_exception(_own_lines(log_text, local))
         return Failure(local, rank, code, error, traceback)
     last_rank: int | None = None
     for line in reversed(lines):
         local_rank, text = local_rank_line(line)
+        text = _TORCH_RANK_PREFIX.sub("", text)
         if local_rank is not None and last_exception([text])[0] is not None:
             last_rank = local_rank
             break
     if last_rank is not None:
-        error, traceback = last_exception(rank_lines(log_text, last_rank))
+        error, traceback = last_exception(_own_lines(log_text, last_rank))
         return Failure(last_rank, None, None, error, traceback)
     if any(local_rank_line(line)[0] is not None for line in lines):
         return None
     error, traceback = last_exception(lines)
     return Failure(None, None, None, error, traceback) if error else None
+
+
+def _own_lines(log_text: str, local_rank: int) -> list[str]:
+    """One local rank's lines without torchrun's prefix nor torch.distributed's."""
+    return [_TORCH_RANK_PREFIX.sub("", line) for line in rank_lines(log_text, local_rank)]
+
+
+def failed_at(log_text: str) -> str | None:
+    """When torchrun last saw a worker fail, as `MMDD HH:MM:SS.ffffff` (sortable within a
+    year), or None when the log shows no such failure."""
+    found = None
+    for line in log_text.splitlines():
+        if (match := _FAILED_AT.match(line)) is not None:
+            found = f"{match.group(1)} {match.group(2)}"
+    return found
+
+
+def cluster_failure(logs: Mapping[int, str], rank: int, exit_code: int | None) -> tuple[int, str]:
+    """(node, reason) of a failed run, from every node's log (`logs`: node -> the end of its
+    log): node `rank` exited with `exit_code`, but the node whose torchrun saw a worker fail
+    first holds the cause, so it is that node's report (node `rank`'s when no log says)."""
+    times = {node: at for node, text in logs.items() if (at := failed_at(text)) is not None}
+    first = min(times, key=lambda node: (times[node], node)) if times else rank
+    exited = f"torchrun exited with code {exit_code}"
+    if first == rank or times.get(rank) == times[first]:
+        return rank, failure_report(rank, exited, logs.get(rank, ""))
+    what = f"a worker failed here first, at {times[first][5:]} (node {rank}: {exited})"
+    return first, failure_report(first, what, logs[first])
 
 
 def failure_report(node: int, what: str, log_text: str) -> str:

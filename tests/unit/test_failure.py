@@ -4,14 +4,29 @@ tests/fixtures/torchrun_root_cause.log is the node log of `torchrun --nproc_per_
 --redirects=3 --tee=3 --no-python bash -c 'python fail.py'` (torchrun's venv path shortened):
 local rank 1 raises a chained ValueError; torchrun then SIGTERMs rank 0, whose handler raises a
 RuntimeError of its own, printed later; torchrun's ChildFailedError report names rank 1.
+
+tests/fixtures/torchrun_ddp_node{0,1}.log are the two node logs of one gloo DDP world of four
+(two torchruns, two processes each, an all_reduce every step): rank 3 on node 1 raises at step
+20; its peers then fail in all_reduce ("Connection reset by peer"), node 0's two seconds later.
+torch.distributed prefixes an uncaught exception's lines with `[rank<N>]: `.
 """
 
 from __future__ import annotations
 
-from orchestrator.node.failure import TAIL_LINES, failure_report, find_failure, last_exception
+from orchestrator.node.failure import (
+    TAIL_LINES,
+    cluster_failure,
+    failed_at,
+    failure_report,
+    find_failure,
+    last_exception,
+)
 from tests.support.helpers import REPO
 
-SAMPLE = (REPO / "tests" / "fixtures" / "torchrun_root_cause.log").read_text()
+FIXTURES = REPO / "tests" / "fixtures"
+SAMPLE = (FIXTURES / "torchrun_root_cause.log").read_text()
+DDP = {node: (FIXTURES / f"torchrun_ddp_node{node}.log").read_text() for node in (0, 1)}
+BOOM = "RuntimeError: boom: CUDA out of memory (simulated)"
 WHAT = "torchrun exited with code 1"
 
 
@@ -92,3 +107,40 @@ def test_exception_lines() -> None:
     assert last_exception(['{"step": 3, "loss": 1.5}', "loss: 0.5"]) == (None, ())
     launcher = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "
     assert last_exception(["Traceback (most recent call last):", "  File", launcher]) == (None, ())
+
+
+def test_torch_distributeds_rank_prefix_is_taken_off() -> None:
+    failure = find_failure(DDP[1])
+    assert failure is not None and (failure.local_rank, failure.rank) == (1, 3)
+    assert failure.exit_code == -6  # SIGABRT, after the traceback was printed
+    assert failure.error == BOOM
+    assert failure.traceback[0] == "Traceback (most recent call last):"
+    # Node 0's ranks failed only because a peer went away.
+    peer = find_failure(DDP[0])
+    assert peer is not None and peer.rank == 0 and peer.error is not None
+    assert "Connection reset by peer" in peer.error
+
+
+def test_the_node_that_failed_first_gives_the_reason() -> None:
+    assert failed_at(DDP[1]) == "1204 19:10:35.510000"
+    assert failed_at(DDP[0]) == "1204 19:10:37.466000"
+    assert failed_at("[default0]:still training\n") is None
+    # The watch saw node 0 exit (lowest node first), but node 1 failed first.
+    node, reason = cluster_failure(DDP, 0, 1)
+    lines = reason.splitlines()
+    assert node == 1 and lines[0] == f"rank 3 (node 1): {BOOM}"
+    assert lines[1] == (
+        "node 1: a worker failed here first, at 19:10:35.510000 "
+        "(node 0: torchrun exited with code 1)"
+    )
+    assert "Connection reset by peer" not in reason.split("--- last lines")[0]
+    # Node 1 seen first: its own report, as it is.
+    assert cluster_failure(DDP, 1, 1) == (
+        1,
+        failure_report(1, "torchrun exited with code 1", DDP[1]),
+    )
+    # No torchrun report anywhere (a lost log): node `rank`'s log, whatever it holds.
+    assert cluster_failure({0: "", 1: ""}, 1, 3) == (
+        1,
+        failure_report(1, "torchrun exited with code 3", ""),
+    )
