@@ -10,13 +10,13 @@ import math
 
 import typer
 
-from orchestrator.spec.values import parse_duration
-
 DURATION_METAVAR = "DURATION"
 
 
 def duration(text: str) -> float:
     """A duration flag's value in seconds (not negative)."""
+    from orchestrator.spec.values import parse_duration  # pydantic: only once a flag is given
+
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
