@@ -14,7 +14,7 @@ from datetime import datetime
 from orchestrator.control.options import Reporter
 from orchestrator.control.stop_rules import StopOrder
 from orchestrator.job_state import JobState, may_follow
-from orchestrator.ledger.store import Job, Lease, Ledger
+from orchestrator.ledger.store import Job, Lease, Ledger, ProgressSampleRecord, utcnow
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import Instance
 from orchestrator.spot.inputs import PROGRESS_EVENT
@@ -35,6 +35,8 @@ class Journal:
         self.last_step: int | None = None
         self._awaiting_progress = False  # a run started and has not reported progress yet
         self._step_saved = 0.0
+        self._latest: Metrics | None = None  # the newest progress line read
+        self._sampled_step: int | None = None  # the step of the last progress sample written
 
     @property
     def state(self) -> JobState:
@@ -111,6 +113,7 @@ class Journal:
         """A progress line of rank 0: the first of a run is an event; the step (and loss) are
         written to the job at most every 2 s."""
         self.last_step = metrics.step
+        self._latest = metrics
         if self._awaiting_progress:
             self._awaiting_progress = False
             self.event(
@@ -124,6 +127,25 @@ class Journal:
                 fields["loss"] = metrics.loss
             self.ledger.update_job(self.job.id, **fields)
             self._step_saved = now
+
+    def sample_progress(self) -> None:
+        """Called after each watch check: the newest progress line becomes a row of the
+        job's progress history when its step differs from the last row written."""
+        metrics = self._latest
+        if metrics is None or metrics.step == self._sampled_step:
+            return
+        self.ledger.add_progress_sample(
+            ProgressSampleRecord(
+                job_id=self.job.id,
+                at=utcnow(),
+                step=metrics.step,
+                epoch=metrics.epoch,
+                loss=metrics.loss,
+                lr=metrics.lr,
+                img_s=metrics.img_s,
+            )  # fmt: skip
+        )
+        self._sampled_step = metrics.step
 
     def identity(self, identity: str) -> None:
         """Record the cloud identity the job's nodes are launched as."""

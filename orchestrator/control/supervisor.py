@@ -222,6 +222,8 @@ class Supervisor:
                 (attempt.instances[lost.rank].instance_id,)
             )
             return ended or self._gone(attempt, (lost.rank,), str(lost.message))
+        finally:
+            p.journal.sample_progress()  # the progress this check read joins the history
         missing = tuple(rank for rank, misses in enumerate(watch.misses) if misses)
         if missing:
             # One missed probe is not a loss, unless the node's lease was closed by `orch down`

@@ -172,6 +172,23 @@ class GpuSampleRecord(SQLModel, table=True):
     ok: bool = True
 
 
+class ProgressSampleRecord(SQLModel, table=True):
+    """Rank 0's progress as the controller last read it at one watch check: a row is written
+    only at a check whose step differs from the previous row's (the history the report draws;
+    the job row keeps the latest step and loss)."""
+
+    __tablename__ = "progress_sample"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, foreign_key="job.id")
+    at: datetime = Field(sa_column=_utc_column(nullable=False))  # when the check read it
+    step: int
+    epoch: float | None = None
+    loss: float | None = None
+    lr: float | None = None
+    img_s: float | None = None  # throughput as rank 0 reports it (samples per second)
+
+
 class CheckpointRecord(SQLModel, table=True):
     """One version of one complete checkpoint, from when orch knew it whole until it was
     dropped from both the mirror and the store (`pruned_at`)."""
@@ -426,10 +443,23 @@ class Ledger:
             session.commit()
             return record
 
-    def add_gpu_samples(self, records: Iterable[GpuSampleRecord]) -> None:
+    def _add_rows(self, rows: Iterable[SQLModel]) -> None:
         with Session(self.engine) as session:
-            session.add_all(list(records))
+            session.add_all(list(rows))
             session.commit()
+
+    def _job_rows(self, model: type[_Row], job_id: str) -> list[_Row]:
+        """Every row of `model` (a table with `job_id` and `id`) of a job, oldest first."""
+        with Session(self.engine) as session:
+            query = (
+                select(model)
+                .where(model.job_id == job_id)  # type: ignore[attr-defined]
+                .order_by(model.id)  # type: ignore[attr-defined]
+            )
+            return list(session.exec(query))
+
+    def add_gpu_samples(self, records: Iterable[GpuSampleRecord]) -> None:
+        self._add_rows(records)
 
     def latest_gpu_samples(self, job_id: str) -> list[GpuSampleRecord]:
         """The newest sample of each (node, GPU) of a job."""
@@ -447,13 +477,14 @@ class Ledger:
 
     def gpu_samples(self, job_id: str) -> list[GpuSampleRecord]:
         """Every recorded sample of a job, oldest first (the history pictures are drawn from)."""
-        with Session(self.engine) as session:
-            query = (
-                select(GpuSampleRecord)
-                .where(GpuSampleRecord.job_id == job_id)
-                .order_by(GpuSampleRecord.id)  # type: ignore[arg-type]
-            )
-            return list(session.exec(query))
+        return self._job_rows(GpuSampleRecord, job_id)
+
+    def add_progress_sample(self, record: ProgressSampleRecord) -> None:
+        self._add_rows([record])
+
+    def progress_samples(self, job_id: str) -> list[ProgressSampleRecord]:
+        """Every recorded progress sample of a job, oldest first."""
+        return self._job_rows(ProgressSampleRecord, job_id)
 
     def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRecord]:
         """A job's checkpoint records, oldest first; with `live_only`, those still kept in
