@@ -19,6 +19,9 @@ from orchestrator.node.gpu import Downsampler, GpuSample, IdlePolicy, NodeReadin
 from orchestrator.node.launch import NodeLayout
 
 CPU_KEY = -1  # the "GPU index" under which a node's CPU fallback readings are stored
+# For this long after the first reading, the ledger keeps one sample per watch interval
+# rather than per `sample_every`: a job of a few minutes still has a curve to draw.
+EARLY_SAMPLES_FOR_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,11 @@ class JobActivity:
             threshold_pct=thresholds.idle_util_pct,
             cpu_threshold_pct=thresholds.idle_cpu_pct,
         )
-        self.downsampler = Downsampler(thresholds.sample_every)
+        self.downsampler = Downsampler(
+            thresholds.sample_every,
+            early_every_s=min(interval_s, thresholds.sample_every),
+            early_for_s=EARLY_SAMPLES_FOR_S,
+        )
         self.on_cpu = False  # some node has no GPUs: idleness is judged by CPU use there
 
     def start(self) -> None:
@@ -79,10 +86,16 @@ class JobActivity:
                 observed_at = now  # a CPU reading is taken now
                 percent = cpu.sample()
                 readings.append(percent)
+                if percent is None and cpu.error is None:
+                    continue  # the first reading: a rate needs two, nothing went wrong
                 sample = GpuSample(CPU_KEY, None, percent, None, None, percent is not None)
                 finished += self._downsample((rank, CPU_KEY), now, sample)
                 continue
             readings.append(state)
+            if state.available is None and not state.samples and state.error is None:
+                # nvidia-smi has not answered yet: the node may well have no GPU at all, and
+                # recording its GPUs as unknown would draw GPUs that never existed.
+                continue
             # No reading at all (nvidia-smi failing, hanging, printing garbage): every GPU the
             # node should have is recorded as unknown, so status says so.
             samples = state.samples or [

@@ -351,7 +351,7 @@ def cpu_percent(prev: CpuReading, cur: CpuReading) -> float | None:
 
 @dataclass(frozen=True)
 class WindowSample:
-    """The average of one key's samples over one window `[start, start + every_s)`."""
+    """The average of one key's samples over one window, from `start` to the next window."""
 
     key: Hashable  # e.g. (node rank, GPU index)
     start: float
@@ -368,20 +368,37 @@ class _Window:
 class Downsampler:
     """Per key, turns a stream of samples into at most one averaged sample per window.
 
-    Windows are aligned to multiples of `every_s` on the caller's clock. `add` returns the
-    previous window's `WindowSample` when a sample opens a new window for its key, else None;
-    `flush` returns every pending window (e.g. when the job ends). A sample older than its
-    key's open window is averaged into that window rather than reopening a past one.
+    Windows are aligned to multiples of their width on the caller's clock. The width is
+    `every_s`, except for the first `early_for_s` seconds after the first sample (of any key),
+    where it is `early_every_s` (when given): a short job then keeps enough samples to draw.
+    `add` returns the previous window's `WindowSample` when a sample opens a new window for
+    its key, else None; `flush` returns every pending window (e.g. when the job ends). A sample
+    older than its key's open window is averaged into that window rather than reopening a
+    past one.
     """
 
-    def __init__(self, every_s: float) -> None:
-        if not every_s > 0 or not math.isfinite(every_s):
-            raise ValueError(f"downsampling window must be positive: {every_s}")
+    def __init__(
+        self, every_s: float, *, early_every_s: float | None = None, early_for_s: float = 0.0
+    ) -> None:
+        for width in (every_s, every_s if early_every_s is None else early_every_s):
+            if not width > 0 or not math.isfinite(width):
+                raise ValueError(f"downsampling window must be positive: {width}")
         self.every_s = every_s
+        self.early_every_s = early_every_s
+        self.early_for_s = early_for_s
+        self._first: float | None = None  # the clock at the first sample
         self._open: dict[Hashable, _Window] = {}
 
+    def width(self, now: float) -> float:
+        """The width of the window a sample taken at `now` falls in."""
+        if self._first is None:
+            self._first = now
+        early = self.early_every_s is not None and now < self._first + self.early_for_s
+        return self.early_every_s if early and self.early_every_s is not None else self.every_s
+
     def add(self, key: Hashable, now: float, sample: GpuSample) -> WindowSample | None:
-        start = math.floor(now / self.every_s) * self.every_s
+        width = self.width(now)
+        start = math.floor(now / width) * width
         window = self._open.get(key)
         if window is not None and start <= window.start:
             window.samples.append(sample)

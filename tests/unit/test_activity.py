@@ -34,6 +34,7 @@ class FakeGpu:
 @dataclass
 class FakeCpu:
     percent: float | None = None
+    error: str | None = None  # why the last sample was unknown, as CpuWatcher says
 
     def sample(self) -> float | None:
         return self.percent
@@ -124,3 +125,39 @@ def test_without_an_idle_timeout_the_clock_runs_for_status_but_never_reaches_a_s
     fake_gpus[0].state = gpus(3600.0, 0.0, 0.0)
     assert watch.tick(now=3600.0) == 3600.0
     assert watch.policy.timeout_s > 10**9
+
+
+def test_a_node_without_gpus_records_no_gpu_before_nvidia_smi_answers() -> None:
+    watch, fake_gpus, fake_cpus, recorded = activity(1, sample_every=1.0)
+    watch.start()
+    watch.tick(now=10.0)  # nvidia-smi has not answered yet: nothing is known of the GPUs
+    watch.tick(now=11.0)
+    fake_gpus[0].state = NodeGpuState(available=False, error="nvidia-smi: not found")
+    watch.tick(now=12.0)  # the first CPU reading gives no rate yet, and nothing failed
+    fake_cpus[0].percent = 150.0
+    for t in (13.0, 14.0):
+        watch.tick(now=t)
+    fake_cpus[0].percent, fake_cpus[0].error = None, "could not read CPU use: timed out"
+    watch.tick(now=15.0)  # a reading that failed is recorded as unknown
+    watch.stop()
+    assert [(r.gpu, r.util_pct, r.ok) for r in recorded] == [
+        (CPU_KEY, 150.0, True),
+        (CPU_KEY, 150.0, True),
+        (CPU_KEY, None, False),
+    ]  # no phantom "GPU 0", no unknown first reading
+
+
+def test_a_short_job_keeps_a_sample_per_watch_interval_for_its_first_minutes() -> None:
+    watch, fake_gpus, _, recorded = activity(1, sample_every=30.0)  # watch interval: 1 s
+    for t in range(1000, 1060):  # one minute of one tick a second
+        fake_gpus[0].state = gpus(float(t), 50.0, 60.0)
+        watch.tick(now=float(t))
+    watch.stop()
+    gpu0 = [r for r in recorded if r.gpu == 0]
+    assert len(gpu0) == 60  # one per tick, not two 30 s averages
+    late, late_gpus, _, late_recorded = activity(1, sample_every=30.0)
+    for t in range(1000, 1000 + 600):  # past the first minutes: one sample per 30 s
+        late_gpus[0].state = gpus(float(t), 50.0, 60.0)
+        late.tick(now=float(t))
+    late.stop()
+    assert 300 + 10 <= len([r for r in late_recorded if r.gpu == 0]) <= 300 + 12

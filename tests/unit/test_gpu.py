@@ -454,3 +454,24 @@ def test_downsampler_averages_only_known_values() -> None:
     assert only.sample == GpuSample(0, UUID, None, None, None, False)
     with pytest.raises(ValueError):
         Downsampler(every_s=0)
+
+
+def test_downsampler_keeps_narrow_windows_for_the_first_seconds_then_wide_ones() -> None:
+    down = Downsampler(every_s=30, early_every_s=5, early_for_s=60)
+    starts = []
+    for t in range(100, 200):  # one sample a second, the first at 100 on the caller's clock
+        window = down.add("g", float(t), sample(0, 50.0))
+        if window is not None:
+            starts.append((window.start, window.count))
+    starts += [(w.start, w.count) for w in down.flush()]
+    # Windows of 5 s until 160 (100 + 60); then windows of 30 s aligned to multiples of 30:
+    # 160..179 falls in 150's, older than the open early window, so it joins that one.
+    assert starts == [(float(s), 5) for s in range(100, 155, 5)] + [(155.0, 25), (180.0, 20)]
+    plain = Downsampler(every_s=30)  # without early windows: 30 s from the start
+    assert [plain.add("g", float(t), sample(0, 1.0)) is not None for t in (100, 119, 120)] == [
+        False,
+        False,
+        True,
+    ]
+    with pytest.raises(ValueError):
+        Downsampler(every_s=30, early_every_s=0, early_for_s=60)
