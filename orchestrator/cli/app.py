@@ -368,7 +368,8 @@ def report(
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Draw a job: GPU use per node, spend and budget, events; prints the file written."""
+    """Draw a job: GPU use per node, rank 0's loss, step and throughput, spend and budget,
+    events and checkpoints, why it failed; prints the file written."""
     from orchestrator.report.write import write_report
 
     settings = load_settings()

@@ -1,14 +1,17 @@
 """What a job's report shows, computed from ledger rows: pure, no I/O, no plotting.
 
-`build_report(job, leases, events, samples, now)` turns the rows of one job into
+`build_report(job, leases, events, samples, now, progress)` turns the rows of one job into
 - utilization series, one per (node, GPU) from the recorded samples (GPU index -1 holds the
   CPU use of the job's processes on a node without GPUs); an unknown reading is a gap (None);
+  a node read by its CPU has no GPU series made only of unknown readings (an older orch
+  recorded those before it knew the node had no GPU);
+- rank 0's progress (step, loss, throughput) at each watch check where the step moved;
 - the spend curve: each lease bills its recorded price from `launched_at` to `ended_at`
   (or to `now` while open), leases overlap, so spend is piecewise linear with a corner at
   every launch and end, exact in Decimal at each corner and linear between them;
 - the budget line (`budget.max_cost_usd` of the job's spec as recorded in the ledger);
 - the events worth marking on a time axis (start, checkpoints, interruptions and recoveries,
-  controller take-overs, how the job ended).
+  controller take-overs, how the job ended), and why a job that did not succeed ended.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
 from orchestrator.job_state import JobState
-from orchestrator.ledger.store import Event, GpuSampleRecord, Job, Lease
+from orchestrator.ledger.store import Event, GpuSampleRecord, Job, Lease, ProgressSampleRecord
 
 CPU_GPU_INDEX = -1  # the GPU index under which a node's CPU fallback readings are stored
 
@@ -61,6 +64,16 @@ class UtilSeries:
 
 
 @dataclass(frozen=True)
+class ProgressPoint:
+    """Rank 0's progress as read at one watch check."""
+
+    at: datetime
+    step: int
+    loss: float | None
+    img_s: float | None  # throughput, samples per second as rank 0 reports it
+
+
+@dataclass(frozen=True)
 class SpendPoint:
     at: datetime
     usd: Decimal  # total spend of the job's leases up to `at`
@@ -97,6 +110,8 @@ class ReportData:
     spend: tuple[SpendPoint, ...]
     budget_usd: Decimal | None
     markers: tuple[Marker, ...]
+    progress: tuple[ProgressPoint, ...] = ()
+    reason: tuple[str, ...] = ()  # the first lines of why the job ended, unless it succeeded
 
     @property
     def total_spend(self) -> Decimal:
@@ -167,6 +182,35 @@ def utilization_series(samples: Iterable[GpuSampleRecord]) -> list[UtilSeries]:
     return result
 
 
+def without_phantom_gpus(series: Sequence[UtilSeries]) -> list[UtilSeries]:
+    """`series` less the GPU series that never had a known reading on nodes read by their
+    CPU: such a node has no GPU, and those rows only say nvidia-smi had not answered yet."""
+    cpu_nodes = {s.node for s in series if s.is_cpu}
+    return [
+        s
+        for s in series
+        if s.is_cpu or s.node not in cpu_nodes or any(v is not None for v in s.values)
+    ]
+
+
+def progress_points(records: Iterable[ProgressSampleRecord]) -> list[ProgressPoint]:
+    """The progress history by time."""
+    return [
+        ProgressPoint(r.at, r.step, r.loss, r.img_s) for r in sorted(records, key=lambda r: r.at)
+    ]
+
+
+def reason_lines(
+    state: str, reason: str | None, *, lines: int = 2, width: int = 140
+) -> tuple[str, ...]:
+    """The first `lines` non-blank lines of why a job ended (each cut to `width` characters),
+    for a job that ended other than by succeeding; nothing otherwise."""
+    if not reason or state == JobState.SUCCEEDED.value or not JobState(state).is_final:
+        return ()
+    kept = [line.strip() for line in reason.splitlines() if line.strip()][:lines]
+    return tuple(line if len(line) <= width else line[: width - 3] + "..." for line in kept)
+
+
 def budget_from_spec(spec_json: str) -> Decimal | None:
     """`budget.max_cost_usd` of a spec recorded as JSON; None when unset or unreadable."""
     try:
@@ -191,6 +235,7 @@ def time_range(
     events: Sequence[Event],
     samples: Sequence[GpuSampleRecord],
     now: datetime,
+    progress: Sequence[ProgressSampleRecord] = (),
 ) -> tuple[datetime, datetime]:
     """From the job's submission to its end (or `now` while it, or one of its leases, runs),
     widened to take in every recorded moment."""
@@ -200,6 +245,7 @@ def time_range(
     moments += [lease.launched_at for lease in leases]
     moments += [lease.ended_at for lease in leases if lease.ended_at is not None]
     moments += [event.at for event in events] + [sample.at for sample in samples]
+    moments += [record.at for record in progress]
     return min(moments), max(moments)
 
 
@@ -209,9 +255,10 @@ def build_report(
     events: Sequence[Event],
     samples: Sequence[GpuSampleRecord],
     now: datetime,
+    progress: Sequence[ProgressSampleRecord] = (),
 ) -> ReportData:
     """The report of `job` from its ledger rows, as of `now` (open leases bill until then)."""
-    start, end = time_range(job, leases, events, samples, now)
+    start, end = time_range(job, leases, events, samples, now, progress)
     return ReportData(
         job_id=job.id,
         name=job.name,
@@ -221,10 +268,12 @@ def build_report(
         gpus_per_node=job.gpus_per_node,
         start=start,
         end=end,
-        utilization=tuple(utilization_series(samples)),
+        utilization=tuple(without_phantom_gpus(utilization_series(samples))),
         spend=tuple(spend_curve(leases, start, end)),
         budget_usd=budget_from_spec(job.spec_json),
         markers=tuple(event_markers(events)),
+        progress=tuple(progress_points(progress)),
+        reason=reason_lines(job.state, job.reason),
     )
 
 

@@ -18,6 +18,7 @@ from orchestrator.report.data import Marker, ReportData, time_unit
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 CATEGORY_STYLE: dict[str, dict[str, Any]] = {
     "start": {"color": "#2ca02c", "linestyle": "-", "linewidth": 1.2},
@@ -27,12 +28,19 @@ CATEGORY_STYLE: dict[str, dict[str, Any]] = {
     "controller": {"color": "#9467bd", "linestyle": "-.", "linewidth": 1.2},
     "end": {"color": "#000000", "linestyle": "-", "linewidth": 1.4},
 }
-# Beyond this many checkpoints their lines stay unlabelled: they would hide everything else.
-MAX_LABELLED_CHECKPOINTS = 6
+# Checkpoints are ticks on the time axis; at most this many of them carry their step.
+MAX_CHECKPOINT_LABELS = 3
+# Two labelled checkpoints are at least this share of the axis apart.
+CHECKPOINT_LABEL_GAP = 0.12
 # Labels of events closer than this share of the axis are put on both sides of their lines.
 LABEL_SPACING = 0.015
 # A budget more than this many times the spend is noted, not drawn: the curve would be flat.
 BUDGET_SCALE_LIMIT = 4
+# A loss whose largest value is this many times its smallest is drawn on a log scale.
+LOG_LOSS_RATIO = 50.0
+# Room (points) right of the loss panel for its step axis: five-digit numbers and a label.
+STEP_AXIS_WIDTH_PT = 62
+PANEL_HEIGHTS = {"utilization": 3.0, "loss": 2.2, "throughput": 1.6, "spend": 2.0}
 
 
 def _text(value: object) -> str:
@@ -52,12 +60,38 @@ def _decimals_for(top: float) -> int:
     return min(8, max(2, 1 - math.floor(math.log10(top))))
 
 
-def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
-    """The report as PNG bytes: GPU utilization per node (or the job's CPU use without GPUs)
-    over spend with the budget line, every marked event a vertical line on both panels."""
+def labelled_checkpoints(
+    positions: Sequence[float],
+    span: float,
+    *,
+    most: int = MAX_CHECKPOINT_LABELS,
+    gap: float = CHECKPOINT_LABEL_GAP,
+) -> list[int]:
+    """Which checkpoints (indices into `positions`, in time order) carry a label: the last,
+    the first, then evenly between, at most `most`, no two closer than `gap` of `span`."""
+    count = len(positions)
+    if count == 0 or most < 1:
+        return []
+    between = [round((count - 1) * k / (most - 1)) for k in range(1, most - 1)]
+    candidates = [count - 1, 0, *between]
+    chosen: list[int] = []
+    for index in candidates:
+        if len(chosen) == most or index in chosen:
+            continue
+        if all(abs(positions[index] - positions[c]) >= gap * span for c in chosen):
+            chosen.append(index)
+    return sorted(chosen)
+
+
+def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
+    """The report as a matplotlib figure on an Agg canvas of its own: GPU utilization per
+    node (or the job's CPU use without GPUs), rank 0's loss and step, its throughput, and
+    spend with the budget line, on one time axis. Events are vertical lines on every panel,
+    checkpoints ticks on the time axis; a job that did not succeed says why above them."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
+    from matplotlib.transforms import offset_copy
 
     span = max(data.seconds(data.end), 1.0)
     unit, divisor = time_unit(span)
@@ -65,10 +99,18 @@ def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
     def x(at: Any) -> float:
         return data.seconds(at) / divisor
 
-    figure = Figure(figsize=(11, 7.5), dpi=dpi, layout="constrained")
+    heights = list(PANEL_HEIGHTS.values())
+    if data.reason:
+        heights.insert(0, 0.25 + 0.2 * len(data.reason))
+    figure = Figure(figsize=(11, 2.2 + sum(heights)), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
-    util_axes, spend_axes = figure.subplots(
-        2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
+    if data.reason:
+        _draw_reason(figure.add_subplot(grid[0]), data.reason)
+    first = len(heights) - len(PANEL_HEIGHTS)
+    util_axes = figure.add_subplot(grid[first])
+    loss_axes, rate_axes, spend_axes = (
+        figure.add_subplot(grid[first + i], sharex=util_axes) for i in (1, 2, 3)
     )
     figure.suptitle(
         _text(
@@ -78,21 +120,59 @@ def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
         fontsize=12,
     )
     _draw_utilization(util_axes, data, x)
+    step_axes = _draw_progress(loss_axes, rate_axes, data, x)
     _draw_spend(spend_axes, data, x)
     decimals = _decimals_for(spend_axes.get_ylim()[1])
     spend_axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _: rf"\${v:,.{decimals}f}"))
-    for axes in (util_axes, spend_axes):
+    panels = (util_axes, loss_axes, rate_axes, spend_axes)
+    for axes in panels:
         axes.set_xlim(0, span / divisor)
         _draw_markers(axes, data.markers, x, labelled=axes is util_axes)
+        _draw_checkpoints(axes, data.markers, x, labelled=axes is spend_axes)
         axes.grid(True, alpha=0.3)
-        if axes.get_legend_handles_labels()[0]:
-            axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+        if axes is not spend_axes:
+            axes.tick_params(labelbottom=False)
+    for axes in panels:
+        handles, labels = axes.get_legend_handles_labels()
+        if axes is loss_axes and step_axes is not None:
+            more = step_axes.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        if handles:
+            # The step axis's numbers and label sit right of the loss panel: its legend goes
+            # beyond them.
+            right = STEP_AXIS_WIDTH_PT if axes is loss_axes and step_axes is not None else 6
+            anchor = offset_copy(axes.transAxes, fig=figure, x=right, units="points")
+            axes.legend(
+                handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                bbox_transform=anchor, fontsize=8, borderaxespad=0,
+            )  # fmt: skip
     spend_axes.set_xlabel(
         f"time since submission ({unit}); submitted {data.start:%Y-%m-%d %H:%M:%S} UTC"
     )
+    return figure
+
+
+def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
+    """The report (`draw_figure`) as PNG bytes."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    draw_figure(data, dpi=dpi).savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def _note(axes: Axes, text: str) -> None:
+    """A grey note in the middle of a panel that has nothing to draw."""
+    axes.text(
+        0.5, 0.5, text, transform=axes.transAxes, ha="center", va="center", color="#555555",
+    )  # fmt: skip
+
+
+def _draw_reason(axes: Axes, reason: Sequence[str]) -> None:
+    axes.set_axis_off()
+    axes.text(
+        0.0, 0.5, _text("why it ended: " + "\n".join(reason)), transform=axes.transAxes,
+        ha="left", va="center", fontsize=9, family="monospace", color="#8b0000",
+        bbox={"boxstyle": "round,pad=0.4", "facecolor": "#fdecea", "edgecolor": "#d62728"},
+    )  # fmt: skip
 
 
 def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
@@ -105,10 +185,7 @@ def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
         }.get(kind, "utilization (%)")
     )
     if kind == "none":
-        axes.text(
-            0.5, 0.5, "no GPU or CPU readings were recorded", transform=axes.transAxes,
-            ha="center", va="center", color="#555555",
-        )  # fmt: skip
+        _note(axes, "no GPU or CPU readings were recorded")
         axes.set_ylim(0, 100)
         return
     top = 100.0
@@ -129,6 +206,43 @@ def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
             unknown_drawn = True
         top = max([top, *(v for v in values if not math.isnan(v))])
     axes.set_ylim(0, top * 1.08)
+
+
+def _draw_progress(loss_axes: Axes, rate_axes: Axes, data: ReportData, x: Any) -> Axes | None:
+    """Rank 0's loss (with its step on a second axis, returned) and its throughput."""
+    loss_axes.set_ylabel("loss (rank 0)")
+    rate_axes.set_ylabel("throughput\n(samples/s)")
+    points = data.progress
+    losses = [(x(p.at), p.loss) for p in points if p.loss is not None]
+    rates = [(x(p.at), p.img_s) for p in points if p.img_s is not None]
+    if losses:
+        loss_axes.plot(
+            [t for t, _ in losses], [v for _, v in losses], color="#d62728", linewidth=1.6,
+            marker="o" if len(losses) < 30 else None, markersize=3, label="loss",
+        )  # fmt: skip
+        low, high = min(v for _, v in losses), max(v for _, v in losses)
+        if low > 0 and high / low >= LOG_LOSS_RATIO:
+            loss_axes.set_yscale("log")
+    else:
+        _note(loss_axes, "rank 0 reported no loss" if points else "rank 0 reported no progress")
+    steps = None
+    if points:
+        steps = loss_axes.twinx()
+        steps.plot(
+            [x(p.at) for p in points], [p.step for p in points], color="#7f7f7f",
+            linestyle="--", linewidth=1.0, drawstyle="steps-post", label="step",
+        )  # fmt: skip
+        steps.set_ylabel("step", color="#555555")
+        steps.set_ylim(bottom=0)
+    if rates:
+        rate_axes.plot(
+            [t for t, _ in rates], [v for _, v in rates], color="#17becf", linewidth=1.4,
+            marker="o" if len(rates) < 30 else None, markersize=3, label="throughput",
+        )  # fmt: skip
+        rate_axes.set_ylim(0, max(v for _, v in rates) * 1.15 or 1.0)
+    else:
+        _note(rate_axes, "rank 0 reported no throughput")
+    return steps
 
 
 def _draw_spend(axes: Axes, data: ReportData, x: Any) -> None:
@@ -154,23 +268,20 @@ def _draw_spend(axes: Axes, data: ReportData, x: Any) -> None:
                 transform=axes.transAxes, va="top", color="#d62728", fontsize=9,
             )  # fmt: skip
     if not data.spend or peak == 0:
-        axes.text(
-            0.5, 0.5, "nothing billed", transform=axes.transAxes, ha="center", va="center",
-            color="#555555",
-        )  # fmt: skip
+        _note(axes, "nothing billed")
 
 
 def _draw_markers(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool) -> None:
-    checkpoints = sum(1 for marker in markers if marker.category == "checkpoint")
+    """Every event but the checkpoints: a vertical line, labelled on the `labelled` panel."""
     low, high = axes.get_xlim()
     near = (high - low) * LABEL_SPACING
     previous: tuple[float, str] | None = None  # position and side of the last label
     for marker in markers:
+        if marker.category == "checkpoint":
+            continue
         position = x(marker.at)
         axes.axvline(position, alpha=0.8, **CATEGORY_STYLE[marker.category])
         if not labelled:
-            continue
-        if marker.category == "checkpoint" and checkpoints > MAX_LABELLED_CHECKPOINTS:
             continue
         # A label sits left of its line; one close to the previous label goes to the right.
         side = "right"
@@ -181,6 +292,33 @@ def _draw_markers(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bo
             position, 0.98, f" {_text(marker.label)} ", transform=axes.get_xaxis_transform(),
             rotation=90, va="top", ha=side, fontsize=7,
             color=CATEGORY_STYLE[marker.category]["color"],
+        )  # fmt: skip
+
+
+def _draw_checkpoints(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool) -> None:
+    """Checkpoints as ticks on the panel's time axis; on the `labelled` panel a legend entry
+    and the steps of a few of them (`labelled_checkpoints`)."""
+    checkpoints = [m for m in markers if m.category == "checkpoint"]
+    if not checkpoints:
+        return
+    color = CATEGORY_STYLE["checkpoint"]["color"]
+    positions = [x(m.at) for m in checkpoints]
+    axes.plot(
+        positions, [0.0] * len(positions), linestyle="none", marker="|", markersize=12,
+        markeredgewidth=1.5, color=color, transform=axes.get_xaxis_transform(), clip_on=False,
+        label=f"checkpoint ({len(positions)})" if labelled else None,
+    )  # fmt: skip
+    if not labelled:
+        return
+    low, high = axes.get_xlim()
+    for index in labelled_checkpoints(positions, high - low):
+        marker = checkpoints[index]
+        text = "checkpoint" if marker.step is None else f"@{marker.step}"
+        axes.text(
+            positions[index], 0.05, text, transform=axes.get_xaxis_transform(), ha="center",
+            va="bottom", fontsize=7, color="#444444",
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8,
+                  "edgecolor": "none"},
         )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ class ReportResult:
     series: int  # utilization lines drawn (one per node and GPU)
     samples: int  # readings behind them
     markers: int  # events marked on the time axis
+    progress: int  # progress samples of rank 0 behind the loss and throughput curves
 
     def as_dict(self) -> dict:
         return {
@@ -28,6 +29,7 @@ class ReportResult:
             "series": self.series,
             "samples": self.samples,
             "markers": self.markers,
+            "progress": self.progress,
         }
 
 
@@ -45,6 +47,7 @@ def report_data(ledger: Ledger, job_id: str, now: datetime | None = None) -> Rep
         ledger.events(job_id),
         ledger.gpu_samples(job_id),
         now or utcnow(),
+        ledger.progress_samples(job_id),
     )
 
 
@@ -80,4 +83,5 @@ def write_report(
         series=len(data.utilization),
         samples=data.sample_count,
         markers=len(data.markers),
+        progress=len(data.progress),
     )

@@ -17,6 +17,7 @@ from orchestrator.ledger.store import (
     Job,
     Lease,
     Ledger,
+    ProgressSampleRecord,
     make_engine,
     total_cost,
 )
@@ -24,6 +25,7 @@ from orchestrator.report.data import (
     budget_from_spec,
     event_markers,
     lease_spend_at,
+    reason_lines,
     spend_curve,
     time_unit,
 )
@@ -72,6 +74,12 @@ def sample(
         job_id="rep-1", rank=rank, gpu=gpu, at=at(seconds), util_pct=util, ok=ok,
         mem_used_mib=None if gpu < 0 else 1000.0, mem_total_mib=None if gpu < 0 else 81559.0,
     )  # fmt: skip
+
+
+def progress(
+    seconds: float, step: int, loss: float | None = None, img_s: float | None = None
+) -> ProgressSampleRecord:
+    return ProgressSampleRecord(job_id="rep-1", at=at(seconds), step=step, loss=loss, img_s=img_s)
 
 
 def ledger_with(tmp_path: Path, job: Job, rows: list[object]) -> Ledger:
@@ -257,3 +265,53 @@ def test_time_unit_fits_the_span() -> None:
     assert time_unit(45) == ("s", 1.0)
     assert time_unit(3600) == ("min", 60.0)
     assert time_unit(86400) == ("h", 3600.0)
+
+
+def test_progress_history_is_read_in_time_order_and_widens_the_axis(tmp_path: Path) -> None:
+    job = make_job(state="SUCCEEDED", ended=at(50))
+    rows = [progress(20, 8, 2.1, 110.0), progress(10, 4, 2.3, 100.0), progress(60, 12)]
+    data = report_data(ledger_with(tmp_path, job, rows), "rep-1", now=at(900))
+    assert [(data.seconds(p.at), p.step, p.loss, p.img_s) for p in data.progress] == [
+        (10, 4, 2.3, 100.0),
+        (20, 8, 2.1, 110.0),
+        (60, 12, None, None),
+    ]
+    assert data.end == at(60)
+    assert report_data(ledger_with(tmp_path / "e", make_job(), []), "rep-1", at(5)).progress == ()
+
+
+def test_a_node_read_by_its_cpu_has_no_phantom_gpu_series(tmp_path: Path) -> None:
+    def cpu_node() -> list[object]:
+        return [
+            sample(0, 0, 4, None, ok=False),  # recorded before nvidia-smi said it was missing
+            sample(0, -1, 5, 150.0),
+            sample(0, -1, 6, 140.0),
+        ]
+
+    rows = [
+        *cpu_node(),
+        sample(1, 0, 5, 90.0),  # a real GPU on node 1
+        sample(1, 1, 5, None, ok=False),  # an unknown GPU on a GPU node stays drawn
+    ]
+    data = report_data(ledger_with(tmp_path, make_job(), rows), "rep-1", now=at(10))
+    assert [s.label for s in data.utilization] == ["node 0 CPU", "node 1 GPU 0", "node 1 GPU 1"]
+    only = report_data(ledger_with(tmp_path / "c", make_job(), cpu_node()), "rep-1", now=at(10))
+    assert [s.label for s in only.utilization] == ["node 0 CPU"]
+    assert only.utilization_kind == "cpu"
+
+
+def test_a_job_that_did_not_succeed_keeps_the_first_lines_of_its_reason(tmp_path: Path) -> None:
+    job = make_job(state="FAILED", ended=at(30))
+    job.reason = (
+        "rank 0 (node 0): RuntimeError: boom\n\nTraceback (most recent call last):\n  File x\n"
+    )
+    data = report_data(ledger_with(tmp_path, job, []), "rep-1", now=at(60))
+    assert data.reason == (
+        "rank 0 (node 0): RuntimeError: boom",
+        "Traceback (most recent call last):",
+    )
+    assert reason_lines("FAILED", "x" * 500, lines=1, width=20) == ("x" * 17 + "...",)
+    assert reason_lines("SUCCEEDED", "finished") == ()
+    assert reason_lines("RUNNING", "whatever") == ()
+    assert reason_lines("BUDGET_STOPPED", "spend reached the cap") == ("spend reached the cap",)
+    assert reason_lines("FAILED", None) == ()
