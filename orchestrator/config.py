@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import ConfigError
-from orchestrator.spec.model import Seconds
+from orchestrator.spec.values import Seconds
 
 LocalNetworkMode = Literal["auto", "namespace", "loopback"]
 
