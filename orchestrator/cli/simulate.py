@@ -71,7 +71,11 @@ def simulate_command(
     ] = None,
     policy: Annotated[
         list[str] | None,
-        typer.Option("--policy", help="uniform-progress, greedy, on-demand, spot-only; repeat"),
+        typer.Option(
+            "--policy",
+            help="uniform-progress, greedy, on-demand, spot-only, optimal (the offline "
+            "optimum); repeat",
+        ),
     ] = None,
     price_ratio: Annotated[
         str, typer.Option("--price-ratio", help="spot price / on-demand price")
@@ -101,13 +105,16 @@ def simulate_command(
     ] = 16,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
-    """Cost and finish time of each spot policy on a spot availability trace."""
+    """Cost and finish time of each spot policy on a spot availability trace, and its gap to
+    the offline optimum (the cheapest schedule that meets the deadline, the trace known)."""
+    from orchestrator.spot.optimal import OPTIMAL
     from orchestrator.spot.policies import POLICY_NAMES, get_policy
     from orchestrator.spot.simulate import Prices
 
-    names = list(dict.fromkeys(policy or POLICY_NAMES))
+    names = list(dict.fromkeys(policy or (*POLICY_NAMES, *((OPTIMAL,) if sweep else ()))))
     for name in names:
-        get_policy(name)  # unknown names fail here, before any work
+        if name != OPTIMAL:
+            get_policy(name)  # unknown names fail here, before any work
     for hours in job_hours:
         _check_hours(hours, "--job-hours")
     _check_hours(overhead_minutes, "--overhead-minutes", allow_zero=True)
@@ -148,6 +155,7 @@ def _run_one(
     json_out: bool,
 ) -> None:
     from orchestrator.providers.traces import load_trace
+    from orchestrator.spot.optimal import OPTIMAL, optimal, with_gap
     from orchestrator.spot.policies import get_policy
     from orchestrator.spot.simulate import Scenario, simulate
 
@@ -166,9 +174,15 @@ def _run_one(
         nodes=nodes,
         start_tick=start_tick,
     )
-    results = {name: simulate(data, get_policy(name), scenario) for name in names}
+    best = optimal(data, scenario)
+    results = {
+        name: best
+        if name == OPTIMAL
+        else with_gap(simulate(data, get_policy(name), scenario), best)
+        for name in names
+    }
     if json_out:
-        document = {name: result.as_dict() for name, result in results.items()}
+        document = {name: None if r is None else r.as_dict() for name, r in results.items()}
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     table = Table(
@@ -176,14 +190,19 @@ def _run_one(
         f"restart {overhead_s / 60:g} min, on-demand ${prices.on_demand}/h, "
         f"spot ${prices.spot:.4f}/h"
     )
-    for column in ("policy", "cost $", "finish h", "deadline", "spot h", "on-demand h", "starts"):
+    columns = ("policy", "cost $", "vs optimal", "finish h", "deadline", "spot h", "on-demand h")
+    for column in (*columns, "starts"):
         table.add_column(
             column, justify="left" if column == "policy" else "right", no_wrap=column == "policy"
         )
     for name, result in results.items():
+        if result is None:  # the optimum of a deadline nothing can meet
+            table.add_row(name, "-", "-", "-", "infeasible", "-", "-", "-")
+            continue
         finish = "-" if result.finish_s is None else f"{result.finish_s / 3600:.2f}"
+        gap = "-" if result.gap_to_optimal is None else f"{result.gap_to_optimal * 100:+.1f} %"
         table.add_row(
-            name, f"{result.cost:.2f}", finish, "met" if result.met_deadline else "MISSED",
+            name, f"{result.cost:.2f}", gap, finish, "met" if result.met_deadline else "MISSED",
             f"{result.spot_s / 3600:.2f}", f"{result.on_demand_s / 3600:.2f}",
             str(result.restarts),
         )  # fmt: skip

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator.spot.sweep import SweepCell, mean_costs
+from orchestrator.spot.sweep import SweepCell, mean_costs, mean_gaps
 
 __all__ = ["BEGIN", "END", "plot_png", "render_markdown", "write_report"]
 
@@ -52,10 +52,27 @@ def render_markdown(cells: Sequence[SweepCell], setup: str, image: str) -> str:
             up, greedy, od = means[trace][_UP], means[trace][_GREEDY], means[trace][_OD]
             row += [_saving(up, od), _saving(up, greedy), _saving(greedy, od)]
         lines.append(_row(row))
+    lines += _gap_table(cells, policies, traces)
     lines += ["", f"![cost relative to on-demand against deadline slack]({image})", ""]
     for trace in traces:
         lines += _trace_table(trace, [c for c in cells if c.trace == trace], policies, compare)
     return "\n".join(lines) + "\n"
+
+
+def _gap_table(cells: Sequence[SweepCell], policies: list[str], traces: list[str]) -> list[str]:
+    """Mean gap to the offline optimum (cost / optimal - 1) per trace and policy."""
+    gaps = mean_gaps(cells)
+    shown = [p for p in policies if p != "optimal"]
+    lines = ["", "### Gap to the offline optimum: mean of cost / optimal cost - 1", ""]
+    lines += [_row(["trace", *shown]), _row(["---"] * (len(shown) + 1))]
+    for trace in traces:
+        values = [gaps[trace][p] for p in shown]
+        lines.append(
+            _row(
+                [f"`{_short(trace)}`", *("-" if v is None else f"{v * 100:.1f} %" for v in values)]
+            )
+        )
+    return lines
 
 
 def _trace_table(

@@ -24,6 +24,12 @@ Contract of every policy's `decide(inputs, state) -> (decision, new_state)`:
   go on-demand and stay there for good. Hence: when the deadline is feasible at the start
   (all on-demand would make it) and restarts take no longer than `restart_overhead_s`, these
   policies meet it.
+- Bill cap (`greedy`, `uniform-progress`): a spot instance is started only while the bill so
+  far is at most what the progress made would have cost on on-demand plus `RISK_RESTARTS`
+  restarts on on-demand; otherwise on-demand for good. Hence, on any trace, they cost at
+  most on-demand from the start plus `RISK_RESTARTS` restarts on on-demand and one restart
+  and one decision interval on spot (the last spot start allowed may be reclaimed right after
+  its restart).
 - `spot-only` never uses on-demand and may miss the deadline; it is the cheapest bound.
 """
 
@@ -81,6 +87,7 @@ class PolicyInputs:
     spot_price: Decimal  # per node-hour
     on_demand_price: Decimal  # per node-hour
     decision_interval_s: float = 0.0  # time to the next decision point (simulator: a tick)
+    spent_usd: Decimal | None = None  # billed so far, per node; None: unknown (no bill cap)
 
     @property
     def elapsed_s(self) -> float:
@@ -133,8 +140,40 @@ def _safety_net(inputs: PolicyInputs) -> bool:
     return slack < 2 * inputs.restart_overhead_s
 
 
+RISK_RESTARTS = 2
+"""Restarts, at the on-demand price, that a deadline-aware policy may lose beyond its savings
+(see `_spot_pays_off`): Uniform Progress pays on-demand restarts to keep to its line."""
+
+
+def _spot_pays_off(inputs: PolicyInputs) -> bool:
+    """May a spot instance be started? Only while the bill so far is at most what the progress
+    made would have cost on on-demand, plus `RISK_RESTARTS` restarts on on-demand.
+
+    Moving to spot and back costs restarts: a spot instance that is reclaimed before it has
+    paid for them (availability in stretches shorter than a few restarts) leaves the job
+    dearer than on-demand, and every later try, paid from savings that are not there, makes
+    it worse. Finishing on on-demand from here costs (work left + a restart) x the on-demand
+    price, so with this cap the whole bill stays within on-demand from the start plus the
+    restarts the cap allows and the last spot start's (see the module docstring).
+    """
+    if inputs.spent_usd is None:
+        return True
+    hour = Decimal(3600)
+    progress_value = Decimal(repr(max(0.0, inputs.progress_s))) * inputs.on_demand_price / hour
+    risk = RISK_RESTARTS * Decimal(repr(inputs.restart_overhead_s)) * inputs.on_demand_price / hour
+    return inputs.spent_usd <= progress_value + risk
+
+
 def _spot_running(inputs: PolicyInputs) -> bool:
     return inputs.running is Running.SPOT and inputs.spot_available
+
+
+def _commit_on_demand(inputs: PolicyInputs, state: PolicyState) -> bool:
+    """On-demand for good: already committed, the safety net, spot that does not pay, or
+    spot available that the bill cap no longer allows to start."""
+    if state.committed_on_demand or _safety_net(inputs) or not inputs.spot_pays:
+        return True
+    return inputs.spot_available and not _spot_pays_off(inputs)
 
 
 @dataclass(frozen=True)
@@ -172,7 +211,7 @@ class GreedyPolicy:
             return Decision.WAIT, state
         if _spot_running(inputs) and not state.committed_on_demand:
             return Decision.SPOT, state
-        if state.committed_on_demand or _safety_net(inputs) or not inputs.spot_pays:
+        if _commit_on_demand(inputs, state):
             return Decision.ON_DEMAND, replace(state, committed_on_demand=True)
         return (Decision.SPOT if inputs.spot_available else Decision.WAIT), state
 
@@ -214,7 +253,7 @@ class UniformProgressPolicy:
             return Decision.WAIT, state
         if _spot_running(inputs) and not state.committed_on_demand:
             return Decision.SPOT, state
-        if state.committed_on_demand or _safety_net(inputs) or not inputs.spot_pays:
+        if _commit_on_demand(inputs, state):
             return Decision.ON_DEMAND, replace(state, committed_on_demand=True)
         if state.line_start is None:
             if inputs.work_left_s < TIGHT_FRACTION * inputs.time_left_s:

@@ -97,6 +97,8 @@ class SimulationResult:
     on_demand_s: float  # instance-seconds on on-demand, per node
     restarts: int  # instance starts, the first one included
     preemptions: int  # spot instances reclaimed
+    gap_to_optimal: float | None = None  # cost / the offline optimum's - 1 (`spot.optimal`);
+    # None where no schedule meets the deadline, or where the optimum was not worked out
 
     def as_dict(self) -> dict[str, object]:
         """JSON view: cost in USD, durations in hours."""
@@ -108,6 +110,9 @@ class SimulationResult:
             "on_demand_hours": round(self.on_demand_s / 3600, 4),
             "restarts": self.restarts,
             "preemptions": self.preemptions,
+            "gap_to_optimal": None
+            if self.gap_to_optimal is None
+            else round(self.gap_to_optimal, 4),
         }
 
 
@@ -149,6 +154,7 @@ def simulate(trace: SpotTrace, policy: SpotPolicy, scenario: Scenario) -> Simula
             spot_price=prices.spot,
             on_demand_price=prices.on_demand,
             decision_interval_s=gap,
+            spent_usd=_usd(spot_s, prices.spot) + _usd(on_demand_s, prices.on_demand),
         )
         decision, state = policy.decide(inputs, state)
         if decision is Decision.WAIT:

@@ -2,23 +2,34 @@
 
 A cell of the sweep is (trace, job length, slack, policy): the job is simulated from `starts`
 submit times spread evenly over the trace (the same ones for every cell of a trace), and the
-cell keeps the mean cost and how many runs met the deadline. Slack is the deadline's margin
-over the job: a 10 h job with 30 % slack must be done 13 h after it is submitted. Pure.
+cell keeps the mean cost, how many runs met the deadline and the mean gap to the offline
+optimum (`orchestrator.spot.optimal`, which may be swept as the policy `optimal` too). Slack
+is the deadline's margin over the job: a 10 h job with 30 % slack must be done 13 h after it
+is submitted. Pure.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from orchestrator.errors import TraceError
 from orchestrator.providers.traces import SpotTrace
-from orchestrator.spot.policies import get_policy
-from orchestrator.spot.simulate import Prices, Scenario, simulate
+from orchestrator.spot.optimal import OPTIMAL, optimal_schedules, with_gap
+from orchestrator.spot.policies import SpotPolicy, get_policy
+from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
 
-__all__ = ["DEFAULT_STARTS", "SLACKS_PCT", "SweepCell", "mean_costs", "start_ticks", "sweep"]
+__all__ = [
+    "DEFAULT_STARTS",
+    "SLACKS_PCT",
+    "SweepCell",
+    "mean_costs",
+    "mean_gaps",
+    "start_ticks",
+    "sweep",
+]
 
 SLACKS_PCT: tuple[int, ...] = tuple(range(10, 101, 10))
 """Deadline slack swept by default, in percent of the job's length: 10 % to 100 %."""
@@ -40,6 +51,8 @@ class SweepCell:
     mean_cost: Decimal  # USD
     max_cost: Decimal  # USD, the most expensive run
     met: int  # runs that finished by the deadline
+    mean_gap: float | None = None  # mean of cost / optimal - 1 over the runs that have an
+    # optimum (None: none has)
 
     @property
     def deadline_hours(self) -> float:
@@ -72,48 +85,83 @@ def sweep(
     starts: int = DEFAULT_STARTS,
     nodes: int = 1,
 ) -> list[SweepCell]:
-    """Simulate every (trace, job length, slack, policy); cells in that order."""
-    chosen = [get_policy(name) for name in policies]
+    """Simulate every (trace, job length, slack, policy); cells in that order. The policy
+    `optimal` is the offline optimum; every cell's `mean_gap` is measured against it."""
+    chosen = [name if name == OPTIMAL else get_policy(name) for name in policies]
     cells: list[SweepCell] = []
     for trace in traces:
         window = max(job_hours) * 3600 * (1 + max(slacks_pct) / 100)
         ticks = start_ticks(trace, window, starts)
         fraction = trace.spot_fraction(nodes)
         for hours in job_hours:
-            for slack in slacks_pct:
+            deadlines = [hours * 3600 * (1 + slack / 100) for slack in slacks_pct]
+            scenarios = [
+                Scenario(
+                    job_s=hours * 3600,
+                    deadline_s=max(deadlines),
+                    overhead_s=overhead_s,
+                    prices=prices,
+                    nodes=nodes,
+                    start_tick=tick,
+                )  # fmt: skip
+                for tick in ticks
+            ]
+            optima = [optimal_schedules(trace, scenario, deadlines) for scenario in scenarios]
+            for column, (slack, deadline) in enumerate(zip(slacks_pct, deadlines, strict=True)):
+                best = [by_deadline[column] for by_deadline in optima]
                 for policy in chosen:
                     results = [
-                        simulate(
-                            trace,
-                            policy,
-                            Scenario(
-                                job_s=hours * 3600,
-                                deadline_s=hours * 3600 * (1 + slack / 100),
-                                overhead_s=overhead_s,
-                                prices=prices,
-                                nodes=nodes,
-                                start_tick=tick,
-                            ),
-                        )
-                        for tick in ticks
+                        _run(trace, policy, replace(scenario, deadline_s=deadline), optimum)
+                        for scenario, optimum in zip(scenarios, best, strict=True)
                     ]
-                    costs = [result.cost for result in results]
-                    cells.append(
-                        SweepCell(
-                            trace=trace.name,
-                            spot_fraction=fraction,
-                            job_hours=hours,
-                            slack_pct=slack,
-                            policy=policy.name,
-                            runs=len(results),
-                            mean_cost=(sum(costs, Decimal(0)) / len(costs)).quantize(
-                                Decimal("0.0001")
-                            ),
-                            max_cost=max(costs),
-                            met=sum(result.met_deadline for result in results),
-                        )
-                    )
+                    cells.append(_cell(trace.name, fraction, hours, slack, results))
     return cells
+
+
+def _run(
+    trace: SpotTrace,
+    policy: SpotPolicy | str,
+    scenario: Scenario,
+    optimum: SimulationResult | None,
+) -> SimulationResult:
+    if isinstance(policy, str):  # the optimum itself
+        if optimum is not None:
+            return optimum
+        on_demand = simulate(trace, get_policy("on-demand"), scenario)
+        return replace(on_demand, policy=OPTIMAL, gap_to_optimal=None)
+    return with_gap(simulate(trace, policy, scenario), optimum)
+
+
+def _cell(
+    trace: str, fraction: float, hours: float, slack: int, results: list[SimulationResult]
+) -> SweepCell:
+    costs = [result.cost for result in results]
+    gaps = [result.gap_to_optimal for result in results if result.gap_to_optimal is not None]
+    return SweepCell(
+        trace=trace,
+        spot_fraction=fraction,
+        job_hours=hours,
+        slack_pct=slack,
+        policy=results[0].policy,
+        runs=len(results),
+        mean_cost=(sum(costs, Decimal(0)) / len(costs)).quantize(Decimal("0.0001")),
+        max_cost=max(costs),
+        met=sum(result.met_deadline for result in results),
+        mean_gap=sum(gaps) / len(gaps) if gaps else None,
+    )
+
+
+def mean_gaps(cells: Iterable[SweepCell]) -> dict[str, dict[str, float | None]]:
+    """trace -> policy -> mean of the cells' `mean_gap` (None where no cell has one)."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for cell in cells:
+        gaps = sums.setdefault(cell.trace, {}).setdefault(cell.policy, [])
+        if cell.mean_gap is not None:
+            gaps.append(cell.mean_gap)
+    return {
+        trace: {policy: sum(g) / len(g) if g else None for policy, g in by_policy.items()}
+        for trace, by_policy in sums.items()
+    }
 
 
 def mean_costs(cells: Iterable[SweepCell]) -> dict[str, dict[str, Decimal]]:

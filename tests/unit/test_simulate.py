@@ -17,14 +17,23 @@ from orchestrator.cli.simulate import simulate_command
 from orchestrator.errors import OrchError, TraceError
 from orchestrator.providers.traces import SpotTrace, load_trace
 from orchestrator.report.sweep import BEGIN, END, write_report
+from orchestrator.spot.optimal import optimal, with_gap
 from orchestrator.spot.policies import (
+    RISK_RESTARTS,
     Decision,
     PolicyInputs,
     PolicyState,
     get_policy,
 )
 from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
-from orchestrator.spot.sweep import SLACKS_PCT, SweepCell, mean_costs, start_ticks, sweep
+from orchestrator.spot.sweep import (
+    SLACKS_PCT,
+    SweepCell,
+    mean_costs,
+    mean_gaps,
+    start_ticks,
+    sweep,
+)
 from tests.support.fuzzing import examples
 from tests.support.helpers import orch_env, run_orch
 from tests.unit.trace_files import shared_trace_paths
@@ -168,6 +177,14 @@ def test_uniform_progress_never_costs_more_than_on_demand(shared_sweep: list[Swe
     assert dearer == {}
 
 
+def test_every_policy_has_its_gap_to_the_optimum(shared_sweep: list[SweepCell]) -> None:
+    """The optimum is a floor (within the grid's rounding) and on-demand is well above it."""
+    assert all(c.mean_gap is not None and c.mean_gap > -0.005 for c in shared_sweep)
+    gaps = mean_gaps(shared_sweep)
+    for by_policy in gaps.values():
+        assert by_policy["on-demand"] > by_policy["uniform-progress"] > 0  # type: ignore[operator]
+
+
 def test_uniform_progress_costs_no_more_than_greedy_on_average(
     shared_sweep: list[SweepCell],
 ) -> None:
@@ -218,6 +235,63 @@ def test_no_deadline_aware_policy_misses_a_feasible_deadline(
         result = simulate(long_trace, get_policy(name), scenario)
         assert result.met_deadline, (name, result)
         assert result.finish_s is not None and result.finish_s <= deadline_s + 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# Never (by more than a bounded few restarts) above on-demand from the start
+
+
+@st.composite
+def scarce_traces(draw: st.DrawFn) -> SpotTrace:
+    """Poor availability in short stretches, as long as a restart or shorter."""
+    gap = draw(st.sampled_from([60.0, 195.0, 300.0]))
+    up = draw(st.lists(st.integers(1, 4), min_size=1, max_size=30))
+    down = draw(st.lists(st.integers(1, 30), min_size=1, max_size=30))
+    counts = [v for a, b in zip(up, down, strict=False) for v in [1] * a + [0] * b]
+    return SpotTrace(name="scarce", gap_s=gap, counts=tuple(counts * 400)[:4000])
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    trace=st.one_of(scarce_traces(), random_traces()),
+    job_h=st.floats(0.5, 12),
+    overhead_min=st.floats(1, 30),
+    slack=st.floats(0, 3),
+)
+def test_deadline_aware_policies_cost_at_most_on_demand_and_a_few_restarts(
+    trace: SpotTrace, job_h: float, overhead_min: float, slack: float
+) -> None:
+    """cost <= on-demand from the start + epsilon, with epsilon the rule's bound: the restarts
+    on on-demand it may lose beyond its savings, and one spot restart and tick."""
+    job_s, overhead_s = job_h * HOUR, overhead_min * 60
+    deadline_s = (job_s + overhead_s) * (1 + slack)
+    need = math.ceil(deadline_s / trace.gap_s) + 1
+    counts = (trace.counts * (need // len(trace.counts) + 2))[:need]
+    long_trace = SpotTrace(name=trace.name, gap_s=trace.gap_s, counts=counts)
+    scenario = Scenario(job_s=job_s, deadline_s=deadline_s, overhead_s=overhead_s, prices=PRICES)
+    on_demand = simulate(long_trace, get_policy("on-demand"), scenario).cost
+    epsilon = usd(RISK_RESTARTS * overhead_s, PRICES.on_demand) + usd(
+        overhead_s + trace.gap_s, PRICES.spot
+    )
+    for name in ("uniform-progress", "greedy"):
+        result = simulate(long_trace, get_policy(name), scenario)
+        assert result.met_deadline, (name, result)
+        assert result.cost <= on_demand + epsilon + Decimal("0.0002"), (name, result, on_demand)
+
+
+def test_flickering_spot_no_longer_makes_uniform_progress_dearer_than_on_demand() -> None:
+    """Spot for one 5-minute tick in five, 6-minute restarts, a 5 h job with 50 % slack:
+    every spot start is reclaimed before its restart is done. Before the bill cap Uniform
+    Progress went back and forth between on-demand and spot, two restarts each time, and
+    cost more than on-demand plus the cap's bound (0.80 $ here)."""
+    trace = SpotTrace(name="flicker", gap_s=300.0, counts=(1, 0, 0, 0, 0) * 200)
+    scenario = Scenario(job_s=5 * HOUR, deadline_s=7.5 * HOUR, overhead_s=360, prices=PRICES)
+    on_demand = simulate(trace, get_policy("on-demand"), scenario).cost
+    epsilon = usd(RISK_RESTARTS * 360, PRICES.on_demand) + usd(360 + 300, PRICES.spot)
+    for name in ("uniform-progress", "greedy"):
+        result = simulate(trace, get_policy(name), scenario)
+        assert result.met_deadline
+        assert result.cost <= on_demand + epsilon, (name, result.cost, on_demand)
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,7 +353,9 @@ def test_orch_simulate_json(env: dict[str, str]) -> None:
         "on_demand_hours": 10.2,
         "restarts": 1,
         "preemptions": 0,
+        "gap_to_optimal": document["on-demand"]["gap_to_optimal"],
     }
+    assert document["on-demand"]["gap_to_optimal"] > 0
     assert document["uniform-progress"]["met_deadline"] is True
     assert document["uniform-progress"]["cost"] < document["on-demand"]["cost"]
     # the same run in process gives the same numbers
@@ -289,7 +365,11 @@ def test_orch_simulate_json(env: dict[str, str]) -> None:
         get_policy("uniform-progress"),
         Scenario(job_s=10 * HOUR, deadline_s=13 * HOUR, overhead_s=720, prices=PRICES),
     )
-    assert document["uniform-progress"] == direct.as_dict()
+    best = optimal(
+        trace, Scenario(job_s=10 * HOUR, deadline_s=13 * HOUR, overhead_s=720, prices=PRICES)
+    )
+    assert document["uniform-progress"] == with_gap(direct, best).as_dict()
+    assert 0 < document["uniform-progress"]["gap_to_optimal"] < 0.5
 
 
 def test_orch_simulate_prices_and_policies_are_settable(env: dict[str, str]) -> None:
@@ -307,6 +387,7 @@ def test_orch_simulate_prices_and_policies_are_settable(env: dict[str, str]) -> 
             "on_demand_hours": 2.0,
             "restarts": 1,
             "preemptions": 0,
+            "gap_to_optimal": 0.0,  # no spot price pays: on-demand is the optimum
         }
     }
 
