@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system tools, a venv keyed by the dependency pins, the project in it.
+# Idempotent set-up: system tools, then this clone's venv, linked as `.venv`.
 #
-# The venv lives outside the clone (ORCH_VENV_CACHE, default ~/.cache/orch-venv/<hash>) so that
-# every clone with the same pins (CI's fresh clones included) reuses it; `.venv` links to it.
+# The venvs live outside the clone (ORCH_VENV_CACHE, default ~/.cache/orch-venv): the
+# dependencies in one keyed by the Python and the pins, which every clone with the same pins (CI's
+# fresh clones included) reuses, and this clone's orch in one of its own layered on it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-root_dir=$(pwd)
 
 # --- system tools -----------------------------------------------------------------------
 missing=()
@@ -39,42 +39,9 @@ if [ -z "$python_bin" ]; then
     exit 1
 fi
 
-pins_hash=$("$python_bin" - <<'PY'
-import hashlib, json, sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-pins = {"python": sys.version.split()[0], "deps": sorted(project["dependencies"]),
-        "extras": {k: sorted(v) for k, v in sorted(project["optional-dependencies"].items())}}
-print(hashlib.sha256(json.dumps(pins, sort_keys=True).encode()).hexdigest()[:16])
-PY
-)
-venv_dir="${ORCH_VENV_CACHE:-$HOME/.cache/orch-venv}/$pins_hash"
-
-if [ ! -f "$venv_dir/.complete" ]; then
-    echo "building the venv in $venv_dir (torch takes a few minutes the first time)"
-    rm -rf "$venv_dir"
-    mkdir -p "$(dirname "$venv_dir")"
-    "$python_bin" -m venv "$venv_dir"
-    "$venv_dir/bin/pip" install -q --upgrade "pip>=24" "setuptools>=68" wheel
-    deps=$("$python_bin" - <<'PY'
-import tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = project["optional-dependencies"]
-print("\n".join(project["dependencies"] + extras["trainer"] + extras["dev"]))
-PY
-)
-    mapfile -t dep_list <<<"$deps"
-    "$venv_dir/bin/pip" install -q "${dep_list[@]}"
-    touch "$venv_dir/.complete"
-fi
-
-# The project itself: an editable install pointing at this clone (cheap; redone when the
-# clone that last used this venv was another one, when pyproject.toml changed (entry points,
-# package data), or when the entry point is missing).
-project_key="$root_dir $(sha256sum pyproject.toml | cut -c1-16)"
-if [ "$(cat "$venv_dir/.project-path" 2>/dev/null)" != "$project_key" ] || [ ! -x "$venv_dir/bin/orch" ]; then
-    "$venv_dir/bin/pip" install -q --no-deps --no-build-isolation -e "$root_dir"
-    echo "$project_key" >"$venv_dir/.project-path"
-fi
-
+# The heavy dependencies (torch) go in a venv shared by every clone with the same pins; orch
+# itself in a thin venv of this clone's own over it, so that setup here never re-points another
+# clone's `.venv` (scripts/venvs.py says how).
+venv_dir=$("$python_bin" scripts/venvs.py main)
 ln -sfn "$venv_dir" .venv
 echo "setup done: .venv -> $venv_dir"
