@@ -191,6 +191,7 @@ class DeadlineDriver:
                     spot_price=spot_price,
                     on_demand_price=on_demand_price,
                     decision_interval_s=self.interval_s,
+                    spent_usd=self._spent_per_node(),
                 )
                 decision, policy_state = self.policy.decide(inputs, self.state.policy)
                 self.state = replace(self.state, policy=policy_state)
@@ -205,6 +206,11 @@ class DeadlineDriver:
                 self.state = replace(self.state, market=decision)
             self._save(force=changed or self.state.policy != self._saved.policy)
             return decision, inputs
+
+    def _spent_per_node(self) -> Decimal:
+        """What the job has been billed so far, per node (the policies' prices are per node):
+        the bill cap of the deadline policies weighs it against the progress made."""
+        return self.ledger.spend(self.job_id, now=self.clock()) / max(1, self.launch_request.count)
 
     def _work(self, step: int | None) -> Work | None:
         rate, total = self.state.steps_per_s, self.state.total_steps

@@ -140,6 +140,7 @@ class Work:
         spot_price: Decimal,
         on_demand_price: Decimal,
         decision_interval_s: float,
+        spent_usd: Decimal | None = None,
     ) -> PolicyInputs:
         """The policy's inputs at one decision point, with this work."""
         return PolicyInputs(
@@ -153,6 +154,7 @@ class Work:
             spot_price=spot_price,
             on_demand_price=on_demand_price,
             decision_interval_s=decision_interval_s,
+            spent_usd=spent_usd,
         )
 
 

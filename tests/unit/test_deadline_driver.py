@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.ledger.store import Job, Ledger
+from orchestrator.ledger.store import Job, Lease, Ledger
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.spec.model import JobSpec
@@ -145,6 +145,35 @@ def test_on_demand_moves_back_to_spot_once_ahead_of_the_line(
     assert isinstance(move, PlannedMove)
     assert (move.source, move.to) == (Decision.ON_DEMAND, Decision.SPOT)
     assert move.describe().startswith("on-demand -> spot (work left 50 s, time left 100 s")
+
+
+def test_a_bill_above_what_the_progress_is_worth_keeps_the_job_on_demand_for_good(
+    ledger: Ledger, provider: LocalProvider
+) -> None:
+    """As the test above, but the job has been billed far more than its progress would have
+    cost on on-demand (restarts that came to nothing): the move back to spot, which pays only
+    from savings, is not made, and on-demand stays for the rest of the job."""
+    clock = Clock()
+    d = driver(ledger, provider, clock)
+    measure(d, 0)
+    provider.set_spot_available(False)
+    clock.now = T0 + timedelta(seconds=160)
+    d.decide_idle(0)
+    clock.now = T0 + timedelta(seconds=161)
+    assert d.decide_idle(0) is Decision.ON_DEMAND
+    ledger.open_lease(  # 200 s at 3.06/h: $0.17, against 50 s of progress ($0.04) + 2 x 10 s
+        Lease(
+            job_id="dl-1", cluster="dl-1", provider="local", instance_id="n-0", rank=0,
+            market="on-demand", instance_type="local", price_per_hour=Decimal("3.06"),
+            launched_at=T0,
+        )
+    )  # fmt: skip
+    provider.set_spot_available(True)
+    clock.now = T0 + timedelta(seconds=200)
+    assert d.tick("on-demand", 200) is None  # ahead of the line, spot up: but not paid for
+    assert DriverState.from_json(ledger.get_job("dl-1").policy_state).policy.committed_on_demand
+    clock.now = T0 + timedelta(seconds=210)
+    assert d.tick("on-demand", 240) is None
 
 
 def test_spot_nodes_held_are_kept_while_the_trace_says_no_spot(
