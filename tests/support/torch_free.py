@@ -1,7 +1,7 @@
 """Which unit test modules need torch: those that import torch or torchvision anywhere (inside
-functions too), directly or through a module of this repository (the trainer's, the tests'
-support). The orchestrator's modules are not followed: it never imports torch (a run without
-torch would show it if it did).
+functions too, or by a literal `import_module` name), directly or through a module of this
+repository (the trainer's, the tests' support). The orchestrator's modules are not followed: it
+never imports torch (a run without torch would show it if it did).
 
 The other supported Pythons' venvs have no torch (the orchestrator never imports it), so
 `scripts/test.sh` runs tests/unit on them without these modules:
@@ -24,7 +24,7 @@ UNFOLLOWED = frozenset({"orchestrator"})  # never imports torch
 
 def imported_modules(source: str) -> set[str]:
     """Every module a source file imports, at any depth (`from a import b` gives a and a.b,
-    since b may be a module)."""
+    since b may be a module), `importlib.import_module("a.b")` with a literal name included."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -32,7 +32,17 @@ def imported_modules(source: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and _call_name(node.func) == "import_module":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names.add(first.value)
     return names
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
 
 
 def module_file(name: str, root: Path) -> Path | None:

@@ -89,5 +89,9 @@ def test_the_modules_left_out_without_torch_are_those_that_import_it(tmp_path: P
     (tmp_path / "helpers" / "plain.py").write_text("import json\nfrom helpers import plain\n")
     (tmp_path / "test_a.py").write_text("from helpers.deep import f\n")
     (tmp_path / "test_b.py").write_text("from helpers import plain\nimport os\n")
+    (tmp_path / "test_c.py").write_text(
+        "import importlib\nimportlib.import_module('helpers.deep')\n"
+    )
     assert needs_torch(tmp_path / "test_a.py", tmp_path)
+    assert needs_torch(tmp_path / "test_c.py", tmp_path)
     assert not needs_torch(tmp_path / "test_b.py", tmp_path)
