@@ -5,7 +5,9 @@ At each tick the schedule runs on spot (only while the trace has it for the job'
 on-demand, or waits, with the simulator's accounting (`orchestrator.spot.simulate`): a start on
 a new instance (the first one, a move between markets, a restart after a reclaim or a wait)
 pays `overhead_s` without progress, billed; a tick's decision holds for the whole tick; the last
-tick is billed to the second the work ends. Ticks past the trace's end have no spot.
+tick is billed to the second the work ends. On-demand may also be taken for good at any tick of
+the trace: the rest of the work then runs there in one go, as the simulator runs a policy that
+commits to it (the only way a job goes on past the trace's end).
 
 Dynamic programming over ticks x work done x what the job runs on: `none`, or market m with
 j ticks run since its start (1..J, J = ceil(overhead / tick): after J ticks the restart is
@@ -99,7 +101,7 @@ def optimal_schedules(
     gap = trace.gap_s
     horizon = math.ceil(max(deadlines_s) / gap - _EPS)
     counts = trace.counts[scenario.start_tick : scenario.start_tick + horizon]
-    spot_up = [count >= scenario.nodes for count in counts] + [False] * (horizon - len(counts))
+    spot_up = [count >= scenario.nodes for count in counts]  # the simulator's ticks
     grid = _Grid(scenario, gap, steps_per_tick)
     finishes = grid.solve(spot_up, sorted(set(deadlines_s)))
     results: list[SimulationResult | None] = []
@@ -152,6 +154,9 @@ class _Grid:
         cost = numpy.full((states, cells), numpy.inf)
         cost[0, 0] = 0.0
         choices = numpy.zeros((len(spot_up), states, cells), dtype=numpy.uint8)
+        # the cell a job in the grid's last cell came from, where it came from further down
+        # than its progress (a landing kept on the grid; see below); -1: the progress' own
+        tails = numpy.full((len(spot_up), states), -1, dtype=numpy.int64)
         done = numpy.arange(cells) * unit  # work done in each cell, seconds
         best: dict[float, tuple[float, int, int, int, Decision]] = {}
         firsts = [int(numpy.searchsorted(done, job - p - _EPS)) for p in self.progress]
@@ -179,9 +184,11 @@ class _Grid:
                 ]
                 for source, values, ran in sources:
                     first = min(firsts[ran], reach)  # cells from here finish in this tick
-                    if first < reach:
-                        used = self.overhead_left[ran] + (job - done[first:reach])
-                        total = values[first:] + used * price
+                    # on-demand for good finishes from any cell (in one go, past this tick)
+                    ends = 0 if market is Decision.ON_DEMAND else first
+                    if ends < reach:
+                        used = self.overhead_left[ran] + (job - done[ends:reach])
+                        total = values[ends:] + used * price
                         for deadline in open_deadlines:
                             candidates = numpy.where(
                                 elapsed + used <= deadline + _EPS, total, numpy.inf
@@ -189,19 +196,28 @@ class _Grid:
                             at = int(candidates.argmin())
                             if candidates[at] < best.get(deadline, (math.inf,))[0]:
                                 best[deadline] = (
-                                    float(candidates[at]), tick, int(source[first + at]),
-                                    first + at, market,
+                                    float(candidates[at]), tick, int(source[ends + at]),
+                                    ends + at, market,
                                 )  # fmt: skip
                     target = mine[min(ran, self.ticks_to_pay - 1)]
                     shift = int(self.progress[ran] / unit + _EPS)
-                    landing = new[target, shift : shift + first]
                     incoming = values[:first] + self.gap * price
-                    better = incoming < landing
-                    landing[better] = incoming[better]
-                    chosen[target, shift : shift + first][better] = source[:first][better]
+                    # cells whose progress, rounded, would run off the grid stay in its last
+                    # cell: still rounded down, as a cell that did not finish must be
+                    inside = max(0, min(first, cells - 1 - shift))
+                    landing = new[target, shift : shift + inside]
+                    better = incoming[:inside] < landing
+                    landing[better] = incoming[:inside][better]
+                    chosen[target, shift : shift + inside][better] = source[:inside][better]
+                    if inside < first:
+                        at = inside + int(incoming[inside:].argmin())
+                        if incoming[at] < new[target, cells - 1]:
+                            new[target, cells - 1] = incoming[at]
+                            chosen[target, cells - 1] = source[at]
+                            tails[tick, target] = at
             cost = new
         return {
-            deadline: self._backtrack(choices, tick, state, cell, market)
+            deadline: self._backtrack(choices, tails, tick, state, cell, market)
             for deadline, (_, tick, state, cell, market) in best.items()
         }
 
@@ -215,14 +231,22 @@ class _Grid:
         return 0 if state == 0 else (state - 1) % self.ticks_to_pay + 1
 
     def _backtrack(
-        self, choices: np.ndarray, tick: int, state: int, cell: int, market: Decision
+        self,
+        choices: np.ndarray,
+        tails: np.ndarray,
+        tick: int,
+        state: int,
+        cell: int,
+        market: Decision,
     ) -> list[Decision]:
         """The decisions that lead to (`state`, `cell`) at `tick`, then `market` to finish."""
         decisions = [market]
         while tick > 0:
             tick -= 1
             source = int(choices[tick, state, cell])
-            if state != 0:
+            if state != 0 and cell == self.cells - 1 and tails[tick, state] >= 0:
+                cell = int(tails[tick, state])
+            elif state != 0:
                 same = self._market_of(source) is self._market_of(state)
                 ran = self._ran(source) if same else 0
                 cell -= int(self.progress[ran] / self.unit + _EPS)

@@ -36,7 +36,7 @@ from orchestrator.spot.sweep import (
 )
 from tests.support.fuzzing import examples
 from tests.support.helpers import orch_env, run_orch
-from tests.unit.trace_files import shared_trace_paths
+from tests.unit.trace_files import availability_traces, shared_trace_paths
 
 PRICES = Prices.from_ratio()  # 3.06 on-demand, 1.02 spot
 HOUR = 3600.0
@@ -198,12 +198,8 @@ def test_uniform_progress_costs_no_more_than_greedy_on_average(
 # Random traces: a feasible deadline is never missed
 
 
-@st.composite
-def random_traces(draw: st.DrawFn) -> SpotTrace:
-    gap = draw(st.sampled_from([30.0, 60.0, 195.0, 300.0, 600.0]))
-    runs = draw(st.lists(st.tuples(st.booleans(), st.integers(1, 40)), min_size=1, max_size=60))
-    counts = [int(up) for up, length in runs for _ in range(length)]
-    return SpotTrace(name="random", gap_s=gap, counts=tuple(counts))
+def random_traces() -> st.SearchStrategy[SpotTrace]:
+    return availability_traces([30.0, 60.0, 195.0, 300.0, 600.0], longest_run=40, most_runs=60)
 
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])

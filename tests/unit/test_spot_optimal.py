@@ -14,7 +14,7 @@ from orchestrator.spot.optimal import optimal, optimal_schedules, with_gap
 from orchestrator.spot.policies import POLICY_NAMES, get_policy
 from orchestrator.spot.simulate import Prices, Scenario, simulate
 from tests.support.fuzzing import examples
-from tests.unit.trace_files import shared_trace_paths
+from tests.unit.trace_files import availability_traces, shared_trace_paths
 
 PRICES = Prices.from_ratio()  # 3.06 on-demand, 1.02 spot
 
@@ -84,12 +84,8 @@ def test_a_grid_twice_as_fine_changes_the_optimum_by_under_half_a_percent(name: 
             assert abs(a.cost / b.cost - 1) < Decimal("0.005"), (a.cost, b.cost)
 
 
-@st.composite
-def traces(draw: st.DrawFn) -> SpotTrace:
-    gap = draw(st.sampled_from([60.0, 195.0, 300.0]))
-    runs = draw(st.lists(st.tuples(st.booleans(), st.integers(1, 12)), min_size=1, max_size=40))
-    counts = [int(up) for up, length in runs for _ in range(length)] * 20
-    return SpotTrace(name="random", gap_s=gap, counts=tuple(counts))
+def traces() -> st.SearchStrategy[SpotTrace]:
+    return availability_traces([60.0, 195.0, 300.0], longest_run=12, most_runs=40, repeat=20)
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,3 +110,25 @@ def test_no_policy_that_meets_the_deadline_beats_the_optimum(
         if result.met_deadline:
             # the grid rounds progress down: its schedule may be dearer by its resolution
             assert result.gap_to_optimal is not None and result.gap_to_optimal > -0.005, name
+
+
+def test_a_trace_shorter_than_the_deadline_is_finished_on_on_demand_taken_for_good() -> None:
+    """20 one-minute ticks of spot, then the trace ends; the job is 1 h with a 2 h deadline.
+    The simulator runs past a trace's end only on on-demand taken for good at a tick of the
+    trace, so the optimum is spot for 19 ticks and on-demand from the last one: 19 min at 1.02
+    and 41 min at 3.06 = 0.323 + 2.091 = $2.414."""
+    trace = SpotTrace(name="short", gap_s=60.0, counts=(1,) * 20)
+    scenario = Scenario(job_s=3600, deadline_s=7200, overhead_s=0.0, prices=PRICES)
+    best = optimal(trace, scenario)
+    assert best is not None and best.met_deadline
+    assert best.cost == Decimal("2.414")
+
+
+def test_a_restart_of_a_fraction_of_a_grid_cell_keeps_the_work_on_the_grid() -> None:
+    """A restart of 3.6 microseconds: a tick's progress is a hair under 4 cells, and a job
+    that ends a hair under the whole job must stay in the grid's last cell, not fall off it.
+    No spot at all: on-demand from the start, 1 h at 3.06 = $3.06."""
+    trace = SpotTrace(name="none", gap_s=60.0, counts=(0,) * 20)
+    scenario = Scenario(job_s=3600, deadline_s=7200, overhead_s=3.6e-6, prices=PRICES)
+    best = optimal(trace, scenario)
+    assert best is not None and best.met_deadline and best.cost == Decimal("3.06")
