@@ -123,9 +123,10 @@ def test_a_loose_deadline_waits_for_spot_and_a_tight_one_goes_on_demand(
     )
 
 
-def test_on_demand_moves_back_to_spot_once_ahead_of_the_line(
+def on_demand_behind_the_line(
     ledger: Ledger, provider: LocalProvider
-) -> None:
+) -> tuple[Clock, DeadlineDriver]:
+    """A driver whose job went on-demand at 161 s, behind its line with no spot in sight."""
     clock = Clock()
     d = driver(ledger, provider, clock)
     measure(d, 0)
@@ -134,6 +135,13 @@ def test_on_demand_moves_back_to_spot_once_ahead_of_the_line(
     d.decide_idle(0)
     clock.now = T0 + timedelta(seconds=161)
     assert d.decide_idle(0) is Decision.ON_DEMAND
+    return clock, d
+
+
+def test_on_demand_moves_back_to_spot_once_ahead_of_the_line(
+    ledger: Ledger, provider: LocalProvider
+) -> None:
+    clock, d = on_demand_behind_the_line(ledger, provider)
     clock.now = T0 + timedelta(seconds=200)  # 200 steps: 50 s done, ahead, but no spot
     assert d.tick("on-demand", 200) is None
     provider.set_spot_available(True)
@@ -153,14 +161,7 @@ def test_a_bill_above_what_the_progress_is_worth_keeps_the_job_on_demand_for_goo
     """As the test above, but the job has been billed far more than its progress would have
     cost on on-demand (restarts that came to nothing): the move back to spot, which pays only
     from savings, is not made, and on-demand stays for the rest of the job."""
-    clock = Clock()
-    d = driver(ledger, provider, clock)
-    measure(d, 0)
-    provider.set_spot_available(False)
-    clock.now = T0 + timedelta(seconds=160)
-    d.decide_idle(0)
-    clock.now = T0 + timedelta(seconds=161)
-    assert d.decide_idle(0) is Decision.ON_DEMAND
+    clock, d = on_demand_behind_the_line(ledger, provider)
     ledger.open_lease(  # 200 s at 3.06/h: $0.17, against 50 s of progress ($0.04) + 2 x 10 s
         Lease(
             job_id="dl-1", cluster="dl-1", provider="local", instance_id="n-0", rank=0,
