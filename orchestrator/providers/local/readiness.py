@@ -1,6 +1,7 @@
 """What the local provider needs on this machine (`orch check local`).
 
-Always: OpenSSH's sshd (one per node) and the controller's rsync and ssh. Namespace nodes (each
+Always: Linux (local nodes are Linux processes: sessions, /proc, namespaces), OpenSSH's sshd
+(one per node) and the controller's rsync and ssh. Namespace nodes (each
 with its own address) also need root and iproute2's `ip`; without them `local.network: auto`
 falls back to loopback nodes (sshd on 127.0.0.1), so they are needed only when
 `local.network` is `namespace`.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from orchestrator.config import Settings
@@ -23,7 +25,7 @@ def local_readiness(
 ) -> Readiness:
     """The local provider's requirements as found here (`path`: the PATH to search, `euid`: the
     user to judge, both this process's by default)."""
-    items = [*controller_tools(path=path), _sshd(path)]
+    items = [linux(), *controller_tools(path=path), _sshd(path)]
     mode = settings.local.network
     if mode != "loopback":
         needed = mode == "namespace"
@@ -43,6 +45,20 @@ def local_readiness(
         ip = tool("ip", f"makes the nodes' namespaces{fallback}", "install iproute2", path=path)
         items.append(Requirement(ip.name, ip.ok, ip.detail, ip.fix, needed=needed))
     return Readiness("local", tuple(items))
+
+
+def linux(platform: str | None = None) -> Requirement:
+    """Whether this machine (`platform`: `sys.platform` by default) can run local nodes."""
+    here = sys.platform if platform is None else platform
+    if here.startswith("linux"):
+        return Requirement("Linux", True, f"running on {here}")
+    return Requirement(
+        "Linux",
+        False,
+        f"running on {here}: local nodes are Linux processes (their sessions, /proc, network "
+        "namespaces), so the local provider runs on Linux only",
+        "use --provider aws, or run orch in a Linux VM or container",
+    )
 
 
 def _sshd(path: str | None) -> Requirement:
