@@ -83,7 +83,8 @@ def watch_job(
 ) -> dict:
     """Show the job live, re-read every `interval` seconds, until it is final; returns its
     last status document. On a console that is not a terminal (a pipe, a file) a plain line is
-    printed for each change instead (`change_lines`), as it happens. KeyboardInterrupt
+    printed for each change instead (`change_lines`), as it happens, after a first line saying
+    what is watched, and the final view once the job is final. KeyboardInterrupt
     (Ctrl-C) leaves the last view on screen and propagates; the job itself goes on."""
     job = ledger.get_job(job_id)
     budget = budget_from_spec(job.spec_json)
@@ -112,6 +113,8 @@ def _revive(settings: Settings, ledger: Ledger, job_id: str, console: Console) -
 def _print_changes(
     settings: Settings, ledger: Ledger, job_id: str, *, interval: float, console: Console
 ) -> dict:
+    console.print(f"watching {job_id} until it ends (every {interval:g} s)", highlight=False)
+    budget = budget_from_spec(ledger.get_job(job_id).spec_json)
     before: dict | None = None
     while True:
         job = ledger.get_job(job_id)
@@ -121,6 +124,7 @@ def _print_changes(
         console.file.flush()
         before = doc
         if JobState(job.state).is_final:
+            console.print(live_view(doc, budget))  # the whole final view, as on a terminal
             return doc
         _revive(settings, ledger, job_id, console)
         time.sleep(interval)
