@@ -199,7 +199,7 @@ def test_data_env_and_ignores_reach_every_node(tmp_path: Path) -> None:
     spec.write_text(
         "name: data\nworkdir: work\ndata: [{src: data, dst: ~/data}]\n"
         "run: bash check.sh\n"
-        'env: {ODD: "it\'s $HOME; `x` \\"q\\""}\n'
+        'env: {ODD: "it\'s $$HOME; `x` \\"q\\""}\n'  # $$: a literal $, not the shell's
         "resources: {nodes: 2, gpus_per_node: 1}\ncheckpoint: {dir: ~/ckpt}\n"
     )
     env = orch_env(tmp_path / "orch")
