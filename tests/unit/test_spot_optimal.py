@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.providers.traces import SpotTrace, load_trace
-from orchestrator.spot.optimal import optimal, optimal_schedules, with_gap
+from orchestrator.spot.optimal import grid_steps, optimal, optimal_schedules, with_gap
 from orchestrator.spot.policies import POLICY_NAMES, get_policy
 from orchestrator.spot.simulate import Prices, Scenario, simulate
 from tests.support.fuzzing import examples
@@ -92,13 +92,13 @@ def traces() -> st.SearchStrategy[SpotTrace]:
 @given(
     trace=traces(),
     job_h=st.floats(0.2, 4),
-    overhead_min=st.floats(0, 20),
+    overhead_s=st.integers(0, 1200),  # restarts are measured in seconds: the exact grid
     slack=st.floats(0.05, 1.0),
 )
 def test_no_policy_that_meets_the_deadline_beats_the_optimum(
-    trace: SpotTrace, job_h: float, overhead_min: float, slack: float
+    trace: SpotTrace, job_h: float, overhead_s: int, slack: float
 ) -> None:
-    job_s, overhead_s = job_h * 3600, overhead_min * 60
+    job_s = job_h * 3600
     scenario = Scenario(
         job_s=job_s, deadline_s=(job_s + overhead_s) * (1 + slack), overhead_s=overhead_s,
         prices=PRICES,
@@ -108,7 +108,7 @@ def test_no_policy_that_meets_the_deadline_beats_the_optimum(
     for name in POLICY_NAMES:
         result = with_gap(simulate(trace, get_policy(name), scenario), best)
         if result.met_deadline:
-            # the grid rounds progress down: its schedule may be dearer by its resolution
+            # exact grid: only the replay's rounding to a fraction of a cent is left
             assert result.gap_to_optimal is not None and result.gap_to_optimal > -0.005, name
 
 
@@ -132,3 +132,17 @@ def test_a_restart_of_a_fraction_of_a_grid_cell_keeps_the_work_on_the_grid() -> 
     scenario = Scenario(job_s=3600, deadline_s=7200, overhead_s=3.6e-6, prices=PRICES)
     best = optimal(trace, scenario)
     assert best is not None and best.met_deadline and best.cost == Decimal("3.06")
+
+
+def test_a_cheap_schedule_that_ends_just_in_time_is_found() -> None:
+    """Spot for 12 ticks of 195 s, then 9 without, over and over; a 45 min job, 14 min
+    restarts, deadline 6195 s. Spot alone: 12 ticks (14 min restart, 25 min of work), a wait,
+    then 2040 s more from tick 21: done at 6135 s, 4380 s at 1.02 = $1.241. A grid rounding
+    the first tick past each restart down lost 2 x 37.5 s, missed the deadline and took a
+    $2.03 schedule; on a grid the partial tick falls on (13 cells a tick), none is lost."""
+    trace = SpotTrace(name="12-9", gap_s=195.0, counts=((1,) * 12 + (0,) * 9) * 4)
+    scenario = Scenario(job_s=2700, deadline_s=6195, overhead_s=840, prices=PRICES)
+    best = optimal(trace, scenario)
+    assert best is not None and best.met_deadline and best.cost <= Decimal("1.241")
+    assert grid_steps(195.0, 840) == 13 and grid_steps(60.0, 720) == 1
+    assert grid_steps(60.0, 0.1234567) == 4  # no small exact grid: the default one
