@@ -7,9 +7,9 @@
 # real jobs and times nodes, controllers and guards against limits. The unit, integration and
 # infra tests run beside them: they mostly wait on sshd, moto and terraform, and a two-core
 # machine has room for them next to one job. After them, in the same pipeline, the unit tests
-# that do not need torch run again on each other supported Python found (3.12, 3.13: on the PATH
-# or under pyenv; scripts/venvs.py builds their venvs, without torch); a machine with none says
-# so and is not failed for it. Arguments (`make test` passes none) select tests
+# that do not need torch run again on the next supported Python found, 3.12
+# (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too); a machine with none
+# says so and is not failed for it. Arguments (`make test` passes none) select tests
 # for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,30 +37,11 @@ if [ "$#" -gt 0 ]; then
     exit $?
 fi
 
-# tests/unit on each other supported Python, without the modules that need torch.
-other_pythons() {
-    local listing version venv code status=0
-    local -a ignores
-    mapfile -t ignores < <(.venv/bin/python -m tests.support.torch_free)
-    listing=$(.venv/bin/python scripts/venvs.py others) || return 1
-    if [ -z "$listing" ]; then
-        echo "no other supported Python found: the unit tests ran on Python 3.11 alone"
-        return 0
-    fi
-    while read -r version venv; do
-        echo "Python $version: tests/unit (${#ignores[@]} modules that need torch left out)"
-        code=0
-        "$venv/bin/pytest" -q -p no:cacheprovider -m "not soak" tests/unit "${ignores[@]}" || code=$?
-        verdict "$code" "tests/unit on Python $version" || status=1
-    done <<<"$listing"
-    return "$status"
-}
-
 beside() {
     set +e
     pytest_run tests/unit tests/integration tests/infra >"$logs/beside.log" 2>&1
     echo $? >"$logs/beside.code"
-    other_pythons >"$logs/others.log" 2>&1
+    bash scripts/other_pythons.sh 1 >"$logs/others.log" 2>&1
     echo $? >"$logs/others.code"
 }
 
@@ -84,7 +65,7 @@ status=0
 verdict "$e2e_code" "tests/e2e" || status=1
 verdict "$beside_code" "tests/unit, tests/integration, tests/infra" || status=1
 echo
-echo "--- unit tests on the other supported Pythons (after them) ---"
+echo "--- unit tests on the next supported Python (after them) ---"
 cat "$logs/others.log"
 [ "$others_code" -eq 0 ] || status=1
 exit "$status"
