@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.loading import MAX_SHOWN_PROBLEMS, load_job
+from orchestrator.spec.loading import load_job
 from orchestrator.spec.model import MAX_SPEC_BYTES, LoadedJob
+from orchestrator.spec.problems import MAX_SHOWN_PROBLEMS
 from tests.support.fuzzing import examples
 from tests.support.in_process import run_main
 
