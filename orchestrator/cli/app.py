@@ -26,8 +26,6 @@ from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
 
 if TYPE_CHECKING:
-    from orchestrator.config import Settings
-    from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -39,10 +37,6 @@ app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
-
-
-def _ledger(settings: Settings) -> Ledger:
-    return open_ledger(settings)
 
 
 def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
@@ -196,7 +190,7 @@ def submit(
     commands.check_hourly_cap(prepared)
     if not yes:
         _confirm_spend(loaded.spec, plan)
-    ledger = _ledger(settings)
+    ledger = open_ledger(settings)
     if detach:
         job_id = commands.submit_detached(settings, ledger, prepared).job_id
         if json_out:
@@ -259,7 +253,7 @@ def status(
     from orchestrator.report.documents import job_document
 
     settings = load_settings()
-    ledger = _ledger(settings)
+    ledger = open_ledger(settings)
     console = make_console()
     if watch or interval is not None:
         from orchestrator.cli.live import watch_command
@@ -306,7 +300,7 @@ def wait(
     from orchestrator.report.documents import job_document
 
     settings = load_settings()
-    ledger = _ledger(settings)
+    ledger = open_ledger(settings)
     job = wait_for_end(settings, ledger, job_id, timeout_s=timeout)
     if job is None:
         state = ledger.get_job(job_id).state
@@ -332,7 +326,7 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     def signalled(pid: int) -> None:
         console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
 
-    result = cancel_job(settings, _ledger(settings), job_id, on_signalled=signalled)
+    result = cancel_job(settings, open_ledger(settings), job_id, on_signalled=signalled)
     if result.route is CancelRoute.ALREADY_ENDED:
         console.print(f"job {job_id} already ended: {result.state}")
     elif result.route is CancelRoute.CONTROLLER:
@@ -350,7 +344,7 @@ def cost(
     from orchestrator.cli.console import cost_table
     from orchestrator.report.documents import cost_document
 
-    document = cost_document(_ledger(load_settings()), job_id)
+    document = cost_document(open_ledger(load_settings()), job_id)
     if json_out:
         _print_json(document)
     else:
@@ -373,7 +367,7 @@ def report(
     from orchestrator.report.write import write_report
 
     settings = load_settings()
-    result = write_report(settings, _ledger(settings), job_id, out=out, html=html)
+    result = write_report(settings, open_ledger(settings), job_id, out=out, html=html)
     if json_out:
         _print_json(result.as_dict())
     else:
@@ -401,7 +395,7 @@ def down(
             f"{group.job_id}: terminated {len(group.instance_ids)} {group.provider} node(s)"
         )
 
-    result = commands.down(settings, _ledger(settings), cluster, on_ended=ended)
+    result = commands.down(settings, open_ledger(settings), cluster, on_ended=ended)
     if line := not_ours_line(result.not_ours):
         make_console().print(line)
     if cluster is not None and not result.ended:
@@ -460,7 +454,7 @@ def reconcile(
     from orchestrator.control.reconcile import reconcile as run_reconcile
 
     settings = load_settings()
-    ledger = _ledger(settings)
+    ledger = open_ledger(settings)
     report = run_reconcile(settings, ledger, providers_in_use(settings, ledger), dry_run=dry_run)
     if json_out:
         _print_json(
@@ -533,7 +527,7 @@ def _revive_lost_controllers(
 
     settings = load_settings()
     if settings.db_path.exists():
-        ledger = _ledger(settings)
+        ledger = open_ledger(settings)
         for job_id in revive_controllers(settings, ledger):
             make_console(stderr=True).print(
                 revived_line(job_id, refused_by_last_controller(ledger, job_id)),

@@ -231,7 +231,8 @@ def make_engine(path: Path | str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    if _schema_stamp(engine) == schema_fingerprint():
+    fingerprint = schema_fingerprint()
+    if _schema_stamp(engine) == fingerprint:
         return engine  # this orch's tables and columns are all there: nothing to check
     with _schema_lock(path):
         SQLModel.metadata.create_all(engine)
@@ -242,7 +243,7 @@ def make_engine(path: Path | str) -> Engine:
                     "INSERT INTO ledger_meta (key, value) VALUES (:key, :value) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
                 ),
-                {"key": SCHEMA_KEY, "value": schema_fingerprint()},
+                {"key": SCHEMA_KEY, "value": fingerprint},
             )
     return engine
 

@@ -160,6 +160,8 @@ class _Grid:
         # overhead left, and progress, of a tick run with j ticks already run on its market
         self.overhead_left = [max(0.0, overhead - j * gap) for j in range(self.ticks_to_pay + 1)]
         self.progress = [max(0.0, gap - left) for left in self.overhead_left]
+        # cells a tick moves the work by, rounded down: the solve and its backtrack agree
+        self.shifts = [int(p / self.unit + _EPS) for p in self.progress]
 
     def market_states(self, market: Decision) -> list[int]:
         first = 1 if market is Decision.SPOT else 1 + self.ticks_to_pay
@@ -224,7 +226,7 @@ class _Grid:
                                     ends + at, market,
                                 )  # fmt: skip
                     target = mine[min(ran, self.ticks_to_pay - 1)]
-                    shift = int(self.progress[ran] / unit + _EPS)
+                    shift = self.shifts[ran]
                     incoming = values[:first] + self.gap * price
                     # cells whose progress, rounded, would run off the grid stay in its last
                     # cell: still rounded down, as a cell that did not finish must be
@@ -273,7 +275,7 @@ class _Grid:
             elif state != 0:
                 same = self._market_of(source) is self._market_of(state)
                 ran = self._ran(source) if same else 0
-                cell -= int(self.progress[ran] / self.unit + _EPS)
+                cell -= self.shifts[ran]
             decisions.append(self._market_of(state))
             state = source
         decisions.reverse()
