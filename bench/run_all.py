@@ -17,7 +17,6 @@ import argparse
 import importlib.metadata
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -26,43 +25,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.figures import (
+    Figure,
+    Parser,
+    parse_checkpoint_speed,
+    parse_cli_startup,
+    parse_controller_cpu,
+    parse_guard_billing,
+    parse_idle_latency,
+    parse_spot_recovery,
+    parse_trainer_throughput,
+    report_rows,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "docs" / "benchmarks.md"
 OUTPUT_TAIL_LINES = 40
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One measured figure, with the baseline measured in the same run (None: no baseline)."""
-
-    name: str
-    value: float
-    unit: str
-    baseline: float | None = None
-    baseline_name: str = ""
-    target: str = ""  # what the benchmark aims at, as it says it ("ratio <= 1.3", "< 3 %")
-    bound: float | None = None  # the target as a number: value (or ratio) <= bound
-    bound_on_ratio: bool = False
-    at_least: bool = False  # the target is a floor: value (or ratio) >= bound
-
-    @property
-    def ratio(self) -> float | None:
-        if self.baseline is None or self.baseline == 0:
-            return None
-        return self.value / self.baseline
-
-    @property
-    def met(self) -> bool | None:
-        """Whether the target is met (None: no target)."""
-        if self.bound is None:
-            return None
-        measured = self.ratio if self.bound_on_ratio else self.value
-        if measured is None:
-            return False
-        return measured >= self.bound if self.at_least else measured <= self.bound
-
-
-Parser = Callable[[str], list[Figure]]
 
 
 @dataclass(frozen=True)
@@ -112,229 +90,6 @@ class Result:
         if self.exit_code == 0:
             return "ran"
         return f"ran; exit code {self.exit_code} (a target was missed)"
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the summaries (each mirrors the benchmark's own print statements)
-
-_NUMBER = r"-?\d+(?:\.\d+)?"
-_REPORT_TITLE = re.compile(rf"\(machine: .*; medians; target ratio <= (?P<target>{_NUMBER})\)")
-_REPORT_ROW = re.compile(
-    rf"^\s+(?P<name>\S.*?)\s+orch\s+(?P<ours>{_NUMBER}) s\s+baseline\s+(?P<base>{_NUMBER}) s"
-    rf"\s+ratio\s+{_NUMBER}\s*$",
-    re.MULTILINE,
-)
-
-
-def report_rows(baseline_name: str) -> Parser:
-    """Rows printed by `bench.common.report` (launch overhead, sync speed)."""
-
-    def parse(text: str) -> list[Figure]:
-        title = _REPORT_TITLE.search(text)
-        bound = float(title.group("target")) if title else None
-        return [
-            Figure(
-                name=m.group("name"),
-                value=float(m.group("ours")),
-                unit="s",
-                baseline=float(m.group("base")),
-                baseline_name=baseline_name,
-                target=f"ratio <= {bound:g}" if bound is not None else "",
-                bound=bound,
-                bound_on_ratio=True,
-            )
-            for m in _REPORT_ROW.finditer(text)
-        ]
-
-    return parse
-
-
-_CPU = re.compile(
-    rf"controller CPU watching (?P<nodes>\d+) nodes .*?: (?P<ours>{_NUMBER}) % of one core"
-    rf" \(target < (?P<target>{_NUMBER}) %\)\s*\nbaseline, (?P<bname>.*?): (?P<base>{_NUMBER}) %",
-    re.DOTALL,
-)
-
-
-def parse_controller_cpu(text: str) -> list[Figure]:
-    m = _CPU.search(text)
-    if not m:
-        return []
-    return [
-        Figure(
-            name=f"controller watching {m.group('nodes')} nodes",
-            value=float(m.group("ours")),
-            unit="% of one core",
-            baseline=float(m.group("base")),
-            baseline_name=m.group("bname"),
-            target=f"< {m.group('target')} %",
-            bound=float(m.group("target")),
-        )
-    ]
-
-
-_IDLE = re.compile(
-    rf"idle-shutdown latency \(idle_timeout (?P<timeout>{_NUMBER}) s, watch interval "
-    rf"(?P<interval>{_NUMBER}) s\): median (?P<median>{_NUMBER}) s over (?P<n>\d+) trials"
-)
-
-
-def parse_idle_latency(text: str) -> list[Figure]:
-    m = _IDLE.search(text)
-    if not m:
-        return []
-    timeout, interval = float(m.group("timeout")), float(m.group("interval"))
-    return [
-        Figure(
-            name="GPUs idle -> stop",
-            value=float(m.group("median")),
-            unit="s",
-            baseline=timeout,
-            baseline_name="the idle_timeout: the least any idle stop can take",
-            target=f"<= idle_timeout + 2 intervals ({timeout + 2 * interval:g} s)",
-            bound=timeout + 2 * interval,
-        )
-    ]
-
-
-_THROUGHPUT = re.compile(
-    rf"^\s+(?P<model>\S+)\s+workers=(?P<w>\d+): +(?P<rate>{_NUMBER}) img/s", re.MULTILINE
-)
-
-
-def parse_trainer_throughput(text: str) -> list[Figure]:
-    rates: dict[str, dict[int, float]] = {}
-    for m in _THROUGHPUT.finditer(text):
-        rates.setdefault(m.group("model"), {})[int(m.group("w"))] = float(m.group("rate"))
-    return [
-        Figure(
-            name=f"{model}, 2 DataLoader workers",
-            value=by[2],
-            unit="img/s",
-            baseline=by[0],
-            baseline_name="0 workers: loading in-process",
-        )
-        for model, by in rates.items()
-        if 0 in by and 2 in by
-    ]
-
-
-_SPOT_ROW = re.compile(rf"^\s+(?P<key>[a-z_]+_s)\s+(?P<med>{_NUMBER}) s\s+\(", re.MULTILINE)
-_SPOT_RATIO = re.compile(
-    rf"resume / cold start\s+orch (?P<ours>{_NUMBER}) s / baseline (?P<base>{_NUMBER}) s"
-)
-_SPOT_TARGETS = {"detection_s": 5.0, "resume_s": 20.0}  # seconds, as the benchmark says
-
-
-def parse_spot_recovery(text: str) -> list[Figure]:
-    ratio = _SPOT_RATIO.search(text)
-    if not ratio:
-        return []
-    resume_bound = _SPOT_TARGETS["resume_s"]
-    figures = [
-        Figure(
-            name="resume after a notice (new nodes' launch time left out)",
-            value=float(ratio.group("ours")),
-            unit="s",
-            baseline=float(ratio.group("base")),
-            baseline_name="cold start of the same job on fresh nodes",
-            target=f"<= {resume_bound:g} s",
-            bound=resume_bound,
-        )
-    ]
-    for m in _SPOT_ROW.finditer(text):
-        key = m.group("key")
-        if key in ("resume_s", "cold_start_s"):
-            continue  # shown above, as the figure and its baseline
-        bound = _SPOT_TARGETS.get(key)
-        figures.append(
-            Figure(
-                name=key.removesuffix("_s").replace("_", " "),
-                value=float(m.group("med")),
-                unit="s",
-                target=f"<= {bound:g} s" if bound is not None else "",
-                bound=bound,
-            )
-        )
-    return figures
-
-
-_CHECKPOINT_ROW = re.compile(
-    rf"^\s+(?P<name>\S.*?)\s+orch\s+(?P<ours>{_NUMBER}) (?P<unit>\S+)\s+baseline\s+"
-    rf"(?P<base>{_NUMBER}) \S+\s+\((?P<bname>[^)]*)\)\s+ratio\s+{_NUMBER}\s+"
-    r"target (?P<target>.+?)\s*$",
-    re.MULTILINE,
-)
-_TARGET = re.compile(rf"^(?P<ratio>ratio )?(?P<op><=|>=) (?P<bound>{_NUMBER})")
-
-
-def parse_checkpoint_speed(text: str) -> list[Figure]:
-    """Rows of `bench.checkpoint_speed`: each with its own target (`<= N s`, `ratio <= N`,
-    `ratio >= N`, or `-` for none)."""
-    figures = []
-    for m in _CHECKPOINT_ROW.finditer(text):
-        target = _TARGET.match(m.group("target"))
-        figures.append(
-            Figure(
-                name=m.group("name"),
-                value=float(m.group("ours")),
-                unit=m.group("unit"),
-                baseline=float(m.group("base")),
-                baseline_name=m.group("bname"),
-                target=m.group("target") if target else "",
-                bound=float(target.group("bound")) if target else None,
-                bound_on_ratio=bool(target and target.group("ratio")),
-                at_least=bool(target and target.group("op") == ">="),
-            )
-        )
-    return figures
-
-
-_GUARD = re.compile(
-    rf"guarded \(max_runtime (?P<runtime>{_NUMBER}) s\)\s+(?P<ours>{_NUMBER}) instance-s\s+"
-    rf"bound (?P<bound>{_NUMBER})\n\s+no limit \(as before the guard\)\s+"
-    rf"(?P<base>{_NUMBER}) instance-s in (?P<window>{_NUMBER}) s"
-)
-
-
-def parse_guard_billing(text: str) -> list[Figure]:
-    m = _GUARD.search(text)
-    if not m:
-        return []
-    return [
-        Figure(
-            name=f"billed after the controller's death (max_runtime {m.group('runtime')} s)",
-            value=float(m.group("ours")),
-            unit="instance-s",
-            baseline=float(m.group("base")),
-            baseline_name=f"the same hung job with no limit, over {m.group('window')} s "
-            "and still billing",
-            target=f"<= {m.group('bound')} instance-s (2 x (max_runtime + grace + 15 s))",
-            bound=float(m.group("bound")),
-        )
-    ]
-
-
-_STARTUP = re.compile(
-    rf"^  (?P<name>orch [a-z -]+?)\s+(?P<ours>{_NUMBER}) s\s+baseline\s+(?P<base>{_NUMBER}) s\s+"
-    rf"ratio\s+{_NUMBER}(?:\s+target <= (?P<bound>{_NUMBER}) s)?",
-    re.MULTILINE,
-)
-
-
-def parse_cli_startup(text: str) -> list[Figure]:
-    return [
-        Figure(
-            name=m.group("name"),
-            value=float(m.group("ours")),
-            unit="s",
-            baseline=float(m.group("base")),
-            baseline_name="python -c 'import typer, rich.console'",
-            target=f"<= {m.group('bound')} s" if m.group("bound") else "",
-            bound=float(m.group("bound")) if m.group("bound") else None,
-        )
-        for m in _STARTUP.finditer(text)
-    ]
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
