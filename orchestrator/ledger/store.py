@@ -96,6 +96,48 @@ class Job(SQLModel, table=True):
     # The cloud identity (CloudIdentity JSON) the job's nodes were launched as; a controller
     # acting as another refuses the job. None: not launched yet (or by an older orch).
     identity: str | None = None
+    # The kept cluster the job runs on (`KeptCluster.id`), whose id then names the nodes (their
+    # tags, SSH key and directories) in place of the job's; None: nodes of its own.
+    cluster_id: str | None = Field(default=None, index=True)
+
+    @property
+    def node_owner(self) -> str:
+        """The id the job's nodes are tagged, keyed and laid out by."""
+        return self.cluster_id or self.id
+
+
+class KeptCluster(SQLModel, table=True):
+    """Nodes kept between jobs (`orch submit --cluster NAME`): up from the first job's launch
+    until `orch down NAME`, a lost node, or its guards' autostop ends them."""
+
+    __tablename__ = "kept_cluster"
+
+    id: str = Field(primary_key=True)  # e.g. "dev-3f9c1a": the nodes' owner id
+    name: str = Field(index=True)  # what the user calls it; one UP cluster per name
+    provider: str
+    state: str = "UP"  # UP | DOWN
+    nodes: int
+    gpus_per_node: int
+    autostop_s: float | None = None  # None: never
+    created_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
+    job_id: str | None = None  # the job that holds it now; None while idle
+    idle_since: datetime | None = Field(default=None, sa_column=_utc_column())
+    reason: str | None = None  # why it went DOWN
+
+
+class IdleLease(SQLModel, table=True):
+    """One kept node's billable time between jobs: billed to its cluster, not to a job."""
+
+    __tablename__ = "idle_lease"
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: str = Field(index=True, foreign_key="kept_cluster.id")
+    instance_id: str = Field(index=True)
+    rank: int
+    price_per_hour: Decimal = Field(sa_column=Column(DecimalText(), nullable=False))
+    launched_at: datetime = Field(sa_column=_utc_column(nullable=False))  # idle from
+    ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
 
 
 class Lease(SQLModel, table=True):
@@ -305,14 +347,14 @@ def _add_missing_columns(engine: Engine) -> None:
                 )
 
 
-def lease_cost(lease: Lease, now: datetime) -> Decimal:
+def lease_cost(lease: Lease | IdleLease, now: datetime) -> Decimal:
     """What a lease has cost until it ended (or until `now` while it still runs)."""
     end = lease.ended_at or now
     seconds = max(Decimal(0), Decimal(str((end - lease.launched_at).total_seconds())))
     return seconds * lease.price_per_hour / Decimal(3600)
 
 
-def total_cost(leases: Iterable[Lease], now: datetime) -> Decimal:
+def total_cost(leases: Iterable[Lease | IdleLease], now: datetime) -> Decimal:
     return sum((lease_cost(lease, now) for lease in leases), Decimal(0))
 
 
@@ -397,19 +439,22 @@ class Ledger:
             return lease
 
     def close_leases(self, instance_ids: Iterable[str], ended_at: datetime) -> int:
-        """Set the end time of the open leases of these instances; returns how many closed."""
+        """Set the end time of the open leases of these instances, a job's and a kept
+        cluster's idle ones alike; returns how many closed."""
         ids = list(instance_ids)
+        closed = 0
         with Session(self.engine) as session:
-            query = select(Lease).where(
-                Lease.instance_id.in_(ids),  # type: ignore[attr-defined]
-                Lease.ended_at.is_(None),  # type: ignore[union-attr]
-            )
-            leases = list(session.exec(query))
-            for lease in leases:
-                lease.ended_at = ended_at
-                session.add(lease)
+            for model in (Lease, IdleLease):
+                query = select(model).where(
+                    model.instance_id.in_(ids),  # type: ignore[attr-defined]
+                    model.ended_at.is_(None),  # type: ignore[attr-defined]
+                )
+                for lease in session.exec(query):
+                    lease.ended_at = ended_at
+                    session.add(lease)
+                    closed += 1
             session.commit()
-            return len(leases)
+        return closed
 
     def leases(self, job_id: str | None = None, *, open_only: bool = False) -> list[Lease]:
         with Session(self.engine) as session:
