@@ -101,10 +101,11 @@ class AgentConfig:
     restored: Mapping[str, RestoredFile] = field(default_factory=dict)
     quiet_s: float = checkpoint_agent.QUIET_S
     interval_s: float = checkpoint_agent.INTERVAL_S
+    node_owner: str = ""  # whose directories the node holds (a kept cluster's id); "": the job's
 
     def document(self) -> dict[str, object]:
-        node = NodeLayout(self.job_id)
-        agent = AgentLayout(self.job_id)
+        node = NodeLayout(self.node_owner or self.job_id)
+        agent = AgentLayout(self.node_owner or self.job_id)
         exclude = [node.run_dir, agent.root]
         if not self.checkpoint_dir.startswith(node.root):
             exclude.append("orch-jobs")  # a home-wide checkpoint dir: orch's own tree is no part

@@ -14,6 +14,9 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     silence_s                  a controller unheard from this long is taken for gone
     allowance_s                how long past a limit a live controller gets to act first
     deadman_s                  no controller for this long and no training: power off
+                               (null: never)
+    autostop                   a kept cluster's node: the dead-man is its autostop, which
+                               also waits for the GPUs to be idle
     runtime_deadline           max_runtime: the run is stopped at this time
     lease_until                the budget lease: the run is stopped at this time unless renewed
     idle_timeout_s             GPUs (or, without GPUs, the job's processes) idle this long
@@ -23,7 +26,8 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     poweroff                   the node's poweroff command (shell)
 
 The controller renews `<job>/guard/lease.json` (`{"runtime_deadline": .., "lease_until": ..}`
-and `"renewed_at"`); its values replace the boot terms'. Every probe of the controller touches
+and `"renewed_at"`, on a kept cluster `"idle_timeout_s"` too); its values replace the boot
+terms'. Every probe of the controller touches
 `<job>/run/heartbeat`; an rsync running on the node (a sync in progress) counts as a live
 controller too.
 
@@ -210,6 +214,7 @@ class Guard:
         self.idle_since = None
         self.cpu_last = None
         self.problem = None
+        self.gpus_busy_at = None  # autostop: when the GPUs were last seen busy
 
     # --- what the node says ---------------------------------------------------------------
     def lease(self):
@@ -280,7 +285,8 @@ class Guard:
         leader = self.run_leader()
         deadline = lease.get("runtime_deadline", t.get("runtime_deadline"))
         until = lease.get("lease_until", t.get("lease_until"))
-        idle_s = self.idle_for(now, leader) if t.get("idle_timeout_s") else 0.0
+        idle_timeout = lease.get("idle_timeout_s", t.get("idle_timeout_s"))
+        idle_s = self.idle_for(now, leader) if idle_timeout else 0.0
         # Before the run starts (sync, a checkpoint's restore) only the dead-man applies: those
         # steps block the controller, which cannot renew the lease meanwhile.
         started = os.path.exists(os.path.join(self.run_dir, "pid"))
@@ -290,13 +296,33 @@ class Guard:
             return "max_runtime", deadline, f"max_runtime reached at {utc(deadline)}"
         if until is not None and now >= until:
             return "budget", until, f"the budget lease ran out at {utc(until)}"
-        if t.get("idle_timeout_s") and idle_s >= t["idle_timeout_s"]:
-            since = now - idle_s + t["idle_timeout_s"]
+        if idle_timeout and idle_s >= idle_timeout:
+            since = now - idle_s + idle_timeout
             what = "GPUs" if self.cpu_last is None else "the job's processes"
             return "idle", since, f"{what} idle for {idle_s:.0f} s"
+        deadman_s = (
+            lease.get("autostop_s", t.get("deadman_s"))
+            if t.get("autostop")
+            else (t.get("deadman_s"))
+        )
+        if leader is not None or deadman_s is None or process_running("rsync"):
+            return None
+        if t.get("autostop"):
+            return self.autostop_due(now, deadman_s)
         silent = now - self.heard_at()
-        if leader is None and silent > t["deadman_s"] and not process_running("rsync"):
+        if silent > deadman_s:
             return "deadman", now, f"no controller for {silent:.0f} s and no training"
+        return None
+
+    def autostop_due(self, now, autostop_s):
+        """A kept cluster with no job: its nodes end once neither a controller nor the GPUs
+        (a user's own process, started over `orch ssh`) were busy for `autostop_s`."""
+        utils = gpu_utilizations(timeout_s=max(5.0, self.terms["interval_s"]))
+        if utils is not None and any(u >= self.terms["idle_util_pct"] for u in utils):
+            self.gpus_busy_at = now
+        quiet = now - max(self.heard_at(), self.gpus_busy_at or 0.0)
+        if quiet > autostop_s:
+            return "autostop", now, f"no job, no controller and idle GPUs for {quiet:.0f} s"
         return None
 
     def controller_alive(self, now):
@@ -307,7 +333,7 @@ class Guard:
         if found is None:
             return False
         kind, since, message = found
-        if kind != "deadman" and self.controller_alive(now):
+        if kind not in ("deadman", "autostop") and self.controller_alive(now):
             if now < since + self.terms["allowance_s"]:
                 return False  # the controller decides first
             message += " and the controller did not act within {:.0f} s".format(

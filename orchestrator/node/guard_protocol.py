@@ -79,7 +79,7 @@ class GuardTerms:
     interval_s: float  # how often the guard looks (the controller's watch interval)
     silence_s: float  # a controller unheard from this long counts as gone
     allowance_s: float  # a live controller's time to act on a limit before the guard does
-    deadman_s: float  # no controller this long and no training: the node powers off
+    deadman_s: float | None  # no controller this long and no training: power off (None: never)
     stop_grace_s: float  # SIGTERM -> SIGKILL: the emergency checkpoint's time
     upload_wait_s: float  # with a store: the agent's last uploads (0: no store)
     idle_util_pct: float
@@ -88,6 +88,9 @@ class GuardTerms:
     budget_left_usd: Decimal | None = None  # max_cost_usd minus the spend so far
     idle_timeout_s: float | None = None
     stop_allowance_s: float = 15.0  # what a stop takes beyond the grace (pull, terminate)
+    # A kept cluster's node: the dead-man is its autostop (deadman_s of no job, no controller
+    # and idle GPUs; the lease carries each job's limits and is cleared between jobs).
+    autostop: bool = False
 
     def for_node(
         self,
@@ -154,15 +157,36 @@ def lease_until(
 
 
 def lease_document(
-    *, now: datetime, runtime_deadline: datetime | None, lease_until: datetime | None
+    *,
+    now: datetime,
+    runtime_deadline: datetime | None,
+    lease_until: datetime | None,
+    idle_timeout_s: float | None = None,
+    job_limits: bool = False,
+    autostop_s: float | None = None,
 ) -> str:
-    """What the controller writes to `lease.json` at each budget check."""
-    doc = {
+    """What the controller writes to `lease.json` at each budget check. With `job_limits`
+    (nodes of a kept cluster, which serve one job after another) it carries the job's idle
+    timeout and the cluster's autostop too, so that no job's limit outlives it on the node
+    and the latest submit's autostop holds."""
+    doc: dict[str, float | None] = {
         "renewed_at": now.timestamp(),
         "runtime_deadline": epoch(runtime_deadline),
         "lease_until": epoch(lease_until),
     }
+    if job_limits:
+        doc["idle_timeout_s"] = idle_timeout_s
+        doc["autostop_s"] = autostop_s
     return json.dumps(doc, sort_keys=True) + "\n"
+
+
+def cleared_lease(now: datetime, autostop_s: float | None) -> str:
+    """The lease of a kept cluster between jobs: no job, so no job's limit; its autostop
+    (None: never) runs from `now` (the renewal is the controller last heard from)."""
+    return lease_document(
+        now=now, runtime_deadline=None, lease_until=None, idle_timeout_s=None,
+        job_limits=True, autostop_s=autostop_s,
+    )  # fmt: skip
 
 
 def guard_source() -> str:

@@ -94,10 +94,14 @@ class ClusterLaunch:
     resume_from: str = ""  # home-relative or absolute path of the checkpoint to resume from
     user_env: Mapping[str, str] = ()  # type: ignore[assignment]
     launcher: str = "torchrun"  # torchrun: orch starts `run` under torchrun; none: as written
+    node_owner: str = ""  # whose directories the nodes hold: a kept cluster's id, or the job's
+    # On a kept cluster: the digest of `setup` and the files it names (`setup_digest`); a node
+    # whose last setup that succeeded had the same one skips it.
+    setup_key: str | None = None
 
     @property
     def layout(self) -> NodeLayout:
-        return NodeLayout(self.job_id)
+        return NodeLayout(self.node_owner or self.job_id)
 
 
 def orch_environment(cluster: ClusterLaunch, node: NodeLaunch) -> dict[str, str]:
@@ -194,13 +198,7 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     lines.append(f"export ORCH_RESUME_FROM={resume}")
     lines.append('mkdir -p "$ORCH_CHECKPOINT_DIR"')
     if cluster.setup:
-        lines += [
-            'echo "[orch] setup: running"',
-            f"bash -c {shlex.quote(cluster.setup)} || {{",
-            '  code=$?; echo "[orch] setup failed with exit code $code"; '
-            f"finish {SETUP_FAILED_EXIT}",
-            "}",
-        ]
+        lines += setup_lines(cluster.setup, cluster.setup_key, layout)
     if cluster.launcher == "none":
         lines.append(f"bash -c {shlex.quote(cluster.run)}")
     else:
@@ -209,6 +207,39 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
         )
     lines.append('finish "$?"')
     return "\n".join(lines) + "\n"
+
+
+def setup_lines(setup: str, key: str | None, layout: NodeLayout) -> list[str]:
+    """Run `setup`; with a `key`, only on a node whose last successful setup had another."""
+    run = [
+        'echo "[orch] setup: running"',
+        f"bash -c {shlex.quote(setup)} || {{",
+        f'  code=$?; echo "[orch] setup failed with exit code $code"; finish {SETUP_FAILED_EXIT}',
+        "}",
+    ]
+    if key is None:
+        return run
+    marker = home_expr(f"{layout.root}/setup.key")
+    return [
+        f'if [ "$(cat {marker} 2>/dev/null)" = {shlex.quote(key)} ]; then',
+        '  echo "[orch] setup: unchanged since it last ran on this node, skipped"',
+        "else",
+        f"  rm -f {marker}",
+        *(f"  {line}" for line in run),
+        f"  echo {shlex.quote(key)} > {marker}",
+        "fi",
+    ]
+
+
+def reset_command(layout: NodeLayout, checkpoint_dir: str | None) -> str:
+    """Shell command that clears what a kept node holds of its last job before the next one
+    starts: its run, its checkpoint agent's state and, when it is orch's own (under the
+    layout's root), its checkpoint directory. The workdir stays (the sync sends only what
+    changed), and so does the setup marker."""
+    paths = [layout.run_dir, f"{layout.root}/checkpoint-agent"]
+    if checkpoint_dir and checkpoint_dir.startswith(f"{layout.root}/"):
+        paths.append(checkpoint_dir)
+    return "rm -rf " + " ".join(home_expr(path) for path in paths)
 
 
 def start_command(layout: NodeLayout) -> str:
