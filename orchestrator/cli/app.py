@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,6 +27,9 @@ from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
+    from orchestrator.control.kept import KeptRequest
+    from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -133,9 +137,36 @@ def submit(
             help="run CMD (sh -c) when the job ends, its JSON on stdin; e.g. curl -d @- URL",
         ),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            "-c",
+            metavar="NAME",
+            help="run on kept cluster NAME (made when none is up) and keep its nodes after",
+        ),
+    ] = None,
+    autostop: Annotated[
+        str | None,
+        typer.Option(
+            "--autostop",
+            metavar="DURATION|never",
+            help="with --cluster: end the cluster after this long with no job and idle GPUs "
+            "[10m]; never needs --yes",
+        ),
+    ] = None,
+    no_wait: Annotated[
+        bool,
+        typer.Option("--no-wait", help="with --cluster: fail (exit 3) while another job runs"),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
+
+    With --cluster NAME the nodes are kept for the next job on NAME: it launches nothing,
+    syncs only what changed and runs `setup` only when it changed. Jobs on one cluster run
+    one after another (a submit waits its turn, or fails with --no-wait); the cluster bills
+    between jobs too, until `orch down NAME` or its autostop.
 
     In the foreground this process is the job's controller (Ctrl-C cancels the job); with
     --detach a background controller drives it and the job id is printed on the last line.
@@ -163,9 +194,12 @@ def submit(
         **assignment_overrides("--env", "env", env or [], os.environ),
         **assignment_overrides("--secret", "secrets", secret or [], os.environ),
     }
+    kept = _kept_request(cluster, autostop, no_wait, yes)
     prepared = commands.prepare_submit(settings, job_file, overrides)
     if notify:
         prepared = dataclasses.replace(prepared, notify=notify)
+    if kept is not None:
+        prepared = dataclasses.replace(prepared, cluster=kept)
     loaded, plan = prepared.loaded, prepared.plan
     if dry_run:
         if json_out:
@@ -271,10 +305,38 @@ def status(
                 console.print(renderable)
         return
     documents = [job_document(ledger, settings, j, detail=False) for j in ledger.jobs(limit=50)]
+    kept = _kept_clusters(settings, ledger)
     if json_out:
-        _print_json({"jobs": documents})
+        _print_json({"jobs": documents, "clusters": kept})
     else:
         console.print(jobs_table(documents))
+        if kept:
+            from orchestrator.cli.console import clusters_table
+
+            console.print(clusters_table(kept))
+
+
+def _kept_clusters(settings: Settings, ledger: Ledger) -> list[dict]:
+    """The UP kept clusters; one whose autostop is due is first asked of its provider (its
+    guards may have ended it), so its bill stops where its nodes did."""
+    from orchestrator.ledger.clusters import Clusters
+
+    clusters = Clusters(ledger).all(up_only=True)
+    if not clusters:
+        return []
+    from orchestrator.control.kept import settle
+    from orchestrator.ledger.clusters import autostop_left
+    from orchestrator.ledger.store import utcnow
+    from orchestrator.providers import get_provider
+    from orchestrator.report.clusters import clusters_document
+
+    now = utcnow()
+    for cluster in clusters:
+        left = autostop_left(cluster, now)
+        if left is not None and left < 0:
+            with contextlib.suppress(OrchError):
+                settle(ledger, get_provider(cluster.provider, settings), cluster)
+    return clusters_document(ledger, utcnow(), up_only=True)
 
 
 app.command(name="logs")(logs_command)
@@ -374,9 +436,41 @@ def report(
         sys.stdout.write(f"{result.path}\n")
 
 
+def _kept_request(
+    cluster: str | None, autostop: str | None, no_wait: bool, yes: bool
+) -> KeptRequest | None:
+    """The flags of a kept cluster, checked (exit 2) before anything is read or launched."""
+    from orchestrator.control.kept import DEFAULT_AUTOSTOP_S, KeptRequest, check_cluster_name
+
+    if cluster is None:
+        if autostop is not None or no_wait:
+            raise SpecError(
+                "--autostop and --no-wait are for kept clusters", hint="add --cluster NAME"
+            )
+        return None
+    autostop_s: float | None = DEFAULT_AUTOSTOP_S
+    if autostop == "never":
+        if not yes:
+            raise SpecError(
+                "--autostop never keeps the cluster billing until `orch down`",
+                hint="add --yes to mean it, or give a duration such as --autostop 30m",
+            )
+        autostop_s = None
+    elif autostop is not None:
+        try:
+            autostop_s = duration(autostop)
+        except typer.BadParameter as exc:
+            raise SpecError(
+                f"--autostop: {exc.message}", hint="give a duration such as 10m, or never"
+            ) from None
+    return KeptRequest(check_cluster_name(cluster), autostop_s, wait=not no_wait)
+
+
 @app.command()
 def down(
-    cluster: Annotated[str | None, typer.Argument(help="cluster (job id) to shut down")] = None,
+    cluster: Annotated[
+        str | None, typer.Argument(help="kept cluster name, or a job id, to shut down")
+    ] = None,
     all_clusters: Annotated[
         bool, typer.Option("--all", help="every cluster of this ledger")
     ] = False,
@@ -398,9 +492,11 @@ def down(
     result = commands.down(settings, open_ledger(settings), cluster, on_ended=ended)
     if line := not_ours_line(result.not_ours):
         make_console().print(line)
-    if cluster is not None and not result.ended:
+    for name in result.kept_down:
+        make_console().print(f"kept cluster {name}: down")
+    if cluster is not None and not result.ended and not result.kept_down:
         raise commands.cluster_not_found(cluster)
-    if not result.ended:
+    if not result.ended and not result.kept_down:
         make_console().print("nothing to shut down")
 
 

@@ -208,6 +208,47 @@ def cost_table(doc: dict) -> Table:
             f"{row['node_hours']:.4f}",
             f"${row['spend_usd']:.4f}",
         )
+    for cluster in doc.get("clusters", []):
+        table.add_row(
+            f"{cluster['name']} (kept cluster), idle between jobs",
+            cluster["state"],
+            cluster["provider"],
+            "",
+            f"{cluster['idle_node_hours']:.4f}",
+            f"${cluster['idle_usd']:.4f}",
+        )
     table.add_section()
     table.add_row("total", "", "", "", "", f"${doc['total_usd']:.4f}")
     return table
+
+
+def clusters_table(rows: list[dict]) -> Table:
+    """Kept clusters: nodes, price, who runs on them, idle time and autostop, bill."""
+    table = Table(title="kept clusters")
+    for column in ("name", "nodes", "$/h", "job", "queue", "idle", "autostop in", "spend"):
+        table.add_column(column, justify="right" if column in ("$/h", "spend") else "left")
+    for row in rows:
+        left = row["autostop_left_s"]
+        if row["autostop_s"] is None:
+            autostop = "never"
+        elif left is None:
+            autostop = "(after the job)"
+        else:
+            autostop = _seconds(left) if left > 0 else "due now"
+        table.add_row(
+            row["name"],
+            f"{row['nodes']}x{row['gpus_per_node']}",
+            f"${row['hourly_usd']:.4f}",
+            row["job"] or "",
+            ", ".join(row["queue"]),
+            _seconds(row["idle_s"]) if row["idle_s"] is not None else "",
+            autostop,
+            f"${row['total_usd']:.4f} (idle ${row['idle_usd']:.4f})",
+        )
+    return table
+
+
+def _seconds(value: float) -> str:
+    value = max(0, int(value))
+    hours, rest = divmod(value, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

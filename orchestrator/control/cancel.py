@@ -22,6 +22,7 @@ from orchestrator.control.reconcile import end_nodes
 from orchestrator.control.supervision import ControllerLock, controller_pid
 from orchestrator.errors import OrchError
 from orchestrator.job_state import JobState
+from orchestrator.ledger.clusters import Clusters
 from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Provider
@@ -92,10 +93,17 @@ def cancel(
             return CancelResult(job_id, CancelRoute.ALREADY_ENDED, JobState(job.state))
         provider = get_provider(job.provider, settings)
         check_job_identity(ledger, job_id, provider)
-        owned = provider.list_owned(job_id=job_id)
+        owned = provider.list_owned(job_id=job.node_owner)
         ids = [i.instance_id for i in ledger_partition(ledger, owned).ours]
+        if job.cluster_id is not None:  # a kept cluster's nodes: only while this job holds them
+            held = {lease.instance_id for lease in ledger.leases(job_id, open_only=True)}
+            ids = [i for i in ids if i in held]
         if ids:
             end_nodes(ledger, provider, job_id, ids, home=settings.home)
+            if job.cluster_id is not None:
+                Clusters(ledger).down(
+                    job.cluster_id, utcnow(), f"its job {job_id} was cancelled with no controller"
+                )
         ledger.update_job(
             job_id, state=JobState.CANCELLED, exit_code=130, reason="cancelled", ended_at=utcnow()
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
+from orchestrator.control.kept import KeptRequest, join_cluster
 from orchestrator.control.notify import notify_end, save_notify
 from orchestrator.control.ownership import Partition, partition
 from orchestrator.control.reconcile import end_nodes
@@ -29,6 +30,7 @@ from orchestrator.control.supervision import (
 )
 from orchestrator.errors import SpecError, UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.clusters import Clusters
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance, Provider
@@ -55,6 +57,7 @@ class PreparedSubmit:
     provider: Provider
     dry_run: DryRun  # what the provider would launch first (the `--dry-run` answer)
     notify: str | None = None  # the job's own end-of-job hook (`orch submit --notify`)
+    cluster: KeptRequest | None = None  # run on a kept cluster (`orch submit --cluster`)
 
     @property
     def plan(self) -> LaunchPlan:
@@ -124,7 +127,10 @@ def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit
     controller holds the job's lock, and raises `OrchError` if it died at start. From then on
     the controller launches the nodes and bills; `cancel` stops it."""
     job_id = new_job_id(prepared.loaded.spec.name)
-    register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    register_job(
+        settings, ledger, prepared.loaded, prepared.provider.name, job_id,
+        cluster_id=_cluster_of(ledger, prepared),
+    )  # fmt: skip
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
@@ -184,10 +190,28 @@ def submit_foreground(
     job_id = new_job_id(prepared.loaded.spec.name)
     lock = ControllerLock(settings, job_id)
     lock.acquire()  # a new id: nobody else can hold it
-    job = register_job(settings, ledger, prepared.loaded, prepared.provider.name, job_id)
+    try:
+        job = register_job(
+            settings, ledger, prepared.loaded, prepared.provider.name, job_id,
+            cluster_id=_cluster_of(ledger, prepared),
+        )  # fmt: skip
+    except BaseException:
+        lock.release()
+        raise
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     return ForegroundJob(settings, ledger, prepared, job, lock)
+
+
+def _cluster_of(ledger: Ledger, prepared: PreparedSubmit) -> str | None:
+    """The id of the kept cluster the job runs on (recorded now when new); None: its own."""
+    if prepared.cluster is None:
+        return None
+    resources = prepared.loaded.spec.resources
+    return join_cluster(
+        ledger, prepared.cluster, provider=prepared.provider.name, nodes=resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+    ).id  # fmt: skip
 
 
 # --- down -----------------------------------------------------------------------------------
@@ -206,6 +230,7 @@ class NodesEnded:
 class DownResult:
     ended: tuple[NodesEnded, ...]  # per job, in the order they were ended
     not_ours: tuple[str, ...]  # ids of other ledgers' nodes that matched: never touched
+    kept_down: tuple[str, ...] = ()  # names of the kept clusters now recorded DOWN
 
     @property
     def nodes(self) -> int:
@@ -229,6 +254,9 @@ def down(
     """
     ended: list[NodesEnded] = []
     others: list[str] = []
+    kept = Clusters(ledger).up(cluster) if cluster is not None else None
+    if kept is not None:
+        cluster = kept.id  # a kept cluster's nodes carry its id as their cluster
     for provider in providers_in_use(settings, ledger):
         wanted = [i for i in provider.list_owned() if cluster is None or i.cluster == cluster]
         found = ledger_partition(ledger, wanted)
@@ -249,7 +277,12 @@ def down(
             ended.append(group)
             if on_ended is not None:
                 on_ended(group)
-    return DownResult(tuple(ended), tuple(others))
+    downed = [kept] if kept is not None else []
+    if cluster is None:
+        downed = Clusters(ledger).all(up_only=True)
+    for up in downed:  # their nodes may have ended on their own already
+        Clusters(ledger).down(up.id, utcnow(), "orch down")
+    return DownResult(tuple(ended), tuple(others), tuple(up.name for up in downed))
 
 
 def cluster_not_found(cluster: str) -> SpecError:

@@ -77,7 +77,7 @@ class NodeEnder:
             self.reporter.line(f"[orch] could not read the job's leases ({exc}); ending the rest")
         owned: list[Instance] = []
         try:
-            owned = self.ours(self.provider.list_owned(job_id=job_id))
+            owned = self.ours(self.provider.list_owned(job_id=self.journal.job.node_owner))
             ids |= {i.instance_id for i in owned}
         except OrchError as exc:
             self.warn(f"could not list nodes: {exc}")

@@ -16,6 +16,7 @@ from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node.guard_protocol import (
     GuardLayout,
     GuardTerms,
+    cleared_lease,
     lease_document,
     lease_until,
     parse_status,
@@ -43,6 +44,7 @@ class Guards:
         self.options = options
         self.provider = provider
         self.reporter = reporter
+        self.autostop_s: float | None = None  # a kept cluster's (set by the runner)
 
     def terms(self, pull_wait: float) -> GuardTerms:
         """The job's limits for the guards of the nodes about to be launched.
@@ -58,12 +60,13 @@ class Guards:
         left = None
         if budget.max_cost_usd is not None:
             left = budget.max_cost_usd - self.ledger.spend(job.id, now)
+        kept = job.cluster_id is not None
         return GuardTerms(
-            job_id=job.id,
+            job_id=job.node_owner,
             interval_s=options.watch_interval,
             silence_s=max(10.0, 3 * options.watch_interval),
             allowance_s=options.stop_grace + pull_wait + options.stop_allowance + 30.0,
-            deadman_s=options.deadman_timeout,
+            deadman_s=self.autostop_s if kept else options.deadman_timeout,
             stop_grace_s=options.stop_grace,
             upload_wait_s=pull_wait if self.spec.checkpoint.store else 0.0,
             idle_util_pct=options.idle_util_pct,
@@ -72,6 +75,7 @@ class Guards:
             budget_left_usd=left,
             idle_timeout_s=budget.idle_timeout,
             stop_allowance_s=options.stop_allowance,
+            autostop=kept,
         )
 
     def check(self, attempt: Attempt) -> None:
@@ -80,7 +84,7 @@ class Guards:
         try:
             statuses = [
                 parse_status(text)
-                for text in attempt.read(status_command(GuardLayout(self.journal.job.id)))
+                for text in attempt.read(status_command(GuardLayout(self.journal.job.node_owner)))
             ]
         except OrchError as exc:
             self.journal.event("WARNING", f"could not read the guards: {exc}")
@@ -130,14 +134,28 @@ class Guards:
                 hourly_usd=hourly,
                 reserve_s=self.options.stop_grace + self.options.stop_allowance,
             )
-        return lease_document(now=now, runtime_deadline=deadline, lease_until=until)
+        return lease_document(
+            now=now, runtime_deadline=deadline, lease_until=until,
+            idle_timeout_s=budget.idle_timeout, job_limits=job.cluster_id is not None,
+            autostop_s=self.autostop_s,
+        )  # fmt: skip
 
     def renew(self, attempt: Attempt) -> None:
         """Write the lease to every node that answers (best effort: a node that misses it
         keeps its last lease, which never reaches past the budget)."""
         if not attempt.connected:
             return
-        attempt.renew(renew_command(GuardLayout(self.journal.job.id)), self._lease(utcnow()))
+        attempt.renew(
+            renew_command(GuardLayout(self.journal.job.node_owner)), self._lease(utcnow())
+        )
+
+    def clear(self, attempt: Attempt) -> None:
+        """A kept cluster's job let it go: every node's lease loses the job's limits, and its
+        autostop counts from now."""
+        attempt.renew(
+            renew_command(GuardLayout(self.journal.job.node_owner)),
+            cleared_lease(utcnow(), self.autostop_s),
+        )
 
     def ended_by_guard(self, instance_ids: tuple[str, ...]) -> StopOrder | None:
         """The stop for nodes that powered themselves off: their guard acted on a limit, so

@@ -28,6 +28,7 @@ class Launcher:
         self.parts = parts
         self.journal = parts.journal
         self.open_attempt = open_attempt
+        self.setup_key: str | None = None  # on a kept cluster: `setup` runs only when it changed
 
     def claim_identity(self) -> None:
         """Refuse a job whose nodes were launched as another cloud identity (`IdentityMismatch`,
@@ -56,8 +57,8 @@ class Launcher:
             self.journal.identity(current.to_json())
 
     def _identity(self) -> Identity:
-        job_id = self.journal.job.id
-        return ensure_identity(self.parts.settings.keys_dir(job_id), f"orch-{job_id}")
+        owner = self.journal.job.node_owner
+        return ensure_identity(self.parts.settings.keys_dir(owner), f"orch-{owner}")
 
     def provision(
         self, *, avoid_zones: tuple[str, ...], pull_wait: float, keep: Callable[[Attempt], None]
@@ -73,7 +74,7 @@ class Launcher:
         )
         request = launch_request(
             p.spec,
-            job.id,
+            job.node_owner,
             public_key=identity.public_key,
             spot=p.driver.launch_spot if p.driver is not None else None,
             avoid_zones=avoid_zones,
@@ -88,6 +89,10 @@ class Launcher:
         attempt = self.open_attempt(instances, identity, p.options.connect_timeout)
         keep(attempt)
         return attempt
+
+    def reopen(self, instances: list[Instance]) -> Attempt:
+        """An attempt connected to nodes that are already up (a kept cluster's)."""
+        return self.open_attempt(instances, self._identity(), self.parts.options.connect_timeout)
 
     def _launch_number(self) -> int:
         """The number of the launch about to be made, 0 first: one per PROVISIONING event (each
@@ -139,7 +144,7 @@ class Launcher:
         resume = p.keeper.prepare(attempt.cluster, **attempt.node_access())
         resume_from, resume_step = resume.path, resume.step
         instances = attempt.instances
-        cluster_launch = launch_plan(p, instances, port, resume_from)
+        cluster_launch = launch_plan(p, instances, port, resume_from, self.setup_key)
         p.guards.check(attempt)
         p.guards.renew(attempt)  # heard from, and the run's own deadline, before it starts
         pids = attempt.start(cluster_launch)
@@ -177,12 +182,18 @@ class Launcher:
 
 
 def launch_plan(
-    parts: JobParts, instances: list[Instance], port: int, resume_from: str
+    parts: JobParts,
+    instances: list[Instance],
+    port: int,
+    resume_from: str,
+    setup_key: str | None = None,
 ) -> launch.ClusterLaunch:
     """How the run is started on `instances`, its rendezvous on node 0's `port`."""
     spec = parts.spec
+    job = parts.journal.job
     return launch.ClusterLaunch(
-        job_id=parts.journal.job.id,
+        job_id=job.id,
+        node_owner=job.node_owner,
         run=spec.run,
         setup=spec.setup,
         num_nodes=len(instances),
@@ -194,4 +205,5 @@ def launch_plan(
         resume_from=resume_from,
         user_env={**spec.env, **spec.secrets},
         launcher=spec.launcher,
+        setup_key=setup_key,
     )

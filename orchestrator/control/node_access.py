@@ -17,6 +17,7 @@ from orchestrator.config import Settings
 from orchestrator.control.cancel import check_job_identity
 from orchestrator.errors import SpecError, UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.clusters import Clusters
 from orchestrator.ledger.store import Ledger
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance
@@ -65,15 +66,22 @@ def forwards(texts: list[str]) -> list[Forward]:
     return [parse_forward(text) for text in texts]
 
 
-def _job_of(ledger: Ledger, name: str) -> tuple[str, str]:
-    """(job id, cluster) for a cluster name or a job id with open leases in this ledger."""
+def _job_of(ledger: Ledger, name: str) -> tuple[str, str, str]:
+    """(job id, cluster tag, the nodes' owner id) for a kept cluster's name, a cluster name
+    or a job id with open leases in this ledger."""
+    kept = Clusters(ledger).up(name)
+    if kept is not None:
+        jobs = Clusters(ledger).jobs(kept.id)
+        if jobs:
+            return jobs[-1].id, kept.id, kept.id
     open_leases = ledger.leases(open_only=True)
+    owners = {job.id: job.node_owner for job in ledger.jobs()}
     for lease in open_leases:
         if lease.cluster == name:
-            return lease.job_id, lease.cluster
+            return lease.job_id, lease.cluster, owners.get(lease.job_id, lease.job_id)
     for lease in open_leases:
         if lease.job_id == name:
-            return lease.job_id, lease.cluster
+            return lease.job_id, lease.cluster, owners.get(lease.job_id, lease.job_id)
     try:
         ended = ledger.get_job(name)
     except UnknownJob:
@@ -94,14 +102,14 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
     """The live nodes of cluster or job `name`, asked of its provider now (a node replaced
     after a spot interruption is the new one). Raises SpecError when nothing of that name
     runs, IdentityMismatch when the job was launched as another cloud identity."""
-    job_id, cluster = _job_of(ledger, name)
+    job_id, cluster, owner = _job_of(ledger, name)
     job = ledger.get_job(job_id)
     provider = get_provider(job.provider, settings)
     check_job_identity(ledger, job_id, provider)
     live: list[Instance] = sorted(
         (
             i
-            for i in provider.list_owned(job_id=job_id)
+            for i in provider.list_owned(job_id=owner)
             if i.cluster == cluster and i.ledger_id in (None, ledger.ledger_id)
         ),
         key=lambda i: i.rank,
@@ -111,8 +119,9 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
             f"cluster {cluster} has no running node",
             hint="its nodes may be ending: `orch status` shows the job",
         )
-    identity = ensure_identity(settings.keys_dir(job_id), f"orch-{job_id}")
+    identity = ensure_identity(settings.keys_dir(owner), f"orch-{owner}")
     nodes = tuple(host_address(i) for i in live)
     known_hosts = identity.private_key.parent / SHELL_KNOWN_HOSTS
     write_known_hosts(known_hosts, list(nodes))
-    return ClusterAccess(cluster, job_id, nodes, identity, known_hosts)
+    shown = name if Clusters(ledger).up(name) is not None else cluster
+    return ClusterAccess(shown, job_id, nodes, identity, known_hosts)

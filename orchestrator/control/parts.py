@@ -54,7 +54,7 @@ def job_parts(
     """The collaborators of a runner for `job` (no I/O); `keeper` defaults to one that
     collects the job's checkpoints into its directory under ORCH_HOME."""
     spec = loaded.spec
-    layout = launch.NodeLayout(job.id)
+    layout = launch.NodeLayout(job.node_owner)
     job_dir = settings.job_dir(job.id)
     keeper = keeper or CheckpointKeeper(
         job_id=job.id,
@@ -65,6 +65,7 @@ def job_parts(
         settings=settings,
         line=reporter.line,
         options=KeeperOptions(pull_every=spec.checkpoint.pull_every),
+        node_owner=job.node_owner,
     )
     journal = Journal(job, ledger, reporter)
     driver = None

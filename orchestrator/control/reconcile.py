@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.kept import settle
 from orchestrator.control.ownership import partition
 from orchestrator.control.supervision import controller_running, revive_controllers
 from orchestrator.control.unrecorded import (
@@ -27,6 +28,7 @@ from orchestrator.control.unrecorded import (
 )
 from orchestrator.errors import LedgerError, OrchError, UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.clusters import Clusters
 from orchestrator.ledger.store import Lease, Ledger
 from orchestrator.providers.base import Instance, Provider
 
@@ -160,13 +162,21 @@ def reconcile(
     report = ReconcileReport(revived=revived, recorded=recorded)
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
+    kept = Clusters(ledger).all(up_only=True)
     for provider in providers:
+        if not dry_run:
+            for cluster in kept:
+                if cluster.provider == provider.name:
+                    settle(ledger, provider, cluster)
+        kept_ids = {c.id for c in Clusters(ledger).all(up_only=True)}
         found = partition(provider.list_owned(), ledger.ledger_id, leased=leased)
         report.not_ours.extend(i.instance_id for i in found.others)
         by_job: dict[str, list[str]] = defaultdict(list)
         for instance in found.ours:
             by_job[instance.job_id].append(instance.instance_id)
         for job_id, ids in by_job.items():
+            if job_id in kept_ids:  # a kept cluster's: it stays up until down or autostop
+                continue
             job = jobs.get(job_id)
             driven = job_id in report.revived or controller_running(settings, job_id)
             if job is not None and not JobState(job.state).is_final and driven:

@@ -23,6 +23,7 @@ from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
 from orchestrator.control.ending import NodeEnder
+from orchestrator.control.kept_nodes import KeptNodes
 from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
@@ -124,6 +125,7 @@ class JobRunner:
         self.supervisor = Supervisor(parts, self._record_metrics)
         self.salvage = Salvage(parts)
         self._supervise = supervise or self.supervisor.watch
+        self.kept = KeptNodes(parts, self.launcher) if job.cluster_id is not None else None
 
     @property
     def job(self) -> Job:
@@ -146,8 +148,17 @@ class JobRunner:
         before anything is touched: no node ended or launched, no lease closed, no state set.
         """
         self.launcher.claim_identity()
+        try:
+            return self._run()
+        finally:
+            if self.kept is not None:
+                self.kept.turn.release()
+
+    def _run(self) -> JobOutcome:
         order = StopOrder(JobState.FAILED, 1, "")
         try:
+            if self.kept is not None:
+                self.kept.take_turn()
             if self.job.state == JobState.STOPPING and self.job.stop_state:
                 order = StopOrder(
                     JobState(self.job.stop_state),
@@ -196,6 +207,21 @@ class JobRunner:
                 self._teardown(order)
         return self._outcome(order)
 
+    def _end_or_keep(self, order: StopOrder) -> datetime:
+        """At the job's end: a kept cluster whose nodes are all up is let go, still running
+        (its nodes bill to the cluster from now); every other node ends."""
+        kept = self.kept
+        if kept is None or not kept.held:
+            return self._end_attempt()
+        if kept.may_keep(self.attempt):
+            released_at = kept.release(self.attempt)
+            self.attempt.close()
+            self.attempt = Attempt.not_launched()
+            return released_at
+        ended_at = self._end_attempt()
+        kept.ended(ended_at, f"its nodes ended with job {self.job.id} ({order.state.value})")
+        return ended_at
+
     def _outcome(self, order: StopOrder) -> JobOutcome:
         return JobOutcome(self.job.id, order.state, order.exit_code, order.reason or None)
 
@@ -210,11 +236,15 @@ class JobRunner:
 
     # --- bringing a run up ------------------------------------------------------------------
     def _provision(self) -> None:
+        if self.kept is not None and self.kept.reuse(self._keep_attempt, self.nodes):
+            return
         self.launcher.provision(
             avoid_zones=self._avoid_zones,
             pull_wait=self.salvage.pull_wait(),
             keep=self._keep_attempt,
         )
+        if self.kept is not None:
+            self.kept.launched()
 
     def _keep_attempt(self, attempt: Attempt) -> None:
         self.attempt = attempt
@@ -255,7 +285,7 @@ class JobRunner:
         With `require_all`, recorded nodes that are gone (reclaimed or lost while the job had
         no controller) come back as the interruption to recover from.
         """
-        instances = self.nodes.ours(self.provider.list_owned(job_id=self.job.id))
+        instances = self.nodes.ours(self.provider.list_owned(job_id=self.job.node_owner))
         running = {i.instance_id for i in instances}
         missing = [
             lease
@@ -264,6 +294,8 @@ class JobRunner:
         ]
         instances = sorted(instances, key=lambda i: i.rank)
         self.attempt = Attempt(instances)
+        if self.kept is not None:
+            self.kept.adopted()
         if require_all and (missing or not instances):
             ids = tuple(lease.instance_id for lease in missing)
             taken = self.provider.preempted(list(ids)) if ids else set()
@@ -449,8 +481,9 @@ class JobRunner:
                 step=self.journal.last_step,
             ),
         )
+        ending = "keeping the cluster's nodes" if self.kept is not None else "shutting nodes down"
         self.reporter.phase(
-            f"stopping ({order.state.value}): pulling checkpoints and logs, shutting nodes down"
+            f"stopping ({order.state.value}): pulling checkpoints and logs, {ending}"
         )
         if self.attempt.running:
             if order.state is not JobState.SUCCEEDED:
@@ -460,7 +493,7 @@ class JobRunner:
                     salvage()
                 except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
                     self.nodes.warn(f"during teardown: {exc}")
-        ended_at = self._end_attempt()
+        ended_at = self._end_or_keep(order)
         try:
             self.keeper.sweep_store()
         except Exception as exc:  # noqa: BLE001 - the job's end is recorded whatever happens here

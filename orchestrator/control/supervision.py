@@ -209,9 +209,16 @@ def new_job_id(name: str) -> str:
 
 
 def register_job(
-    settings: Settings, ledger: Ledger, loaded: LoadedJob, provider_name: str, job_id: str
+    settings: Settings,
+    ledger: Ledger,
+    loaded: LoadedJob,
+    provider_name: str,
+    job_id: str,
+    *,
+    cluster_id: str | None = None,
 ) -> Job:
-    """Write the job record and the ledger row (state PENDING) before anything is provisioned."""
+    """Write the job record and the ledger row (state PENDING) before anything is provisioned;
+    `cluster_id`: the kept cluster it runs on."""
     spec = loaded.spec
     save_job_record(settings, job_id, loaded)
     return ledger.add_job(
@@ -226,5 +233,6 @@ def register_job(
             spec_path=str(loaded.source),
             created_at=utcnow(),
             controller=controller_identity(),
+            cluster_id=cluster_id,
         )
     )

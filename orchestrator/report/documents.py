@@ -124,7 +124,11 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
 
 
 def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
-    """Spend per job and in total, from the leases' recorded prices."""
+    """Spend per job, per kept cluster (its jobs and its idle time between them) and in
+    total, from the leases' recorded prices; with `job_id`, that job's alone."""
+    from orchestrator.ledger.clusters import Clusters
+    from orchestrator.report.clusters import clusters_document
+
     now = utcnow()
     jobs = [ledger.get_job(job_id)] if job_id else ledger.jobs()
     rows = []
@@ -147,4 +151,7 @@ def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
                 "running": any(lease.ended_at is None for lease in leases),
             }
         )
-    return {"jobs": rows, "total_usd": money(total)}
+    clusters = [] if job_id else clusters_document(ledger, now, up_only=False)
+    idle = Clusters(ledger)
+    total += sum((idle.idle_cost(c["id"], now) for c in clusters), Decimal(0))
+    return {"jobs": rows, "clusters": clusters, "total_usd": money(total)}

@@ -98,8 +98,10 @@ class CheckpointKeeper:
         settings: Settings,
         line: Callable[[str], None],
         options: KeeperOptions | None = None,
+        node_owner: str | None = None,
     ) -> None:
         self.job_id = job_id
+        self.node_owner = node_owner or job_id  # whose directories the nodes hold
         self.spec = checkpoint
         self.node_dir = node_dir
         self.mirror = mirror
@@ -107,7 +109,7 @@ class CheckpointKeeper:
         self.settings = settings
         self.line = line
         self.options = options or KeeperOptions(pull_every=checkpoint.pull_every)
-        self.layout = AgentLayout(job_id)
+        self.layout = AgentLayout(self.node_owner)
         self.streak = PullStreak()
         self._collector: CheckpointCollector | None = None
         self._access: StoreAccess | None = None
@@ -191,8 +193,9 @@ class CheckpointKeeper:
             if rank not in wanted:
                 return
             config = AgentConfig(
-                self.job_id, rank, self.node_dir, store=self._access, restored=restored
-            )
+                self.job_id, rank, self.node_dir, store=self._access, restored=restored,
+                node_owner=self.node_owner,
+            )  # fmt: skip
             connection.run(
                 arm_command(self.layout), stdin=json.dumps(config.document()), timeout=30
             )

@@ -1,0 +1,160 @@
+"""The runner's part for a job on a kept cluster: take the cluster's turn, run on the nodes it
+already has (nothing launched, only what changed synced, `setup` only when it changed), and
+at the end let the nodes go still running, their bill moved to the cluster.
+
+Billing: the job's leases on reused nodes open when it takes them and close when it lets them
+go, at the same instants as the cluster's idle leases close and open (`Clusters.hold` and
+`release`). A cluster whose nodes cannot all be kept (one was lost, the ledger says another
+job holds it) ends them, and is DOWN from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+from orchestrator.control.attempt import Attempt
+from orchestrator.control.ending import NodeEnder
+from orchestrator.control.kept import ClusterTurn, live_nodes, settle, setup_digest
+from orchestrator.control.launching import Launcher
+from orchestrator.control.parts import JobParts
+from orchestrator.errors import OrchError
+from orchestrator.ledger.clusters import UP, Clusters
+from orchestrator.ledger.store import KeptCluster, Lease, utcnow
+from orchestrator.node import launch
+from orchestrator.providers.base import Instance
+
+QUEUE_POLL_S = 1.0
+
+
+class KeptNodes:
+    """What a job's runner does with its kept cluster (the job's `cluster_id`)."""
+
+    def __init__(self, parts: JobParts, launcher: Launcher) -> None:
+        job = parts.journal.job
+        assert job.cluster_id is not None
+        self.parts = parts
+        self.journal = parts.journal
+        self.ledger = parts.journal.ledger
+        self.launcher = launcher
+        self.clusters = Clusters(self.ledger)
+        self.cluster_id = job.cluster_id
+        self.turn = ClusterTurn(parts.settings, self.ledger, job.cluster_id, job.id)
+        self.held = False  # this job holds the cluster's nodes (their bill is the job's)
+        parts.guards.autostop_s = self.row.autostop_s
+        launcher.setup_key = setup_digest(parts.spec.setup, parts.loaded.workdir)
+
+    @property
+    def row(self) -> KeptCluster:
+        return self.clusters.get(self.cluster_id)
+
+    def take_turn(self) -> None:
+        """Wait (the job PENDING, a QUEUED event) until no other job runs on the cluster."""
+
+        def queued(behind: str | None) -> None:
+            whom = f"job {behind}" if behind else "another job"
+            self.journal.event("QUEUED", f"cluster {self.row.name} runs {whom}; waiting")
+            self.parts.reporter.phase(f"queued: cluster {self.row.name} runs {whom}")
+
+        self.turn.wait(poll_s=QUEUE_POLL_S, on_queued=queued)
+        self.held = self.row.job_id == self.journal.job.id  # a revived controller's own
+
+    def reuse(self, keep: Callable[[Attempt], None], nodes: NodeEnder) -> bool:
+        """Run on the cluster's live nodes; False (nothing done) when the cluster has none, or
+        not the job's count (those few are ended first, so a fresh launch replaces them)."""
+        p = self.parts
+        cluster = settle(self.ledger, p.provider, self.row)
+        if cluster.state != UP:
+            return False
+        live = live_nodes(p.provider, cluster, self.ledger.ledger_id)
+        if len(live) != p.spec.resources.nodes:
+            if live:
+                self.journal.event(
+                    "WARNING", f"cluster {cluster.name} has {len(live)} of "
+                    f"{p.spec.resources.nodes} node(s) up; they end and new ones launch",
+                )  # fmt: skip
+                nodes.terminate_all(live)
+            return False
+        now = utcnow()
+        self.journal.provisioning(
+            f"kept cluster {cluster.name}: {len(live)} node(s) up, nothing launched"
+        )
+        self.clusters.hold(cluster.id, self.journal.job.id, now)
+        self.held = True
+        keep(Attempt(live))
+        job = self.journal.job
+        for instance in live:
+            self.ledger.open_lease(
+                Lease.from_instance(
+                    replace(instance, launched_at=now),
+                    job_id=job.id,
+                    provider=p.provider.name,
+                    identity=job.identity,
+                )  # fmt: skip
+            )
+        self.journal.event(
+            "REUSED", f"cluster {cluster.name}: node(s) "
+            f"{', '.join(i.instance_id for i in live)}, billed to this job from now",
+        )  # fmt: skip
+        attempt = self.launcher.reopen(live)
+        keep(attempt)
+        reset = launch.reset_command(p.layout, p.layout.node_path(p.spec.checkpoint.dir))
+        attempt.cluster.map(lambda rank, connection: connection.run(reset))
+        return True
+
+    def launched(self) -> None:
+        """New nodes were launched for the cluster (its first job, or nodes replaced)."""
+        cluster = self.row
+        if cluster.state != UP:
+            self.clusters.update(cluster.id, state=UP, ended_at=None, reason=None)
+        self.clusters.hold(cluster.id, self.journal.job.id, utcnow())
+        self.held = True
+
+    def adopted(self) -> None:
+        """A revived controller took over the job's run on the cluster."""
+        self.held = self.row.job_id == self.journal.job.id
+
+    def may_keep(self, attempt: Attempt) -> bool:
+        """Whether every node of the job's run still runs, so the cluster can stay up."""
+        ids = set(attempt.ids())
+        if not attempt.connected or len(ids) != self.parts.spec.resources.nodes:
+            return False
+        try:
+            live = live_nodes(self.parts.provider, self.row, self.ledger.ledger_id)
+        except OrchError:
+            return False
+        return ids <= {i.instance_id for i in live}
+
+    def release(self, attempt: Attempt) -> datetime:
+        """Let the nodes go, still running: their guards lose the job's limits (autostop
+        counts from now), the job's leases close, the cluster's idle leases open."""
+        with contextlib.suppress(OrchError):
+            self.parts.guards.clear(attempt)
+        now = utcnow()
+        instances: list[Instance] = list(attempt.instances)
+        self.ledger.close_leases([i.instance_id for i in instances], now)
+        self.clusters.release(
+            self.cluster_id, [(i.instance_id, i.rank, i.price_per_hour) for i in instances], now
+        )
+        self.held = False
+        cluster = self.row
+        autostop = (
+            f"autostop after {cluster.autostop_s:.0f} s idle"
+            if cluster.autostop_s is not None
+            else "no autostop: `orch down` ends it"
+        )
+        self.journal.event(
+            "KEPT", f"cluster {cluster.name}: {len(instances)} node(s) stay up for the next "
+            f"job, billed to the cluster; {autostop}",
+        )  # fmt: skip
+        return now
+
+    def ended(self, at: datetime, reason: str) -> None:
+        """The job's nodes were ended: the cluster is DOWN unless nodes of it still run."""
+        with contextlib.suppress(OrchError):
+            if live_nodes(self.parts.provider, self.row, self.ledger.ledger_id):
+                return
+        self.clusters.down(self.cluster_id, at, reason)
+        self.held = False
