@@ -112,10 +112,13 @@ class Guards:
             f"idle {budget.idle_timeout:.0f} s" if budget.idle_timeout else "",
         ]
         named = ", ".join(limit for limit in limits if limit) or "no limit: training runs on"
-        return (
-            f"guards armed on {nodes} node(s): {named}; dead-man "
-            f"{self.options.deadman_timeout:.0f} s"
-        )
+        if self.journal.job.cluster_id is None:
+            last = f"dead-man {self.options.deadman_timeout:.0f} s"
+        elif self.autostop_s is None:
+            last = "kept cluster: no autostop"
+        else:
+            last = f"kept cluster: autostop after {self.autostop_s:.0f} s idle"
+        return f"guards armed on {nodes} node(s): {named}; {last}"
 
     def _lease(self, now: datetime) -> str:
         """The lease the nodes get now: the run's deadline, and how long the rest of the
@@ -178,7 +181,7 @@ class Guards:
         state, code = states.get(kind, (JobState.FAILED, 1))
         if not first.kind and kind:
             words += f" (by the job's limits at that time: {kind})"
-        if kind == "deadman":
+        if kind in ("deadman", "autostop"):
             words += " (the run had ended while no controller watched; its exit code is lost)"
         return StopOrder(state, code, words)
 

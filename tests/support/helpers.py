@@ -149,8 +149,9 @@ def wait_for_state(
     return job_json(job_id, env)
 
 
-def detach(spec: Path, env: dict[str, str]) -> str:
-    result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
+def detach(spec: Path, env: dict[str, str], *flags: str) -> str:
+    """Submit `spec` with --detach (and `flags`); returns the job id."""
+    result = run_orch(["submit", str(spec), "--detach", *flags], env, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip().splitlines()[-1]
 
