@@ -108,6 +108,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick_args=("--repeats", "3"),
     ),
     Benchmark(
+        "kept_cluster",
+        "Time to first step: the next job on a kept cluster (50 MB workdir, 10 s setup)",
+        "the same job on fresh nodes, in the same run",
+        report_rows("the same job on fresh nodes"),
+        quick_args=("--repeats", "3"),
+    ),
+    Benchmark(
         "sync_speed",
         "Sync of a source tree to the nodes",
         "one raw `rsync -a` over ssh to one node",
