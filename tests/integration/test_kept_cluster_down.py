@@ -1,0 +1,63 @@
+"""A kept cluster's idle nodes on a real local node: `orch reconcile` leaves an up cluster's
+nodes running (they wait for the next job, billed to the cluster), and `orch down NAME` ends
+them at once, closing the cluster's idle bill where the provider said they ended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import LocalSettings, Settings
+from orchestrator.control import commands
+from orchestrator.control.reconcile import reconcile
+from orchestrator.job_state import JobState
+from orchestrator.ledger.clusters import DOWN, UP, Clusters
+from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.remote.keys import ensure_identity
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def test_reconcile_spares_an_up_kept_cluster_and_down_ends_it(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "orch", local=LocalSettings(network="loopback"))  # type: ignore[arg-type]
+    ledger = Ledger(make_engine(settings.db_path))
+    clusters = Clusters(ledger)
+    cluster = clusters.create(
+        "dev", provider="local", nodes=1, gpus_per_node=1, autostop_s=600.0, now=utcnow()
+    )
+    ledger.add_job(
+        Job(
+            id="first-1", name="first", provider="local", nodes=1, gpus_per_node=1,
+            spec_json="{}", spec_path="job.yaml", created_at=utcnow(), cluster_id=cluster.id,
+            state=JobState.SUCCEEDED,
+        )
+    )  # fmt: skip
+    provider = LocalProvider(settings)
+    identity = ensure_identity(settings.keys_dir(cluster.id), f"orch-{cluster.id}")
+    (node,) = provider.launch(
+        LaunchRequest(
+            job_id=cluster.id, cluster=cluster.id, count=1, gpus_per_node=1,
+            public_key=identity.public_key, ledger_id=ledger.ledger_id,
+        )
+    )  # fmt: skip
+    try:
+        clusters.release(cluster.id, [(node.instance_id, 0, node.price_per_hour)], utcnow())
+
+        report = reconcile(settings, ledger, [provider])
+        assert report.terminated == {}
+        assert [i.instance_id for i in provider.list_owned()] == [node.instance_id]
+        assert clusters.get(cluster.id).state == UP
+
+        result = commands.down(settings, ledger, "dev")
+        assert result.kept_down == ("dev",)
+        assert [i for g in result.ended for i in g.instance_ids] == [node.instance_id]
+        assert provider.list_owned() == []
+        down = clusters.get(cluster.id)
+        assert down.state == DOWN and down.reason == "orch down"
+        (idle,) = clusters.idle_leases(cluster.id)
+        assert idle.ended_at is not None and idle.ended_at <= down.ended_at
+    finally:
+        provider.terminate([i.instance_id for i in provider.list_owned()])
