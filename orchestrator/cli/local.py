@@ -43,7 +43,7 @@ def _job_nodes(settings: Settings, job_id: str) -> list[Instance]:
     job = ledger.get_job(job_id)
     if job.provider != "local":
         raise SpecError(f"job {job_id} runs on {job.provider}; `orch local` acts on local nodes")
-    return sorted(_provider(settings).list_owned(job_id=job_id), key=lambda i: i.rank)
+    return sorted(_provider(settings).list_owned(job_id=job.node_owner), key=lambda i: i.rank)
 
 
 def _pick(nodes: list[Instance], rank: int | None, any_market: bool, job_id: str) -> Instance:
