@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError, SpecError
-from orchestrator.ledger.clusters import UP, Clusters, holder
+from orchestrator.ledger.clusters import UP, Clusters, autostop_left, holder
 from orchestrator.ledger.store import KeptCluster, Ledger, utcnow
 from orchestrator.providers.base import Instance, Provider
 
@@ -134,13 +134,19 @@ def settle(ledger: Ledger, provider: Provider, cluster: KeptCluster) -> KeptClus
     for instance_id, end in ended.items():
         if end.at is not None:
             ledger.close_leases([instance_id], end.at)
-    reason = (
-        "autostop: its guards ended the idle nodes"
-        if "autostop" in kinds
-        else ("its nodes are gone")
-    )
-    clusters.down(cluster.id, at, reason)
+    clusters.down(cluster.id, at, _why_down(cluster, kinds, at))
     return clusters.get(cluster.id)
+
+
+def _why_down(cluster: KeptCluster, kinds: set[str], at: datetime) -> str:
+    """Why an idle cluster's nodes ended: their guards' word where the provider keeps it
+    (local nodes), else, as on EC2, autostop when they ended once it was due."""
+    if "autostop" in kinds:
+        return "autostop: its guards ended the idle nodes"
+    due = autostop_left(cluster, at)
+    if not kinds and due is not None and due <= 0:
+        return "autostop: its idle nodes ended once it was due"
+    return "its nodes are gone"
 
 
 @dataclass(frozen=True)
