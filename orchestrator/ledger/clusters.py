@@ -14,11 +14,12 @@ from decimal import Decimal
 
 from sqlmodel import Session, select
 
-from orchestrator.errors import OrchError, SpecError
-from orchestrator.job_state import JobState
+from orchestrator.errors import SpecError
+from orchestrator.ledger.measures import DOWN as DOWN
+from orchestrator.ledger.measures import UP as UP
+from orchestrator.ledger.measures import autostop_left as autostop_left
+from orchestrator.ledger.measures import holder as holder
 from orchestrator.ledger.store import IdleLease, Job, KeptCluster, Ledger, total_cost
-
-UP, DOWN = "UP", "DOWN"
 
 
 def new_cluster_id(name: str) -> str:
@@ -158,22 +159,3 @@ class Clusters:
 
     def idle_cost(self, cluster_id: str, now: datetime) -> Decimal:
         return total_cost(self.idle_leases(cluster_id), now)
-
-
-def holder(ledger: Ledger, cluster: KeptCluster) -> str | None:
-    """The job that holds `cluster` now and is not final, if any."""
-    if cluster.job_id is None:
-        return None
-    try:
-        job = ledger.get_job(cluster.job_id)
-    except OrchError:
-        return None
-    return None if JobState(job.state).is_final else job.id
-
-
-def autostop_left(cluster: KeptCluster, now: datetime) -> float | None:
-    """Seconds before an idle cluster's guards end it; None while a job holds it or with
-    autostop never. Negative: past due (the guards act within one of their looks)."""
-    if cluster.autostop_s is None or cluster.idle_since is None:
-        return None
-    return cluster.autostop_s - (now - cluster.idle_since).total_seconds()

@@ -28,13 +28,13 @@ from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.measures import hourly_rate as hourly_rate
+from orchestrator.ledger.measures import lease_cost as lease_cost
+from orchestrator.ledger.measures import total_cost as total_cost
+from orchestrator.ledger.measures import utcnow
 
 if TYPE_CHECKING:
     from orchestrator.providers.base import Instance
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator):
@@ -345,22 +345,6 @@ def _add_missing_columns(engine: Engine) -> None:
                 connection.execute(
                     text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}')
                 )
-
-
-def lease_cost(lease: Lease | IdleLease, now: datetime) -> Decimal:
-    """What a lease has cost until it ended (or until `now` while it still runs)."""
-    end = lease.ended_at or now
-    seconds = max(Decimal(0), Decimal(str((end - lease.launched_at).total_seconds())))
-    return seconds * lease.price_per_hour / Decimal(3600)
-
-
-def total_cost(leases: Iterable[Lease | IdleLease], now: datetime) -> Decimal:
-    return sum((lease_cost(lease, now) for lease in leases), Decimal(0))
-
-
-def hourly_rate(leases: Iterable[Lease]) -> Decimal:
-    """USD per hour the open ones of these leases bill together."""
-    return sum((lease.price_per_hour for lease in leases if lease.ended_at is None), Decimal(0))
 
 
 _Row = TypeVar("_Row", bound=SQLModel)
