@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.liveness import JOB_RECORD as JOB_RECORD
+from orchestrator.control.liveness import LOCK_FILE, controller_lost, lock_held
 from orchestrator.errors import OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, utcnow
@@ -30,7 +32,7 @@ class ControllerLock:
 
     def __init__(self, settings: Settings, job_id: str) -> None:
         self.directory = settings.job_dir(job_id)
-        self.path = self.directory / "controller.lock"
+        self.path = self.directory / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> bool:
@@ -58,17 +60,7 @@ class ControllerLock:
 
 def controller_running(settings: Settings, job_id: str) -> bool:
     """Whether some process holds the job's controller lock right now."""
-    path = settings.job_dir(job_id) / "controller.lock"
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we may have taken
-    return False
+    return lock_held(settings.job_dir(job_id))
 
 
 def controller_pid(settings: Settings, job_id: str) -> int | None:
@@ -123,10 +115,9 @@ def revive_controllers(
     revived = []
     jobs = ledger.jobs() if job_ids is None else [ledger.get_job(job_id) for job_id in job_ids]
     for job in jobs:
-        if JobState(job.state).is_final or controller_running(settings, job.id):
+        # a job registered by a submit that died before writing its record: nothing to drive
+        if JobState(job.state).is_final or not controller_lost(settings.job_dir(job.id)):
             continue
-        if not (settings.job_dir(job.id) / JOB_RECORD).exists():
-            continue  # registered by a submit that died before writing it: nothing to drive
         spawn_controller(settings, job.id)
         revived.append(job.id)
     return revived
@@ -142,7 +133,6 @@ def refused_by_last_controller(ledger: Ledger, job_id: str) -> str | None:
 
 # --- what a controller needs to drive a job without the original command line -------------
 
-JOB_RECORD = "job.json"
 JOB_SECRETS = "env.json"  # the spec's secrets' values: the one copy orch keeps, 0600
 
 
