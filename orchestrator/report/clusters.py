@@ -1,22 +1,52 @@
 """The kept clusters as `orch status` and `orch cost` show them: nodes, price, idle time, the
-time left before autostop, the queue, and the bill split into its jobs and its idle time."""
+time left before autostop, the queue, and the bill split into its jobs and its idle time.
+
+Built from either reader, like the other list views (`report.documents`): `cluster_document`
+and `clusters_document` read the SQLModel ledger, `clusters_from` whatever reads it is given.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.job_state import JobState
-from orchestrator.ledger.clusters import UP, Clusters, autostop_left, holder
-from orchestrator.ledger.store import KeptCluster, Ledger, total_cost
-from orchestrator.report.documents import money
+from orchestrator.ledger.measures import UP, autostop_left, holder, total_cost
+from orchestrator.report.documents import ClusterReads, JobReads, money
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.store import KeptCluster, Ledger
+    from orchestrator.ledger.view import ClusterRow
 
 
 def cluster_document(ledger: Ledger, cluster: KeptCluster, now: datetime) -> dict[str, Any]:
+    """One kept cluster, read from the SQLModel ledger (`cluster_summary`)."""
+    from orchestrator.ledger.clusters import Clusters
+
+    return cluster_summary(ledger, Clusters(ledger), cluster, now)
+
+
+def clusters_document(ledger: Ledger, now: datetime, *, up_only: bool) -> list[dict[str, Any]]:
+    from orchestrator.ledger.clusters import Clusters
+
+    return clusters_from(ledger, Clusters(ledger), now, up_only=up_only)
+
+
+def clusters_from(
+    ledger: JobReads, clusters: ClusterReads, now: datetime, *, up_only: bool
+) -> list[dict[str, Any]]:
+    """Every kept cluster (the UP ones with `up_only`), newest first, from either reader."""
+    return [
+        cluster_summary(ledger, clusters, cluster, now) for cluster in clusters.all(up_only=up_only)
+    ]
+
+
+def cluster_summary(
+    ledger: JobReads, clusters: ClusterReads, cluster: KeptCluster | ClusterRow, now: datetime
+) -> dict[str, Any]:
     """One kept cluster. Its bill is every second of its nodes: the jobs' leases on them plus
     its own idle leases between jobs."""
-    clusters = Clusters(ledger)
     jobs = clusters.jobs(cluster.id)
     idle = clusters.idle_leases(cluster.id)
     job_leases = {job.id: ledger.leases(job.id) for job in jobs}
@@ -54,9 +84,3 @@ def cluster_document(ledger: Ledger, cluster: KeptCluster, now: datetime) -> dic
         "ended_at": cluster.ended_at.isoformat() if cluster.ended_at else None,
         "reason": cluster.reason,
     }
-
-
-def clusters_document(ledger: Ledger, now: datetime, *, up_only: bool) -> list[dict[str, Any]]:
-    return [
-        cluster_document(ledger, cluster, now) for cluster in Clusters(ledger).all(up_only=up_only)
-    ]

@@ -1,31 +1,60 @@
-"""Documents that read commands print: built from ledger rows, rendered as JSON or tables."""
+"""Documents that read commands print: built from ledger rows, rendered as JSON or tables.
+
+The list views' documents (`job_summary`, `cost_from`, and `report.clusters`) take the reads
+they need as arguments, so that the same code builds them from the SQLModel ledger or from the
+read-only sqlite3 view (`ledger.view`) that `orch status` and `orch cost` start with; this
+module imports neither SQLModel nor the configuration's models.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.cluster.checkpoints.store import describe
-from orchestrator.config import Settings
-from orchestrator.ledger.store import (
-    CheckpointRecord,
-    Job,
-    Ledger,
-    hourly_rate,
-    lease_cost,
-    total_cost,
-    utcnow,
-)
+from orchestrator.ledger.measures import hourly_rate, lease_cost, total_cost, utcnow
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
+    from orchestrator.ledger.store import (
+        CheckpointRecord,
+        IdleLease,
+        Job,
+        KeptCluster,
+        Lease,
+        Ledger,
+    )
+    from orchestrator.ledger.view import CheckpointRow, ClusterRow, IdleLeaseRow, JobRow, LeaseRow
+
+
+class JobReads(Protocol):
+    """The reads of jobs the list views make: `store.Ledger`'s, or `view.LedgerView`'s."""
+
+    def jobs(self, *, limit: int | None = None) -> Sequence[Job | JobRow]: ...
+    def get_job(self, job_id: str) -> Job | JobRow: ...
+    def leases(self, job_id: str) -> Sequence[Lease | LeaseRow]: ...
+    def checkpoints(
+        self, job_id: str, *, live_only: bool = False
+    ) -> Sequence[CheckpointRecord | CheckpointRow]: ...
+
+
+class ClusterReads(Protocol):
+    """The reads of kept clusters the list views make: `ledger.clusters.Clusters`'s, or
+    `view.ClustersView`'s."""
+
+    def all(self, *, up_only: bool = False) -> Sequence[KeptCluster | ClusterRow]: ...
+    def jobs(self, cluster_id: str) -> Sequence[Job | JobRow]: ...
+    def idle_leases(self, cluster_id: str) -> Sequence[IdleLease | IdleLeaseRow]: ...
 
 
 def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _elapsed(job: Job, now: datetime) -> float | None:
+def _elapsed(job: Job | JobRow, now: datetime) -> float | None:
     if job.started_at is None:
         return None
     return ((job.ended_at or now) - job.started_at).total_seconds()
@@ -36,11 +65,13 @@ def money(value: Decimal) -> float:
     return float(value)
 
 
-def checkpoint_document(record: CheckpointRecord, mirror: Path) -> dict[str, Any]:
+def checkpoint_document(record: CheckpointRecord | CheckpointRow, mirror: Path) -> dict[str, Any]:
     """One kept checkpoint: where its bytes are (the mirror on this machine, the store), and
     its files with their digests (and store keys)."""
     files = json.loads(record.files_json) if record.files_json else []
     store = record.store_url if record.stored_at is not None else None
+    if store and any(f.get("key") for f in files):
+        from orchestrator.cluster.checkpoints.store import describe
     return {
         "name": record.name,
         "kind": record.kind,
@@ -58,15 +89,16 @@ def checkpoint_document(record: CheckpointRecord, mirror: Path) -> dict[str, Any
     }
 
 
-def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
-    """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
-    spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
-    and the names of its `secrets`, never their values)."""
-    now = utcnow()
-    leases = ledger.leases(job.id)
-    checkpoints = ledger.checkpoints(job.id, live_only=True)
-    mirror = settings.job_dir(job.id) / "checkpoints"
-    doc: dict[str, Any] = {
+def job_summary(
+    job: Job | JobRow,
+    leases: Sequence[Lease | LeaseRow],
+    checkpoints: Sequence[CheckpointRecord | CheckpointRow],
+    mirror: Path,
+    now: datetime,
+) -> dict[str, Any]:
+    """A job as lists show it (`job_document` without `detail`): its live checkpoints'
+    copies on this machine lie under `mirror`."""
+    return {
         "id": job.id,
         "name": job.name,
         "state": job.state,
@@ -87,6 +119,16 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         "reason": job.reason,
         "checkpoints": [checkpoint_document(c, mirror) for c in checkpoints],
     }
+
+
+def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
+    """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
+    spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
+    and the names of its `secrets`, never their values)."""
+    now = utcnow()
+    leases = ledger.leases(job.id)
+    checkpoints = ledger.checkpoints(job.id, live_only=True)
+    doc = job_summary(job, leases, checkpoints, settings.job_dir(job.id) / "checkpoints", now)
     if detail:
         spec = json.loads(job.spec_json or "{}")  # the public document: secrets' values hidden
         doc["env"] = spec.get("env", {})
@@ -123,13 +165,37 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
     return doc
 
 
+def jobs_list(ledger: JobReads, home: Path, now: datetime, *, limit: int = 50) -> list[dict]:
+    """The newest `limit` jobs as `orch status` lists them, from either reader: each is its
+    `job_document(..., detail=False)`. `home` is ORCH_HOME (`Settings.home`): a job's
+    checkpoint mirror is `Settings.job_dir(id) / "checkpoints"`."""
+    return [
+        job_summary(
+            job,
+            ledger.leases(job.id),
+            ledger.checkpoints(job.id, live_only=True),
+            home / "jobs" / job.id / "checkpoints",
+            now,
+        )
+        for job in ledger.jobs(limit=limit)
+    ]
+
+
 def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
     """Spend per job, per kept cluster (its jobs and its idle time between them) and in
     total, from the leases' recorded prices; with `job_id`, that job's alone."""
     from orchestrator.ledger.clusters import Clusters
-    from orchestrator.report.clusters import clusters_document
 
-    now = utcnow()
+    return cost_from(ledger, Clusters(ledger), utcnow(), job_id)
+
+
+def cost_from(
+    ledger: JobReads, clusters: ClusterReads, now: datetime, job_id: str | None = None
+) -> dict:
+    """`cost_document` from either reader: `ledger` and its kept `clusters` (`Ledger` and
+    `Clusters`, or a `LedgerView` and its `clusters`), at `now`."""
+    from orchestrator.report.clusters import clusters_from
+
     jobs = [ledger.get_job(job_id)] if job_id else ledger.jobs()
     rows = []
     total = Decimal(0)
@@ -151,7 +217,6 @@ def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
                 "running": any(lease.ended_at is None for lease in leases),
             }
         )
-    clusters = [] if job_id else clusters_document(ledger, now, up_only=False)
-    idle = Clusters(ledger)
-    total += sum((idle.idle_cost(c["id"], now) for c in clusters), Decimal(0))
-    return {"jobs": rows, "clusters": clusters, "total_usd": money(total)}
+    kept = [] if job_id else clusters_from(ledger, clusters, now, up_only=False)
+    total += sum((total_cost(clusters.idle_leases(c["id"]), now) for c in kept), Decimal(0))
+    return {"jobs": rows, "clusters": kept, "total_usd": money(total)}

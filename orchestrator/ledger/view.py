@@ -1,0 +1,290 @@
+"""A read-only view of the ledger through the stdlib sqlite3 module, for the list views.
+
+`orch status` (all jobs, human or --json) and `orch cost` read a few tables and print; through
+SQLModel and SQLAlchemy their start-up would be mostly imports. This view reads the same
+tables with sqlite3 alone.
+
+Contract:
+- Read only: the file is opened with `mode=ro`, and all reads of one view see one snapshot
+  (one read transaction). It never creates, checks or migrates anything.
+- Only a ledger this orch would open as is: `open_view` returns None (the caller then takes
+  the full path, `store.make_engine`, which checks, migrates or reports the problem) unless
+  the file is a SQLite database whose schema stamp (`store.SCHEMA_KEY` in `ledger_meta`) is
+  `SCHEMA_FINGERPRINT`, the digest `store.schema_fingerprint` computes from SQLModel's
+  models. `LAYOUT` lists those models' tables and columns; tests hold both to the models, so a
+  new column that is not added here only sends the list views down the full path.
+- An absent ledger reads as an empty one (nothing is created).
+- The rows carry the columns the list views read, with the names and Python types the
+  SQLModel models give them (aware datetimes, exact Decimals, bools), and the reads return
+  them in the same order as `Ledger`'s and `Clusters`' reads of the same name, so the
+  documents (`report.documents`, `report.clusters`) built from either are the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TypeVar
+
+from orchestrator.errors import UnknownJob
+from orchestrator.ledger.measures import UP
+
+SCHEMA_KEY = "schema"  # store.SCHEMA_KEY
+
+# Every table and column of the SQLModel models (store.py): the ledger's schema stamp.
+LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("checkpoint", ("digest", "files_json", "id", "in_mirror", "job_id", "kind", "name",
+                    "pruned_at", "pulled_at", "size_bytes", "step", "store_url", "stored_at")),
+    ("event", ("at", "id", "job_id", "kind", "message", "step")),
+    ("gpu_sample", ("at", "gpu", "id", "job_id", "mem_total_mib", "mem_used_mib", "ok", "rank",
+                    "util_pct")),
+    ("idle_lease", ("cluster_id", "ended_at", "id", "instance_id", "launched_at",
+                    "price_per_hour", "rank")),
+    ("job", ("cluster_id", "controller", "created_at", "ended_at", "exit_code", "gpus_per_node",
+             "id", "identity", "loss", "name", "nodes", "policy_state", "provider", "reason",
+             "recoveries", "spec_json", "spec_path", "started_at", "state", "step",
+             "stop_state", "switches")),
+    ("kept_cluster", ("autostop_s", "created_at", "ended_at", "gpus_per_node", "id",
+                      "idle_since", "job_id", "name", "nodes", "provider", "reason", "state")),
+    ("lease", ("cluster", "ended_at", "id", "identity", "instance_id", "instance_type",
+               "job_id", "launched_at", "market", "price_per_hour", "provider", "rank")),
+    ("ledger_meta", ("key", "value")),
+    ("progress_sample", ("at", "epoch", "id", "img_s", "job_id", "loss", "lr", "step")),
+)  # fmt: skip
+
+
+def layout_fingerprint(layout: Iterable[tuple[str, Iterable[str]]]) -> str:
+    """The digest of a schema's tables and columns, as `store.schema_fingerprint` makes it."""
+    ordered = sorted((table, sorted(columns)) for table, columns in layout)
+    return hashlib.blake2b(repr(ordered).encode(), digest_size=16).hexdigest()
+
+
+SCHEMA_FINGERPRINT = layout_fingerprint(LAYOUT)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A `store.Job` without its spec and controller bookkeeping."""
+
+    id: str
+    name: str
+    state: str
+    provider: str
+    nodes: int
+    gpus_per_node: int
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    step: int | None
+    loss: float | None
+    exit_code: int | None
+    reason: str | None
+    recoveries: int
+    switches: int
+    cluster_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A `store.Lease`."""
+
+    id: int
+    job_id: str
+    cluster: str
+    provider: str
+    instance_id: str
+    rank: int
+    market: str
+    instance_type: str
+    price_per_hour: Decimal
+    launched_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class IdleLeaseRow:
+    """A `store.IdleLease`."""
+
+    id: int
+    cluster_id: str
+    instance_id: str
+    rank: int
+    price_per_hour: Decimal
+    launched_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRow:
+    """A `store.KeptCluster`."""
+
+    id: str
+    name: str
+    provider: str
+    state: str
+    nodes: int
+    gpus_per_node: int
+    autostop_s: float | None
+    created_at: datetime
+    ended_at: datetime | None
+    job_id: str | None
+    idle_since: datetime | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    """A `store.CheckpointRecord`."""
+
+    id: int
+    job_id: str
+    name: str
+    step: int | None
+    size_bytes: int
+    pulled_at: datetime
+    kind: str | None
+    digest: str | None
+    in_mirror: bool
+    stored_at: datetime | None
+    store_url: str | None
+    files_json: str | None
+    pruned_at: datetime | None
+
+
+# Columns whose stored text or integer SQLModel turns into another type (store.UTCDateTime,
+# store.DecimalText, bool); NULL stays None.
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    **dict.fromkeys(
+        (
+            "created_at",
+            "started_at",
+            "ended_at",
+            "launched_at",
+            "idle_since",
+            "pulled_at",
+            "stored_at",
+            "pruned_at",
+        ),
+        datetime.fromisoformat,
+    ),  # fmt: skip
+    "price_per_hour": Decimal,
+    "in_mirror": bool,
+}
+
+_Row = TypeVar("_Row")
+
+
+class LedgerView:
+    """The ledger's reads that the list views make, with `Ledger`'s names and orders; its
+    kept clusters' reads are `clusters` (those of `ledger.clusters.Clusters`)."""
+
+    def __init__(self, connection: sqlite3.Connection | None) -> None:
+        self._db = connection  # None: no ledger file, every read is empty
+        self.clusters = ClustersView(self)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> LedgerView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def rows(self, kind: type[_Row], table: str, clause: str = "", *args: object) -> list[_Row]:
+        """Rows of `table` as `kind` (a row dataclass), `clause` after FROM (WHERE, ORDER BY)."""
+        if self._db is None:
+            return []
+        names = [field.name for field in fields(kind)]  # type: ignore[arg-type]
+        query = f'SELECT {", ".join(names)} FROM "{table}" {clause}'
+        converters = [_CONVERT.get(name) for name in names]
+        return [
+            kind(
+                *(
+                    value if value is None or convert is None else convert(value)
+                    for value, convert in zip(row, converters, strict=True)
+                )
+            )
+            for row in self._db.execute(query, args)
+        ]
+
+    def jobs(self, *, limit: int | None = None) -> list[JobRow]:
+        """Newest first, like `Ledger.jobs`."""
+        if limit:
+            return self.rows(JobRow, "job", "ORDER BY created_at DESC LIMIT ?", limit)
+        return self.rows(JobRow, "job", "ORDER BY created_at DESC")
+
+    def job_states(self) -> list[tuple[str, str]]:
+        """(id, state) of every job."""
+        return [] if self._db is None else self._db.execute("SELECT id, state FROM job").fetchall()
+
+    def get_job(self, job_id: str) -> JobRow:
+        found = self.rows(JobRow, "job", "WHERE id = ?", job_id)
+        if not found:
+            raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
+        return found[0]
+
+    def leases(self, job_id: str) -> list[LeaseRow]:
+        return self.rows(LeaseRow, "lease", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRow]:
+        live = " AND pruned_at IS NULL" if live_only else ""
+        return self.rows(CheckpointRow, "checkpoint", f"WHERE job_id = ?{live} ORDER BY id", job_id)
+
+
+class ClustersView:
+    """The kept clusters' reads of `ledger.clusters.Clusters`, with its names and orders."""
+
+    def __init__(self, view: LedgerView) -> None:
+        self._view = view
+
+    def all(self, *, up_only: bool = False) -> list[ClusterRow]:
+        where = "WHERE state = ? " if up_only else ""
+        args = (UP,) if up_only else ()
+        return self._view.rows(
+            ClusterRow, "kept_cluster", f"{where}ORDER BY created_at DESC", *args
+        )
+
+    def jobs(self, cluster_id: str) -> list[JobRow]:
+        """The cluster's jobs, oldest first."""
+        return self._view.rows(
+            JobRow, "job", "WHERE cluster_id = ? ORDER BY created_at", cluster_id
+        )
+
+    def idle_leases(self, cluster_id: str) -> list[IdleLeaseRow]:
+        return self._view.rows(
+            IdleLeaseRow, "idle_lease", "WHERE cluster_id = ? ORDER BY id", cluster_id
+        )
+
+
+def open_view(path: Path) -> LedgerView | None:
+    """The view of the ledger file at `path` (an empty view when there is none); None when the
+    view does not apply: the file is not a SQLite database that can be read, or its schema
+    stamp is not `SCHEMA_FINGERPRINT` (an older ledger, or one being created right now)."""
+    if not path.exists():
+        return LedgerView(None)
+    try:
+        connection = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30, isolation_level=None
+        )
+    except sqlite3.Error:
+        return None
+    try:
+        connection.execute("BEGIN")  # every read of the view sees one snapshot
+        stamp = connection.execute(
+            "SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)
+        ).fetchone()
+    except sqlite3.Error:  # not a database, no ledger_meta table yet, unreadable
+        connection.close()
+        return None
+    if stamp is None or stamp[0] != SCHEMA_FINGERPRINT:
+        connection.close()
+        return None
+    return LedgerView(connection)
