@@ -283,7 +283,9 @@ def status(
     ] = None,
 ) -> None:
     """Show jobs, or one job with its leases, checkpoints and events (--watch: live)."""
-    from orchestrator.cli.console import job_detail, jobs_table
+    if job_id is None and not watch and interval is None and _status_from_view(json_out):
+        return
+    from orchestrator.cli.console import job_detail
     from orchestrator.report.documents import job_document
 
     settings = load_settings()
@@ -305,15 +307,45 @@ def status(
                 console.print(renderable)
         return
     documents = [job_document(ledger, settings, j, detail=False) for j in ledger.jobs(limit=50)]
-    kept = _kept_clusters(settings, ledger)
-    if json_out:
-        _print_json({"jobs": documents, "clusters": kept})
-    else:
-        console.print(jobs_table(documents))
-        if kept:
-            from orchestrator.cli.console import clusters_table
+    _print_status(documents, _kept_clusters(settings, ledger), json_out)
 
-            console.print(clusters_table(kept))
+
+def _print_status(jobs: list[dict], clusters: list[dict], json_out: bool) -> None:
+    """`orch status`'s list of jobs and kept clusters."""
+    if json_out:
+        _print_json({"jobs": jobs, "clusters": clusters})
+        return
+    from orchestrator.cli.console import clusters_table, jobs_table
+
+    console = make_console()
+    console.print(jobs_table(jobs))
+    if clusters:
+        console.print(clusters_table(clusters))
+
+
+def _status_from_view(json_out: bool) -> bool:
+    """`orch status` of all jobs, read through the ledger's read-only view: the same documents
+    without SQLModel or the configuration's models. False, with nothing printed, when the view
+    does not apply (`ledger_view`) or a kept cluster is past its autostop: only its provider
+    can say whether its guards ended it (`_kept_clusters`)."""
+    from orchestrator.cli.context import ledger_view, orch_home
+    from orchestrator.ledger.measures import autostop_left, utcnow
+    from orchestrator.report.clusters import clusters_from
+    from orchestrator.report.documents import jobs_list
+
+    view = ledger_view()
+    if view is None:
+        return False
+    with view:
+        now = utcnow()
+        for cluster in view.clusters.all(up_only=True):
+            left = autostop_left(cluster, now)
+            if left is not None and left < 0:
+                return False
+        jobs = jobs_list(view, orch_home(), now, limit=50)
+        clusters = clusters_from(view, view.clusters, now, up_only=True)
+    _print_status(jobs, clusters, json_out)
+    return True
 
 
 def _kept_clusters(settings: Settings, ledger: Ledger) -> list[dict]:
@@ -403,13 +435,21 @@ def cost(
     json_out: JsonFlag = False,
 ) -> None:
     """What jobs cost: node-seconds x the price recorded at launch."""
-    from orchestrator.cli.console import cost_table
-    from orchestrator.report.documents import cost_document
+    from orchestrator.cli.context import ledger_view
+    from orchestrator.ledger.measures import utcnow
+    from orchestrator.report.documents import cost_document, cost_from
 
-    document = cost_document(open_ledger(load_settings()), job_id)
+    view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
+    if view is None:
+        document = cost_document(open_ledger(load_settings()), job_id)
+    else:
+        with view:
+            document = cost_from(view, view.clusters, utcnow(), job_id)
     if json_out:
         _print_json(document)
     else:
+        from orchestrator.cli.console import cost_table
+
         make_console().print(cost_table(document))
 
 
@@ -618,6 +658,10 @@ def _revive_lost_controllers(
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
     if "--help" in sys.argv[1:]:
         return  # a command's help runs nothing; click runs this before the command parses it
+    from orchestrator.cli.context import no_controller_lost
+
+    if no_controller_lost():
+        return  # found through the ledger's read-only view, without SQLModel or the settings
     from orchestrator.cli.console import revived_line
     from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.node.progress import Metrics
+if TYPE_CHECKING:
+    from orchestrator.node.progress import Metrics
 
 
 class RichReporter:
@@ -19,6 +20,9 @@ class RichReporter:
     """
 
     def __init__(self, console: Console, job_id: str) -> None:
+        # imported here: the read commands' tables, from this module too, need none of it
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
         self.console = console
         self.job_id = job_id
         self._progress = Progress(

@@ -2,16 +2,21 @@
 
 The configuration (pydantic, the spec) and the ledger (SQLModel) are most of a command's
 start-up; the app and its sub-apps import them through here, inside the commands, so that
-building the app (`orch --help`, `orch --version`, completion) pays for neither.
+building the app (`orch --help`, `orch --version`, completion) pays for neither. The list
+views (`orch status`, `orch cost`) and the check before every command need neither: they read
+ORCH_HOME (`orch_home`) and the ledger's read-only view (`ledger_view`).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
     from orchestrator.ledger.store import Ledger
+    from orchestrator.ledger.view import LedgerView
 
 
 def load_settings() -> Settings:
@@ -26,3 +31,33 @@ def open_ledger(settings: Settings) -> Ledger:
     from orchestrator.ledger.store import Ledger, make_engine
 
     return Ledger(make_engine(settings.db_path))
+
+
+def orch_home() -> Path:
+    """ORCH_HOME as `load_settings` finds it (`Settings.home`), without reading the rest of
+    the configuration: `$ORCH_HOME`, else ~/.orch."""
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser().absolute()
+
+
+def ledger_view() -> LedgerView | None:
+    """The read-only view of this ORCH_HOME's ledger (`Settings.db_path`); None when it does
+    not apply and the command must `open_ledger` (see `orchestrator.ledger.view`)."""
+    from orchestrator.ledger.view import open_view
+
+    return open_view(orch_home() / "orch.db")
+
+
+def no_controller_lost() -> bool:
+    """True when no unfinished job has lost its controller, found through the ledger's view
+    alone; False when some job has (or the view does not apply), and `revive_controllers`
+    must look with the configuration and the ledger."""
+    from orchestrator.control.liveness import controller_lost
+    from orchestrator.job_state import JobState
+
+    view = ledger_view()
+    if view is None:
+        return False
+    with view:
+        unfinished = [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
+    jobs = orch_home() / "jobs"  # Settings.job_dir
+    return not any(controller_lost(jobs / job_id) for job_id in unfinished)

@@ -1,0 +1,357 @@
+"""The ledger's read-only sqlite3 view (`orchestrator.ledger.view`), which `orch status` and
+`orch cost` start with: on one ledger with jobs, leases, checkpoints, kept clusters and idle
+leases it gives the same rows and the same documents as SQLModel does, the commands print the
+same bytes through it as through the full path, and it steps aside (None) for any ledger the
+full path must check or migrate first."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import fields
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import context
+from orchestrator.config import Settings, load_settings
+from orchestrator.control.supervision import JOB_RECORD, ControllerLock
+from orchestrator.job_state import JobState
+from orchestrator.ledger import measures, store
+from orchestrator.ledger.clusters import Clusters
+from orchestrator.ledger.store import CheckpointRecord, Job, Lease, Ledger, make_engine
+from orchestrator.ledger.view import (
+    LAYOUT,
+    SCHEMA_FINGERPRINT,
+    SCHEMA_KEY,
+    LedgerView,
+    layout_fingerprint,
+    open_view,
+)
+from orchestrator.report import documents
+from orchestrator.report.clusters import clusters_document, clusters_from
+from orchestrator.report.documents import cost_document, cost_from, job_document, jobs_list
+from tests.support.in_process import isolated_home, run_main
+
+T0 = datetime(2026, 12, 6, 9, 0, 0, 250_000, tzinfo=UTC)
+NOW = T0 + timedelta(hours=3, seconds=7.5)  # every document is read at this instant
+PRICE = Decimal("1.80")
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def add_job(ledger: Ledger, job_id: str, state: str, start: float, **fields: object) -> None:
+    ledger.add_job(
+        Job(
+            id=job_id, name=job_id.split("-")[0], state=state, provider="local", nodes=2,
+            gpus_per_node=1, spec_json='{"env": {"A": "1"}}', spec_path="job.yaml",
+            created_at=at(start), **fields,
+        )
+    )  # fmt: skip
+
+
+def lease(job_id: str, instance: str, rank: int, start: float, **fields: object) -> Lease:
+    return Lease(
+        job_id=job_id, cluster=job_id, provider="local", instance_id=instance, rank=rank,
+        market="spot", instance_type="local-1x", price_per_hour=PRICE, launched_at=at(start),
+        **fields,
+    )  # fmt: skip
+
+
+def fill(ledger: Ledger, store_dir: Path) -> None:
+    """Jobs of every kind, their leases and checkpoints, and three kept clusters: one idle
+    (open idle leases, autostop not yet due), one held by a running job with another queued,
+    one down."""
+    clusters = Clusters(ledger)
+    add_job(ledger, "done-1", JobState.SUCCEEDED, 0, started_at=at(20), ended_at=at(1200),
+            step=480, loss=0.125, exit_code=0)  # fmt: skip
+    ledger.open_lease(lease("done-1", "i-d0", 0, 5, ended_at=at(1200)))
+    ledger.open_lease(lease("done-1", "i-d1", 1, 5, ended_at=at(1201.5)))
+    for n, extra in enumerate(
+        [
+            {"in_mirror": True},
+            {"in_mirror": False, "pruned_at": at(900)},  # dropped: not listed
+            {
+                "in_mirror": False, "stored_at": at(1000), "store_url": f"file://{store_dir}",
+                "files_json": json.dumps([{"path": "w.pt", "digest": "ab", "size": 3,
+                                           "key": "done-1/w.pt@ab"}]),
+            },
+        ]
+    ):  # fmt: skip
+        ledger.add_checkpoint(
+            CheckpointRecord(
+                job_id="done-1", name=f"step-{n:06d}", step=n * 100, size_bytes=3,
+                pulled_at=at(500 + n), kind="step", digest=f"d{n}", **extra,
+            )
+        )  # fmt: skip
+    add_job(ledger, "failed-1", JobState.FAILED, 10, started_at=at(30), ended_at=at(40),
+            exit_code=1, reason="boom: CUDA out of memory (simulated)", recoveries=2,
+            switches=1)  # fmt: skip
+    add_job(ledger, "never-1", JobState.PENDING, 20)
+
+    idle = clusters.create("idle", provider="local", nodes=2, gpus_per_node=1,
+                           autostop_s=86_400.0, now=at(100))  # fmt: skip
+    add_job(ledger, "kept-1", JobState.SUCCEEDED, 110, started_at=at(120), ended_at=at(300),
+            cluster_id=idle.id)  # fmt: skip
+    clusters.hold(idle.id, "kept-1", at(120))
+    for rank, instance in enumerate(("i-k0", "i-k1")):
+        ledger.open_lease(lease("kept-1", instance, rank, 120))
+    ledger.close_leases(["i-k0", "i-k1"], at(300))
+    clusters.release(idle.id, [("i-k0", 0, PRICE), ("i-k1", 1, PRICE)], at(300))
+
+    busy = clusters.create("busy", provider="local", nodes=1, gpus_per_node=1,
+                           autostop_s=None, now=at(400))  # fmt: skip
+    add_job(ledger, "run-1", JobState.RUNNING, 410, started_at=at(420), step=7,
+            cluster_id=busy.id)  # fmt: skip
+    clusters.hold(busy.id, "run-1", at(420))
+    ledger.open_lease(lease("run-1", "i-b0", 0, 420))
+    add_job(ledger, "queued-1", JobState.PENDING, 430, cluster_id=busy.id)
+
+    gone = clusters.create("gone", provider="local", nodes=1, gpus_per_node=1,
+                           autostop_s=600.0, now=at(500))  # fmt: skip
+    clusters.release(gone.id, [("i-g0", 0, PRICE)], at(500))
+    ledger.close_leases(["i-g0"], at(1500))
+    clusters.down(gone.id, at(1500), "autostop")
+
+
+@pytest.fixture
+def filled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Settings, Ledger]:
+    home = isolated_home(tmp_path, monkeypatch)
+    settings = load_settings()
+    assert settings.home == home
+    ledger = Ledger(make_engine(settings.db_path))
+    fill(ledger, tmp_path / "store")
+    for module in (documents, measures, store):
+        monkeypatch.setattr(module, "utcnow", lambda: NOW)
+    return settings, ledger
+
+
+def view_of(settings: Settings) -> LedgerView:
+    view = open_view(settings.db_path)
+    assert view is not None
+    return view
+
+
+# --- the contract ---------------------------------------------------------------------------
+
+
+def test_the_layout_is_the_models_and_the_fingerprint_the_stores() -> None:
+    models = {
+        table.name: tuple(sorted(column.name for column in table.columns))
+        for table in store.SQLModel.metadata.sorted_tables
+    }
+    assert dict(LAYOUT) == models, "a model changed: update ledger.view.LAYOUT"
+    assert SCHEMA_FINGERPRINT == store.schema_fingerprint() == layout_fingerprint(models.items())
+    assert SCHEMA_KEY == store.SCHEMA_KEY
+
+
+def test_rows_have_the_models_values_and_types(filled: tuple[Settings, Ledger]) -> None:
+    settings, ledger = filled
+    clusters = Clusters(ledger)
+    with view_of(settings) as view:
+        pairs = [
+            *zip(view.jobs(), ledger.jobs(), strict=True),
+            *((view.get_job(job.id), job) for job in ledger.jobs()),
+            *(
+                pair
+                for job in ledger.jobs()
+                for pair in [
+                    *zip(view.leases(job.id), ledger.leases(job.id), strict=True),
+                    *zip(view.checkpoints(job.id), ledger.checkpoints(job.id), strict=True),
+                ]
+            ),
+            *zip(view.clusters.all(), clusters.all(), strict=True),
+            *(
+                pair
+                for cluster in clusters.all()
+                for pair in [
+                    *zip(view.clusters.jobs(cluster.id), clusters.jobs(cluster.id), strict=True),
+                    *zip(
+                        view.clusters.idle_leases(cluster.id),
+                        clusters.idle_leases(cluster.id),
+                        strict=True,
+                    ),
+                ]
+            ),
+        ]
+        assert len(view.checkpoints("done-1", live_only=True)) == 2
+        assert [c.id for c in view.clusters.all(up_only=True)] == [
+            c.id for c in clusters.all(up_only=True)
+        ]
+        assert sorted(view.job_states()) == sorted((j.id, j.state) for j in ledger.jobs())
+    assert len(pairs) > 25
+    for row, model in pairs:
+        for field in fields(row):
+            mine, theirs = getattr(row, field.name), getattr(model, field.name)
+            assert (mine, type(mine)) == (theirs, type(theirs)), (type(row), field.name)
+
+
+def test_status_and_cost_documents_are_the_same_from_either_reader(
+    filled: tuple[Settings, Ledger],
+) -> None:
+    settings, ledger = filled
+    with view_of(settings) as view:
+        listed = jobs_list(view, settings.home, NOW, limit=50)
+        up = clusters_from(view, view.clusters, NOW, up_only=True)
+        every = clusters_from(view, view.clusters, NOW, up_only=False)
+        bill = cost_from(view, view.clusters, NOW)
+        one = cost_from(view, view.clusters, NOW, "done-1")
+        assert jobs_list(view, settings.home, NOW, limit=2) == listed[:2]
+    expected = [job_document(ledger, settings, job, detail=False) for job in ledger.jobs(limit=50)]
+    assert json.dumps(listed) == json.dumps(expected)
+    assert listed[-1]["checkpoints"][0]["path"] == str(
+        settings.job_dir("done-1") / "checkpoints" / "step-000000"
+    )
+    assert listed[-1]["checkpoints"][1]["files"][0]["url"].startswith("file://")
+    assert json.dumps(up) == json.dumps(clusters_document(ledger, NOW, up_only=True))
+    assert [c["name"] for c in up] == ["busy", "idle"]
+    assert json.dumps(every) == json.dumps(clusters_document(ledger, NOW, up_only=False))
+    assert json.dumps(bill) == json.dumps(cost_document(ledger))
+    assert bill["total_usd"] > 0 and len(bill["clusters"]) == 3
+    assert json.dumps(one) == json.dumps(cost_document(ledger, "done-1"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status"], ["status", "--json"], ["cost"], ["cost", "--json"], ["cost", "--job", "run-1"]],
+)
+def test_the_commands_print_the_same_through_the_view_as_through_sqlmodel(
+    filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    code, quick, err = run_main(argv)
+    assert code == 0, err
+    with monkeypatch.context() as patch:
+        patch.setattr(context, "ledger_view", lambda: None)
+        code, full, err = run_main(argv)
+    assert code == 0, err
+    assert quick == full
+    assert "run-1" in quick
+
+
+def test_an_unknown_job_is_the_same_error_either_way(
+    filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quick = run_main(["cost", "--job", "nobody-1"])
+    monkeypatch.setattr(context, "ledger_view", lambda: None)
+    assert run_main(["cost", "--job", "nobody-1"]) == quick
+    assert quick[0] == 2 and "no job 'nobody-1' in the ledger" in quick[2]
+
+
+def test_a_cluster_past_its_autostop_takes_the_full_path(
+    filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, ledger = filled
+    clusters = Clusters(ledger)
+    (idle,) = [c for c in clusters.all(up_only=True) if c.name == "idle"]
+    clusters.update(idle.id, autostop_s=60.0)  # idle since 300 s: long past due at NOW
+    settled: list[str] = []
+    monkeypatch.setattr(
+        "orchestrator.control.kept.settle", lambda ledger, provider, c: settled.append(c.name)
+    )
+    code, out, err = run_main(["status", "--json"])
+    assert code == 0, err
+    assert settled == ["idle"]  # the provider was asked, as before
+    assert [c["name"] for c in json.loads(out)["clusters"]] == ["busy", "idle"]
+
+
+# --- when the view steps aside ---------------------------------------------------------------
+
+
+def test_an_absent_ledger_reads_empty_and_stays_absent(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "orch.db"
+    with open_view(path) as view:  # type: ignore[union-attr]
+        assert view.jobs() == [] and view.clusters.all() == [] and view.job_states() == []
+    assert not path.parent.exists()
+
+
+def test_a_fresh_home_lists_no_jobs_and_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = isolated_home(tmp_path, monkeypatch)
+    code, out, err = run_main(["status", "--json"])
+    assert (code, json.loads(out)) == (0, {"jobs": [], "clusters": []}), err
+    code, out, err = run_main(["cost", "--json"])
+    assert (code, json.loads(out)["total_usd"]) == (0, 0.0), err
+    Ledger(make_engine(home / "orch.db"))  # brand new: stamped, empty
+    assert open_view(home / "orch.db") is not None
+    code, out, err = run_main(["status"])
+    assert code == 0 and "jobs" in out, err
+
+
+def test_an_unstamped_or_foreign_file_is_left_to_the_full_path(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as db:  # a ledger from before the stamp
+        db.execute("CREATE TABLE job (id TEXT PRIMARY KEY)")
+    assert open_view(old) is None
+    stale = tmp_path / "stale.db"
+    Ledger(make_engine(stale))
+    with sqlite3.connect(stale) as db:  # stamped by another orch's models
+        db.execute("UPDATE ledger_meta SET value = 'older' WHERE key = ?", (SCHEMA_KEY,))
+    assert open_view(stale) is None
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all, just bytes " * 100)
+    assert open_view(junk) is None
+
+
+def test_a_stale_ledger_is_migrated_by_the_first_status(
+    filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, _ = filled
+    with sqlite3.connect(settings.db_path) as db:
+        db.execute("DELETE FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,))
+    assert open_view(settings.db_path) is None
+    code, out, err = run_main(["status", "--json"])
+    assert code == 0, err
+    assert len(json.loads(out)["jobs"]) == 6
+    assert open_view(settings.db_path) is not None  # stamped again: the next one is quick
+
+
+def test_the_view_writes_nothing(filled: tuple[Settings, Ledger]) -> None:
+    settings, _ = filled
+    before = settings.db_path.read_bytes()
+    with view_of(settings) as view:
+        cost_from(view, view.clusters, NOW)
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            view._db.execute("DELETE FROM job")  # type: ignore[union-attr]
+    assert settings.db_path.read_bytes() == before
+
+
+# --- ORCH_HOME and lost controllers without the settings ------------------------------------
+
+
+@pytest.mark.parametrize("value", ["/tmp/orch-a", "rel/orch", "~/orch-b", ""])
+def test_orch_home_is_the_settings_home(
+    value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCH_HOME", value)
+    assert context.orch_home() == load_settings().home
+
+
+def test_a_lost_controller_is_found_without_the_settings(
+    filled: tuple[Settings, Ledger],
+) -> None:
+    settings, _ = filled
+    # run-1 is RUNNING and never-1, queued-1 PENDING: none has a record, so none is lost
+    assert context.no_controller_lost()
+    job_dir = settings.job_dir("run-1")
+    job_dir.mkdir(parents=True)
+    (job_dir / JOB_RECORD).write_text("{}")
+    assert not context.no_controller_lost()  # recorded, and no controller holds its lock
+    lock = ControllerLock(settings, "run-1")
+    assert lock.acquire()
+    try:
+        assert context.no_controller_lost()
+    finally:
+        lock.release()
+    (settings.job_dir("done-1")).mkdir(parents=True)
+    (settings.job_dir("done-1") / JOB_RECORD).write_text("{}")
+    with pytest.MonkeyPatch.context() as patch:  # a final job never needs one
+        patch.setattr(context, "orch_home", lambda: settings.home)
+        (job_dir / JOB_RECORD).unlink()
+        assert context.no_controller_lost()
