@@ -113,46 +113,62 @@ def test_a_loose_deadline_waits_for_spot_and_a_tight_one_goes_on_demand(
         "work left 100 s, time left 280 s, restart 10 s, spot unavailable"
         in (policy_events(ledger)[0])
     )
-    clock.now = T0 + timedelta(seconds=160)  # 140 s left: tight; the line starts here
-    assert d.decide_idle(0) is Decision.WAIT
-    clock.now = T0 + timedelta(seconds=162)  # behind the line, no spot
-    assert d.decide_idle(0) is Decision.ON_DEMAND
+    clock.now = T0 + timedelta(seconds=166)  # 95 s of work, 134 s left: tight; the line starts
+    assert d.decide_idle(20) is Decision.WAIT
+    # behind the line, no spot; 5 s done and nothing billed: the savings ($0.0043) pay for
+    # the move to on-demand and back to spot beyond the allowed restart at 3.06 ($0.0028)
+    clock.now = T0 + timedelta(seconds=168)
+    assert d.decide_idle(20) is Decision.ON_DEMAND
     assert DriverState.from_json(ledger.get_job("dl-1").policy_state).policy.line_start == (
-        pytest.approx(160.0),
-        0.0,
+        pytest.approx(166.0),
+        0.05,
     )
 
 
-def on_demand_behind_the_line(
+def test_behind_the_line_without_savings_the_job_waits(
     ledger: Ledger, provider: LocalProvider
-) -> tuple[Clock, DeadlineDriver]:
-    """A driver whose job went on-demand at 161 s, behind its line with no spot in sight."""
+) -> None:
+    """Nothing done, nothing billed: a move to on-demand and back would lose more than the
+    allowed restart at the on-demand price, so the job waits for spot or the safety net."""
     clock = Clock()
     d = driver(ledger, provider, clock)
     measure(d, 0)
     provider.set_spot_available(False)
     clock.now = T0 + timedelta(seconds=160)
-    d.decide_idle(0)
-    clock.now = T0 + timedelta(seconds=161)
+    assert d.decide_idle(0) is Decision.WAIT
+    clock.now = T0 + timedelta(seconds=162)
+    assert d.decide_idle(0) is Decision.WAIT
+    clock.now = T0 + timedelta(seconds=181)  # 119 s left: under work + 2 restarts
     assert d.decide_idle(0) is Decision.ON_DEMAND
+
+
+def on_demand_behind_the_line(
+    ledger: Ledger, provider: LocalProvider
+) -> tuple[Clock, DeadlineDriver]:
+    """A driver whose job went on-demand at 167 s, behind its line with no spot in sight."""
+    clock = Clock()
+    d = driver(ledger, provider, clock)
+    measure(d, 0)
+    provider.set_spot_available(False)
+    clock.now = T0 + timedelta(seconds=166)
+    d.decide_idle(20)
+    clock.now = T0 + timedelta(seconds=167)
+    assert d.decide_idle(20) is Decision.ON_DEMAND
     return clock, d
 
 
-def test_on_demand_moves_back_to_spot_once_ahead_of_the_line(
+def test_on_demand_moves_back_to_spot_as_soon_as_it_is_there(
     ledger: Ledger, provider: LocalProvider
 ) -> None:
     clock, d = on_demand_behind_the_line(ledger, provider)
     clock.now = T0 + timedelta(seconds=200)  # 200 steps: 50 s done, ahead, but no spot
     assert d.tick("on-demand", 200) is None
     provider.set_spot_available(True)
-    clock.now = T0 + timedelta(seconds=170)  # spot, but not ahead by 2 restarts yet
-    assert d.tick("on-demand", 20) is None
-    clock.now = T0 + timedelta(seconds=200)  # the line is at 28.6 s now, 42.9 s in 2 x 10 s
-    assert d.tick("on-demand", 168) is None  # 42 s done: not ahead of where it will be
-    move = d.tick("on-demand", 200)
+    clock.now = T0 + timedelta(seconds=170)  # spot, still behind the line: taken
+    move = d.tick("on-demand", 24)
     assert isinstance(move, PlannedMove)
     assert (move.source, move.to) == (Decision.ON_DEMAND, Decision.SPOT)
-    assert move.describe().startswith("on-demand -> spot (work left 50 s, time left 100 s")
+    assert move.describe().startswith("on-demand -> spot (work left 94 s, time left 130 s")
 
 
 def test_a_bill_above_what_the_progress_is_worth_keeps_the_job_on_demand_for_good(
@@ -162,7 +178,7 @@ def test_a_bill_above_what_the_progress_is_worth_keeps_the_job_on_demand_for_goo
     cost on on-demand (restarts that came to nothing): the move back to spot, which pays only
     from savings, is not made, and on-demand stays for the rest of the job."""
     clock, d = on_demand_behind_the_line(ledger, provider)
-    ledger.open_lease(  # 200 s at 3.06/h: $0.17, against 50 s of progress ($0.04) + 2 x 10 s
+    ledger.open_lease(  # 200 s at 3.06/h: $0.17, against 50 s of progress ($0.04)
         Lease(
             job_id="dl-1", cluster="dl-1", provider="local", instance_id="n-0", rank=0,
             market="on-demand", instance_type="local", price_per_hour=Decimal("3.06"),
@@ -171,7 +187,7 @@ def test_a_bill_above_what_the_progress_is_worth_keeps_the_job_on_demand_for_goo
     )  # fmt: skip
     provider.set_spot_available(True)
     clock.now = T0 + timedelta(seconds=200)
-    assert d.tick("on-demand", 200) is None  # ahead of the line, spot up: but not paid for
+    assert d.tick("on-demand", 200) is None  # spot up: but not paid for
     assert DriverState.from_json(ledger.get_job("dl-1").policy_state).policy.committed_on_demand
     clock.now = T0 + timedelta(seconds=210)
     assert d.tick("on-demand", 240) is None

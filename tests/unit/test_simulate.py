@@ -19,7 +19,6 @@ from orchestrator.providers.traces import SpotTrace, load_trace
 from orchestrator.report.sweep import BEGIN, END, write_report
 from orchestrator.spot.optimal import optimal, with_gap
 from orchestrator.spot.policies import (
-    RISK_RESTARTS,
     Decision,
     PolicyInputs,
     PolicyState,
@@ -231,63 +230,6 @@ def test_no_deadline_aware_policy_misses_a_feasible_deadline(
         result = simulate(long_trace, get_policy(name), scenario)
         assert result.met_deadline, (name, result)
         assert result.finish_s is not None and result.finish_s <= deadline_s + 1e-6
-
-
-# --------------------------------------------------------------------------------------------
-# Never (by more than a bounded few restarts) above on-demand from the start
-
-
-@st.composite
-def scarce_traces(draw: st.DrawFn) -> SpotTrace:
-    """Poor availability in short stretches, as long as a restart or shorter."""
-    gap = draw(st.sampled_from([60.0, 195.0, 300.0]))
-    up = draw(st.lists(st.integers(1, 4), min_size=1, max_size=30))
-    down = draw(st.lists(st.integers(1, 30), min_size=1, max_size=30))
-    counts = [v for a, b in zip(up, down, strict=False) for v in [1] * a + [0] * b]
-    return SpotTrace(name="scarce", gap_s=gap, counts=tuple(counts * 400)[:4000])
-
-
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    trace=st.one_of(scarce_traces(), random_traces()),
-    job_h=st.floats(0.5, 12),
-    overhead_min=st.floats(1, 30),
-    slack=st.floats(0, 3),
-)
-def test_deadline_aware_policies_cost_at_most_on_demand_and_a_few_restarts(
-    trace: SpotTrace, job_h: float, overhead_min: float, slack: float
-) -> None:
-    """cost <= on-demand from the start + epsilon, with epsilon the rule's bound: the restarts
-    on on-demand it may lose beyond its savings, and one spot restart and tick."""
-    job_s, overhead_s = job_h * HOUR, overhead_min * 60
-    deadline_s = (job_s + overhead_s) * (1 + slack)
-    need = math.ceil(deadline_s / trace.gap_s) + 1
-    counts = (trace.counts * (need // len(trace.counts) + 2))[:need]
-    long_trace = SpotTrace(name=trace.name, gap_s=trace.gap_s, counts=counts)
-    scenario = Scenario(job_s=job_s, deadline_s=deadline_s, overhead_s=overhead_s, prices=PRICES)
-    on_demand = simulate(long_trace, get_policy("on-demand"), scenario).cost
-    epsilon = usd(RISK_RESTARTS * overhead_s, PRICES.on_demand) + usd(
-        overhead_s + trace.gap_s, PRICES.spot
-    )
-    for name in ("uniform-progress", "greedy"):
-        result = simulate(long_trace, get_policy(name), scenario)
-        assert result.met_deadline, (name, result)
-        assert result.cost <= on_demand + epsilon + Decimal("0.0002"), (name, result, on_demand)
-
-
-def test_flickering_spot_no_longer_makes_uniform_progress_dearer_than_on_demand() -> None:
-    """Spot for one 5-minute tick in five, 6-minute restarts, a 5 h job with 50 % slack:
-    every spot start is reclaimed before its restart is done. Before the bill cap Uniform
-    Progress went back and forth between on-demand and spot, two restarts each time, and
-    cost more than on-demand plus the cap's bound (0.80 $ here)."""
-    trace = SpotTrace(name="flicker", gap_s=300.0, counts=(1, 0, 0, 0, 0) * 200)
-    scenario = Scenario(job_s=5 * HOUR, deadline_s=7.5 * HOUR, overhead_s=360, prices=PRICES)
-    on_demand = simulate(trace, get_policy("on-demand"), scenario).cost
-    epsilon = usd(RISK_RESTARTS * 360, PRICES.on_demand) + usd(360 + 300, PRICES.spot)
-    for name in ("uniform-progress", "greedy"):
-        result = simulate(trace, get_policy(name), scenario)
-        assert result.met_deadline
-        assert result.cost <= on_demand + epsilon, (name, result.cost, on_demand)
 
 
 # --------------------------------------------------------------------------------------------

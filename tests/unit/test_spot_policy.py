@@ -1,4 +1,4 @@
-"""Spot policies: each rule of Uniform Progress and greedy, the safety net, the hysteresis."""
+"""Spot policies: each rule of Uniform Progress and greedy, the safety net, the savings rule."""
 
 from __future__ import annotations
 
@@ -171,19 +171,28 @@ def test_up_takes_risks_spot_even_when_behind() -> None:
     assert UP.decide(behind, TIGHT)[0] is Decision.SPOT
 
 
-def test_up_hysteresis_stays_on_demand_until_ahead_of_the_line_by_two_restarts() -> None:
-    """On on-demand, spot is taken only once cp >= ep(t + 2d)."""
-    rate = 10 / 12  # the line's slope: hours of work per hour
-    ep_t = LINE_AT_2H
-    ep_t_2d = (2 + 2 * D / HOUR) * rate
-    on_od = dict(time_left_h=10, spot=True, running=Running.ON_DEMAND)
-    caught_up_to_ep_t = inputs(work_left_h=10 - (ep_t + ep_t_2d) / 2, **on_od)  # type: ignore[arg-type]
-    assert UP.decide(caught_up_to_ep_t, TIGHT)[0] is Decision.ON_DEMAND
-    past_ep_t_2d = inputs(work_left_h=10 - ep_t_2d - 0.01, **on_od)  # type: ignore[arg-type]
-    assert UP.decide(past_ep_t_2d, TIGHT)[0] is Decision.SPOT
-    # the same progress while idle: spot right away (no hysteresis off on-demand)
-    idle = replace(caught_up_to_ep_t, running=Running.NOTHING)
-    assert UP.decide(idle, TIGHT)[0] is Decision.SPOT
+def test_up_leaves_on_demand_for_spot_as_soon_as_the_savings_pay_for_it() -> None:
+    """On on-demand, spot is taken when it is there, even far behind the line, while the
+    savings pay for the move; once they cannot, on-demand for good."""
+    behind = inputs(work_left_h=9.5, time_left_h=10, spot=True, running=Running.ON_DEMAND)
+    # 0.5 h done ($1.53 on on-demand), billed $1.83: $0.30 above its worth, $0.47 with a spot
+    # start (10 min at 1.02), within the allowed restart at 3.06 ($0.51)
+    assert UP.decide(replace(behind, spent_usd=Decimal("1.83")), TIGHT)[0] is Decision.SPOT
+    # billed $1.90: $0.54 above with the spot start, more than the allowed restart
+    decision, state = UP.decide(replace(behind, spent_usd=Decimal("1.90")), TIGHT)
+    assert (decision, state.committed_on_demand) == (Decision.ON_DEMAND, True)
+
+
+def test_up_behind_the_line_waits_when_the_savings_cannot_pay_the_round_trip() -> None:
+    """No spot, behind the line: on-demand only if the savings pay for a restart there and one
+    back to spot; otherwise wait (for spot, or the safety net), as greedy does."""
+    behind = inputs(work_left_h=9, time_left_h=10)  # 1 h done, worth $3.06 on on-demand
+    funded = replace(behind, spent_usd=Decimal("1.02"))  # $2.04 saved
+    assert UP.decide(funded, TIGHT)[0] is Decision.ON_DEMAND
+    unfunded = replace(behind, spent_usd=Decimal("3.20"))  # $0.14 lost: a spot start pays
+    decision, state = UP.decide(unfunded, TIGHT)
+    assert (decision, state.committed_on_demand) == (Decision.WAIT, False)
+    assert UP.decide(replace(unfunded, spot_available=True), TIGHT)[0] is Decision.SPOT
 
 
 def test_up_keeps_on_demand_while_there_is_no_spot_even_far_ahead() -> None:
@@ -216,13 +225,13 @@ def test_up_loose_deadline_acts_greedy_until_tight() -> None:
 def test_up_line_does_not_move_when_the_step_rate_is_measured_again() -> None:
     """The line is kept in shares of the job: the same steps, counted in seconds at a step
     rate measured again 25 % faster or slower, give the same decisions."""
-    state = PolicyState(line_start=(2 * HOUR, 0.6))  # to (12 h, all): at 6 h + 2d, 0.8
-    for done, expected in ((0.82, Decision.SPOT), (0.78, Decision.ON_DEMAND)):
+    state = PolicyState(line_start=(2 * HOUR, 0.6))  # to (12 h, all): at 6 h, 0.76
+    for done, expected in ((0.78, Decision.WAIT), (0.74, Decision.ON_DEMAND)):
         for seconds_per_step in (0.8, 1.0, 1.25):
             whole_h = 10 * seconds_per_step
             now = inputs(
                 work_left_h=(1 - done) * whole_h, time_left_h=6, total_work_h=whole_h,
-                spot=True, running=Running.ON_DEMAND, overhead_s=HOUR / 2,
+                overhead_s=HOUR / 2,
             )  # fmt: skip
             assert UP.decide(now, state) == (expected, state), (done, seconds_per_step)
 
