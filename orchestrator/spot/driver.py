@@ -209,7 +209,7 @@ class DeadlineDriver:
 
     def _spent_per_node(self) -> Decimal:
         """What the job has been billed so far, per node (the policies' prices are per node):
-        the bill cap of the deadline policies weighs it against the progress made."""
+        the savings rule of the deadline policies weighs it against the progress made."""
         return self.ledger.spend(self.job_id, now=self.clock()) / max(1, self.launch_request.count)
 
     def _work(self, step: int | None) -> Work | None:
