@@ -15,7 +15,7 @@ the job's own starts (until it has one: `restart_overhead_prior`), whether spot 
 provider's `MarketView`; unknown counts as yes, and spot nodes the job still holds count as
 spot had), and the prices. Every change of decision is an event (POLICY); the decision in force
 and the policy's state are written to the ledger (`Job.policy_state`) before the controller
-acts on them, so a new controller goes on with the same hysteresis and commitments.
+acts on them, so a new controller goes on with the same line and commitments.
 """
 
 from __future__ import annotations
