@@ -658,8 +658,9 @@ def _revive_lost_controllers(
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
     if "--help" in sys.argv[1:]:
         return  # a command's help runs nothing; click runs this before the command parses it
-    from orchestrator.cli.context import no_controller_lost
+    from orchestrator.cli.context import check_settings, no_controller_lost
 
+    check_settings()  # every command stops on invalid settings, before it does anything
     if no_controller_lost():
         return  # found through the ledger's read-only view, without SQLModel or the settings
     from orchestrator.cli.console import revived_line

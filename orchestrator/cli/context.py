@@ -3,8 +3,9 @@
 The configuration (pydantic, the spec) and the ledger (SQLModel) are most of a command's
 start-up; the app and its sub-apps import them through here, inside the commands, so that
 building the app (`orch --help`, `orch --version`, completion) pays for neither. The list
-views (`orch status`, `orch cost`) and the check before every command need neither: they read
-ORCH_HOME (`orch_home`) and the ledger's read-only view (`ledger_view`).
+views (`orch status`, `orch cost`) and the checks before every command need neither when there
+is nothing to check: they read ORCH_HOME (`orch_home`) and the ledger's read-only view
+(`ledger_view`), and load the settings only when some are given (`check_settings`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ def orch_home() -> Path:
     """ORCH_HOME as `load_settings` finds it (`Settings.home`), without reading the rest of
     the configuration: `$ORCH_HOME`, else ~/.orch."""
     return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser().absolute()
+
+
+def check_settings() -> None:
+    """Stop on invalid settings (ConfigError), as every command does, loading them only when
+    there is something to check: ORCH_HOME/config.yaml or an ORCH_* variable besides ORCH_HOME.
+    Without either, the settings are the defaults, which are valid."""
+    given = any(
+        name.startswith("ORCH_") and name != "ORCH_HOME" and value
+        for name, value in os.environ.items()
+    )
+    if given or (orch_home() / "config.yaml").exists():
+        load_settings()
 
 
 def ledger_view() -> LedgerView | None:

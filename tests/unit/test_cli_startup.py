@@ -15,13 +15,19 @@ REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("sqlalchemy", "sqlmodel", "paramiko", "boto3", "matplotlib", "orchestrator.config")
 
 
+def no_orch_variables() -> dict[str, str]:
+    """This process's environment without ORCH_* variables (a given setting is checked, which
+    loads the settings' models: `cli.context.check_settings`)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("ORCH_")}
+
+
 def imported_after(code: str, heavy: tuple[str, ...] = HEAVY, **env: str) -> list[str]:
     """Which of `heavy` a fresh interpreter holds after running `code`."""
     report = f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     done = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport json, sys\n{report}"],
         capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        env={**no_orch_variables(), "PYTHONPATH": str(REPO), **env},
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
 

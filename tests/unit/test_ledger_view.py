@@ -355,3 +355,17 @@ def test_a_lost_controller_is_found_without_the_settings(
         patch.setattr(context, "orch_home", lambda: settings.home)
         (job_dir / JOB_RECORD).unlink()
         assert context.no_controller_lost()
+
+
+@pytest.mark.parametrize("argv", [["status"], ["cost", "--json"]])
+def test_invalid_settings_still_stop_the_list_views(
+    filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    settings, _ = filled
+    (settings.home / "config.yaml").write_text("local: {network: bridge}\n")
+    code, out, err = run_main(argv)
+    assert code == 2 and "invalid orch settings: local.network" in err
+    (settings.home / "config.yaml").unlink()
+    monkeypatch.setenv("ORCH_LOGS_KEEP", "-1")
+    code, out, err = run_main(argv)
+    assert code == 2 and "invalid orch settings: logs.keep" in err
