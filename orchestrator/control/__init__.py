@@ -9,6 +9,6 @@ them, and records everything in `ledger/`. Nothing below it imports it."""
 
 __all__ = [
     "attempt", "cancel", "commands", "daemon", "ending", "guards", "journal", "launching",
-    "options", "ownership", "parts", "reconcile", "recovery_rules", "runner", "salvage",
+    "liveness", "options", "ownership", "parts", "reconcile", "recovery_rules", "runner", "salvage",
     "spend_guard", "stop_rules", "supervision", "supervisor", "unrecorded",
 ]  # fmt: skip
