@@ -322,7 +322,11 @@ class Guard:
             self.gpus_busy_at = now
         quiet = now - max(self.heard_at(), self.gpus_busy_at or 0.0)
         if quiet > autostop_s:
-            return "autostop", now, f"no run, no controller and idle GPUs for {quiet:.0f} s (autostop)"
+            return (
+                "autostop",
+                now,
+                f"no run, no controller and idle GPUs for {quiet:.0f} s (autostop)",
+            )
         return None
 
     def controller_alive(self, now):
