@@ -10,7 +10,6 @@ queued job). The nodes bill to the holding job while it runs and to the cluster 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -22,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.supervision import try_lock
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.ledger.clusters import UP, Clusters, autostop_left, holder
 from orchestrator.ledger.store import KeptCluster, Ledger, utcnow
@@ -60,12 +60,8 @@ class ClusterTurn:
     def try_take(self) -> bool:
         """Take the turn without waiting: the lock is free and no other live job holds the
         cluster in the ledger."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = try_lock(self.path)
+        if fd is None:
             return False
         other = holder(self.ledger, self.clusters.get(self.cluster_id))
         if other not in (None, self.job_id):

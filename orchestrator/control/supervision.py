@@ -27,6 +27,19 @@ from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.spec.model import JobSpec, LoadedJob
 
 
+def try_lock(path: Path) -> int | None:
+    """Take an exclusive lock on file `path` (made 0600, with its folder) without waiting:
+    the open descriptor, held until closed; None when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class ControllerLock:
     """The exclusive right to drive one job. Acquire before acting; held until released."""
 
@@ -37,12 +50,8 @@ class ControllerLock:
 
     def acquire(self) -> bool:
         """Take the lock without waiting; False when another process holds it."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = try_lock(self.path)
+        if fd is None:
             return False
         self._fd = fd
         pid_file = self.directory / "controller.pid"

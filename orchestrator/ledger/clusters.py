@@ -42,12 +42,7 @@ class Clusters:
 
     def get(self, cluster_id: str) -> KeptCluster:
         with Session(self.engine) as session:
-            cluster = session.get(KeptCluster, cluster_id)
-        if cluster is None:
-            raise SpecError(
-                f"no kept cluster {cluster_id!r} in the ledger", hint="`orch status` lists them"
-            )
-        return cluster
+            return _row(session, cluster_id)
 
     def all(self, *, up_only: bool = False) -> list[KeptCluster]:
         with Session(self.engine) as session:
@@ -78,9 +73,7 @@ class Clusters:
 
     def update(self, cluster_id: str, **fields: object) -> KeptCluster:
         with Session(self.engine, expire_on_commit=False) as session:
-            cluster = session.get(KeptCluster, cluster_id)
-            if cluster is None:
-                raise SpecError(f"no kept cluster {cluster_id!r} in the ledger")
+            cluster = _row(session, cluster_id)
             for key, value in fields.items():
                 setattr(cluster, key, value)
             session.add(cluster)
@@ -91,9 +84,7 @@ class Clusters:
         """Job `job_id` takes the cluster at `at`: its idle leases close then (the job's own
         leases open at the same instant)."""
         with Session(self.engine) as session:
-            cluster = session.get(KeptCluster, cluster_id)
-            if cluster is None:
-                raise SpecError(f"no kept cluster {cluster_id!r} in the ledger")
+            cluster = _row(session, cluster_id)
             cluster.job_id, cluster.idle_since = job_id, None
             session.add(cluster)
             for lease in self._open_idle(session, cluster_id):
@@ -105,9 +96,7 @@ class Clusters:
         """The cluster's job let it go at `at`: `nodes` ((instance id, rank, USD per hour))
         bill to the cluster from then on, until the next job holds it or they end."""
         with Session(self.engine) as session:
-            cluster = session.get(KeptCluster, cluster_id)
-            if cluster is None:
-                raise SpecError(f"no kept cluster {cluster_id!r} in the ledger")
+            cluster = _row(session, cluster_id)
             cluster.job_id, cluster.idle_since = None, at
             session.add(cluster)
             open_ids = {lease.instance_id for lease in self._open_idle(session, cluster_id)}
@@ -159,3 +148,13 @@ class Clusters:
 
     def idle_cost(self, cluster_id: str, now: datetime) -> Decimal:
         return total_cost(self.idle_leases(cluster_id), now)
+
+
+def _row(session: Session, cluster_id: str) -> KeptCluster:
+    """The cluster row `cluster_id` in `session`; `SpecError` when the ledger has none."""
+    cluster = session.get(KeptCluster, cluster_id)
+    if cluster is None:
+        raise SpecError(
+            f"no kept cluster {cluster_id!r} in the ledger", hint="`orch status` lists them"
+        )
+    return cluster
