@@ -6,7 +6,6 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -20,6 +19,7 @@ from rich.markup import escape
 
 from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.kept import kept_clusters, kept_request
 from orchestrator.cli.logs import logs_command
 from orchestrator.cli.output import make_console
 from orchestrator.cli.simulate import simulate_command
@@ -27,9 +27,6 @@ from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
 
 if TYPE_CHECKING:
-    from orchestrator.config import Settings
-    from orchestrator.control.kept import KeptRequest
-    from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -194,7 +191,7 @@ def submit(
         **assignment_overrides("--env", "env", env or [], os.environ),
         **assignment_overrides("--secret", "secrets", secret or [], os.environ),
     }
-    kept = _kept_request(cluster, autostop, no_wait, yes)
+    kept = kept_request(cluster, autostop, no_wait, yes)
     prepared = commands.prepare_submit(settings, job_file, overrides)
     if notify:
         prepared = dataclasses.replace(prepared, notify=notify)
@@ -307,7 +304,7 @@ def status(
                 console.print(renderable)
         return
     documents = [job_document(ledger, settings, j, detail=False) for j in ledger.jobs(limit=50)]
-    _print_status(documents, _kept_clusters(settings, ledger), json_out)
+    _print_status(documents, kept_clusters(settings, ledger), json_out)
 
 
 def _print_status(jobs: list[dict], clusters: list[dict], json_out: bool) -> None:
@@ -327,7 +324,7 @@ def _status_from_view(json_out: bool) -> bool:
     """`orch status` of all jobs, read through the ledger's read-only view: the same documents
     without SQLModel or the configuration's models. False, with nothing printed, when the view
     does not apply (`ledger_view`) or a kept cluster is past its autostop: only its provider
-    can say whether its guards ended it (`_kept_clusters`)."""
+    can say whether its guards ended it (`kept_clusters`)."""
     from orchestrator.cli.context import ledger_view, orch_home
     from orchestrator.ledger.measures import autostop_left, utcnow
     from orchestrator.report.clusters import clusters_from
@@ -346,29 +343,6 @@ def _status_from_view(json_out: bool) -> bool:
         clusters = clusters_from(view, view.clusters, now, up_only=True)
     _print_status(jobs, clusters, json_out)
     return True
-
-
-def _kept_clusters(settings: Settings, ledger: Ledger) -> list[dict]:
-    """The UP kept clusters; one whose autostop is due is first asked of its provider (its
-    guards may have ended it), so its bill stops where its nodes did."""
-    from orchestrator.ledger.clusters import Clusters
-
-    clusters = Clusters(ledger).all(up_only=True)
-    if not clusters:
-        return []
-    from orchestrator.control.kept import settle
-    from orchestrator.ledger.clusters import autostop_left
-    from orchestrator.ledger.store import utcnow
-    from orchestrator.providers import get_provider
-    from orchestrator.report.clusters import clusters_document
-
-    now = utcnow()
-    for cluster in clusters:
-        left = autostop_left(cluster, now)
-        if left is not None and left < 0:
-            with contextlib.suppress(OrchError):
-                settle(ledger, get_provider(cluster.provider, settings), cluster)
-    return clusters_document(ledger, utcnow(), up_only=True)
 
 
 app.command(name="logs")(logs_command)
@@ -474,36 +448,6 @@ def report(
         _print_json(result.as_dict())
     else:
         sys.stdout.write(f"{result.path}\n")
-
-
-def _kept_request(
-    cluster: str | None, autostop: str | None, no_wait: bool, yes: bool
-) -> KeptRequest | None:
-    """The flags of a kept cluster, checked (exit 2) before anything is read or launched."""
-    from orchestrator.control.kept import DEFAULT_AUTOSTOP_S, KeptRequest, check_cluster_name
-
-    if cluster is None:
-        if autostop is not None or no_wait:
-            raise SpecError(
-                "--autostop and --no-wait are for kept clusters", hint="add --cluster NAME"
-            )
-        return None
-    autostop_s: float | None = DEFAULT_AUTOSTOP_S
-    if autostop == "never":
-        if not yes:
-            raise SpecError(
-                "--autostop never keeps the cluster billing until `orch down`",
-                hint="add --yes to mean it, or give a duration such as --autostop 30m",
-            )
-        autostop_s = None
-    elif autostop is not None:
-        try:
-            autostop_s = duration(autostop)
-        except typer.BadParameter as exc:
-            raise SpecError(
-                f"--autostop: {exc.message}", hint="give a duration such as 10m, or never"
-            ) from None
-    return KeptRequest(check_cluster_name(cluster), autostop_s, wait=not no_wait)
 
 
 @app.command()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.app import _kept_request
+from orchestrator.cli.kept import kept_request as _kept_request
 from orchestrator.control.kept import (
     ClusterBusy,
     KeptRequest,
