@@ -28,8 +28,8 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
 The controller renews `<job>/guard/lease.json` (`{"runtime_deadline": .., "lease_until": ..}`
 and `"renewed_at"`, on a kept cluster `"idle_timeout_s"` too); its values replace the boot
 terms'. Every probe of the controller touches
-`<job>/run/heartbeat`; an rsync running on the node (a sync in progress) counts as a live
-controller too.
+`<job>/run/heartbeat`; an rsync running on the node as the job's user (a sync in progress,
+HOME the job's home) counts as a live controller too.
 
 Limits apply once the run has started (its pid file exists): before, the sync and a checkpoint's
 restore hold the controller, and only the dead-man applies. While the controller is alive its
@@ -151,15 +151,29 @@ def first_program(words):
     return None
 
 
-def process_running(name):
+def sync_running(home):
+    """Whether an rsync writes to this node's `home`: a sync in progress. Only an rsync whose
+    HOME is `home` counts (where several nodes share one machine, another node's sync is not
+    this one's); one whose environment cannot be read counts too, as a sync may."""
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as fh:
-                    if fh.read().strip() == name:
-                        return True
-            except OSError:
-                pass
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as fh:
+                if fh.read().strip() != "rsync":
+                    continue
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except ProcessLookupError:
+            continue  # ended, or a zombie: not a sync
+        except OSError:
+            return True
+        homes = [os.path.normpath(os.fsdecode(v[5:])) for v in env if v.startswith(b"HOME=")]
+        if os.path.normpath(home) in homes:
+            return True
     return False
 
 
@@ -200,6 +214,7 @@ class Guard:
             raise SystemExit(f"guard: no terms in {terms_path}")
         t = self.terms
         home = t.get("home") or login_home(t.get("user")) or os.path.expanduser("~")
+        self.home = home
         root = os.path.join(home, "orch-jobs", t["job_id"])
         self.run_dir = os.path.join(root, "run")
         self.dir = os.path.join(root, "guard")
@@ -305,7 +320,7 @@ class Guard:
             if t.get("autostop")
             else (t.get("deadman_s"))
         )
-        if leader is not None or deadman_s is None or process_running("rsync"):
+        if leader is not None or deadman_s is None or sync_running(self.home):
             return None
         if t.get("autostop"):
             return self.autostop_due(now, deadman_s)
@@ -330,7 +345,7 @@ class Guard:
         return None
 
     def controller_alive(self, now):
-        return now - self.heard_at() < self.terms["silence_s"] or process_running("rsync")
+        return now - self.heard_at() < self.terms["silence_s"] or sync_running(self.home)
 
     def step(self, now):
         found = self.due(now)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
 import yaml
 
 from orchestrator.control.stop_rules import guard_limit_at
@@ -105,22 +106,29 @@ def test_the_guard_finds_the_program_behind_env_and_setsid() -> None:
     assert guard.first_program(["env"]) is None
 
 
-@pytest.fixture(autouse=True)
-def _no_sync_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guard takes an rsync running on its node for a sync in progress. The node here is
-    the test machine, where other tests' jobs sync at any moment: none is seen."""
-    monkeypatch.setattr(guard, "process_running", lambda name: False)
+def rsync_writing_as(home: Path) -> subprocess.Popen[bytes]:
+    """A real rsync that waits on its (remote shell) peer for 30 s, with HOME `home`."""
+    (home / "f").touch()
+    return subprocess.Popen(
+        ["rsync", "-e", "sh -c 'sleep 30' --", "f", "peer:/d"],
+        cwd=home, env={**os.environ, "HOME": str(home)}, start_new_session=True,
+    )  # fmt: skip
 
 
-def test_a_sync_in_progress_counts_as_a_live_controller(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    node = Node(tmp_path, deadman_s=5.0)
+def test_a_sync_in_progress_counts_as_a_live_controller(tmp_path: Path) -> None:
+    node = Node(tmp_path / "node", deadman_s=5.0)
     node.heartbeat(age_s=3600)
     assert node.guard.due(time.time())[0] == "deadman"
-    monkeypatch.setattr(guard, "process_running", lambda name: name == "rsync")
-    assert node.guard.due(time.time()) is None  # a long sync, no controller heard meanwhile
-    assert node.guard.controller_alive(time.time())
+    other = tmp_path / "another-node"
+    other.mkdir()
+    for home, counts in ((other, False), (node.home, True)):
+        sync = rsync_writing_as(home)
+        try:
+            assert (node.guard.due(time.time()) is None) is counts
+            assert node.guard.controller_alive(time.time()) is counts
+        finally:
+            os.killpg(sync.pid, signal.SIGKILL)
+            sync.wait()
 
 
 class Node:
@@ -128,6 +136,7 @@ class Node:
 
     def __init__(self, home: Path, **overrides: object) -> None:
         self.home = home
+        home.mkdir(parents=True, exist_ok=True)
         self.layout = GuardLayout("j-1")
         doc = terms(**overrides).for_node(
             now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true", home=str(home)
