@@ -84,9 +84,14 @@ def sweep(
     slacks_pct: Sequence[int] = SLACKS_PCT,
     starts: int = DEFAULT_STARTS,
     nodes: int = 1,
+    gaps: bool = True,
 ) -> list[SweepCell]:
     """Simulate every (trace, job length, slack, policy); cells in that order. The policy
-    `optimal` is the offline optimum; every cell's `mean_gap` is measured against it."""
+    `optimal` is the offline optimum; every cell's `mean_gap` is measured against it. Without
+    `gaps` (and without `optimal` among the policies) no optimum is computed, which takes most
+    of a sweep's time, and every `mean_gap` is None."""
+    if not gaps and OPTIMAL in policies:
+        raise ValueError("the policy 'optimal' needs gaps=True")
     chosen = [name if name == OPTIMAL else get_policy(name) for name in policies]
     cells: list[SweepCell] = []
     for trace in traces:
@@ -106,7 +111,10 @@ def sweep(
                 )  # fmt: skip
                 for tick in ticks
             ]
-            optima = [optimal_schedules(trace, scenario, deadlines) for scenario in scenarios]
+            optima = [
+                optimal_schedules(trace, scenario, deadlines) if gaps else [None] * len(deadlines)
+                for scenario in scenarios
+            ]
             for column, (slack, deadline) in enumerate(zip(slacks_pct, deadlines, strict=True)):
                 best = [by_deadline[column] for by_deadline in optima]
                 for policy in chosen:
