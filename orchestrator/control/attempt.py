@@ -89,16 +89,26 @@ class Attempt:
 
     # --- work on the nodes ----------------------------------------------------------------
     def push(self, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
-        """Copy the workdir and every data path to every node; returns the transfers made."""
+        """Copy the workdir and every data path to every node; returns the transfers made.
+        A checkpoint directory inside the workdir keeps what a node holds in it (a node that
+        stayed through a recovery resumes from its own files)."""
         cluster = self.cluster
+        checkpoints = layout.node_path(loaded.spec.checkpoint.dir)
+        inside = checkpoints.removeprefix(f"{layout.workdir}/")
+        protect = [inside] if inside != checkpoints else []
         transfers: list[Transfer] = []
         for address in cluster.addresses:
             transfers.append(
                 Transfer(
                     f"workdir -> {address.name}",
                     push_argv(
-                        loaded.workdir, address, cluster.identity, layout.workdir, workdir=True
-                    ),
+                        loaded.workdir,
+                        address,
+                        cluster.identity,
+                        layout.workdir,
+                        workdir=True,
+                        protect=protect,
+                    ),  # fmt: skip
                 )
             )
             for mount, source in zip(loaded.spec.data, loaded.data_sources, strict=True):
@@ -186,6 +196,19 @@ class Attempt:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)
+
+    def clear_runs(self, layout: launch.NodeLayout, ranks: Sequence[int]) -> None:
+        """Ready the nodes of `ranks`, which stay through a recovery, for the run's restart
+        (`launch.rerun_command`: what is left of the run and its checkpoint agent killed and
+        cleared, checkpoint files kept). Raises `RemoteError` when one does not answer."""
+        command = launch.rerun_command(layout)
+        wanted = set(ranks)
+
+        def clear(rank: int, connection: NodeConnection) -> None:
+            if rank in wanted:
+                connection.run(command, timeout=30)
+
+        self.cluster.map(clear)
 
     def log_tail(self, rank: int, layout: launch.NodeLayout) -> str:
         """The end of node `rank`'s log (its last 128 KiB, enough to hold the failing rank's

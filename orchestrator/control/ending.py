@@ -81,11 +81,21 @@ class NodeEnder:
             ids |= {i.instance_id for i in owned}
         except OrchError as exc:
             self.warn(f"could not list nodes: {exc}")
+        return self._end(ids, [*recorded, *owned])
+
+    def terminate_these(self, ids: list[str], *, known: list[Instance]) -> datetime:
+        """Terminate exactly the nodes `ids` (nodes lost from a run whose other nodes stay;
+        `known`: those of them described) and close their leases; returns when the provider
+        says they ended (billing stopped). The ledger's writes are best effort, as in
+        `terminate_all`."""
+        return self._end(set(ids), known)
+
+    def _end(self, ids: set[str], known: list[Instance]) -> datetime:
         if not ids:
             return utcnow()
+        job_id = self.journal.job.id
         # A launch cut short (a controller killed before it wrote the leases) left nodes that
         # bill without a lease: they get one before they end, so the bill holds their seconds.
-        known = [*recorded, *owned]
         try:
             self.writes.write(
                 "leases of nodes launched without one",

@@ -10,6 +10,7 @@ from orchestrator.control.attempt import Attempt, AttemptOpener
 from orchestrator.control.ownership import check_identity
 from orchestrator.control.parts import JobParts
 from orchestrator.control.recovery_rules import backoff_seconds
+from orchestrator.control.replacing import joined, lost_ranks, replacement_request
 from orchestrator.control.supervision import controller_identity
 from orchestrator.errors import CapacityError, IdentityMismatch, OrchError
 from orchestrator.job_state import JobState
@@ -87,6 +88,44 @@ class Launcher:
         for instance in instances:
             self.journal.leased(instance, provider=p.provider.name)
         attempt = self.open_attempt(instances, identity, p.options.connect_timeout)
+        keep(attempt)
+        return attempt
+
+    def replace_lost(
+        self, survivors: list[Instance], *, pull_wait: float, keep: Callable[[Attempt], None]
+    ) -> Attempt:
+        """PROVISIONING, then launch one node per rank the `survivors` lack, in their zone,
+        type and market (`replacing.replacement_request`), and open their leases; returns the
+        attempt connected to survivors and replacements. The survivors' leases stay open (they
+        never stopped billing). Raises `CapacityError` when the zone refuses the replacements
+        (after the launch's bounded retries); `keep` gets every node as soon as there is one
+        to end, as in `provision`."""
+        p, job = self.parts, self.journal.job
+        identity = self._identity()
+        first = survivors[0]
+        ranks = lost_ranks(survivors, p.spec.resources.nodes)
+        where = f" in {first.zone}" if first.zone else ""
+        self.journal.provisioning(
+            f"{len(ranks)} replacement node(s) for rank(s) {', '.join(map(str, ranks))} "
+            f"beside {len(survivors)} that stay, {first.instance_type} {first.market}{where}"
+        )
+        request = replacement_request(
+            launch_request(
+                p.spec,
+                job.node_owner,
+                public_key=identity.public_key,
+                guard=p.guards.terms(pull_wait),
+                ledger_id=self.journal.ledger.ledger_id,
+                attempt=self._launch_number(),  # counts the PROVISIONING event just written
+            ),
+            survivors,
+        )
+        replacements = self._launch(request)
+        keep(Attempt([*survivors, *replacements]))
+        nodes = joined(survivors, replacements)
+        for instance in replacements:
+            self.journal.leased(instance, provider=p.provider.name)
+        attempt = self.open_attempt(nodes, identity, p.options.connect_timeout)
         keep(attempt)
         return attempt
 

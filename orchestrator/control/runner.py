@@ -23,11 +23,13 @@ from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
 from orchestrator.control.ending import NodeEnder
+from orchestrator.control.kept import setup_digest
 from orchestrator.control.kept_nodes import KeptNodes
 from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
 from orchestrator.control.recovery_rules import Interruption, may_recover
+from orchestrator.control.replacing import market_matches, survivors
 from orchestrator.control.salvage import Salvage
 from orchestrator.control.stop_rules import StopOrder, runtime_order
 from orchestrator.control.supervisor import Decision, Supervisor
@@ -43,7 +45,7 @@ from orchestrator.errors import (
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node.progress import Metrics
-from orchestrator.providers.base import Provider
+from orchestrator.providers.base import Instance, Provider
 from orchestrator.spec.model import LoadedJob
 from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove
 from orchestrator.spot.policies import (
@@ -120,12 +122,15 @@ class JobRunner:
         self.layout, self._driver = parts.layout, parts.driver
         self.attempt = Attempt.not_launched()
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
+        self._survivors: list[Instance] = []  # nodes kept through a recovery (see replacing)
         self.nodes = NodeEnder(self.journal, provider, self.guards, self.reporter, settings)
         self.launcher = Launcher(parts, open_attempt)
         self.supervisor = Supervisor(parts, self._record_metrics)
         self.salvage = Salvage(parts)
         self._supervise = supervise or self.supervisor.watch
         self.kept = KeptNodes(parts, self.launcher) if job.cluster_id is not None else None
+        if self.kept is None:  # a survivor of a lost peer skips the setup it already ran
+            self.launcher.setup_key = setup_digest(loaded.spec.setup, loaded.workdir)
 
     @property
     def job(self) -> Job:
@@ -238,6 +243,8 @@ class JobRunner:
     def _provision(self) -> None:
         if self.kept is not None and self.kept.reuse(self._keep_attempt, self.nodes):
             return
+        if self._survivors and self._replace_lost():
+            return
         self.launcher.provision(
             avoid_zones=self._avoid_zones,
             pull_wait=self.salvage.pull_wait(),
@@ -245,6 +252,28 @@ class JobRunner:
         )
         if self.kept is not None:
             self.kept.launched()
+
+    def _replace_lost(self) -> bool:
+        """Launch replacements for the ranks the survivors lack; True once the run's nodes
+        are up. False, with the survivors ended, when the zone has no capacity for the
+        replacements or the spot policy wants another market: the whole cluster moves."""
+        survivors, self._survivors = self._survivors, []
+        launch_spot = self._driver.launch_spot if self._driver is not None else None
+        if market_matches(survivors, launch_spot):
+            try:
+                self.launcher.replace_lost(
+                    survivors, pull_wait=self.salvage.pull_wait(), keep=self._keep_attempt
+                )
+                return True
+            except CapacityError as exc:
+                self.journal.event(
+                    "WARNING", f"no capacity for the replacement node(s) beside the "
+                    f"{len(survivors)} that stayed ({exc.message}); the whole cluster moves",
+                )  # fmt: skip
+                self._avoid_zones = tuple({i.zone for i in survivors} - {None})
+        self.attempt = Attempt(survivors)
+        self._end_attempt()
+        return False
 
     def _keep_attempt(self, attempt: Attempt) -> None:
         self.attempt = attempt
@@ -338,6 +367,10 @@ class JobRunner:
                 "newest checkpoint is in the job's directory",
             )
         instances = self.attempt.instances
+        staying = survivors(self.attempt, interruption, self.provider) if self.kept is None else []
+        if staying:
+            self._keep_survivors(interruption, staying, f"recovery {done + 1} of {limit}")
+            return
         self.journal.recovering(
             f"recovery {done + 1} of {limit}: replacing {len(instances) or 'the'} node(s)",
             recoveries=done + 1,
@@ -345,6 +378,37 @@ class JobRunner:
         taken = set(interruption.instance_ids)
         self._avoid_zones = tuple({i.zone for i in instances if i.instance_id in taken} - {None})
         self._end_attempt()
+
+    def _keep_survivors(
+        self, interruption: Interruption, staying: list[Instance], what: str
+    ) -> None:
+        """End the lost nodes only; stop the survivors' run and clear its state, so that
+        `_provision` launches replacements beside them."""
+        attempt = self.attempt
+        kept = {i.instance_id for i in staying}
+        lost = [i for i in attempt.instances if i.instance_id not in kept]
+        lost_ids = {i.instance_id for i in lost} | set(interruption.instance_ids)
+        self.journal.recovering(
+            f"{what}: replacing {len(lost_ids)} lost node(s); "
+            f"{len(staying)} node(s) stay ({', '.join(sorted(kept))})",
+            recoveries=self.job.recoveries + 1,
+        )
+        attempt.gone_ranks |= {i.rank for i in lost}
+        self.nodes.terminate_these(sorted(lost_ids), known=lost)
+        attempt.instances = list(staying)
+        try:  # after a notice the salvage stopped the run gracefully; after a loss the run
+            # waits on its lost peer: either way what is left of it is killed
+            attempt.clear_runs(self.layout, [i.rank for i in staying])
+        except OrchError as exc:
+            self.journal.event(
+                "WARNING", f"a node that was to stay did not answer ({exc}); they all end"
+            )
+            self._end_attempt()
+            return
+        attempt.close()
+        self.attempt = Attempt.not_launched()
+        self._avoid_zones = ()
+        self._survivors = staying
 
     def _restart_from_scratch(self) -> None:
         """The controller died before training started: end what it launched, start over."""

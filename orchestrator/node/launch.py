@@ -242,6 +242,21 @@ def reset_command(layout: NodeLayout, checkpoint_dir: str | None) -> str:
     return "rm -rf " + " ".join(home_expr(path) for path in paths)
 
 
+def rerun_command(layout: NodeLayout) -> str:
+    """Shell command that readies a node which survived the loss of a peer for the run's
+    restart: what is left of its run (the whole session) and its checkpoint agent are killed,
+    and their state cleared. The checkpoint directory and the workdir stay: the restart uses
+    the checkpoint files the node holds where they are."""
+    agent = home_expr(f"{layout.root}/checkpoint-agent")
+    return "\n".join(
+        [
+            stop_command(layout, "KILL"),
+            f'[ -f {agent}/pid ] && kill -KILL "$(cat {agent}/pid)" 2>/dev/null',
+            f"rm -rf {home_expr(layout.run_dir)} {agent}",
+        ]
+    )
+
+
 def start_command(layout: NodeLayout) -> str:
     """Shell command that starts launch.sh detached (own session, no tty, output to node.log).
 

@@ -47,7 +47,7 @@ class LaunchRequest:
 
     job_id: str  # the ledger's job id; tagged on every node
     cluster: str  # name of the group of nodes (one cluster per job attempt)
-    count: int  # number of nodes, ranks 0..count-1
+    count: int  # number of nodes: ranks 0..count-1, or those of `ranks`
     gpus_per_node: int  # GPUs (or, on CPU-only local nodes, trainer processes) per node
     public_key: str  # OpenSSH public key line that must be authorized on every node
     spot: bool | Literal["auto"] = False  # spot only / on-demand only / "auto": cheapest of both
@@ -70,6 +70,17 @@ class LaunchRequest:
     #                   restart after its controller died, ...); part of the idempotency
     #                   token, so a retried call never launches twice while a new attempt
     #                   always launches new nodes
+    ranks: tuple[int, ...] = ()  # the ranks of the nodes to launch, `count` of them, when not
+    #                              0..count-1: replacements of lost nodes beside survivors
+
+    def __post_init__(self) -> None:
+        if self.ranks and len(self.ranks) != self.count:
+            raise ValueError(f"{len(self.ranks)} rank(s) given for {self.count} node(s)")
+
+    @property
+    def node_ranks(self) -> tuple[int, ...]:
+        """The rank of each node to launch, in launch order."""
+        return self.ranks or tuple(range(self.count))
 
 
 @dataclass(frozen=True)

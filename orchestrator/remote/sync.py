@@ -167,11 +167,14 @@ def push_argv(
     *,
     connect_timeout: int = 10,
     workdir: bool = False,
+    protect: Sequence[str] = (),
 ) -> list[str]:
     """rsync argv pushing a local file or directory (its contents) to `destination` on a node.
 
     With `workdir`, `.gitignore`/`.orchignore` are honoured and `.git` is left out; files
-    removed locally are removed on the node so the node holds exactly the synced tree.
+    removed locally are removed on the node so the node holds exactly the synced tree, except
+    under the directories of `protect` (relative to `local`: a checkpoint directory inside the
+    workdir, whose files the node keeps).
     """
     source = f"{local}/" if local.is_dir() else str(local)
     target = remote_path(destination)
@@ -183,7 +186,11 @@ def push_argv(
         f"{address.user}@{_host(address)}:{target}",
         transport=ssh_transport_argv(address, identity, connect_timeout),
         delete=workdir,
-        extra=[*mkpath, *(WORKDIR_FILTERS if workdir else ())],
+        extra=[
+            *mkpath,
+            *(f"--filter=P /{path.strip('/')}/" for path in protect),
+            *(WORKDIR_FILTERS if workdir else ()),
+        ],
     )
 
 

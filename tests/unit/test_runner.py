@@ -73,7 +73,7 @@ class FakeProvider:
                 zone=f"zone-{rank}",
                 ledger_id=self.ledger_id,
             )  # fmt: skip
-            for rank in range(request.count)
+            for rank in request.node_ranks
         ]
         self.running.update({i.instance_id: i for i in launched})
         return launched
@@ -128,6 +128,9 @@ class FakeAttempt(Attempt):
 
     def free_port(self) -> int:
         return 29500
+
+    def clear_runs(self, layout: launch.NodeLayout, ranks: Collection[int]) -> None:
+        self.cleared = [*getattr(self, "cleared", []), *ranks]
 
     def start(self, cluster_launch: launch.ClusterLaunch) -> list[str]:
         self.started = True
@@ -291,7 +294,7 @@ def test_a_launch_refused_for_capacity_fails_the_job_with_nothing_leased(
     assert FakeAttempt.opened == []
 
 
-def test_a_node_lost_mid_run_is_replaced_and_the_run_resumed(
+def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     def lost(attempt: Attempt) -> Decision:
@@ -319,9 +322,52 @@ def test_a_node_lost_mid_run_is_replaced_and_the_run_resumed(
     assert events.index("PREEMPTED") < events.index("SALVAGED") < events.index("RECOVERING")
     assert "RESUMED" in events  # a recovery always says where it resumed from
     assert [r.attempt for r in provider.requests] == [0, 1]  # fresh launch tokens
-    assert provider.requests[1].avoid_zones == ("zone-1",)  # the zone that took the node
+    replacement = provider.requests[1]
+    assert (replacement.count, replacement.ranks) == (1, (1,))  # the lost rank alone
+    assert replacement.zones == ("zone-0",) and replacement.instance_types == ("fake.gpu",)
     assert keeper.finished[0] == ({1}, 0)  # salvage asked only the node that answers
-    assert len(ledger.leases(JOB_ID)) == 4
+    assert provider.terminated[0] == ["f-1-1"]  # the lost node alone, at once
+    first, second = FakeAttempt.opened[-2:]
+    assert getattr(first, "cleared", None) == [0]  # the survivor's run cleared for the restart
+    assert [i.instance_id for i in second.instances] == ["f-1-0", "f-2-1"]  # by rank
+    leases = ledger.leases(JOB_ID)
+    assert len(leases) == 3  # the survivor's lease runs on: its boot is not paid again
+    assert [lease.instance_id for lease in leases if lease.rank == 0] == ["f-1-0"]
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_with_no_capacity_for_the_replacement_the_whole_cluster_moves(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    def lost(attempt: Attempt) -> Decision:
+        gone = attempt.instances[1]
+        provider.take(gone.instance_id)
+        attempt.gone_ranks.add(1)
+        provider.capacity = False  # the zone has nothing left ...
+        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
+
+    def refused_once(request: LaunchRequest) -> list[Instance]:
+        if request.ranks:  # ... for the replacement; the whole launch elsewhere gets nodes
+            provider.requests.append(request)
+            raise CapacityError("no capacity in zone-0")
+        provider.capacity = True
+        return FakeProvider.launch(provider, request)
+
+    provider.launch = refused_once  # type: ignore[method-assign]
+    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    outcome = runner(tmp_path, ledger, provider, supervise).run()
+
+    assert outcome.state == JobState.SUCCEEDED
+    assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (1, (1,)), (2, ())]
+    assert provider.requests[2].avoid_zones == ("zone-0",)  # the zone that had no capacity
+    assert ["f-1-0"] in provider.terminated  # the survivor ended before the move
+    events = ledger.events(JOB_ID)
+    assert any("the whole cluster moves" in e.message for e in events if e.kind == "WARNING")
     assert_all_leases_closed(ledger, provider)
 
 

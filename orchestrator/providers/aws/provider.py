@@ -454,7 +454,7 @@ class AwsProvider:
             raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
         ids: list[str] = []
         try:
-            for rank in range(request.count):
+            for rank in request.node_ranks:
                 ids.append(self._launch_node(request, rank, offer, network, subnet))
             deadline = time.monotonic() + self.aws.ready_timeout_s
             self._wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
@@ -466,7 +466,7 @@ class AwsProvider:
                 self._wait_ssh(offer.region, nodes, deadline)
             return nodes
         except BaseException as exc:
-            tokens = [client_token(request, rank, offer) for rank in range(request.count)]
+            tokens = [client_token(request, rank, offer) for rank in request.node_ranks]
             try:
                 # A RunInstances whose answer was lost on its last try started a node whose id
                 # orch never heard: its token tag finds it.

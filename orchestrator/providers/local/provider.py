@@ -129,7 +129,7 @@ class LocalProvider:
             with self.store.making():  # until every node has its record (see reap_unrecorded)
                 records = [
                     self._prepare_node(iid, request, rank, mode, market)
-                    for rank, iid in enumerate(ids)
+                    for rank, iid in zip(request.node_ranks, ids, strict=True)
                 ]
                 self._allocate(records)
             for rec in records:
