@@ -245,20 +245,26 @@ def reset_command(layout: NodeLayout, checkpoint_dir: str | None) -> str:
 def rerun_command(layout: NodeLayout) -> str:
     """Shell command that readies a node which survived the loss of a peer for the run's
     restart: what is left of its run (the whole session) and its checkpoint agent are killed,
-    and their state cleared. The checkpoint directory and the workdir stay: the restart uses
-    the checkpoint files the node holds where they are."""
+    and their state cleared. The run's log stays, and the restart appends to it (the
+    controller's copy goes on from where it was). The checkpoint directory and the workdir
+    stay: the restart uses the checkpoint files the node holds where they are."""
     agent = home_expr(f"{layout.root}/checkpoint-agent")
+    run_dir = home_expr(layout.run_dir)
     return "\n".join(
         [
             stop_command(layout, "KILL"),
             f'[ -f {agent}/pid ] && kill -KILL "$(cat {agent}/pid)" 2>/dev/null',
-            f"rm -rf {home_expr(layout.run_dir)} {agent}",
+            f"rm -rf {agent}",
+            f"[ -d {run_dir} ] && find {run_dir} -mindepth 1 -maxdepth 1 ! -name node.log "
+            "-exec rm -rf {} +",
+            "true",
         ]
     )
 
 
 def start_command(layout: NodeLayout) -> str:
-    """Shell command that starts launch.sh detached (own session, no tty, output to node.log).
+    """Shell command that starts launch.sh detached (own session, no tty, output appended to
+    node.log: a restart on a node that stayed through a recovery goes on in the same log).
 
     Prints the pid of the detached script. Refuses to start twice: a second call while a run
     is recorded fails with exit code 3 (so a retried start never launches the job twice).
@@ -269,7 +275,7 @@ def start_command(layout: NodeLayout) -> str:
             f"cd {run_dir} || exit 2",
             "if [ -e pid ]; then echo already started >&2; exit 3; fi",
             "rm -f exit_code exit_code.tmp",
-            "setsid nohup bash launch.sh > node.log 2>&1 < /dev/null &",
+            "setsid nohup bash launch.sh >> node.log 2>&1 < /dev/null &",
             "pid=$!",
             "echo $pid > pid.tmp && mv pid.tmp pid && echo $pid",
         ]

@@ -188,7 +188,7 @@ def push_argv(
         delete=workdir,
         extra=[
             *mkpath,
-            *(f"--filter=P /{path.strip('/')}/" for path in protect),
+            *(f"--filter=P /{path.strip('/')}/***" for path in protect),
             *(WORKDIR_FILTERS if workdir else ()),
         ],
     )
