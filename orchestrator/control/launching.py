@@ -120,7 +120,9 @@ class Launcher:
             ),
             survivors,
         )
-        replacements = self._launch(request)
+        # One retry at most: the survivors bill while they wait, and a whole cluster elsewhere
+        # is the better bet once the zone has refused twice.
+        replacements = self._launch(request, retries=min(1, p.options.launch_retries))
         keep(Attempt([*survivors, *replacements]))
         nodes = joined(survivors, replacements)
         for instance in replacements:
@@ -142,9 +144,11 @@ class Launcher:
         events = self.journal.ledger.events(self.journal.job.id)
         return max(0, sum(1 for e in events if e.kind == kind) - 1)
 
-    def _launch(self, request: LaunchRequest) -> list[Instance]:
-        """Launch the nodes; spot-only launches refused for capacity are retried with backoff."""
+    def _launch(self, request: LaunchRequest, retries: int | None = None) -> list[Instance]:
+        """Launch the nodes; spot-only launches refused for capacity are retried with backoff,
+        `retries` times (None: the options' `launch_retries`)."""
         p = self.parts
+        retries = p.options.launch_retries if retries is None else retries
         attempt = 0
         while True:
             try:
@@ -152,7 +156,7 @@ class Launcher:
             except CapacityError as exc:
                 if request.spot is not True or p.driver is not None:
                     raise  # a spot policy decides again instead of retrying
-                if attempt >= p.options.launch_retries:
+                if attempt >= retries:
                     raise CapacityError(
                         f"spot capacity was refused {attempt + 1} time(s) in a row; last "
                         f"answer: {exc.message}",
@@ -162,7 +166,7 @@ class Launcher:
                 wait = backoff_seconds(attempt, p.options.launch_backoff)
                 self.journal.event(
                     "WAITING", f"spot launch refused ({exc.message}); retry "
-                    f"{attempt} of {p.options.launch_retries} in {wait:.0f} s",
+                    f"{attempt} of {retries} in {wait:.0f} s",
                 )  # fmt: skip
                 p.reporter.phase(f"no spot capacity; retrying in {wait:.0f} s")
                 time.sleep(wait)

@@ -367,7 +367,11 @@ class JobRunner:
                 "newest checkpoint is in the job's directory",
             )
         instances = self.attempt.instances
-        staying = survivors(self.attempt, interruption, self.provider) if self.kept is None else []
+        staying = (
+            survivors(self.attempt, interruption, self.provider)
+            if self.kept is None and self.spec.recovery.replace == "lost"
+            else []
+        )
         if staying:
             self._keep_survivors(interruption, staying, f"recovery {done + 1} of {limit}")
             return

@@ -336,6 +336,11 @@ class Recovery(_Model):
     """How often a job is brought back after losing nodes (spot interruption, node loss)."""
 
     max_recoveries: Count = Field(default=3, ge=0, description="0 disables recovery")
+    replace: Literal["lost", "all"] = Field(
+        default="lost",
+        description="lost: only the lost nodes are replaced, the others stay (the whole "
+        "cluster moves when their zone has no capacity); all: every node is replaced",
+    )
 
 
 SECRET_HIDDEN = "(hidden)"

@@ -138,6 +138,11 @@ def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
     assert stored and all({f["key"] for f in c["files"]} <= keys for c in stored), stored
     assert all(key.startswith(f"runs/{job_id}/") for key in keys)
 
+    # Node 0 stayed while one replacement was asked of the first zone, which had no spot left:
+    # then the whole cluster moved.
+    (refused,) = [e for e in events(job, "WARNING") if "no capacity for the replacement" in
+                  e["message"]]  # fmt: skip
+    assert "the whole cluster moves" in refused["message"]
     # Four leases: the first two in the first zone, the replacements in the next one, each at
     # the sandbox's spot price of its zone.
     status = client.status()

@@ -336,6 +336,31 @@ def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
     assert_all_leases_closed(ledger, provider)
 
 
+def test_replace_all_replaces_every_node_of_the_run(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    def lost(attempt: Attempt) -> Decision:
+        gone = attempt.instances[1]
+        provider.take(gone.instance_id)
+        attempt.gone_ranks.add(1)
+        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
+
+    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    outcome = runner(tmp_path, ledger, provider, supervise, recovery={"replace": "all"}).run()
+
+    assert outcome.state == JobState.SUCCEEDED
+    assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (2, ())]
+    assert provider.requests[1].avoid_zones == ("zone-1",)  # the zone that took the node
+    assert provider.terminated[0] == ["f-1-0", "f-1-1"]
+    assert len(ledger.leases(JOB_ID)) == 4
+    assert_all_leases_closed(ledger, provider)
+
+
 def test_with_no_capacity_for_the_replacement_the_whole_cluster_moves(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
