@@ -166,6 +166,9 @@ def test_master_killed_without_notice_resumes_from_the_last_good_pulled_checkpoi
     assert_nothing_left(job)
 
 
+# `make test` keeps test_runner's node taken during the sync (no nodes) and test_network_faults'
+# lost node without recoveries left
+@pytest.mark.soak
 def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> None:
     """A node taken during the sync is replaced; beyond max_recoveries the job FAILS."""
     data = tmp_path / "data"

@@ -23,7 +23,7 @@ from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.runner import JobRunner
 from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervisor import Decision
-from orchestrator.errors import CapacityError
+from orchestrator.errors import CapacityError, RemoteError
 from orchestrator.job_state import FINAL_STATES, TRANSITIONS, JobState, may_follow
 from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 from orchestrator.node import launch
@@ -333,6 +333,33 @@ def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
     leases = ledger.leases(JOB_ID)
     assert len(leases) == 3  # the survivor's lease runs on: its boot is not paid again
     assert [lease.instance_id for lease in leases if lease.rank == 0] == ["f-1-0"]
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_a_node_taken_during_the_sync_is_replaced_alone_and_counts_as_a_recovery(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pushes: list[int] = []
+
+    def push(attempt: FakeAttempt, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+        pushes.append(len(attempt.instances))
+        if len(pushes) == 1:  # the cloud takes node 1 while its workdir is being sent
+            provider.take(attempt.instances[1].instance_id)
+            raise RemoteError("rsync to node 1: connection closed")
+        return len(attempt.instances)
+
+    monkeypatch.setattr(FakeAttempt, "push", push)
+    outcome = runner(
+        tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))
+    ).run()
+
+    assert outcome.state == JobState.SUCCEEDED
+    job = ledger.get_job(JOB_ID)
+    assert job.recoveries == 1 and pushes == [2, 2]
+    (preempted,) = [e for e in ledger.events(JOB_ID) if e.kind == "PREEMPTED"]
+    assert "while the job started" in preempted.message
+    assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (1, (1,))]
+    assert len(ledger.leases(JOB_ID)) == 3
     assert_all_leases_closed(ledger, provider)
 
 
