@@ -88,12 +88,17 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
         "  detection_s                 2.0 s   (1.5, 2.5)\n"
         "  resume_s                   12.0 s   (11.0, 13.0)\n"
         "  cold_start_s                8.0 s   (7.0, 9.0)\n"
+        "  replacing the whole cluster (recovery.replace: all)\n"
+        "    detection_s                 9.0 s   (1.5, 2.5)\n"
         "  resume / cold start      orch 12.0 s / baseline 8.0 s = ratio 1.50\n"
+        "  lost node / whole cluster  recovery 9.0 s / 10.0 s = ratio 0.90; cost $0.1 / $0.2\n"
     )
     figures = run_all.parse_spot_recovery(spot)
     assert (figures[0].value, figures[0].baseline, figures[0].ratio) == (12.0, 8.0, 1.5)
     assert figures[0].met is True  # resume <= 20 s
-    assert [(f.name, f.met) for f in figures[1:]] == [("detection", True)]
+    assert (figures[1].value, figures[1].baseline, figures[1].met) == (9.0, 10.0, False)
+    # the whole cluster's rows are the baseline's, not figures of their own
+    assert [(f.name, f.met) for f in figures[2:]] == [("detection", True)]
     assert run_all.parse_spot_recovery("Traceback ...") == []
 
 
