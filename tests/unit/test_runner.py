@@ -133,6 +133,7 @@ class FakeAttempt(Attempt):
         self.cleared = [*getattr(self, "cleared", []), *ranks]
 
     def start(self, cluster_launch: launch.ClusterLaunch) -> list[str]:
+        self.launch = cluster_launch
         self.started = True
         return [str(1000 + i.rank) for i in self.instances]
 
@@ -310,7 +311,7 @@ def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
         attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
         return calls.pop(0)(attempt)
 
-    the_runner = runner(tmp_path, ledger, provider, supervise)
+    the_runner = runner(tmp_path, ledger, provider, supervise, setup="pip install -e .")
     keeper = cast(FakeKeeper, the_runner.keeper)
     outcome = the_runner.run()
 
@@ -330,6 +331,9 @@ def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
     first, second = FakeAttempt.opened[-2:]
     assert getattr(first, "cleared", None) == [0]  # the survivor's run cleared for the restart
     assert [i.instance_id for i in second.instances] == ["f-1-0", "f-2-1"]  # by rank
+    # the same setup digest both times: a node skips a setup it already ran (the survivor)
+    assert first.launch.setup_key is not None
+    assert second.launch.setup_key == first.launch.setup_key
     leases = ledger.leases(JOB_ID)
     assert len(leases) == 3  # the survivor's lease runs on: its boot is not paid again
     assert [lease.instance_id for lease in leases if lease.rank == 0] == ["f-1-0"]
