@@ -851,9 +851,26 @@ def _safe_destination(root: str, rel: str) -> str:
     return os.path.join(path, rel.split("/")[-1])
 
 
+def held_already(root: str, item: dict) -> bool:
+    """Whether the checkpoint directory holds `item` as recorded (size, then digest): a node
+    that stayed through a recovery keeps its files, which need no download."""
+    path = root
+    try:
+        for part in item["path"].split("/"):
+            path = os.path.join(path, part)
+            if os.path.islink(path):
+                return False  # the download refuses such a path; so does this
+        if os.path.getsize(path) != int(item["size"]):
+            return False
+        return file_digest(path) == item["digest"]
+    except OSError:
+        return False
+
+
 def restore(plan: dict, out: io.TextIOBase) -> int:
     """Download `plan["files"]` from the store into the checkpoint directory; 0 when every one
-    arrived with its digest. Prints `progress DONE TOTAL` lines and `restored N BYTES S`."""
+    arrived with its digest. A file the directory already holds with the recorded size and
+    digest stays as it is. Prints `progress DONE TOTAL` lines and `restored N BYTES S`."""
     root = _home_path(plan["checkpoint_dir"])
     files = plan["files"]
     total = sum(int(f["size"]) for f in files)
@@ -869,13 +886,17 @@ def restore(plan: dict, out: io.TextIOBase) -> int:
     lock = threading.Lock()
 
     def fetch(index: int, item: dict) -> None:
+        if not canonical(item["path"]) or not held_already(root, item):
+            download(index, item)
+        with lock:
+            done[0] += int(item["size"])
+            print(f"progress {done[0]} {total}", file=out, flush=True)
+
+    def download(index: int, item: dict) -> None:
         tmp = os.path.join(staging, str(index))
         if store.download(item["key"], tmp) != item["digest"]:
             raise StoreError(f"{item['key']}: its digest is not the one recorded")
         os.replace(tmp, _safe_destination(root, item["path"]))
-        with lock:
-            done[0] += int(item["size"])
-            print(f"progress {done[0]} {total}", file=out, flush=True)
 
     try:
         with ThreadPoolExecutor(max_workers=RESTORE_WORKERS) as pool:

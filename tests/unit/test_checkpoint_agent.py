@@ -290,3 +290,34 @@ def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path
     assert agent.restore(plan, out) == 1
     assert "digest is not the one recorded" in out.getvalue()
     assert not (new_node / "snapshot.pt").exists()
+
+
+def test_restore_keeps_a_file_the_node_holds_as_recorded_and_fetches_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A node that stayed through a recovery holds its shard already: no download for it."""
+    store_dir = tmp_path / "store"
+    (store_dir / "j1").mkdir(parents=True)
+    shards = {"step-4/__0_0.distcp": b"rank 0 shard", "step-4/__1_0.distcp": b"rank 1 shard"}
+    files = []
+    for index, (rel, data) in enumerate(shards.items()):
+        source = tmp_path / f"source-{index}"
+        source.write_bytes(data)
+        key = f"j1/{index}"
+        (store_dir / key).write_bytes(data)
+        files.append(
+            {"path": rel, "key": key, "size": len(data), "digest": agent.file_digest(str(source))}
+        )
+    node = tmp_path / "survivor" / "ckpt"
+    (node / "step-4").mkdir(parents=True)
+    (node / "step-4" / "__0_0.distcp").write_bytes(b"rank 0 shard")  # its own, as recorded
+    (store_dir / "j1" / "0").write_bytes(b"corrupted!!!")  # fetched, it would fail the digest
+    plan = {"checkpoint_dir": str(node), "store": {"url": f"file://{store_dir}"}, "files": files}
+    out = io.StringIO()
+    assert agent.restore(plan, out) == 0, out.getvalue()
+    assert (node / "step-4" / "__1_0.distcp").read_bytes() == b"rank 1 shard"
+    assert out.getvalue().splitlines()[-1].startswith("restored 2 24 ")
+    (node / "step-4" / "__0_0.distcp").write_bytes(b"rank 0 SHARD")  # same size, other bytes
+    out = io.StringIO()
+    assert agent.restore(plan, out) == 1  # not as recorded: fetched, and the store's is bad
+    assert "digest is not the one recorded" in out.getvalue()
