@@ -271,9 +271,16 @@ class JobRunner:
                     f"{len(survivors)} that stayed ({exc.message}); the whole cluster moves",
                 )  # fmt: skip
                 self._avoid_zones = tuple({i.zone for i in survivors} - {None})
-        self.attempt = Attempt(survivors)
-        self._end_attempt()
+        self._survivors = survivors
+        self._end_survivors()
         return False
+
+    def _end_survivors(self) -> None:
+        """End the nodes kept through a recovery: the whole cluster moves, or the job waits."""
+        if self._survivors:
+            self.attempt = Attempt(self._survivors)
+            self._survivors = []
+            self._end_attempt()
 
     def _keep_attempt(self, attempt: Attempt) -> None:
         self.attempt = attempt
@@ -453,6 +460,7 @@ class JobRunner:
 
     def _hold(self, driver: DeadlineDriver) -> StopOrder | None:
         """Wait with no node (nothing billed) until the policy says run; None then."""
+        self._end_survivors()
         if self.job.state != JobState.WAITING:
             self.journal.waiting(f"{driver.policy.name}: no node until it says run")
         while True:

@@ -30,6 +30,7 @@ from orchestrator.node import launch
 from orchestrator.providers.base import CloudIdentity, Instance, LaunchRequest, NodeEnd
 from orchestrator.remote.keys import Identity
 from orchestrator.spec.model import JobSpec, LoadedJob
+from orchestrator.spot.policies import Decision as Market
 
 JOB_ID = "unit-1"
 FAST = RunnerOptions(stop_grace=0.0, final_pull_wait=0.0, launch_retries=0, launch_backoff=0.0)
@@ -364,6 +365,67 @@ def test_a_node_taken_during_the_sync_is_replaced_alone_and_counts_as_a_recovery
     assert "while the job started" in preempted.message
     assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (1, (1,))]
     assert len(ledger.leases(JOB_ID)) == 3
+    assert_all_leases_closed(ledger, provider)
+
+
+class WaitingDriver:
+    """A spot policy that says spot, then (after the recovery) wait once, then spot again."""
+
+    def __init__(self) -> None:
+        self.decisions = [Market.SPOT, Market.WAIT]
+        self.market: Market | None = None
+        self.policy = type("Policy", (), {"name": "fake"})()
+
+    def decide_idle(self, step: int | None) -> Market:
+        return self.decisions.pop(0) if self.decisions else Market.SPOT
+
+    def commit(self, decision: Market) -> None:
+        self.market = decision
+
+    @property
+    def launch_spot(self) -> bool:
+        return self.market is Market.SPOT
+
+    def new_run(self) -> None:
+        pass
+
+    def spot_refused(self) -> None:
+        pass
+
+
+def test_a_policy_that_waits_after_a_loss_ends_the_nodes_that_stayed(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    """Waiting means no node billed: the survivors of the loss end before the wait."""
+
+    def lost(attempt: Attempt) -> Decision:
+        gone = attempt.instances[1]
+        provider.take(gone.instance_id)
+        attempt.gone_ranks.add(1)
+        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
+
+    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    options = RunnerOptions(
+        stop_grace=0.0, final_pull_wait=0.0, launch_retries=0, launch_backoff=0.0,
+        policy_interval=0.01,
+    )  # fmt: skip
+    the_runner = runner(tmp_path, ledger, provider, supervise, options)
+    driver = WaitingDriver()
+    object.__setattr__(the_runner.parts, "driver", driver)  # parts are frozen once built
+    the_runner._driver = cast(Any, driver)
+
+    assert the_runner.run().state == JobState.SUCCEEDED
+    assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (2, ())]
+    waiting = kinds(ledger).index("WAITING")
+    ended = [e for e in ledger.events(JOB_ID) if e.kind == "TERMINATED"]
+    assert len(ended) == 3  # the lost node, the survivor before the wait, the last two
+    assert ledger.events(JOB_ID).index(ended[1]) < waiting  # nothing billed while waiting
+    assert provider.terminated[:2] == [["f-1-1"], ["f-1-0"]]
     assert_all_leases_closed(ledger, provider)
 
 
