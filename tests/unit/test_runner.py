@@ -242,6 +242,33 @@ def scripted(*decisions: Decision) -> Supervise:
     return supervise
 
 
+def lose_node_1_then_succeed(
+    provider: FakeProvider, then: Callable[[], None] = lambda: None
+) -> Supervise:
+    """A supervisor whose first run loses node 1 (the cloud takes it; `then` runs after) and
+    whose second run succeeds."""
+
+    def lost(attempt: Attempt) -> Decision:
+        gone = attempt.instances[1]
+        provider.take(gone.instance_id)
+        attempt.gone_ranks.add(1)
+        then()
+        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
+
+    return in_turn(lost, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
+
+
+def in_turn(*supervises: Supervise) -> Supervise:
+    """One supervisor per started run, in turn."""
+    calls = list(supervises)
+
+    def supervise(attempt: Attempt) -> Decision:
+        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
+        return calls.pop(0)(attempt)
+
+    return supervise
+
+
 def runner(
     tmp_path: Path,
     ledger: Ledger,
@@ -299,19 +326,7 @@ def test_a_launch_refused_for_capacity_fails_the_job_with_nothing_leased(
 def test_a_node_lost_mid_run_is_replaced_alone_beside_the_node_that_stays(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    def lost(attempt: Attempt) -> Decision:
-        first = attempt.instances[1]
-        provider.take(first.instance_id)
-        attempt.gone_ranks.add(1)
-        return Interruption((1,), (first.instance_id,), "lost", "stopped answering", utcnow())
-
-    script = scripted(StopOrder(JobState.SUCCEEDED, 0, ""))
-    calls: list[Supervise] = [lost, script]
-
-    def supervise(attempt: Attempt) -> Decision:
-        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
-        return calls.pop(0)(attempt)
-
+    supervise = lose_node_1_then_succeed(provider)
     the_runner = runner(tmp_path, ledger, provider, supervise, setup="pip install -e .")
     keeper = cast(FakeKeeper, the_runner.keeper)
     outcome = the_runner.run()
@@ -398,17 +413,7 @@ def test_a_policy_that_waits_after_a_loss_ends_the_nodes_that_stayed(
 ) -> None:
     """Waiting means no node billed: the survivors of the loss end before the wait."""
 
-    def lost(attempt: Attempt) -> Decision:
-        gone = attempt.instances[1]
-        provider.take(gone.instance_id)
-        attempt.gone_ranks.add(1)
-        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
-
-    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
-
-    def supervise(attempt: Attempt) -> Decision:
-        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
-        return calls.pop(0)(attempt)
+    supervise = lose_node_1_then_succeed(provider)
 
     options = RunnerOptions(
         stop_grace=0.0, final_pull_wait=0.0, launch_retries=0, launch_backoff=0.0,
@@ -432,17 +437,7 @@ def test_a_policy_that_waits_after_a_loss_ends_the_nodes_that_stayed(
 def test_replace_all_replaces_every_node_of_the_run(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    def lost(attempt: Attempt) -> Decision:
-        gone = attempt.instances[1]
-        provider.take(gone.instance_id)
-        attempt.gone_ranks.add(1)
-        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
-
-    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
-
-    def supervise(attempt: Attempt) -> Decision:
-        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
-        return calls.pop(0)(attempt)
+    supervise = lose_node_1_then_succeed(provider)
 
     outcome = runner(tmp_path, ledger, provider, supervise, recovery={"replace": "all"}).run()
 
@@ -457,12 +452,8 @@ def test_replace_all_replaces_every_node_of_the_run(
 def test_with_no_capacity_for_the_replacement_the_whole_cluster_moves(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    def lost(attempt: Attempt) -> Decision:
-        gone = attempt.instances[1]
-        provider.take(gone.instance_id)
-        attempt.gone_ranks.add(1)
+    def no_capacity() -> None:
         provider.capacity = False  # the zone has nothing left ...
-        return Interruption((1,), (gone.instance_id,), "lost", "stopped answering", utcnow())
 
     def refused_once(request: LaunchRequest) -> list[Instance]:
         if request.ranks:  # ... for the replacement; the whole launch elsewhere gets nodes
@@ -472,11 +463,7 @@ def test_with_no_capacity_for_the_replacement_the_whole_cluster_moves(
         return FakeProvider.launch(provider, request)
 
     provider.launch = refused_once  # type: ignore[method-assign]
-    calls: list[Supervise] = [lost, scripted(StopOrder(JobState.SUCCEEDED, 0, ""))]
-
-    def supervise(attempt: Attempt) -> Decision:
-        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
-        return calls.pop(0)(attempt)
+    supervise = lose_node_1_then_succeed(provider, then=no_capacity)
 
     outcome = runner(tmp_path, ledger, provider, supervise).run()
 
@@ -497,11 +484,7 @@ def test_a_spot_notice_salvages_with_a_checkpoint_then_relaunches(
         soon = utcnow() + timedelta(seconds=120)
         return Interruption((0,), (node.instance_id,), "notice", "spot notice", utcnow(), soon)
 
-    calls: list[Supervise] = [notice, lambda a: StopOrder(JobState.SUCCEEDED, 0, "")]
-
-    def supervise(attempt: Attempt) -> Decision:
-        attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
-        return calls.pop(0)(attempt)
+    supervise = in_turn(notice, lambda a: StopOrder(JobState.SUCCEEDED, 0, ""))
 
     options = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_retries=0)
     the_runner = runner(tmp_path, ledger, provider, supervise, options)
