@@ -2,8 +2,8 @@
 
 Layout of ORCH_HOME (default ~/.orch):
 
-    orch.db                  the ledger (SQLite); orch.db.schema-lock: held while its tables
-                             are created
+    orch.db                  the ledger (SQLite) unless `ledger.url` names a database;
+                             orch.db.schema-lock: held while it is migrated
     config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
                              {aws: {regions: [us-east-1], ami_id: ami-...}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
@@ -152,6 +152,29 @@ class LogSettings(BaseModel):
     keep: int = Field(default=3, ge=0)  # rotated files kept per node log (node-0.log.1, ...)
 
 
+class LedgerSettings(BaseModel):
+    """Where the ledger lives (`orchestrator.ledger.database`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A SQLAlchemy URL, e.g. postgresql+psycopg://orch@db:5432/orch (ORCH_DATABASE_URL);
+    # None: the SQLite file ORCH_HOME/orch.db
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        from orchestrator.ledger.database import LedgerUrlError, database_url
+
+        try:
+            url = database_url(value)
+        except LedgerUrlError as exc:
+            raise ValueError(str(exc)) from exc
+        return url.render_as_string(hide_password=False)
+
+
 class ControllerSettings(BaseModel):
     """Timing of the controller's periodic work (seconds) and its idleness thresholds."""
 
@@ -207,9 +230,11 @@ class Settings(BaseModel):
     controller: ControllerSettings = ControllerSettings()
     store: StoreSettings = StoreSettings()
     logs: LogSettings = LogSettings()
+    ledger: LedgerSettings = LedgerSettings()
 
     @property
     def db_path(self) -> Path:
+        """The SQLite ledger's file; the ledger is elsewhere when `ledger.url` is set."""
         return self.home / "orch.db"
 
     def job_dir(self, job_id: str) -> Path:
@@ -248,6 +273,7 @@ _ENV_OVERRIDES = {
     "ORCH_NOTIFY": ("controller", "notify"),
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
+    "ORCH_DATABASE_URL": ("ledger", "url"),
 }
 
 

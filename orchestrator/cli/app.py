@@ -611,7 +611,7 @@ def _revive_lost_controllers(
     from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
 
     settings = load_settings()
-    if settings.db_path.exists():
+    if settings.ledger.url or settings.db_path.exists():
         ledger = open_ledger(settings)
         for job_id in revive_controllers(settings, ledger):
             make_console(stderr=True).print(

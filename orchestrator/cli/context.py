@@ -28,10 +28,11 @@ def load_settings() -> Settings:
 
 
 def open_ledger(settings: Settings) -> Ledger:
-    """The ledger of `settings`, created or brought up to date when needed."""
-    from orchestrator.ledger.store import Ledger, make_engine
+    """The ledger of `settings` (`ledger.url`, else the SQLite file), created or brought up
+    to date when needed."""
+    from orchestrator.ledger.store import Ledger, ledger_engine
 
-    return Ledger(make_engine(settings.db_path))
+    return Ledger(ledger_engine(settings))
 
 
 def orch_home() -> Path:
@@ -54,8 +55,15 @@ def check_settings() -> None:
 
 def ledger_view() -> LedgerView | None:
     """The read-only view of this ORCH_HOME's ledger (`Settings.db_path`); None when it does
-    not apply and the command must `open_ledger` (see `orchestrator.ledger.view`)."""
+    not apply and the command must `open_ledger` (see `orchestrator.ledger.view`): the ledger
+    is another database (ORCH_DATABASE_URL, or `ledger.url` in config.yaml, which
+    `check_settings` has read already), or the file is not one the view can read as is."""
     from orchestrator.ledger.view import open_view
+
+    if os.environ.get("ORCH_DATABASE_URL"):
+        return None
+    if (orch_home() / "config.yaml").exists() and load_settings().ledger.url:
+        return None
 
     return open_view(orch_home() / "orch.db")
 

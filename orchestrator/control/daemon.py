@@ -20,7 +20,7 @@ from orchestrator.control.supervision import ControllerLock, controller_identity
 from orchestrator.control.unrecorded import finish_unrecorded, has_unrecorded
 from orchestrator.errors import IdentityMismatch, LedgerError
 from orchestrator.job_state import JobState
-from orchestrator.ledger.store import Ledger, make_engine
+from orchestrator.ledger.store import Ledger, ledger_engine
 from orchestrator.node.progress import Metrics
 from orchestrator.providers import get_provider
 
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     try:
         signal.signal(signal.SIGTERM, _cancel)
         signal.signal(signal.SIGINT, _cancel)
-        ledger = Ledger(make_engine(settings.db_path))
+        ledger = Ledger(ledger_engine(settings))
         # A stop whose records the ledger refused: write them, and never drive the job again.
         finish_unrecorded(settings.home, ledger, job_id)
         if has_unrecorded(settings.home, job_id):

@@ -1,4 +1,5 @@
-"""The ledger: jobs, instance leases, events and pulled checkpoints in SQLite (SQLModel).
+"""The ledger: jobs, instance leases, events and pulled checkpoints (SQLModel), in the SQLite
+file under ORCH_HOME or in PostgreSQL (`ledger.url`); the same models and code serve both.
 
 The ledger is the single source of truth about what orch started and what it cost. Callers
 write intent before acting (a job is PROVISIONING before `launch` is called), so a controller
@@ -10,61 +11,31 @@ re-read from a catalog; spend = sum over leases of seconds x price / 3600.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import secrets
-from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import String, event, inspect, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy import BigInteger, event, text
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.database import LedgerUrlError, database_url, shown
 from orchestrator.ledger.measures import hourly_rate as hourly_rate
 from orchestrator.ledger.measures import lease_cost as lease_cost
 from orchestrator.ledger.measures import total_cost as total_cost
 from orchestrator.ledger.measures import utcnow
+from orchestrator.ledger.migrate import upgrade
+from orchestrator.ledger.types import DecimalText as DecimalText
+from orchestrator.ledger.types import UTCDateTime as UTCDateTime
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
     from orchestrator.providers.base import Instance
-
-
-class UTCDateTime(TypeDecorator):
-    """Aware UTC datetimes stored as ISO-8601 text (SQLite has no time zone type)."""
-
-    impl = String
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: object) -> str | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("the ledger stores aware UTC datetimes only")
-        return value.astimezone(UTC).isoformat()
-
-    def process_result_value(self, value: str | None, dialect: object) -> datetime | None:
-        return None if value is None else datetime.fromisoformat(value)
-
-
-class DecimalText(TypeDecorator):
-    """Exact decimals stored as text, so money never passes through a float."""
-
-    impl = String
-    cache_ok = True
-
-    def process_bind_param(self, value: Decimal | None, dialect: object) -> str | None:
-        return None if value is None else str(Decimal(value))
-
-    def process_result_value(self, value: str | None, dialect: object) -> Decimal | None:
-        return None if value is None else Decimal(value)
 
 
 def _utc_column(nullable: bool = True) -> Column:
@@ -186,7 +157,6 @@ class LedgerMeta(SQLModel, table=True):
 
 
 LEDGER_ID_KEY = "ledger_id"
-SCHEMA_KEY = "schema"  # see `schema_fingerprint`
 
 
 class Event(SQLModel, table=True):
@@ -241,7 +211,7 @@ class CheckpointRecord(SQLModel, table=True):
     job_id: str = Field(index=True, foreign_key="job.id")
     name: str  # path relative to the job's checkpoint directory, e.g. "step-000120"
     step: int | None = None
-    size_bytes: int
+    size_bytes: int = Field(sa_column=Column(BigInteger(), nullable=False))
     pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))  # when known complete
     kind: str | None = None  # step | dcp | file (None: recorded by an older orch)
     digest: str | None = None  # digest of its files' paths and contents (Unit.version)
@@ -252,17 +222,49 @@ class CheckpointRecord(SQLModel, table=True):
     pruned_at: datetime | None = Field(default=None, sa_column=_utc_column())
 
 
-def make_engine(path: Path | str) -> Engine:
-    """Open (and create) the ledger at `path`; ":memory:" gives a private in-memory ledger.
+def make_engine(location: Path | str) -> Engine:
+    """Open (and create) the ledger at `location`, migrated to this orch's schema.
+
+    `location` is a SQLite file's path, ":memory:" (a private in-memory ledger), or a database
+    URL (`orchestrator.ledger.database`: PostgreSQL through psycopg 3, or sqlite:///PATH).
+    Opening a ledger already at this orch's schema costs one query; any other is upgraded first
+    under a lock (`orchestrator.ledger.migrate`). Raises LedgerUrlError for a URL the ledger
+    cannot use, LedgerUnreachable when the database does not answer, LedgerTooNew when a newer
+    orch migrated it.
 
     SQLite runs in WAL mode with a busy timeout so readers in other terminals never block the
     controller and never see a lock error.
     """
-    if str(path) == ":memory:":
-        url = "sqlite://"
+    lock_file: Path | None = None
+    if isinstance(location, str) and "://" in location:
+        url = database_url(location)
+    elif str(location) == ":memory:":
+        url = make_url("sqlite://")
     else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{path}"
+        url = make_url("sqlite://").set(database=str(location))
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            lock_file = Path(f"{url.database}.schema-lock")
+        engine = _sqlite_engine(url)
+    else:
+        engine = _postgresql_engine(url)
+    try:
+        upgrade(engine, lock_file=lock_file)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def ledger_engine(settings: Settings) -> Engine:
+    """The engine of the ledger `settings` name, migrated to this orch's schema: the database
+    of `settings.ledger.url` (config.yaml `ledger.url`, or ORCH_DATABASE_URL) when set, else
+    the SQLite file `settings.db_path` under ORCH_HOME. Every command opens its ledger here."""
+    return make_engine(settings.ledger.url or settings.db_path)
+
+
+def _sqlite_engine(url: URL) -> Engine:
     engine = create_engine(url, connect_args={"timeout": 30})
 
     @event.listens_for(engine, "connect")
@@ -273,78 +275,22 @@ def make_engine(path: Path | str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    fingerprint = schema_fingerprint()
-    if _schema_stamp(engine) == fingerprint:
-        return engine  # this orch's tables and columns are all there: nothing to check
-    with _schema_lock(path):
-        SQLModel.metadata.create_all(engine)
-        _add_missing_columns(engine)
-        with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "INSERT INTO ledger_meta (key, value) VALUES (:key, :value) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-                ),
-                {"key": SCHEMA_KEY, "value": fingerprint},
-            )
     return engine
 
 
-def schema_fingerprint() -> str:
-    """A digest of every table and column this orch's models define: a ledger stamped with
-    it needs no check on open. A new table or column changes it, so an older ledger is
-    brought up to date (once) by the first command of the newer orch."""
-    layout = sorted(
-        (table.name, sorted(column.name for column in table.columns))
-        for table in SQLModel.metadata.sorted_tables
-    )
-    return hashlib.blake2b(repr(layout).encode(), digest_size=16).hexdigest()
-
-
-def _schema_stamp(engine: Engine) -> str | None:
-    """The fingerprint the ledger was last brought up to date with; None for a new ledger
-    (or one that predates the stamp)."""
+def _postgresql_engine(url: URL) -> Engine:
+    """A pool of psycopg 3 connections; a dropped connection (server restart) is replaced
+    before use, and a server that does not answer fails the connect within 10 s."""
+    connect_args: dict[str, object] = {"application_name": "orch"}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = 10
     try:
-        with engine.connect() as connection:
-            return connection.execute(
-                text("SELECT value FROM ledger_meta WHERE key = :key"), {"key": SCHEMA_KEY}
-            ).scalar_one_or_none()
-    except OperationalError:  # no ledger_meta table yet
-        return None
-
-
-@contextlib.contextmanager
-def _schema_lock(path: Path | str) -> Iterator[None]:
-    """Held while the tables are checked and created: commands started at once on a new
-    ORCH_HOME would otherwise each find a table missing and all but one fail creating it.
-    A lock file beside the ledger (never the ledger itself: closing a descriptor of the
-    database would drop SQLite's own locks in this process)."""
-    if str(path) == ":memory:":
-        yield
-        return
-    with open(f"{path}.schema-lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Bring a ledger written by an older orch up to date: columns are only ever added."""
-    inspector = inspect(engine)
-    with engine.begin() as connection:
-        for table in SQLModel.metadata.sorted_tables:
-            present = {column["name"] for column in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name in present:
-                    continue
-                kind = column.type.compile(dialect=engine.dialect)
-                default = column.default.arg if column.default is not None else None
-                clause = f" DEFAULT {default!r}" if isinstance(default, int | float) else ""
-                connection.execute(
-                    text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}')
-                )
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except ImportError as exc:
+        raise LedgerUrlError(
+            f"the ledger URL {shown(url)} needs psycopg 3, which is not installed ({exc})",
+            hint="pip install 'psycopg[binary]>=3.1' (orch's own dependencies include it)",
+        ) from exc
 
 
 _Row = TypeVar("_Row", bound=SQLModel)

@@ -8,11 +8,11 @@ Contract:
 - Read only: the file is opened with `mode=ro`, and all reads of one view see one snapshot
   (one read transaction). It never creates, checks or migrates anything.
 - Only a ledger this orch would open as is: `open_view` returns None (the caller then takes
-  the full path, `store.make_engine`, which checks, migrates or reports the problem) unless
-  the file is a SQLite database whose schema stamp (`store.SCHEMA_KEY` in `ledger_meta`) is
-  `SCHEMA_FINGERPRINT`, the digest `store.schema_fingerprint` computes from SQLModel's
-  models. `LAYOUT` lists those models' tables and columns; tests hold both to the models, so a
-  new column that is not added here only sends the list views down the full path.
+  the full path, `store.make_engine`, which migrates or reports the problem) unless the file
+  is a SQLite database stamped with this orch's newest schema revision (`alembic_version`
+  holds `SCHEMA_REVISION`, `migrations.HEAD`). `LAYOUT` lists the models' tables and columns
+  at that revision; tests hold it to the models and the models to the migrations.
+- SQLite only: a ledger in another database (`ledger.url`) is read through SQLModel.
 - An absent ledger reads as an empty one (nothing is created).
 - The rows carry the columns the list views read, with the names and Python types the
   SQLModel models give them (aware datetimes, exact Decimals, bools), and the reads return
@@ -22,9 +22,8 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
@@ -33,10 +32,11 @@ from typing import Any, TypeVar
 
 from orchestrator.errors import UnknownJob
 from orchestrator.ledger.measures import UP
+from orchestrator.ledger.migrations import HEAD
 
-SCHEMA_KEY = "schema"  # store.SCHEMA_KEY
+SCHEMA_REVISION = HEAD  # the revision whose tables and columns `LAYOUT` lists
 
-# Every table and column of the SQLModel models (store.py): the ledger's schema stamp.
+# Every table and column of the SQLModel models (store.py) at SCHEMA_REVISION.
 LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checkpoint", ("digest", "files_json", "id", "in_mirror", "job_id", "kind", "name",
                     "pruned_at", "pulled_at", "size_bytes", "step", "store_url", "stored_at")),
@@ -56,15 +56,6 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ledger_meta", ("key", "value")),
     ("progress_sample", ("at", "epoch", "id", "img_s", "job_id", "loss", "lr", "step")),
 )  # fmt: skip
-
-
-def layout_fingerprint(layout: Iterable[tuple[str, Iterable[str]]]) -> str:
-    """The digest of a schema's tables and columns, as `store.schema_fingerprint` makes it."""
-    ordered = sorted((table, sorted(columns)) for table, columns in layout)
-    return hashlib.blake2b(repr(ordered).encode(), digest_size=16).hexdigest()
-
-
-SCHEMA_FINGERPRINT = layout_fingerprint(LAYOUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +258,7 @@ class ClustersView:
 def open_view(path: Path) -> LedgerView | None:
     """The view of the ledger file at `path` (an empty view when there is none); None when the
     view does not apply: the file is not a SQLite database that can be read, or its schema
-    stamp is not `SCHEMA_FINGERPRINT` (an older ledger, or one being created right now)."""
+    revision is not `SCHEMA_REVISION` (an older ledger, or one being created right now)."""
     if not path.exists():
         return LedgerView(None)
     try:
@@ -278,13 +269,11 @@ def open_view(path: Path) -> LedgerView | None:
         return None
     try:
         connection.execute("BEGIN")  # every read of the view sees one snapshot
-        stamp = connection.execute(
-            "SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)
-        ).fetchone()
-    except sqlite3.Error:  # not a database, no ledger_meta table yet, unreadable
+        stamp = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:  # not a database, no version table yet, unreadable
         connection.close()
         return None
-    if stamp is None or stamp[0] != SCHEMA_FINGERPRINT:
+    if stamp is None or stamp[0] != SCHEMA_REVISION:
         connection.close()
         return None
     return LedgerView(connection)

@@ -101,25 +101,29 @@ def _job_columns(path: Path) -> set[str]:
         return {row[1] for row in db.execute("PRAGMA table_info(job)")}
 
 
-def test_the_schema_is_checked_once_then_trusted_until_orch_s_models_change(
+def _revision(path: Path) -> list[tuple[str]]:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT version_num FROM alembic_version").fetchall()
+
+
+def test_the_schema_is_migrated_once_then_trusted_until_its_revision_changes(
     tmp_path: Path,
 ) -> None:
     import sqlite3
 
-    from orchestrator.ledger.store import SCHEMA_KEY, schema_fingerprint
+    from orchestrator.ledger.migrations import HEAD
 
     path = tmp_path / "orch.db"
-    make_engine(path).dispose()  # a new ledger: created, then stamped
+    make_engine(path).dispose()  # a new ledger: migrated to the newest revision
+    assert _revision(path) == [(HEAD,)]
     with sqlite3.connect(path) as db:
-        stamp = db.execute("SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)).fetchone()
-        assert stamp == (schema_fingerprint(),)
         db.execute("ALTER TABLE job DROP COLUMN identity")  # behind orch's back
     make_engine(path).dispose()
-    assert "identity" not in _job_columns(path)  # a stamped ledger is not inspected again
-    with sqlite3.connect(path) as db:  # as if written by an orch whose models differed
-        db.execute("UPDATE ledger_meta SET value = 'older' WHERE key = ?", (SCHEMA_KEY,))
+    assert "identity" not in _job_columns(path)  # a ledger at head is not inspected again
+    with sqlite3.connect(path) as db:  # as if made before migrations
+        db.execute("DROP TABLE alembic_version")
     make_engine(path).dispose()
     assert "identity" in _job_columns(path)
-    with sqlite3.connect(path) as db:
-        stamp = db.execute("SELECT value FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,)).fetchone()
-        assert stamp == (schema_fingerprint(),)
+    assert _revision(path) == [(HEAD,)]

@@ -21,13 +21,12 @@ from orchestrator.control.supervision import JOB_RECORD, ControllerLock
 from orchestrator.job_state import JobState
 from orchestrator.ledger import measures, store
 from orchestrator.ledger.clusters import Clusters
+from orchestrator.ledger.migrations import HEAD
 from orchestrator.ledger.store import CheckpointRecord, Job, Lease, Ledger, make_engine
 from orchestrator.ledger.view import (
     LAYOUT,
-    SCHEMA_FINGERPRINT,
-    SCHEMA_KEY,
+    SCHEMA_REVISION,
     LedgerView,
-    layout_fingerprint,
     open_view,
 )
 from orchestrator.report import documents
@@ -139,14 +138,13 @@ def view_of(settings: Settings) -> LedgerView:
 # --- the contract ---------------------------------------------------------------------------
 
 
-def test_the_layout_is_the_models_and_the_fingerprint_the_stores() -> None:
+def test_the_layout_is_the_models_at_the_newest_revision() -> None:
     models = {
         table.name: tuple(sorted(column.name for column in table.columns))
         for table in store.SQLModel.metadata.sorted_tables
     }
     assert dict(LAYOUT) == models, "a model changed: update ledger.view.LAYOUT"
-    assert SCHEMA_FINGERPRINT == store.schema_fingerprint() == layout_fingerprint(models.items())
-    assert SCHEMA_KEY == store.SCHEMA_KEY
+    assert SCHEMA_REVISION == HEAD  # tests/integration/test_ledger_migrations.py: models = HEAD
 
 
 def test_rows_have_the_models_values_and_types(filled: tuple[Settings, Ledger]) -> None:
@@ -276,7 +274,7 @@ def test_a_fresh_home_lists_no_jobs_and_costs_nothing(
     assert (code, json.loads(out)) == (0, {"jobs": [], "clusters": []}), err
     code, out, err = run_main(["cost", "--json"])
     assert (code, json.loads(out)["total_usd"]) == (0, 0.0), err
-    Ledger(make_engine(home / "orch.db"))  # brand new: stamped, empty
+    Ledger(make_engine(home / "orch.db"))  # brand new: at the newest revision, empty
     assert open_view(home / "orch.db") is not None
     code, out, err = run_main(["status"])
     assert code == 0 and "jobs" in out, err
@@ -284,13 +282,13 @@ def test_a_fresh_home_lists_no_jobs_and_costs_nothing(
 
 def test_an_unstamped_or_foreign_file_is_left_to_the_full_path(tmp_path: Path) -> None:
     old = tmp_path / "old.db"
-    with sqlite3.connect(old) as db:  # a ledger from before the stamp
+    with sqlite3.connect(old) as db:  # a ledger from before migrations
         db.execute("CREATE TABLE job (id TEXT PRIMARY KEY)")
     assert open_view(old) is None
     stale = tmp_path / "stale.db"
     Ledger(make_engine(stale))
-    with sqlite3.connect(stale) as db:  # stamped by another orch's models
-        db.execute("UPDATE ledger_meta SET value = 'older' WHERE key = ?", (SCHEMA_KEY,))
+    with sqlite3.connect(stale) as db:  # at another revision (an older or a newer orch's)
+        db.execute("UPDATE alembic_version SET version_num = 'older'")
     assert open_view(stale) is None
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database at all, just bytes " * 100)
@@ -301,13 +299,13 @@ def test_a_stale_ledger_is_migrated_by_the_first_status(
     filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings, _ = filled
-    with sqlite3.connect(settings.db_path) as db:
-        db.execute("DELETE FROM ledger_meta WHERE key = ?", (SCHEMA_KEY,))
+    with sqlite3.connect(settings.db_path) as db:  # as a ledger made before migrations
+        db.execute("DROP TABLE alembic_version")
     assert open_view(settings.db_path) is None
     code, out, err = run_main(["status", "--json"])
     assert code == 0, err
     assert len(json.loads(out)["jobs"]) == 6
-    assert open_view(settings.db_path) is not None  # stamped again: the next one is quick
+    assert open_view(settings.db_path) is not None  # migrated and stamped: the next is quick
 
 
 def test_the_view_writes_nothing(filled: tuple[Settings, Ledger]) -> None:

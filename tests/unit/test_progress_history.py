@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import SilentReporter
-from orchestrator.ledger.store import SCHEMA_KEY, Job, Ledger, make_engine
+from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.node.progress import Metrics, parse_metrics
 
 
@@ -57,7 +57,7 @@ def test_an_older_ledger_gains_the_progress_table_on_open(tmp_path: Path) -> Non
     new_job(Ledger(make_engine(path)))
     with sqlite3.connect(path) as db:  # as left by an orch without a progress history
         db.execute("DROP TABLE progress_sample")
-        db.execute("UPDATE ledger_meta SET value = 'older' WHERE key = ?", (SCHEMA_KEY,))
+        db.execute("DROP TABLE alembic_version")  # ... from before migrations
     ledger = Ledger(make_engine(path))
     journal = Journal(ledger.get_job("p-1"), ledger, SilentReporter())
     journal.progress(Metrics(step=3, loss=0.7))
