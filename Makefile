@@ -53,3 +53,6 @@ SPOT_TRACES ?= traces
 docs-simulate: setup
 	.venv/bin/python -m orchestrator.cli simulate --sweep --out-dir docs --overhead-minutes 12 --job-hours 10 --job-hours 40 \
 		$(addprefix --trace ,$(sort $(wildcard $(SPOT_TRACES)/*.json)))
+	.venv/bin/python -m orchestrator.cli simulate --sweep --zones --out-dir docs --overhead-minutes 12 \
+		--migration-minutes 20 --job-hours 10 --job-hours 40 \
+		$(addprefix --trace ,$(sort $(wildcard $(SPOT_TRACES)/*.json)))
