@@ -13,6 +13,8 @@ missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+# PostgreSQL's server (initdb, pg_ctl): the tests run the ledger on a real one too
+compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "orch needs these system packages: ${missing[*]}" >&2

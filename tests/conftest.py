@@ -9,7 +9,11 @@ Running `orch`, waiting and leak checks are plain functions in `tests/support/`.
 
 What exists once per machine is taken in turns: an `orch sandbox aws` holds a machine-wide
 lock, so tests that start one wait for each other (`tests.support.sandbox_run.sandbox_turn`),
-also across pytest processes."""
+also across pytest processes.
+
+PostgreSQL: one real server per session (`postgres_server`, started by the first test that
+asks for it, `tests.support.postgres`), and an empty database of it per test (`postgres_url`).
+Without the server's binaries those tests fail with the command that installs them."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from hypothesis import HealthCheck, settings
 from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.fuzzing import examples
 from tests.support.helpers import fast_env
+from tests.support.postgres import PostgresServer, PostgresUnavailable, start_server
 
 settings.register_profile(
     "orch",
@@ -52,3 +57,21 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
     engine = make_engine(tmp_path / "orch.db")
     yield Ledger(engine)
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test session, stopped (and its directory removed) at the
+    end. Fails, never skips, where it cannot start: the message says what to install."""
+    try:
+        server = start_server()
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The URL of an empty database of the session's PostgreSQL server, this test's own."""
+    return postgres_server.fresh_database()

@@ -55,7 +55,7 @@ def baseline_metadata() -> MetaData:
     metadata = MetaData()
     Table(
         "job", metadata,
-        _str("id", primary_key=True), _str("name", False), _str("state", False, index=True,
+        _str("id", False, primary_key=True), _str("name", False), _str("state", False, index=True,
         default="PENDING"), _str("provider", False), _int("nodes", False),
         _int("gpus_per_node", False), _str("spec_json", False), _str("spec_path", False),
         _when("created_at", False), _when("started_at"), _when("ended_at"), _int("step"),
@@ -65,14 +65,15 @@ def baseline_metadata() -> MetaData:
     )  # fmt: skip
     Table(
         "kept_cluster", metadata,
-        _str("id", primary_key=True), _str("name", False, index=True), _str("provider", False),
-        _str("state", False, default="UP"), _int("nodes", False), _int("gpus_per_node", False),
+        _str("id", False, primary_key=True), _str("name", False, index=True),
+        _str("provider", False), _str("state", False, default="UP"), _int("nodes", False),
+        _int("gpus_per_node", False),
         _float("autostop_s"), _when("created_at", False), _when("ended_at"), _str("job_id"),
         _when("idle_since"), _str("reason"),
     )  # fmt: skip
     Table(
         "ledger_meta", metadata,
-        _str("key", primary_key=True), _str("value", False),
+        _str("key", False, primary_key=True), _str("value", False),
     )  # fmt: skip
     Table(
         "checkpoint", metadata,
