@@ -300,3 +300,13 @@ def copy_rows(source: Ledger, target: Ledger) -> None:
             rows = [dict(row._mapping) for row in reading.execute(table.select())]
             if rows:
                 writing.execute(table.insert(), rows)
+
+
+def test_without_the_server_binaries_the_tests_say_how_to_install_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support import postgres
+
+    monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
+    with pytest.raises(postgres.PostgresUnavailable, match="apt-get install -y postgresql"):
+        postgres.start_server()  # the session fixture fails (never skips) with this message

@@ -100,6 +100,7 @@ def test_every_setting_and_variable_is_documented_with_its_default() -> None:
         "controller": config.ControllerSettings,
         "store": config.StoreSettings,
         "logs": config.LogSettings,
+        "ledger": config.LedgerSettings,
     }
     expected = set()
     for section, model in sections.items():
