@@ -2,9 +2,10 @@
 
 `RunWatch.tick()` probes every node over its open connection (one command each), appends new
 log bytes to `ORCH_HOME/jobs/<id>/logs/node-<rank>.log` (so `orch logs -f` works from any
-terminal while the job runs; capped and rotated, see `orchestrator.cluster.log_files`), reports rank
-0's progress, and returns the verdict. A node that fails `lost_after` probes in a row is lost
-(`NodeLost`): one missed probe is not enough.
+terminal while the job runs; capped and rotated, see `orchestrator.cluster.log_files`), reports
+rank 0's progress, and returns the verdict; `RunWatch.peek()` pulls rank 0's log alone, for a
+person waiting on a run's first lines between two ticks. A node that fails `lost_after` probes
+in a row is lost (`NodeLost`): one missed probe is not enough.
 
 A check never waits longer than `probe_timeout` for a node: a node that has not answered by
 then missed the check, and its probe may go on (a dead link can hold a command or a reconnect
@@ -37,6 +38,7 @@ from orchestrator.remote.ssh import NodeConnection
 
 UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
 PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
+PEEK_TIMEOUT = 5.0  # a peek gives up sooner: it is only early news, the next tick reads it all
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,13 @@ def assess(states: list[launch.NodeProbe]) -> Verdict:
     if all(p.state == "exited" for p in states):
         return Verdict(True)
     return Verdict(False)
+
+
+def peek_command(layout: launch.NodeLayout, log_offset: int) -> str:
+    """Shell command printing the node's log from byte `log_offset` (at most
+    `launch.PROBE_LOG_LIMIT` bytes; nothing while there is no log)."""
+    log = launch.home_expr(layout.log)
+    return f"tail -c +{int(log_offset) + 1} {log} 2>/dev/null | head -c {launch.PROBE_LOG_LIMIT}"
 
 
 class RunWatch:
@@ -99,6 +108,7 @@ class RunWatch:
             for path, instance in zip(self.paths, cluster.instances, strict=True)
         ]
         self.misses = [0] * count
+        self.progress_seen = False  # a progress line of rank 0 was read (and reported)
         self._rank0 = LineBuffer()
         # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
         self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
@@ -126,6 +136,27 @@ class RunWatch:
         if verdict.done:
             self._show(self._rank0.flush(), read_at)
         return verdict
+
+    def peek(self) -> None:
+        """Pull rank 0's new log bytes and report its lines as `tick` does, asking no other
+        node and judging nothing: no verdict, no miss counted (a rank 0 that does not answer
+        is the next tick's to judge). A lighter command than a probe (it reads the log and
+        nothing else) that waits at most `PEEK_TIMEOUT`; none while a probe of rank 0 is
+        still out (the log's offset moves in order) or its connection is down (reconnecting
+        is the ticks'). Never at the same time as a tick or another peek: the watch is not
+        thread-safe."""
+        connection = self.cluster.connections[0]
+        if self._pending[0] is not None or not connection.is_alive():
+            return
+        command = peek_command(self.layout, self.offsets[0])
+        timeout = min(self.probe_timeout, PEEK_TIMEOUT)
+        try:
+            text = connection.run(command, timeout=timeout, check=False).stdout
+        except NodeUnreachable:
+            return
+        if text:
+            self._append(0, text)
+            self._show(self._rank0.feed(text), time.monotonic())
 
     def catch_up(self, *, skip: Collection[int] = ()) -> None:
         """Copy the log bytes the nodes printed since the last tick; nodes that do not
@@ -221,4 +252,5 @@ class RunWatch:
             if metrics is None:
                 self.on_line(describe_event(text) or text)
             else:
+                self.progress_seen = True
                 self.on_metrics(metrics, read_at)

@@ -4,15 +4,23 @@
 a `StopOrder` (the job ends), an `Interruption` (nodes to replace) or a `PlannedMove` (the
 spot policy moves the job). Each check returns a decision or None; the first decision (or
 the first check that fails) wins, and it is the main thread that acts on it.
+
+The run's check pulls rank 0's log every `EARLY_PEEK_S` for the first `EARLY_WINDOW_S` of a
+watch, until rank 0's first progress line (`RunPace`): a person who just started a run sees
+its first step within a fraction of a second of its printing, not up to a whole watch
+interval later. The other nodes are asked, and the run judged, at the usual interval.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
@@ -32,6 +40,10 @@ from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
 
 Decision = StopOrder | Interruption | PlannedMove
+
+EARLY_PEEK_S = 0.2  # how often rank 0's log is pulled while a watch waits on its first step
+EARLY_WINDOW_S = 60.0  # how long a watch does that at most
+RUN_CHECK = "run"  # the scheduler's id of the run's check
 
 
 class _SkippedTurnsUnsaid(logging.Filter):
@@ -58,6 +70,61 @@ def check_scheduler() -> BackgroundScheduler:
 
 
 OnMetrics = Callable[[Metrics, float], None]  # (metrics, time.monotonic() of the reading)
+
+
+class RunPace:
+    """When the run's check asks every node (`check_run`) and when it only pulls rank 0's log
+    (`RunWatch.peek`), for one watch that started at `started` (`time.monotonic()`).
+
+    Early on (`early`), the check runs every `peek_s`: a full check when `interval_s` passed
+    since the last one (the first at once), a peek otherwise. So a node's liveness is judged
+    at the usual pace, and rank 0's first lines are read soon after they are printed, at the
+    cost of one small command every `peek_s` whatever the cluster's size. The early pace ends
+    for good (`settle`) at rank 0's first progress line, once a node missed a check (its
+    waits are the full checks'), or `window_s` after the start; the check then runs every
+    `interval_s`. With `interval_s` no longer than `peek_s` there is no early pace.
+    """
+
+    def __init__(
+        self,
+        interval_s: float,
+        started: float,
+        *,
+        peek_s: float = EARLY_PEEK_S,
+        window_s: float = EARLY_WINDOW_S,
+    ) -> None:
+        self.interval_s = interval_s
+        self.peek_s = peek_s
+        self.early = peek_s < interval_s
+        self._until = started + window_s
+        self._last_full: float | None = None
+
+    @property
+    def every_s(self) -> float:
+        """How often the check runs now."""
+        return self.peek_s if self.early else self.interval_s
+
+    def full_check_due(self, now: float) -> bool:
+        """Whether the check at `now` asks every node; if so, it counts as done at `now`."""
+        # Half a peek of slack: a turn that fires a hair early is not put off a whole peek.
+        due = (
+            not self.early
+            or self._last_full is None
+            or now - self._last_full >= self.interval_s - self.peek_s / 2
+        )
+        if due:
+            self._last_full = now
+        return due
+
+    def settle(self, watch: RunWatch, now: float) -> bool:
+        """True once, when the early pace ends (the caller runs the check every `interval_s`
+        from then on); False while it goes on, and ever after."""
+        if not self.early:
+            return False
+        if watch.progress_seen or any(watch.misses) or now >= self._until:
+            self.early = False
+            return True
+        return False
 
 
 class _First:
@@ -113,7 +180,7 @@ class Supervisor:
         """
         p, options = self.parts, self.parts.options
         cluster = attempt.cluster
-        attempt.watch = self.run_watch(attempt)
+        run_watch = attempt.watch = self.run_watch(attempt)
         attempt.gone_ranks = set()
         first = _First()
         notices = NoticeWatcher(
@@ -137,8 +204,20 @@ class Supervisor:
         notices.start()
         now = datetime.now(UTC)
         scheduler = check_scheduler()
+        pace = RunPace(options.watch_interval, time.monotonic())
+
+        def paced_check_run() -> Decision | None:
+            decision = self.paced_check_run(attempt, pace)
+            if pace.settle(run_watch, time.monotonic()) and not first.reached.is_set():
+                with contextlib.suppress(JobLookupError):  # the scheduler was shut down
+                    scheduler.reschedule_job(RUN_CHECK, trigger="interval", seconds=pace.every_s)
+            return decision
+
+        scheduler.add_job(
+            self._guarded(paced_check_run, first), "interval", seconds=pace.every_s,
+            next_run_time=now, id=RUN_CHECK,
+        )  # fmt: skip
         for check, seconds in (
-            (lambda: self.check_run(attempt), options.watch_interval),
             (lambda: self.check_activity(attempt, activity), options.watch_interval),
             (lambda: self.check_budget(attempt), options.budget_interval),
         ):
@@ -200,6 +279,19 @@ class Supervisor:
             attempt.abort(rank)
 
     # --- the checks -------------------------------------------------------------------------
+    def paced_check_run(self, attempt: Attempt, pace: RunPace) -> Decision | None:
+        """`check_run` when `pace` says a full check is due; else rank 0's new log lines only
+        (`RunWatch.peek`), which decides nothing."""
+        if pace.full_check_due(time.monotonic()):
+            return self.check_run(attempt)
+        watch = attempt.watch
+        assert watch is not None  # set by `watch` before any check runs
+        try:
+            watch.peek()
+        finally:
+            self.parts.journal.sample_progress()
+        return None
+
     def _notice(self, attempt: Attempt, rank: int, notice: SpotNotice) -> Interruption:
         when = notice.time.isoformat() if notice.time else "an unstated time"
         return Interruption(
