@@ -259,7 +259,7 @@ def render_zones_markdown(cells: Sequence[ZoneSweepCell], setup: str) -> str:
         lines += [f"Mean cost (USD) of {runs} runs per cell; `met` counts deadlines met.", ""]
         header = ["job h", "slack", "deadline h", f"{multi} $ (met)"]
         header += [f"`{_short(z)}` $ (met)" for z in zones]
-        header += [*(["optimal $"] if has_optimum else []), "vs best zone", "moves"]
+        header += [*(["optimal $"] if has_optimum else []), "vs cheapest zone of the row", "moves"]
         lines += [_row(header), _row(["---"] * len(header))]
         for job, slack in dict.fromkeys((c.job_hours, c.slack_pct) for c in cells):
             here = {

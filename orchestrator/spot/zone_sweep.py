@@ -71,12 +71,14 @@ def zone_sweep(
 ) -> list[ZoneSweepCell]:
     """Cells per (job length, slack): for each single-zone policy name of `policies`, its
     multi-zone form, then the policy in each zone; last the optimum (with `gaps`). TraceError
-    when the zones are shorter than the longest deadline; SpecError for an unknown policy."""
-    zone_prices = ZoneScenario(
-        Scenario(job_s=1, deadline_s=1, overhead_s=0, prices=prices), 0, tuple(spot_prices)
-    ).prices_for(zones.size)
+    when the zones are shorter than the longest deadline; SpecError for an unknown policy;
+    ValueError when `spot_prices` is neither empty nor one positive price per zone."""
+    zone_prices = tuple(spot_prices) or (prices.spot,) * zones.size
+    if len(zone_prices) != zones.size or any(not price > 0 for price in zone_prices):
+        raise ValueError(f"give {zones.size} spot prices > 0, one per zone, or none")
     for name in policies:
-        get_policy(name), get_zone_policy(f"{name}-mz")
+        get_policy(name)
+        get_zone_policy(f"{name}-mz")
     cells: list[ZoneSweepCell] = []
     for hours in job_hours:
         deadlines = [hours * 3600 * (1 + slack / 100) for slack in slacks_pct]

@@ -168,13 +168,17 @@ class ZoneInputs:
     def spot_zone(self) -> int | None:
         """Where spot would run: the checkpoint's zone while it has spot (a move costs the
         migration), otherwise the cheapest zone with spot (the first of equal ones); None when
-        no zone has spot."""
-        if self.checkpoint is not None and self.spot[self.checkpoint]:
+        no zone has spot cheaper than on-demand (spot that is not cheaper is never taken)."""
+        paying = [
+            zone
+            for zone, up in enumerate(self.spot)
+            if up and self.spot_prices[zone] < self.on_demand_price
+        ]
+        if self.checkpoint in paying:
             return self.checkpoint
-        open_zones = [zone for zone, up in enumerate(self.spot) if up]
-        if not open_zones:
+        if not paying:
             return None
-        return min(open_zones, key=lambda zone: (self.spot_prices[zone], zone))
+        return min(paying, key=lambda zone: (self.spot_prices[zone], zone))
 
     def home(self) -> int:
         """Where on-demand runs: the checkpoint's zone, or the cheapest zone before the first

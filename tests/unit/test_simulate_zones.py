@@ -355,3 +355,15 @@ def test_orch_simulate_zones_sweep_writes_its_own_part(tmp_path: Path) -> None:
     rows = [line for line in text.splitlines() if re.match(r"\| 2 \| \d+ % \|", line)]
     assert len(rows) == 10  # one per slack
     assert all("(2/2)" in row for row in rows)
+
+
+def test_spot_dearer_than_on_demand_is_left_for_a_zone_where_it_pays() -> None:
+    """Zone 0's spot costs 4.00 $/h, above on-demand's 3.06; zone 1's 1.00 $/h, from tick 2.
+    The job waits for zone 1 rather than taking zone 0 or committing to on-demand: 200 s of
+    waiting, then 50 + 1000 s on zone 1's spot."""
+    prices = (Decimal("4.00"), Decimal("1.00"))
+    result = simulate_zones(
+        zones([1] * 30, [0, 0] + [1] * 28), get_zone_policy(UP), job(1000, 5000, 50, 80, prices)
+    )
+    assert result.cost == usd(1050, prices[1])
+    assert (result.finish_s, result.on_demand_s) == (1250, 0)
