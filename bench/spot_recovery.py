@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from bench.common import machine
 REPO = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 RANKS = 4
+START_LINE = re.compile(r"trainer rank=\d+ world_size=")
 
 PRICE = "2.00"  # USD per node-hour of the local nodes, for the cost of a recovery
 
@@ -85,14 +87,16 @@ def wait(predicate, what: str, timeout: float = 300, every: float = 0.1):
 
 
 def start_lines(home: Path, job_id: str) -> dict[str, int]:
-    """Start lines ("trainer rank=") printed so far in each live node's log of the job, read on
-    the nodes' disks, so that waiting costs no `orch` process (one `orch status` is about a
-    second of CPU, which a busy poll would take from the ranks). A node that stayed through a
-    recovery keeps its log: its lines from before count too."""
+    """Start lines ("trainer rank=R world_size=W", not the exit lines) printed so far in each
+    live node's log of the job, read on the nodes' disks, so that waiting costs no `orch`
+    process (one `orch status` is about a second of CPU, which a busy poll would take from the
+    ranks). A node that stayed through a recovery keeps its log: its lines from before count
+    too."""
     counts: dict[str, int] = {}
     for log in home.glob(f"local/nodes/*/disk/orch-jobs/{job_id}/run/node.log"):
         try:
-            counts[log.parents[4].name] = log.read_text(errors="replace").count("trainer rank=")
+            text = log.read_text(errors="replace")
+            counts[log.parents[4].name] = len(START_LINE.findall(text))
         except OSError:
             continue
     return counts
