@@ -78,7 +78,8 @@ def simulate_command(
         typer.Option(
             "--policy",
             help="uniform-progress, greedy, on-demand, spot-only, optimal (the offline "
-            "optimum); repeat",
+            "optimum); with --zones their -mz forms and optimal (with --zones --sweep, the "
+            "plain names: each runs over the zones and in each zone); repeat",
         ),
     ] = None,
     price_ratio: Annotated[
