@@ -152,6 +152,9 @@ class LogSettings(BaseModel):
     keep: int = Field(default=3, ge=0)  # rotated files kept per node log (node-0.log.1, ...)
 
 
+LEDGER_BACKENDS = ("postgresql", "postgres", "sqlite")  # the databases `ledger.url` may name
+
+
 class LedgerSettings(BaseModel):
     """Where the ledger lives (`orchestrator.ledger.database`)."""
 
@@ -164,15 +167,19 @@ class LedgerSettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
+        """A PostgreSQL or SQLite URL (the ledger reads the rest of it when it opens:
+        `orchestrator.ledger.database`); blank is unset."""
         if value is None or not value.strip():
             return None
-        from orchestrator.ledger.database import LedgerUrlError, database_url
-
-        try:
-            url = database_url(value)
-        except LedgerUrlError as exc:
-            raise ValueError(str(exc)) from exc
-        return url.render_as_string(hide_password=False)
+        scheme, found, _ = value.strip().partition("://")
+        if not found or scheme.split("+")[0].lower() not in LEDGER_BACKENDS:
+            shown = f"it starts with {scheme!r}" if found else "it has no scheme://"
+            raise ValueError(
+                f"not a PostgreSQL or SQLite URL ({shown}); give one such as"
+                " postgresql+psycopg://orch@db.example.com:5432/orch, or leave it unset for"
+                " the SQLite file under ORCH_HOME"
+            )
+        return value.strip()
 
 
 class ControllerSettings(BaseModel):

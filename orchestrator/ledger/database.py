@@ -88,10 +88,14 @@ def shown(url: URL) -> str:
 def unreachable(url: URL, exc: BaseException) -> LedgerUnreachable:
     """The error for a database at `url` that refused or did not answer a connection."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return LedgerUnreachable(
-        f"cannot reach the ledger database {shown(url)}: {reason[0] if reason else exc}",
-        hint=(
+    if url.get_backend_name() == "sqlite":
+        hint = "check that the ledger's directory exists and this user may write it"
+    else:
+        hint = (
             "start the database server, or fix the host, port, user, password or database"
             f" name in {_SETTING}; unset it to use the SQLite file under ORCH_HOME"
-        ),
+        )
+    return LedgerUnreachable(
+        f"cannot reach the ledger database {shown(url)}: {reason[0] if reason else exc}",
+        hint=hint,
     )

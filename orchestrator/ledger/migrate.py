@@ -11,7 +11,9 @@ Contract (`upgrade`, which `store.make_engine` calls on every open):
 - The lock: on SQLite a lock file beside the database (never the database itself); on
   PostgreSQL a transaction-level advisory lock, taken in the transaction that migrates, so
   that commands opening one new ledger at once wait for the first and then find it at head.
-  On PostgreSQL the whole upgrade is one transaction: it happens entirely or not at all.
+- An upgrade is one transaction on both (SQLite's DDL too, in `BEGIN IMMEDIATE`): a process
+  killed during it leaves the ledger as it was. A new SQLite ledger is built beside its path
+  and renamed into place (`create_sqlite`): there is never a ledger file without its tables.
 - A ledger stamped with a revision this orch does not know was migrated by a newer orch:
   LedgerTooNew, nothing touched.
 """
@@ -21,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import inspect, text
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from orchestrator.ledger.database import LedgerTooNew, unreachable
@@ -66,7 +69,31 @@ def upgrade(engine: Engine, *, lock_file: Path | None) -> None:
     with _file_lock(lock_file), engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
+        elif connection.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")  # DDL included; the driver would not
         _upgrade(connection)
+
+
+def create_sqlite(path: Path, *, lock_file: Path) -> None:
+    """Make a new SQLite ledger at `path`, at `HEAD`, whole or not at all: it is built in a
+    file beside `path` and renamed onto it, so a process killed meanwhile leaves no ledger
+    behind rather than one without tables. Under the lock; nothing to do when another process
+    made it first. Leftovers of a builder killed before are removed."""
+    with _file_lock(lock_file):
+        if path.exists():
+            return
+        for leftover in path.parent.glob(f".{path.name}.new-*"):
+            leftover.unlink(missing_ok=True)
+        building = path.with_name(f".{path.name}.new-{os.getpid()}")
+        # A rollback journal while it is built (WAL, set on every connection of the ledger,
+        # starts once it is in place): the file alone holds it when it is renamed.
+        engine = create_engine(URL.create("sqlite", database=str(building)))
+        try:
+            with engine.begin() as connection:
+                _upgrade(connection)
+        finally:
+            engine.dispose()
+        os.replace(building, path)
 
 
 def current_revision(connection: Connection) -> str | None:

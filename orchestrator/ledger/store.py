@@ -29,7 +29,7 @@ from orchestrator.ledger.measures import hourly_rate as hourly_rate
 from orchestrator.ledger.measures import lease_cost as lease_cost
 from orchestrator.ledger.measures import total_cost as total_cost
 from orchestrator.ledger.measures import utcnow
-from orchestrator.ledger.migrate import upgrade
+from orchestrator.ledger.migrate import create_sqlite, upgrade
 from orchestrator.ledger.types import DecimalText as DecimalText
 from orchestrator.ledger.types import UTCDateTime as UTCDateTime
 
@@ -244,8 +244,11 @@ def make_engine(location: Path | str) -> Engine:
         url = make_url("sqlite://").set(database=str(location))
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-            lock_file = Path(f"{url.database}.schema-lock")
+            path = Path(url.database)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock_file = Path(f"{path}.schema-lock")
+            if not path.exists():
+                create_sqlite(path, lock_file=lock_file)
         engine = _sqlite_engine(url)
     else:
         engine = _postgresql_engine(url)

@@ -124,6 +124,29 @@ def test_an_old_ledger_is_migrated_in_place_with_its_rows_intact(tmp_path: Path)
         assert "ix_job_cluster_id" in indexes
 
 
+def test_an_upgrade_cut_short_leaves_the_old_ledger_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alembic import command
+
+    path = tmp_path / "orch.db"
+    legacy_ledger(path)
+
+    def cut(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("killed after the tables were widened, before the stamp")
+
+    monkeypatch.setattr(command, "stamp", cut)
+    with pytest.raises(RuntimeError, match="killed"):
+        make_engine(path)
+    with sqlite3.connect(path) as db:  # one transaction, rolled back: DDL included
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        columns = {row[1] for row in db.execute("PRAGMA table_info(job)")}
+    assert "alembic_version" not in tables and "kept_cluster" not in tables
+    assert "switches" not in columns
+    monkeypatch.undo()
+    assert Ledger(make_engine(path)).get_job("old-1").switches == 0  # and the next open does it
+
+
 def test_the_first_status_of_an_old_ledger_migrates_it_and_lists_its_jobs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,6 +176,26 @@ def test_a_ledger_at_head_opens_with_one_query_and_without_alembic(tmp_path: Pat
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert done.stdout.strip() == "['SELECT version_num FROM alembic_version'] False", done.stderr
+
+
+def test_a_new_sqlite_ledger_appears_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.ledger import migrate
+
+    path = tmp_path / "orch.db"
+    (tmp_path / ".orch.db.new-1").write_bytes(b"left by a builder killed before")
+
+    def killed(connection: object) -> None:
+        raise KeyboardInterrupt  # as if the process died while the tables were being made
+
+    monkeypatch.setattr(migrate, "_upgrade", killed)
+    with pytest.raises(KeyboardInterrupt):
+        make_engine(path)
+    assert not path.exists()  # no ledger rather than a ledger without tables
+    monkeypatch.undo()
+    make_engine(path).dispose()
+    assert path.exists() and not list(tmp_path.glob(".orch.db.new-*"))
 
 
 def test_a_ledger_from_a_newer_orch_is_refused_untouched(tmp_path: Path) -> None:
@@ -204,12 +247,14 @@ def test_orch_database_url_and_config_yaml_name_the_ledger(tmp_path: Path) -> No
     url = "postgresql+psycopg://orch@127.0.0.1:5432/orch"
     settings = load_settings({"ORCH_HOME": str(tmp_path), "ORCH_DATABASE_URL": url})
     assert settings.ledger.url == url
-    (tmp_path / "config.yaml").write_text("ledger: {url: 'postgres://orch@db/orch'}\n")
-    assert load_settings({"ORCH_HOME": str(tmp_path)}).ledger.url == (
-        "postgresql+psycopg://orch@db/orch"
-    )
-    with pytest.raises(ConfigError, match="ledger.url"):
-        load_settings({"ORCH_HOME": str(tmp_path), "ORCH_DATABASE_URL": "mysql://x@y/z"})
+    (tmp_path / "config.yaml").write_text("ledger: {url: ' postgres://orch@db/orch '}\n")
+    assert load_settings({"ORCH_HOME": str(tmp_path)}).ledger.url == "postgres://orch@db/orch"
+    for wrong in ("mysql://x:hunter2@y/z", "db.example.com/orch"):
+        with pytest.raises(
+            ConfigError, match="ledger.url: .*not a PostgreSQL or SQLite URL"
+        ) as info:
+            load_settings({"ORCH_HOME": str(tmp_path), "ORCH_DATABASE_URL": wrong})
+        assert "hunter2" not in str(info.value) and info.value.exit_code == 2
 
 
 def test_without_a_url_the_ledger_is_the_sqlite_file_under_orch_home(tmp_path: Path) -> None:
