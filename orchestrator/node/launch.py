@@ -235,11 +235,19 @@ def reset_command(layout: NodeLayout, checkpoint_dir: str | None) -> str:
     """Shell command that clears what a kept node holds of its last job before the next one
     starts: its run, its checkpoint agent's state and, when it is orch's own (under the
     layout's root), its checkpoint directory. The workdir stays (the sync sends only what
-    changed), and so does the setup marker."""
+    changed), and so does the setup marker. The run's heartbeat is touched: the controller
+    that reset the node is alive."""
     paths = [layout.run_dir, f"{layout.root}/checkpoint-agent"]
     if checkpoint_dir and checkpoint_dir.startswith(f"{layout.root}/"):
         paths.append(checkpoint_dir)
-    return "rm -rf " + " ".join(home_expr(path) for path in paths)
+    # The new run's heartbeat at once: the node's guard takes it for a live controller. Without
+    # it, a job that came just before the autostop was due saw its node power off meanwhile.
+    heartbeat = home_expr(f"{layout.run_dir}/heartbeat")
+    return (
+        "rm -rf "
+        + " ".join(home_expr(path) for path in paths)
+        + f" && mkdir -p {home_expr(layout.run_dir)} && touch {heartbeat}"
+    )
 
 
 def rerun_command(layout: NodeLayout) -> str:

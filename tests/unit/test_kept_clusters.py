@@ -306,6 +306,25 @@ def test_autostop_ends_a_kept_node_with_no_job_no_controller_and_idle_gpus(
     assert node.guard.due(now + 61)[0] == "autostop"
 
 
+def test_the_reset_for_the_next_job_counts_as_the_controller_heard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that takes the cluster just before its autostop is due: the reset must not leave
+    the guard with nothing newer than the last job's release to go by."""
+    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: [0.0])
+    node = Node(tmp_path, deadman_s=60.0, autostop=True)
+    node.lease(**json.loads(cleared_lease(T0, 60.0)))  # the last job let go a minute ago
+    node.heartbeat(age_s=59)  # the new controller's first probe, a minute ago too
+    now = time.time()
+    assert node.guard.due(now) is None  # 59 s of 60
+    subprocess.run(
+        ["bash", "-c", reset_command(NodeLayout("j-1"), None)],
+        env={**os.environ, "HOME": str(tmp_path)}, cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert node.guard.due(now + 2) is None  # heard at the reset: no autostop
+    assert node.guard.due(now + 62)[0] == "autostop"  # ... but only that long
+
+
 def test_the_controllers_cleared_lease_sets_the_autostop_and_drops_the_jobs_limits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
