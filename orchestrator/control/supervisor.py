@@ -13,14 +13,12 @@ interval later. The other nodes are asked, and the run judged, at the usual inte
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
@@ -206,11 +204,12 @@ class Supervisor:
         scheduler = check_scheduler()
         pace = RunPace(options.watch_interval, time.monotonic())
 
+        settled = threading.Event()  # the early pace ended: the main thread reschedules
+
         def paced_check_run() -> Decision | None:
             decision = self.paced_check_run(attempt, pace)
-            if pace.settle(run_watch, time.monotonic()) and not first.reached.is_set():
-                with contextlib.suppress(JobLookupError):  # the scheduler was shut down
-                    scheduler.reschedule_job(RUN_CHECK, trigger="interval", seconds=pace.every_s)
+            if pace.settle(run_watch, time.monotonic()):
+                settled.set()
             return decision
 
         scheduler.add_job(
@@ -239,7 +238,12 @@ class Supervisor:
         )
         try:
             while not first.reached.wait(0.2):
-                pass
+                # Here, never in the check itself: a check that reschedules while the main
+                # thread shuts the scheduler down (a decision, Ctrl-C, `orch cancel`) waits on
+                # the lock that the shutdown holds while it waits on the check.
+                if settled.is_set():
+                    settled.clear()
+                    scheduler.reschedule_job(RUN_CHECK, trigger="interval", seconds=pace.every_s)
         finally:
             self._abort_gone(attempt)
             p.keeper.stop_watching()
