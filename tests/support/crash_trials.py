@@ -6,7 +6,8 @@ then check that the next orch command puts everything right.
 Each trial submits a detached job (the step counter under torchrun, spot, 2 nodes) under an
 ORCH_HOME of its own and waits for the trial's phase: provisioning, sync, running, recovery
 (node 1 reclaimed at rank 0's first progress report, as `orch local preempt` does; kill while
-the job is RECOVERING) or teardown (SIGTERM to the controller then, as `orch cancel` does; kill
+the recovery is under way: RECOVERING, then PROVISIONING and SYNCING of the replacement beside
+the node that stays) or teardown (SIGTERM to the controller then, as `orch cancel` does; kill
 while the job is STOPPING). Both are done in-process, so they land at once, mid-training,
 however long a CLI takes to start on a busy machine. A seeded random moment into the phase it
 SIGKILLs the controller (pid from `jobs/<id>/controller.pid`), runs `orch status JOB` or
@@ -71,6 +72,12 @@ PHASE_STATE = {
     "recovery": JobState.RECOVERING,
     "teardown": JobState.STOPPING,
 }
+# The states a kill may land in and still be in its phase. A recovery that keeps the surviving
+# node is RECOVERING only while the lost node ends and the survivor's run stops (a fraction of a
+# second); it goes on through PROVISIONING and SYNCING of the replacement.
+PHASE_STATES = {phase: (state,) for phase, state in PHASE_STATE.items()} | {
+    "recovery": (JobState.RECOVERING, JobState.PROVISIONING, JobState.SYNCING)
+}
 # Upper bound of the kill moment, seconds into the phase: each phase lasts at least this long
 # on an idle machine, so the kill lands inside it.
 WINDOW_S = {"provisioning": 0.3, "sync": 0.3, "running": 4.0, "recovery": 0.15, "teardown": 0.5}
@@ -119,7 +126,7 @@ class TrialResult:
 
     @property
     def hit_phase(self) -> bool:
-        return self.state_at_kill == PHASE_STATE[self.plan.phase]
+        return self.state_at_kill in PHASE_STATES[self.plan.phase]
 
     @property
     def ok(self) -> bool:
@@ -203,14 +210,20 @@ def wait_job_id(ledger: Ledger, submit: subprocess.Popen[str], timeout: float = 
     return jobs[0].id
 
 
-def wait_phase(ledger: Ledger, job_id: str, state: JobState, timeout: float = 240) -> None:
-    """Wait until the job is in `state`; TrialFailed if it went through it unseen."""
+def wait_phase(ledger: Ledger, job_id: str, phase: str, timeout: float = 240) -> None:
+    """Wait until the job is in one of `phase`'s states (a recovery: once it began, which the
+    job's recovery count tells); TrialFailed if it went through them unseen."""
+    first, states = PHASE_STATE[phase], PHASE_STATES[phase]
     deadline = time.monotonic() + timeout
-    while ledger.get_job(job_id).state != state:
-        if any(event.kind == state.value for event in ledger.events(job_id)):
-            raise TrialFailed(f"missed {state.value}: the job went through it unseen")
-        if JobState(ledger.get_job(job_id).state).is_final or time.monotonic() > deadline:
-            raise TrialFailed(f"the job never became {state.value}")
+
+    def inside(job: Job) -> bool:
+        return job.state in states and (phase != "recovery" or job.recoveries >= 1)
+
+    while not inside(job := ledger.get_job(job_id)):
+        if any(event.kind == first.value for event in ledger.events(job_id)):
+            raise TrialFailed(f"missed {phase}: the job went through it unseen")
+        if JobState(job.state).is_final or time.monotonic() > deadline:
+            raise TrialFailed(f"the job never became {first.value}")
         time.sleep(0.02)
 
 
@@ -283,7 +296,7 @@ def run_trial(
                     reclaim_node_1(settings, ledger, job_id)
                 else:
                     os.kill(controller_pid(home, job_id), signal.SIGTERM)
-            wait_phase(ledger, job_id, target)
+            wait_phase(ledger, job_id, plan.phase)
             log(f"trial {plan.number}: {job_id} is {target.value}")
             time.sleep(plan.moment_s)
             kill_controller(home, job_id)
