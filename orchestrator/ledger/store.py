@@ -70,6 +70,9 @@ class Job(SQLModel, table=True):
     # The kept cluster the job runs on (`KeptCluster.id`), whose id then names the nodes (their
     # tags, SSH key and directories) in place of the job's; None: nodes of its own.
     cluster_id: str | None = Field(default=None, index=True)
+    # The owner label of whoever submitted it (config `owner`, else the login name): the key of
+    # the per-user monthly budget. None: submitted by an orch before team mode.
+    owner: str | None = Field(default=None, index=True)
 
     @property
     def node_owner(self) -> str:
@@ -145,6 +148,20 @@ class Lease(SQLModel, table=True):
             launched_at=instance.launched_at,
             identity=identity,
         )
+
+
+class ControllerLease(SQLModel, table=True):
+    """On a ledger several machines share: the one controller allowed to drive a job, until
+    `expires_at`. The holder renews it on every heartbeat; a holder that finds it taken by
+    another, or expired and taken over, stops driving."""
+
+    __tablename__ = "controller_lease"
+
+    job_id: str = Field(primary_key=True, foreign_key="job.id")
+    holder: str  # "machine:pid" of the controller process
+    machine: str  # the holder's machine id (ORCH_HOME's), to tell its own leases from others'
+    renewed_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    expires_at: datetime = Field(sa_column=_utc_column(nullable=False))
 
 
 class LedgerMeta(SQLModel, table=True):
