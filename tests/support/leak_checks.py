@@ -175,19 +175,21 @@ def host_leaks(settings: Settings, instance_ids: Iterable[str]) -> list[str]:
     return problems
 
 
-def lease_batches(leases: list[Lease], now: datetime) -> list[list[Lease]]:
-    """Leases grouped into launches: leases whose lifetimes overlap belong to one launch."""
-    batches: list[list[Lease]] = []
-    end: datetime | None = None
-    for lease in sorted(leases, key=lambda lease: lease.launched_at):
-        if batches and end is not None and lease.launched_at < end:
-            batches[-1].append(lease)
-        else:
-            batches.append([lease])
-            end = None
-        lease_end = lease.ended_at or now
-        end = lease_end if end is None else max(end, lease_end)
-    return batches
+def open_at(leases: list[Lease], moment: datetime, now: datetime) -> list[Lease]:
+    """The leases open at `moment`: launched by then and not yet ended."""
+    return [
+        lease
+        for lease in leases
+        if lease.launched_at <= moment < (lease.ended_at or now) or lease.launched_at == moment
+    ]
+
+
+def lease_snapshots(leases: list[Lease], now: datetime) -> list[list[Lease]]:
+    """What was open at each launch, in launch order: a lease's start is the only moment the
+    set of open leases grows, so every overlap shows in one of these. (A node that stays through
+    a recovery is open at its replacement peer's launch, as it should be.)"""
+    moments = sorted({lease.launched_at for lease in leases})
+    return [open_at(leases, moment, now) for moment in moments]
 
 
 def lease_problems(
@@ -207,16 +209,16 @@ def lease_problems(
     for lease in leases:
         if lease.ended_at is None and not watched:
             problems.append(f"lease of {lease.instance_id} open, job {job.state} and unwatched")
-    batches = lease_batches(leases, now)
-    for batch in batches:
-        ranks = [lease.rank for lease in batch]
-        if len(batch) > job.nodes or len(set(ranks)) != len(ranks):
-            ids = ", ".join(f"{lease.instance_id}@{lease.rank}" for lease in batch)
-            problems.append(f"duplicate launch: {len(batch)} overlapping lease(s): {ids}")
+    snapshots = lease_snapshots(leases, now)
+    for snapshot in snapshots:
+        ranks = [lease.rank for lease in snapshot]
+        if len(snapshot) > job.nodes or len(set(ranks)) != len(ranks):
+            ids = ", ".join(f"{lease.instance_id}@{lease.rank}" for lease in snapshot)
+            problems.append(f"duplicate launch: {len(snapshot)} lease(s) open at once: {ids}")
     leased = {lease.instance_id for lease in leases}
     for instance_id in sorted(set(billed) - leased):
         problems.append(f"node {instance_id} ran without a lease")
-    last = len(batches[-1]) if batches else 0
+    last = len(snapshots[-1]) if snapshots else 0
     if job.state == JobState.SUCCEEDED and last != job.nodes:
         problems.append(f"succeeded, but its last launch has {last} lease(s)")
     return problems
