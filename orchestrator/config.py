@@ -244,6 +244,14 @@ class Settings(BaseModel):
         """The SQLite ledger's file; the ledger is elsewhere when `ledger.url` is set."""
         return self.home / "orch.db"
 
+    @property
+    def owner_label(self) -> str:
+        """Who submits from here: `aws.owner`, else the login name. A label (the orch-owner
+        tag, the key of per-user budgets), never proof of ownership."""
+        import getpass
+
+        return self.aws.owner or getpass.getuser()
+
     def job_dir(self, job_id: str) -> Path:
         return self.home / "jobs" / job_id
 

@@ -233,5 +233,6 @@ def register_job(
             created_at=utcnow(),
             controller=controller_identity(),
             cluster_id=cluster_id,
+            owner=settings.owner_label,
         )
     )

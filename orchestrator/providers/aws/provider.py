@@ -41,7 +41,6 @@ connects to a node.
 
 from __future__ import annotations
 
-import getpass
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -211,7 +210,7 @@ class AwsProvider:
     @property
     def owner(self) -> str:
         """Value of the orch-owner tag this provider writes and lists."""
-        return self.aws.owner or getpass.getuser()
+        return self.settings.owner_label
 
     def regions(self) -> list[str]:
         return aws_network.regions(self.aws)
