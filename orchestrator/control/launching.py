@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.control.attempt import Attempt, AttemptOpener
 from orchestrator.control.ownership import check_identity
@@ -181,15 +182,24 @@ class Launcher:
         self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
 
     def start(self, attempt: Attempt) -> None:
-        """Start the run (from the newest checkpoint), then RUNNING."""
+        """Start the run (from the newest checkpoint), then RUNNING.
+
+        Before the start, three things that need no other's result run at once, each one SSH
+        command per node or a few: a free port on node 0, the checkpoint agents (sent, the
+        newest checkpoint put back, armed), and the guards (checked, then given the lease with
+        the run's deadline). The guards' lease is written before the run starts and never
+        after it: its runtime deadline counts from a moment before the start, so it is never
+        later than the controller's own."""
         p = self.parts
-        port = attempt.free_port()
-        resume = p.keeper.prepare(attempt.cluster, **attempt.node_access())
+        with ThreadPoolExecutor(3, thread_name_prefix="orch-prestart") as pool:
+            port_asked = pool.submit(attempt.free_port)
+            resume_asked = pool.submit(p.keeper.prepare, attempt.cluster, **attempt.node_access())
+            guards_asked = pool.submit(self._arm_guards, attempt)
+            port, resume = port_asked.result(), resume_asked.result()
+            guards_asked.result()
         resume_from, resume_step = resume.path, resume.step
         instances = attempt.instances
         cluster_launch = launch_plan(p, instances, port, resume_from, self.setup_key)
-        p.guards.check(attempt)
-        p.guards.renew(attempt)  # heard from, and the run's own deadline, before it starts
         pids = attempt.start(cluster_launch)
         self.journal.await_progress()
         if p.driver is not None:
@@ -199,13 +209,16 @@ class Launcher:
             f"torchrun on {len(pids)} node(s), master {cluster_launch.master_addr}:{port}",
             started_at=job.started_at or utcnow(),
         )
-        p.guards.renew(attempt)
         if self.journal.job.recoveries or resume_from:
             self.journal.event(
                 "RESUMED", f"from {resume_from}" if resume_from else
                 "from the checkpoint files pulled so far (no complete step-* directory)",
                 step=resume_step,
             )  # fmt: skip
+
+    def _arm_guards(self, attempt: Attempt) -> None:
+        self.parts.guards.check(attempt)
+        self.parts.guards.renew(attempt)  # heard from, and the run's own deadline
 
     def adopt(self, instances: list[Instance]) -> Attempt:
         """Take over `instances`, on which another controller started the run; it goes on."""
