@@ -5,7 +5,8 @@ Layout of ORCH_HOME (default ~/.orch):
     orch.db                  the ledger (SQLite) unless `ledger.url` names a database;
                              orch.db.schema-lock: held while it is migrated
     config.yaml              optional settings, e.g. {local: {price_per_hour: 0.5}},
-                             {aws: {regions: [us-east-1], ami_id: ami-...}}
+                             {aws: {regions: [us-east-1], ami_id: ami-...}},
+                             {budget: {monthly_usd: 500}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
     jobs/<job id>/           pulled checkpoints, logs (capped and rotated: `logs` settings)
     local/                   the local provider's nodes and network state
@@ -182,6 +183,44 @@ class LedgerSettings(BaseModel):
         return value.strip()
 
 
+class BudgetSettings(BaseModel):
+    """Monthly caps on what every job of the ledger spends (a team's, when the ledger is shared
+    through `ledger.url`); see `orchestrator.control.team_budget`. None: no cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # USD all jobs of the ledger (and its kept clusters between jobs) may spend in a UTC month
+    monthly_usd: Decimal | None = None
+    # USD each owner label (`Settings.owner_label`, `Job.owner`) may spend in a UTC month
+    user_monthly_usd: Decimal | None = None
+
+    @field_validator("monthly_usd", "user_monthly_usd", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """A blank value (`monthly_usd:` with nothing after it, or an empty variable) is no cap;
+        a float from YAML is read by its text, so 0.1 is exactly 0.1."""
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if isinstance(value, float):
+            return str(value)
+        return value
+
+    @field_validator("monthly_usd", "user_monthly_usd")
+    @classmethod
+    def _positive(cls, value: Decimal | None) -> Decimal | None:
+        if value is not None and (not value.is_finite() or value <= 0):
+            raise ValueError(
+                f"{value} is not a positive amount of USD; give the monthly cap in USD, e.g."
+                " 500, or leave it unset for no cap"
+            )
+        return value
+
+    @property
+    def capped(self) -> bool:
+        """Whether any monthly cap is set."""
+        return self.monthly_usd is not None or self.user_monthly_usd is not None
+
+
 class ControllerSettings(BaseModel):
     """Timing of the controller's periodic work (seconds) and its idleness thresholds."""
 
@@ -238,6 +277,7 @@ class Settings(BaseModel):
     store: StoreSettings = StoreSettings()
     logs: LogSettings = LogSettings()
     ledger: LedgerSettings = LedgerSettings()
+    budget: BudgetSettings = BudgetSettings()
 
     @property
     def db_path(self) -> Path:
@@ -289,6 +329,8 @@ _ENV_OVERRIDES = {
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
     "ORCH_DATABASE_URL": ("ledger", "url"),
+    "ORCH_BUDGET_MONTHLY_USD": ("budget", "monthly_usd"),
+    "ORCH_BUDGET_USER_MONTHLY_USD": ("budget", "user_monthly_usd"),
 }
 
 

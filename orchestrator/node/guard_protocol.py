@@ -91,6 +91,10 @@ class GuardTerms:
     # A kept cluster's node: the dead-man is its autostop (deadman_s of no job, no controller
     # and idle GPUs; the lease carries each job's limits and is cleared between jobs).
     autostop: bool = False
+    # Monthly caps over many jobs (team, user): per cap, (USD left of it this month, USD per
+    # hour its other open leases bill); the lease ends when the first runs out at that rate
+    # plus this launch's nodes.
+    shared_budgets: tuple[tuple[Decimal, Decimal], ...] = ()
 
     def for_node(
         self,
@@ -105,17 +109,17 @@ class GuardTerms:
 
         `home` is where the job's files are; without it, the home of the login `user` on the
         node, else the guard's own $HOME."""
-        until = lease_until(
-            now=now,
-            budget_left_usd=self.budget_left_usd,
-            hourly_usd=hourly_usd,
-            reserve_s=self.stop_grace_s + self.stop_allowance_s,
-        )
-        doc = {
-            key: value
-            for key, value in asdict(self).items()
-            if key not in ("runtime_deadline", "budget_left_usd", "stop_allowance_s")
-        }
+        reserve_s = self.stop_grace_s + self.stop_allowance_s
+        ends = [
+            lease_until(now=now, budget_left_usd=left, hourly_usd=hourly, reserve_s=reserve_s)
+            for left, hourly in (
+                (self.budget_left_usd, hourly_usd),
+                *((left, others + hourly_usd) for left, others in self.shared_budgets),
+            )
+        ]
+        until = min((end for end in ends if end is not None), default=None)
+        hidden = ("runtime_deadline", "budget_left_usd", "stop_allowance_s", "shared_budgets")
+        doc = {key: value for key, value in asdict(self).items() if key not in hidden}
         doc.update(
             runtime_deadline=epoch(self.runtime_deadline),
             lease_until=epoch(until),
@@ -131,6 +135,7 @@ class GuardTerms:
         return bool(
             self.runtime_deadline is not None
             or self.budget_left_usd is not None
+            or self.shared_budgets
             or self.idle_timeout_s
         )
 

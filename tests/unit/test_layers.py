@@ -140,7 +140,8 @@ def providers_and_remote(imp: Import) -> bool:
 
 
 PURE_MODULES = ("orchestrator.spec", "orchestrator.spot", "orchestrator.control.stop_rules",
-                "orchestrator.control.recovery_rules")  # fmt: skip
+                "orchestrator.control.recovery_rules",
+                "orchestrator.control.team_budget")  # fmt: skip
 PURE_EXEMPT = ("orchestrator.spot.driver",)  # the live driver reads and writes the ledger
 
 
