@@ -122,6 +122,11 @@ class BudgetExceeded(OrchError):
     exit_code = 4
 
 
+class BudgetRefused(BudgetExceeded):
+    """A submit's planned cost does not fit in what a monthly budget (`budget.monthly_usd`,
+    `budget.user_monthly_usd`) has left; nothing was registered or launched."""
+
+
 class JobCancelled(OrchError):
     """The job was cancelled by the user (Ctrl-C or `orch cancel`)."""
 

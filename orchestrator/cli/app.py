@@ -27,6 +27,9 @@ from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
+    from orchestrator.control.commands import PreparedSubmit
+    from orchestrator.control.team_caps import SubmitBudget
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -69,6 +72,18 @@ def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
     if not typer.confirm(f"{notice.text()}. Launch?", default=False, err=True):
         make_console(stderr=True).print("not launched", highlight=False)
         raise typer.Exit(130)
+
+
+def _team_view(settings: Settings, prepared: PreparedSubmit) -> SubmitBudget | None:
+    """The monthly caps' view of a dry run's job (None without caps): their figures, and
+    whether a submit would be refused."""
+    if not settings.budget.capped:
+        return None
+    from orchestrator.control.team_caps import TeamCaps
+
+    return TeamCaps(settings.budget, open_ledger(settings)).check_submit(
+        prepared.loaded.spec.budget, prepared.plan, settings.owner_label
+    )
 
 
 def _print_environment(spec: JobSpec) -> None:
@@ -170,6 +185,8 @@ def submit(
     On a paid provider (aws), a job with neither budget.max_cost_usd nor budget.max_runtime
     shows its hourly price and asks first (exit 2 without a terminal; --yes for scripts);
     controller.default_max_runtime gives such jobs a max_runtime instead.
+    Under a monthly budget (budget.monthly_usd, budget.user_monthly_usd in config.yaml) a
+    job whose planned cost does not fit in what is left this month is refused (exit 4).
     """
     from orchestrator.control import commands
     from orchestrator.report.documents import job_document
@@ -199,8 +216,10 @@ def submit(
         prepared = dataclasses.replace(prepared, cluster=kept)
     loaded, plan = prepared.loaded, prepared.plan
     if dry_run:
+        team = _team_view(settings, prepared)
         if json_out:
-            _print_json({**prepared.dry_run.document, "spec": loaded.spec.public_document()})
+            document = {**prepared.dry_run.document, "spec": loaded.spec.public_document()}
+            _print_json(document if team is None else {**document, "team_budget": team.as_dict()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""
             make_console().print(
@@ -216,12 +235,18 @@ def submit(
             )
             for note in plan.notes:
                 make_console().print(f"  {note}", highlight=False)
+            for line in team.lines() if team is not None else []:
+                make_console().print(f"  {line}", markup=False, highlight=False)
             _print_environment(loaded.spec)
         return
     commands.check_hourly_cap(prepared)
+    ledger = None
+    if settings.budget.capped:  # before asking anything: a refused job is never asked about
+        ledger = open_ledger(settings)
+        prepared = commands.check_team_budget(settings, ledger, prepared)
     if not yes:
         _confirm_spend(loaded.spec, plan)
-    ledger = open_ledger(settings)
+    ledger = ledger or open_ledger(settings)
     if detach:
         job_id = commands.submit_detached(settings, ledger, prepared).job_id
         if json_out:

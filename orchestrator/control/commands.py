@@ -9,6 +9,7 @@ Asking a person anything (the spend guard's question) is the CLI's part: it happ
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,7 @@ from orchestrator.control.supervision import (
     spawn_controller,
     wait_for_controller,
 )
+from orchestrator.control.team_caps import SubmitBudget, TeamCaps
 from orchestrator.errors import SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import Clusters
@@ -58,6 +60,7 @@ class PreparedSubmit:
     dry_run: DryRun  # what the provider would launch first (the `--dry-run` answer)
     notify: str | None = None  # the job's own end-of-job hook (`orch submit --notify`)
     cluster: KeptRequest | None = None  # run on a kept cluster (`orch submit --cluster`)
+    team: SubmitBudget | None = None  # the monthly caps' view of it (`check_team_budget`)
 
     @property
     def plan(self) -> LaunchPlan:
@@ -122,6 +125,27 @@ def check_hourly_cap(prepared: PreparedSubmit) -> None:
         )
 
 
+def check_team_budget(
+    settings: Settings, ledger: Ledger, prepared: PreparedSubmit, *, owner: str | None = None
+) -> PreparedSubmit:
+    """Check the job's planned cost against the monthly caps (`budget.monthly_usd`,
+    `budget.user_monthly_usd` of `owner`, default `settings.owner_label`) and return the
+    submit with their figures, which registering it records as its reservation. Raises
+    `BudgetRefused` (exit 4) when it does not fit; nothing is registered or launched then.
+    Without caps, returns `prepared` as it is and reads nothing."""
+    if not settings.budget.capped:
+        return prepared
+    checked = TeamCaps(settings.budget, ledger).admit(
+        prepared.loaded.spec.budget, prepared.plan, owner or settings.owner_label
+    )
+    return dataclasses.replace(prepared, team=checked)
+
+
+def _reserve(settings: Settings, ledger: Ledger, prepared: PreparedSubmit, job_id: str) -> None:
+    if prepared.team is not None:
+        TeamCaps(settings.budget, ledger).reserve(job_id, prepared.team)
+
+
 def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit) -> Detached:
     """Register the job (PENDING) and start a background controller for it; returns once that
     controller holds the job's lock, and raises `OrchError` if it died at start. From then on
@@ -131,6 +155,7 @@ def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit
         settings, ledger, prepared.loaded, prepared.provider.name, job_id,
         cluster_id=_cluster_of(ledger, prepared),
     )  # fmt: skip
+    _reserve(settings, ledger, prepared, job_id)
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
@@ -195,6 +220,7 @@ def submit_foreground(
             settings, ledger, prepared.loaded, prepared.provider.name, job_id,
             cluster_id=_cluster_of(ledger, prepared),
         )  # fmt: skip
+        _reserve(settings, ledger, prepared, job_id)
     except BaseException:
         lock.release()
         raise
