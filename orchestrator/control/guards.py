@@ -10,6 +10,7 @@ from orchestrator.control.attempt import Attempt
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import Reporter, RunnerOptions
 from orchestrator.control.stop_rules import StopOrder, guard_limit_at
+from orchestrator.control.team_caps import TeamCaps
 from orchestrator.errors import OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
@@ -37,6 +38,8 @@ class Guards:
         options: RunnerOptions,
         provider: Provider,
         reporter: Reporter,
+        *,
+        team: TeamCaps | None = None,
     ) -> None:
         self.journal = journal
         self.ledger = journal.ledger
@@ -44,6 +47,7 @@ class Guards:
         self.options = options
         self.provider = provider
         self.reporter = reporter
+        self.team = team  # the monthly caps the job is under (None: none)
         self.autostop_s: float | None = None  # a kept cluster's (set by the runner)
 
     def terms(self, pull_wait: float) -> GuardTerms:
@@ -51,7 +55,8 @@ class Guards:
 
         max_runtime counts from the job's start (its first RUNNING); before that, from now,
         which is earlier than any start: the guard never acts later than the controller would.
-        The budget is what is left of `max_cost_usd` now."""
+        The budget is what is left of `max_cost_usd` now; under monthly caps, what is left of
+        each this month, spent at its open leases' rate plus the launch's own nodes'."""
         job, budget, options = self.journal.job, self.spec.budget, self.options
         now = utcnow()
         deadline = None
@@ -76,6 +81,7 @@ class Guards:
             idle_timeout_s=budget.idle_timeout,
             stop_allowance_s=options.stop_allowance,
             autostop=kept,
+            shared_budgets=self.team.shared_budgets(job) if self.team else (),
         )
 
     def check(self, attempt: Attempt) -> None:
@@ -109,6 +115,7 @@ class Guards:
         limits = [
             f"max_runtime {budget.max_runtime:.0f} s" if budget.max_runtime else "",
             f"budget lease on ${budget.max_cost_usd}" if budget.max_cost_usd is not None else "",
+            "budget lease on the monthly caps" if self.team is not None else "",
             f"idle {budget.idle_timeout:.0f} s" if budget.idle_timeout else "",
         ]
         named = ", ".join(limit for limit in limits if limit) or "no limit: training runs on"
@@ -122,7 +129,8 @@ class Guards:
 
     def _lease(self, now: datetime) -> str:
         """The lease the nodes get now: the run's deadline, and how long the rest of the
-        budget lasts at the open leases' prices."""
+        budget lasts at the open leases' prices; under monthly caps, never past the moment the
+        first of them would be passed at its total rate (every job's open leases in it)."""
         job, budget = self.journal.job, self.spec.budget
         deadline = None
         if budget.max_runtime is not None:  # before the first start: the start about to be
@@ -137,6 +145,11 @@ class Guards:
                 hourly_usd=hourly,
                 reserve_s=self.options.stop_grace + self.options.stop_allowance,
             )
+        if self.team is not None:
+            shared = self.team.lease_until(
+                job, reserve_s=self.options.stop_grace + self.options.stop_allowance, now=now
+            )
+            until = min((end for end in (until, shared) if end is not None), default=None)
         return lease_document(
             now=now, runtime_deadline=deadline, lease_until=until,
             idle_timeout_s=budget.idle_timeout, job_limits=job.cluster_id is not None,
@@ -191,6 +204,8 @@ class Guards:
         job, budget = self.journal.job, self.spec.budget
         leases = self.ledger.leases(job.id)
         hourly = hourly_rate(leases)
+        if self.team is not None and self._monthly_cap_reached(self.team, at):
+            return "budget"
         return guard_limit_at(
             at=at,
             started_at=job.started_at,
@@ -201,6 +216,15 @@ class Guards:
             * Decimal(str(self.options.stop_grace + self.options.stop_allowance))
             / 3600,
             idle_timeout_s=budget.idle_timeout,
+        )
+
+    def _monthly_cap_reached(self, team: TeamCaps, at: datetime) -> bool:
+        """Whether a monthly cap's spend at `at`, plus what its rate bills during a stop, had
+        reached the cap (its guards' lease had run out)."""
+        reserve_s = self.options.stop_grace + self.options.stop_allowance
+        return any(
+            f.spent_usd + f.hourly_usd * Decimal(str(reserve_s)) / 3600 >= f.cap_usd
+            for f in team.figures(self.journal.job.owner, at)
         )
 
     def close_self_ended(self, ended: dict[str, NodeEnd]) -> None:

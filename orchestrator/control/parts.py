@@ -11,6 +11,7 @@ from orchestrator.config import Settings
 from orchestrator.control.guards import Guards
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import Reporter, RunnerOptions
+from orchestrator.control.team_caps import TeamCaps
 from orchestrator.ledger.store import Job, Ledger
 from orchestrator.node import launch
 from orchestrator.providers.base import Provider
@@ -34,6 +35,7 @@ class JobParts:
     layout: launch.NodeLayout
     job_dir: Path
     driver: DeadlineDriver | None
+    team: TeamCaps | None = None  # the monthly caps (`budget` settings); None: none set
 
     @property
     def spec(self) -> JobSpec:
@@ -68,6 +70,7 @@ def job_parts(
         node_owner=job.node_owner,
     )
     journal = Journal(job, ledger, reporter)
+    team = TeamCaps(settings.budget, ledger) if settings.budget.capped else None
     driver = None
     if spec.spot_policy is not None:
         driver = DeadlineDriver(
@@ -89,8 +92,9 @@ def job_parts(
         provider=provider,
         reporter=reporter,
         keeper=keeper,
-        guards=Guards(journal, spec, options, provider, reporter),
+        guards=Guards(journal, spec, options, provider, reporter, team=team),
         layout=layout,
         job_dir=job_dir,
         driver=driver,
+        team=team,
     )

@@ -361,18 +361,26 @@ class Supervisor:
         )
 
     def check_budget(self, attempt: Attempt) -> StopOrder | None:
-        """Spend and hourly rate of the job's leases against its budget; while under it, the
-        nodes' guards get a fresh lease (the rest of the budget at the current rate)."""
+        """Spend and hourly rate of the job's leases against its budget, then the monthly caps
+        it is under (their spend this month projected at their total rate: every live job's
+        nodes in them); while under them all, the nodes' guards get a fresh lease (the rest of
+        each budget at the current rate)."""
         p = self.parts
         leases = p.journal.ledger.leases(self._job_id)
+        horizon_s = p.options.budget_interval + p.options.stop_allowance
         order = budget_order(
             spend=total_cost(leases, utcnow()),
             hourly_rate=hourly_rate(leases),
             max_cost=p.spec.budget.max_cost_usd,
             max_hourly=p.spec.budget.max_hourly_usd,
-            horizon_s=p.options.budget_interval + p.options.stop_allowance,
+            horizon_s=horizon_s,
         )
-        if order is None and (p.spec.budget.max_cost_usd is not None or p.spec.budget.max_runtime):
+        if order is None and p.team is not None:
+            order = p.team.stop_order(p.journal.job, horizon_s=horizon_s)
+        budget = p.spec.budget
+        if order is None and (
+            budget.max_cost_usd is not None or budget.max_runtime or p.team is not None
+        ):
             p.guards.renew(attempt)
         return order
 

@@ -19,7 +19,7 @@ from typing import cast
 import pytest
 
 from orchestrator.cluster.connections import Cluster
-from orchestrator.config import Settings
+from orchestrator.config import BudgetSettings, Settings
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.options import RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
@@ -52,7 +52,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Controller:
     """A job with a budget, its ledger, and the supervisor's budget check on the nodes."""
 
-    def __init__(self, home: Path, ledger: Ledger, cluster: Cluster) -> None:
+    def __init__(
+        self, home: Path, ledger: Ledger, cluster: Cluster, settings: Settings | None = None
+    ) -> None:
         self.ledger = ledger
         spec = JobSpec.model_validate(
             {
@@ -74,7 +76,8 @@ class Controller:
                 Lease.from_instance(recorded, job_id=JOB_ID, provider="local", identity=None)
             )
         parts = job_parts(
-            job, LoadedJob(spec, home / "job.yaml", home, home, []), settings=Settings(home=home),
+            job, LoadedJob(spec, home / "job.yaml", home, home, []),
+            settings=settings or Settings(home=home),
             ledger=self.ledger, provider=cast(Provider, None), reporter=SilentReporter(),
             options=OPTIONS,
         )  # fmt: skip
@@ -168,3 +171,40 @@ def test_the_guard_reads_the_lease_where_the_controller_writes_it(
     terms = tmp_path / "terms.json"
     terms.write_text(json.dumps({"job_id": JOB_ID, "home": home}))
     assert guard.Guard(str(terms)).lease() == written
+
+
+def test_under_a_team_cap_the_lease_ends_when_the_team_would_pass_it(
+    tmp_path: Path, ledger: Ledger, cluster: Cluster
+) -> None:
+    """Another job of the ledger bills too: the nodes' lease ends when the team's spend this
+    month, at every open lease's price together, would pass `budget.monthly_usd`, long before
+    the job's own budget runs out."""
+    settings = Settings(home=tmp_path, budget=BudgetSettings(monthly_usd=Decimal(4)))
+    controller = Controller(tmp_path, ledger, cluster, settings)
+    teammate = controller.launched + timedelta(seconds=400)
+    ledger.add_job(
+        Job(
+            id="teammate", name="teammate", provider="local", nodes=1, gpus_per_node=1,
+            spec_json="{}", spec_path="job.yaml", created_at=teammate, state="RUNNING",
+        )
+    )  # fmt: skip
+    ledger.open_lease(
+        Lease(
+            job_id="teammate", cluster="teammate", provider="local", instance_id="i-teammate",
+            rank=0, market="on-demand", instance_type="local", price_per_hour=Decimal("7.20"),
+            launched_at=teammate,
+        )
+    )  # fmt: skip
+    lease = controller.check_budget()[0]
+    at = lease["renewed_at"]
+    # the job: $1.00 over its 1000 s; the teammate: $1.20 over 600 s; $1.80 left of $4 at
+    # $10.80/h together lasts 600 s from the check, less the stop's reserve
+    spent = (
+        2 * float(PRICE) * (at - controller.launched.timestamp())
+        + 7.20 * (at - teammate.timestamp())
+    ) / 3600
+    until = at + (4 - spent) / (2 * float(PRICE) + 7.20) * 3600 - RESERVE_S
+    assert until == pytest.approx(controller.launched.timestamp() + 1600 - RESERVE_S, abs=0.05)
+    assert until - SLACK_S <= lease["lease_until"] <= until + SLACK_S
+    own_budget_until = controller.budget_buys_until(at)
+    assert lease["lease_until"] < own_budget_until - 8000
