@@ -101,6 +101,7 @@ def test_every_setting_and_variable_is_documented_with_its_default() -> None:
         "store": config.StoreSettings,
         "logs": config.LogSettings,
         "ledger": config.LedgerSettings,
+        "budget": config.BudgetSettings,
     }
     expected = set()
     for section, model in sections.items():
