@@ -304,11 +304,16 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Show jobs, or one job with its leases, checkpoints and events (--watch: live)."""
+    """Show jobs, or one job with its leases, checkpoints and events (--watch: live).
+
+    Without JOB_ID: the newest 50 jobs and every older unfinished one, and how many older
+    finished jobs are not listed (`orch cost` lists every job)."""
     if job_id is None and not watch and interval is None and _status_from_view(json_out):
         return
     from orchestrator.cli.console import job_detail
-    from orchestrator.report.documents import job_document
+    from orchestrator.ledger.measures import utcnow
+    from orchestrator.ledger.view import EngineView
+    from orchestrator.report.documents import job_document, status_list
 
     settings = load_settings()
     ledger = open_ledger(settings)
@@ -328,19 +333,28 @@ def status(
             for renderable in job_detail(document):
                 console.print(renderable)
         return
-    documents = [job_document(ledger, settings, j, detail=False) for j in ledger.jobs(limit=50)]
-    _print_status(documents, kept_clusters(settings, ledger), json_out)
+    with EngineView(ledger.engine) as view:  # rows, not a model object per job
+        jobs, hidden = status_list(view, view.job_states(), settings.home, utcnow())
+    _print_status(jobs, kept_clusters(settings, ledger), hidden, json_out)
 
 
-def _print_status(jobs: list[dict], clusters: list[dict], json_out: bool) -> None:
-    """`orch status`'s list of jobs and kept clusters."""
+def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out: bool) -> None:
+    """`orch status`'s list of jobs and kept clusters, and how many finished jobs it left
+    out (`status_list`)."""
     if json_out:
-        _print_json({"jobs": jobs, "clusters": clusters})
+        _print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
         return
     from orchestrator.cli.console import clusters_table, jobs_table
 
     console = make_console()
     console.print(jobs_table(jobs))
+    if hidden:
+        console.print(
+            f"{hidden} older finished job(s) not listed: `orch status JOB` shows one, "
+            "`orch cost` lists every job",
+            highlight=False,
+            markup=False,
+        )
     if clusters:
         console.print(clusters_table(clusters))
 
@@ -353,7 +367,7 @@ def _status_from_view(json_out: bool) -> bool:
     from orchestrator.cli.context import ledger_view, orch_home
     from orchestrator.ledger.measures import autostop_left, utcnow
     from orchestrator.report.clusters import clusters_from
-    from orchestrator.report.documents import jobs_list
+    from orchestrator.report.documents import status_list
 
     view = ledger_view()
     if view is None:
@@ -364,9 +378,9 @@ def _status_from_view(json_out: bool) -> bool:
             left = autostop_left(cluster, now)
             if left is not None and left < 0:
                 return False
-        jobs = jobs_list(view, orch_home(), now, limit=50)
+        jobs, hidden = status_list(view, view.job_states(), orch_home(), now)
         clusters = clusters_from(view, view.clusters, now, up_only=True)
-    _print_status(jobs, clusters, json_out)
+    _print_status(jobs, clusters, hidden, json_out)
     return True
 
 
@@ -431,25 +445,31 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
 @app.command()
 def cost(
     job_id: Annotated[str | None, typer.Option("--job", help="only this job")] = None,
+    all_jobs: Annotated[
+        bool, typer.Option("--all", help="a row for every job [the newest 50, and the rest summed]")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """What jobs cost: node-seconds x the price recorded at launch."""
+    """What jobs cost: node-seconds x the price recorded at launch. The table has a row for
+    each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
+    lists every job."""
     from orchestrator.cli.context import ledger_view
     from orchestrator.ledger.measures import utcnow
-    from orchestrator.report.documents import cost_document, cost_from
+    from orchestrator.report.documents import cost_from
 
     view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
-    if view is None:
-        document = cost_document(open_ledger(load_settings()), job_id)
-    else:
-        with view:
-            document = cost_from(view, view.clusters, utcnow(), job_id)
+    if view is None:  # another database, or a file to migrate first: rows, no model objects
+        from orchestrator.ledger.view import EngineView
+
+        view = EngineView(open_ledger(load_settings()).engine)
+    with view:
+        document = cost_from(view, view.clusters, utcnow(), job_id)
     if json_out:
         _print_json(document)
     else:
-        from orchestrator.cli.console import cost_table
+        from orchestrator.cli.console import COST_ROWS, cost_table
 
-        make_console().print(cost_table(document))
+        make_console().print(cost_table(document, limit=None if all_jobs else COST_ROWS))
 
 
 @app.command()
@@ -627,7 +647,7 @@ def _revive_lost_controllers(
         return  # reconcile revives and reports it; down ends nodes, whatever drives them
     if "--help" in sys.argv[1:]:
         return  # a command's help runs nothing; click runs this before the command parses it
-    from orchestrator.cli.context import check_settings, no_controller_lost
+    from orchestrator.cli.context import check_settings, no_controller_lost, unfinished_job_ids
 
     check_settings()  # every command stops on invalid settings, before it does anything
     if no_controller_lost():
@@ -638,7 +658,7 @@ def _revive_lost_controllers(
     settings = load_settings()
     if settings.ledger.url or settings.db_path.exists():
         ledger = open_ledger(settings)
-        for job_id in revive_controllers(settings, ledger):
+        for job_id in revive_controllers(settings, ledger, unfinished_job_ids(ledger)):
             make_console(stderr=True).print(
                 revived_line(job_id, refused_by_last_controller(ledger, job_id)),
                 highlight=False,

@@ -197,13 +197,20 @@ def job_detail(doc: dict) -> list[object]:
     return [*parts, leases, checkpoints, events]
 
 
-def cost_table(doc: dict) -> Table:
+COST_ROWS = 50  # jobs `orch cost` shows a row each (the older summed in one row)
+
+
+def cost_table(doc: dict, *, limit: int | None = None) -> Table:
+    """`orch cost`'s table of `cost_from`'s document: a row per job, newest first (the first
+    `limit` only, and one row summing the rest), one per kept cluster's idle time, the total."""
     table = Table(title="spend")
     for column in ("job", "state", "provider", "leases", "node-hours", "spend"):
         table.add_column(
             column, justify="right" if column in ("leases", "node-hours", "spend") else "left"
         )
-    for row in doc["jobs"]:
+    jobs = doc["jobs"] if limit is None else doc["jobs"][:limit]
+    older = doc["jobs"][len(jobs) :]
+    for row in jobs:
         table.add_row(
             row["id"],
             row["state"],
@@ -211,6 +218,15 @@ def cost_table(doc: dict) -> Table:
             str(row["leases"]),
             f"{row['node_hours']:.4f}",
             f"${row['spend_usd']:.4f}",
+        )
+    if older:
+        table.add_row(
+            f"{len(older)} older job(s) (--all: a row each)",
+            "",
+            "",
+            str(sum(row["leases"] for row in older)),
+            f"{sum(row['node_hours'] for row in older):.4f}",
+            f"${sum(row['spend_usd'] for row in older):.4f}",
         )
     for cluster in doc.get("clusters", []):
         table.add_row(

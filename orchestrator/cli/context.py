@@ -68,6 +68,16 @@ def ledger_view() -> LedgerView | None:
     return open_view(orch_home() / "orch.db")
 
 
+def unfinished_job_ids(ledger: Ledger) -> list[str]:
+    """The ids of the ledger's unfinished jobs (the only ones that can need a controller), in
+    one read of ids and states: no model object for each of a shared ledger's many jobs."""
+    from orchestrator.job_state import JobState
+    from orchestrator.ledger.view import EngineView
+
+    with EngineView(ledger.engine) as view:
+        return [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
+
+
 def no_controller_lost() -> bool:
     """True when no unfinished job has lost its controller, found through the ledger's view
     alone; False when some job has (or the view does not apply), and `revive_controllers`

@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchestrator.job_state import JobState
 from orchestrator.ledger.measures import hourly_rate, lease_cost, total_cost, utcnow
 
 if TYPE_CHECKING:
@@ -27,7 +28,14 @@ if TYPE_CHECKING:
         Lease,
         Ledger,
     )
-    from orchestrator.ledger.view import CheckpointRow, ClusterRow, IdleLeaseRow, JobRow, LeaseRow
+    from orchestrator.ledger.view import (
+        CheckpointRow,
+        ClusterRow,
+        IdleLeaseRow,
+        JobRow,
+        LeaseRow,
+        SpanRow,
+    )
 
 
 class JobReads(Protocol):
@@ -35,10 +43,16 @@ class JobReads(Protocol):
 
     def jobs(self, *, limit: int | None = None) -> Sequence[Job | JobRow]: ...
     def get_job(self, job_id: str) -> Job | JobRow: ...
-    def leases(self, job_id: str) -> Sequence[Lease | LeaseRow]: ...
+    def leases(self, job_id: str | None = None) -> Sequence[Lease | LeaseRow]: ...
     def checkpoints(
         self, job_id: str, *, live_only: bool = False
     ) -> Sequence[CheckpointRecord | CheckpointRow]: ...
+
+
+class CostReads(JobReads, Protocol):
+    """The reads `orch cost` makes: `JobReads` and every lease's bill in one read."""
+
+    def lease_spans(self) -> Sequence[SpanRow]: ...
 
 
 class ClusterReads(Protocol):
@@ -165,42 +179,83 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
     return doc
 
 
+STATUS_LIMIT = 50  # the newest jobs `orch status` lists (older unfinished ones besides)
+
+
 def jobs_list(ledger: JobReads, home: Path, now: datetime, *, limit: int = 50) -> list[dict]:
     """The newest `limit` jobs as `orch status` lists them, from either reader: each is its
     `job_document(..., detail=False)`. `home` is ORCH_HOME (`Settings.home`): a job's
     checkpoint mirror is `Settings.job_dir(id) / "checkpoints"`."""
-    return [
-        job_summary(
-            job,
-            ledger.leases(job.id),
-            ledger.checkpoints(job.id, live_only=True),
-            home / "jobs" / job.id / "checkpoints",
-            now,
-        )
-        for job in ledger.jobs(limit=limit)
-    ]
+    return [_listed(ledger, job, home, now) for job in ledger.jobs(limit=limit)]
+
+
+def status_list(
+    ledger: JobReads,
+    states: Sequence[tuple[str, str]],
+    home: Path,
+    now: datetime,
+    *,
+    limit: int = STATUS_LIMIT,
+) -> tuple[list[dict], int]:
+    """`orch status`'s jobs and how many it leaves out. Listed: the newest `limit` jobs
+    (`jobs_list`), then every unfinished job older than those, newest first, so a long run
+    stays in sight however many jobs came after it. Left out: the other, finished, jobs.
+    `states` is (id, state) of every job of the ledger (`LedgerView.job_states`)."""
+    newest = list(ledger.jobs(limit=limit))
+    shown = {job.id for job in newest}
+    older_live = sorted(
+        (
+            ledger.get_job(job_id)
+            for job_id, state in states
+            if job_id not in shown and not JobState(state).is_final
+        ),
+        key=lambda job: job.created_at,
+        reverse=True,
+    )
+    listed = [_listed(ledger, job, home, now) for job in [*newest, *older_live]]
+    return listed, max(0, len(states) - len(listed))
+
+
+def _listed(ledger: JobReads, job: Job | JobRow, home: Path, now: datetime) -> dict:
+    return job_summary(
+        job,
+        ledger.leases(job.id),
+        ledger.checkpoints(job.id, live_only=True),
+        home / "jobs" / job.id / "checkpoints",
+        now,
+    )
 
 
 def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
     """Spend per job, per kept cluster (its jobs and its idle time between them) and in
-    total, from the leases' recorded prices; with `job_id`, that job's alone."""
-    from orchestrator.ledger.clusters import Clusters
+    total, from the leases' recorded prices; with `job_id`, that job's alone. Read through
+    the ledger's `EngineView` (rows, not model objects, whatever the number of jobs)."""
+    from orchestrator.ledger.view import EngineView
 
-    return cost_from(ledger, Clusters(ledger), utcnow(), job_id)
+    with EngineView(ledger.engine) as view:
+        return cost_from(view, view.clusters, utcnow(), job_id)
 
 
 def cost_from(
-    ledger: JobReads, clusters: ClusterReads, now: datetime, job_id: str | None = None
+    ledger: CostReads, clusters: ClusterReads, now: datetime, job_id: str | None = None
 ) -> dict:
-    """`cost_document` from either reader: `ledger` and its kept `clusters` (`Ledger` and
-    `Clusters`, or a `LedgerView` and its `clusters`), at `now`."""
+    """`cost_document` from a view of the ledger (`LedgerView`, `EngineView`) and its kept
+    `clusters`, at `now`. Every job's bill is two reads in all (`jobs`, `lease_spans`),
+    not one per job."""
     from orchestrator.report.clusters import clusters_from
 
-    jobs = [ledger.get_job(job_id)] if job_id else ledger.jobs()
+    if job_id:
+        jobs: Sequence[Job | JobRow] = [ledger.get_job(job_id)]
+        by_job: dict[str, list[Lease | LeaseRow | SpanRow]] = {job_id: list(ledger.leases(job_id))}
+    else:
+        jobs = ledger.jobs()
+        by_job = {}
+        for lease in ledger.lease_spans():
+            by_job.setdefault(lease.job_id, []).append(lease)
     rows = []
     total = Decimal(0)
     for job in jobs:
-        leases = ledger.leases(job.id)
+        leases = by_job.get(job.id, [])
         spend = total_cost(leases, now)
         total += spend
         node_seconds = sum(

@@ -265,7 +265,9 @@ def test_an_unreachable_server_is_a_clear_error(postgres_server: object) -> None
 # --- the commands -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["status", "--json"], ["status"], ["cost", "--json"]])
+@pytest.mark.parametrize(
+    "argv", [["status", "--json"], ["status"], ["cost", "--json"], ["cost"], ["cost", "--all"]]
+)
 def test_orch_database_url_makes_the_commands_read_postgresql(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_url: str, argv: list[str]
 ) -> None:
@@ -289,6 +291,18 @@ def test_orch_database_url_makes_the_commands_read_postgresql(
         assert len(json.loads(from_postgresql)["jobs"]) == 6
     postgresql.engine.dispose()
     sqlite.engine.dispose()
+
+
+def test_the_engine_view_reads_postgresql_as_the_models_do(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    from orchestrator.ledger.view import EngineView
+    from tests.unit.test_ledger_view import assert_rows_are_the_models
+
+    ledger = Ledger(make_engine(postgres_url))
+    fill(ledger, tmp_path / "store")
+    assert_rows_are_the_models(EngineView(ledger.engine), ledger)
+    ledger.engine.dispose()
 
 
 def copy_rows(source: Ledger, target: Ledger) -> None:

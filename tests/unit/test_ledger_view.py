@@ -23,6 +23,7 @@ from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.ledger.view import (
     LAYOUT,
     SCHEMA_REVISION,
+    EngineView,
     LedgerView,
     open_view,
 )
@@ -63,10 +64,19 @@ def test_the_layout_is_the_models_at_the_newest_revision() -> None:
     assert SCHEMA_REVISION == HEAD  # tests/integration/test_ledger_migrations.py: models = HEAD
 
 
-def test_rows_have_the_models_values_and_types(filled: tuple[Settings, Ledger]) -> None:
+@pytest.mark.parametrize("reader", ["sqlite3", "engine"])
+def test_rows_have_the_models_values_and_types(
+    filled: tuple[Settings, Ledger], reader: str
+) -> None:
     settings, ledger = filled
+    opened = view_of(settings) if reader == "sqlite3" else EngineView(ledger.engine)
+    assert_rows_are_the_models(opened, ledger)
+
+
+def assert_rows_are_the_models(opened: LedgerView, ledger: Ledger) -> None:
+    """Every read of `opened` gives the rows the SQLModel ledger gives, values and types."""
     clusters = Clusters(ledger)
-    with view_of(settings) as view:
+    with opened as view:
         pairs = [
             *zip(view.jobs(), ledger.jobs(), strict=True),
             *((view.get_job(job.id), job) for job in ledger.jobs()),
@@ -75,6 +85,11 @@ def test_rows_have_the_models_values_and_types(filled: tuple[Settings, Ledger]) 
                 for job in ledger.jobs()
                 for pair in [
                     *zip(view.leases(job.id), ledger.leases(job.id), strict=True),
+                    *zip(
+                        (span for span in view.lease_spans() if span.job_id == job.id),
+                        ledger.leases(job.id),
+                        strict=True,
+                    ),
                     *zip(view.checkpoints(job.id), ledger.checkpoints(job.id), strict=True),
                 ]
             ),
@@ -97,6 +112,7 @@ def test_rows_have_the_models_values_and_types(filled: tuple[Settings, Ledger]) 
             c.id for c in clusters.all(up_only=True)
         ]
         assert sorted(view.job_states()) == sorted((j.id, j.state) for j in ledger.jobs())
+        assert [lease.id for lease in view.leases()] == [lease.id for lease in ledger.leases()]
     assert len(pairs) > 25
     for row, model in pairs:
         for field in fields(row):
