@@ -282,3 +282,32 @@ def parse_cli_startup(text: str) -> list[Figure]:
         )
         for m in _STARTUP.finditer(text)
     ]
+
+
+_TEAM_ROW = re.compile(
+    rf"^  (?P<name>\S.*?)\s+(?P<ours>{_NUMBER}) (?P<unit>s|%)\s+"
+    rf"(?:baseline\s+(?P<base>{_NUMBER}) (?:s|%) \((?P<bname>[^)]*)\)\s+ratio\s+{_NUMBER}"
+    r"|baseline - ratio -)\s+target (?P<target>.+?): (?P<verdict>met|NOT met|-)\s*$",
+    re.MULTILINE,
+)
+_TEAM_BOUND = re.compile(rf"^<=? (?P<bound>{_NUMBER})")
+
+
+def parse_team_scale(text: str) -> list[Figure]:
+    """Rows of `bench.team_scale` (`row`): each with its baseline and target; a target with
+    no number (no failures) keeps its verdict in its words."""
+    figures = []
+    for m in _TEAM_ROW.finditer(text):
+        bound = _TEAM_BOUND.match(m.group("target"))
+        figures.append(
+            Figure(
+                name=m.group("name"),
+                value=float(m.group("ours")),
+                unit="% of one core" if m.group("unit") == "%" else "s",
+                baseline=float(m.group("base")) if m.group("base") else None,
+                baseline_name=m.group("bname") or "",
+                target=m.group("target") if bound else f"{m.group('target')}: {m.group('verdict')}",
+                bound=float(bound.group("bound")) if bound else None,
+            )
+        )
+    return figures

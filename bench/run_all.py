@@ -34,6 +34,7 @@ from bench.figures import (
     parse_guard_billing,
     parse_idle_latency,
     parse_spot_recovery,
+    parse_team_scale,
     parse_trainer_throughput,
     report_rows,
 )
@@ -165,6 +166,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         parse_checkpoint_speed,
         quick_args=("--repeats", "3", "--saves", "4", "--rate-s", "15", "--upload-mb", "256"),
         timeout_s=2400.0,
+    ),
+    Benchmark(
+        "team_scale",
+        "Team scale: 16 detached jobs from 2 homes on one PostgreSQL ledger, `orch status` and "
+        "`orch cost` over 10,000 jobs, controller CPU per node at 8, 32 and 64 nodes",
+        "one shared SQLite file for the submits; `orch --help` for the read commands; the "
+        "per-node CPU at the smallest N",
+        parse_team_scale,
+        quick_args=("--quick",),
+        timeout_s=3600.0,
     ),
 )
 
