@@ -217,7 +217,12 @@ def growth(per_node: dict[int, float]) -> str:
         return "one size only"
     ratio = per_node[ns[-1]] / per_node[ns[0]]
     scale = ns[-1] / ns[0]
-    kind = "flat" if ratio < 1.3 else "grows with N" if ratio < scale else "grows faster than N"
+    if ratio < 0.77:
+        kind = "falls with N"
+    elif ratio < 1.3:
+        kind = "flat"
+    else:
+        kind = "grows with N" if ratio < scale else "grows faster than N"
     return f"x{ratio:.2f} from {ns[0]} to {ns[-1]} nodes (x{scale:g} nodes): {kind}"
 
 

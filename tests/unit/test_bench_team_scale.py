@@ -57,6 +57,7 @@ def test_per_node_cpu_is_cpu_seconds_over_the_window_per_node_in_percent() -> No
 
 def test_growth_says_how_the_per_node_figure_changes_with_n() -> None:
     assert "flat" in growth({8: 2.0, 64: 2.2})
+    assert "falls with N" in growth({8: 0.24, 32: 0.13, 64: 0.09})
     assert "grows with N" in growth({8: 2.0, 32: 4.0})
     assert "grows faster than N" in growth({8: 1.0, 16: 5.0})
     assert growth({8: 2.0}) == "one size only"
