@@ -142,3 +142,10 @@ class UnknownJob(OrchError):
 class LedgerError(OrchError):
     """The ledger refused writes (disk full, locked too long, read-only); nodes were still
     ended, and what could not be written waits under ORCH_HOME/unrecorded/."""
+
+
+class ControllerHostError(OrchError):
+    """The controller host could not be set up, reached or stopped; the message says which step
+    failed and the hint what to do (`orch controller status` shows what is known of it)."""
+
+    exit_code = 3

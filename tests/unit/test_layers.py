@@ -199,12 +199,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     ),
     "report": frozenset({"cluster", "config", "errors", "job_state", "ledger", "spot"}),
     "sandbox": frozenset({"config", "errors", "orchestrator", "providers"}),
+    "host": frozenset(
+        {"config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
+    ),
     "cli": frozenset(
         {
             "cluster",
             "config",
             "control",
             "errors",
+            "host",
             "job_state",
             "ledger",
             "node",

@@ -1,0 +1,206 @@
+"""`orch controller up|status|logs|down`, and the routing of a job that lives on the host.
+
+`route` runs before the app parses anything: `orch submit ... --remote` (or any `orch submit`
+once a controller host is set up, unless `--no-remote` or `--dry-run`) submits on the host, and
+`orch status|logs|cancel JOB` for a job submitted there ask the host's orch and show its answer
+here (`--json` stays one document: the host's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli.context import load_settings
+from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.output import make_console
+from orchestrator.errors import SpecError
+
+app = typer.Typer(
+    name="controller",
+    help="An always-on controller host that drives this ORCH_HOME's jobs (see "
+    "docs/controller-host.md).",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+
+
+def _print_json(document: object) -> None:
+    sys.stdout.write(json.dumps(document, default=str) + "\n")
+
+
+def _show(document: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        _print_json(document)
+        return
+    console = make_console()
+    for key, value in document.items():
+        if value not in (None, [], ""):
+            console.print(f"{key}: {value}", highlight=False, markup=False)
+
+
+@app.command()
+def up(
+    host: Annotated[
+        str | None, typer.Option("--host", help="adopt this machine: user@addr")
+    ] = None,
+    port: Annotated[int | None, typer.Option("--port", help="its sshd port [22]")] = None,
+    identity: Annotated[
+        Path | None, typer.Option("--identity", help="private key to log in with")
+    ] = None,
+    provider: Annotated[
+        str | None, typer.Option("--provider", help="launch the host: local")
+    ] = None,
+    autostop: Annotated[
+        float,
+        typer.Option(
+            "--autostop",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="stop after this long with no job to drive (0: never) [10m]",
+        ),
+    ] = 600.0,
+    json_out: JsonFlag = False,
+) -> None:
+    """Set up the controller host: adopt a machine (--host) or launch one (--provider local),
+    install this orch there and start its supervised daemon."""
+    from orchestrator.host import lifecycle
+    from orchestrator.host.record import load
+
+    if (host is None) == (provider is None):
+        raise SpecError("give exactly one of --host user@addr and --provider local")
+    if provider is not None and provider != "local":
+        raise SpecError(f"--provider {provider}: only local hosts can be launched so far")
+    settings = load_settings()
+    if load(settings.home) is not None:
+        raise SpecError(
+            "this ORCH_HOME has a controller host already", hint="`orch controller down` first"
+        )
+    environ = dict(os.environ)
+    if host is not None:
+        document = lifecycle.adopt(
+            settings,
+            host,
+            port=port,
+            identity=str(identity) if identity else None,
+            autostop_s=autostop,
+            environ=environ,
+        )
+    else:
+        document = lifecycle.launch(settings, autostop_s=autostop, environ=environ)
+    _show(document, json_out)
+
+
+@app.command()
+def status(json_out: JsonFlag = False) -> None:
+    """The host, its orch version, uptime, the jobs it drives and the autostop left."""
+    from orchestrator.host.lifecycle import status_document
+    from orchestrator.host.record import require
+
+    settings = load_settings()
+    _show(status_document(settings, require(settings.home)), json_out)
+
+
+@app.command()
+def logs(
+    tail: Annotated[int, typer.Option("--tail", min=1, help="last N lines")] = 100,
+) -> None:
+    """The controller-host daemon's log."""
+    from orchestrator.host.lifecycle import logs as host_logs
+
+    sys.stdout.write(host_logs(load_settings(), tail))
+
+
+@app.command()
+def down(
+    force: Annotated[
+        bool, typer.Option("--force", help="even while the host drives unfinished jobs")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Stop orch on the host; a launched host is terminated, an adopted one left running."""
+    from orchestrator.host.lifecycle import down as host_down
+
+    _show(host_down(load_settings(), force=force), json_out)
+
+
+# --- routing of jobs that live on the host ----------------------------------------------------
+
+
+def _first_positional(args: list[str]) -> int | None:
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            return i
+    return None
+
+
+def route(argv: list[str]) -> int | None:
+    """Handle `argv` (sys.argv) here when it concerns the controller host; returns the exit
+    status, or None to let the app run it (after removing `--no-remote` from `argv`)."""
+    args = argv[1:]
+    if not args or args[0] not in ("submit", "status", "logs", "cancel") or "--help" in args:
+        return None
+    verb, rest = args[0], args[1:]
+    if verb == "submit":
+        return _route_submit(argv, rest)
+    index = _first_positional(rest)
+    if index is None:
+        return None
+    from orchestrator.host.remote_jobs import ask, lives_on_host
+
+    settings = load_settings()
+    if not lives_on_host(settings, rest[index]):
+        return None
+    if verb == "status" and "--json" not in rest and "--watch" not in rest:
+        result = ask(settings, ["status", *rest, "--json"])
+        if result.ok:
+            from orchestrator.cli.console import job_detail
+
+            console = make_console()
+            for renderable in job_detail(json.loads(result.stdout)):
+                console.print(renderable)
+            return 0
+    else:
+        result = ask(settings, [verb, *rest], timeout=3600)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result.exited
+
+
+def _route_submit(argv: list[str], rest: list[str]) -> int | None:
+    from orchestrator.host.record import load
+
+    if "--no-remote" in rest:
+        argv.remove("--no-remote")
+        return None
+    settings = load_settings()
+    wanted = "--remote" in rest or ("--dry-run" not in rest and load(settings.home) is not None)
+    if not wanted:
+        return None
+    index = _first_positional(rest)
+    if index is None:
+        raise SpecError("orch submit --remote needs the job spec file")
+    from orchestrator.host.remote_jobs import submit
+
+    job_id, result = submit(settings, rest, index, dict(os.environ))
+    if not result.ok:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.exited
+    if "--json" in rest:
+        sys.stdout.write(result.stdout)
+    else:
+        make_console(stderr=True).print(
+            f"job {job_id} submitted to the controller host; follow it with "
+            f"`orch status {job_id}` or `orch logs {job_id}`",
+            highlight=False,
+            markup=False,
+        )
+        sys.stdout.write(f"{job_id}\n")
+    return 0

@@ -1,0 +1,280 @@
+"""`orch controller up|status|logs|down`: set up, inspect and stop this ORCH_HOME's host.
+
+- `up` adopts a machine (`adopt`) or launches one local node (`launch`), installs this orch's
+  wheel there (offline), writes the host's environment and starts the supervised daemon. The
+  record (ORCH_HOME/controller-host/host.json) is written before the daemon starts, and for a
+  launched host right after its launch, so `down` can always find what `up` left behind.
+- `down` stops orch's processes on the host (daemon and supervisor). A launched host is then
+  terminated (its billing stops when `terminate` returns); an adopted one keeps running. It
+  refuses while the host still drives an unfinished job, unless `force`.
+- What if the host is gone? `status` says `reachable: false`; `down` ends a launched host
+  through its provider all the same and forgets an adopted one only with `force`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Settings
+from orchestrator.errors import ControllerHostError, OrchError
+from orchestrator.host import record as records
+from orchestrator.host.autostop import unfinished
+from orchestrator.host.layout import (
+    DEFAULT_ROOT_NAME,
+    ROLE,
+    HostLayout,
+    env_file_text,
+    install_script,
+    orch_command,
+    parse_target,
+    start_command,
+    stop_command,
+    supervisor_script,
+)
+from orchestrator.host.record import HostRecord
+from orchestrator.host.session import HostSession, host_identity
+from orchestrator.host.wheel import build_wheel, image_bin_dirs, image_python, image_site_dirs
+from orchestrator.remote.host_key import scan_host_key
+
+# Settings that stay on the laptop: where its files are and how its own local nodes are made.
+NOT_PASSED_ON = ("ORCH_HOME", "ORCH_LOCAL_NETWORK", "ORCH_LOCAL_ROOT", "ORCH_LOCAL_BRIDGE",
+                 "ORCH_LOCAL_SUBNET")  # fmt: skip
+DEFAULT_TICK_S = 15.0
+
+
+def host_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The laptop's ORCH_* settings that the host's orch gets too (not the laptop's paths),
+    and local nodes of the host's jobs on the host's own loopback."""
+    passed = {k: v for k, v in environ.items() if k.startswith("ORCH_") and k not in NOT_PASSED_ON}
+    return {**passed, "ORCH_LOCAL_NETWORK": "loopback"}
+
+
+def _write(session: HostSession, path: str, text: str) -> None:
+    """Write `text` into `path` on the host through stdin (0600), never through argv."""
+    q = shlex.quote(path)
+    session.run(f"umask 077 && cat > {q}.tmp && mv {q}.tmp {q}", stdin=text)
+
+
+def adopt(
+    settings: Settings,
+    target: str,
+    *,
+    port: int | None,
+    identity: str | None,
+    autostop_s: float,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """Make the machine at `target` (`user@addr`) this ORCH_HOME's controller host."""
+    where = parse_target(target, port)
+    key = scan_host_key(where.host, where.port)
+    draft = HostRecord(
+        kind="adopted", user=where.user, host=where.host, port=where.port, host_key=key,
+        identity=str(Path(identity).resolve()) if identity else str(
+            host_identity(settings.home, None).private_key),
+        root="", autostop_s=autostop_s, version="", installed_at="",
+    )  # fmt: skip
+    return _install(settings, draft, environ, poweroff=None)
+
+
+def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Launch one local node as the host (owned by no job and no ledger, so no reconcile ever
+    takes it for a job's node) and set it up like an adopted one."""
+    from orchestrator.providers.base import LaunchRequest
+    from orchestrator.providers.local.provider import LocalProvider
+
+    identity = host_identity(settings.home, None)
+    provider = LocalProvider(settings)
+    (node,) = provider.launch(
+        LaunchRequest(job_id=ROLE, cluster=ROLE, count=1, gpus_per_node=1,
+                      public_key=identity.public_key, spot=False)
+    )  # fmt: skip
+    draft = HostRecord(
+        kind="launched", user=node.ssh_user, host=node.ssh_host, port=node.ssh_port,
+        host_key=node.host_key, identity=str(identity.private_key), root="",
+        autostop_s=autostop_s, version="", installed_at="", instance_id=node.instance_id,
+        provider="local", price_per_hour=str(node.price_per_hour),
+        launched_at=node.launched_at.isoformat(),
+    )  # fmt: skip
+    records.save(settings.home, draft)  # before anything else: `down` can end it from now on
+    try:
+        return _install(settings, draft, environ, poweroff=node.poweroff_command)
+    except BaseException:
+        provider.terminate([node.instance_id])
+        records.forget(settings.home)
+        raise
+
+
+def _install(
+    settings: Settings, draft: HostRecord, environ: Mapping[str, str], *, poweroff: str | None
+) -> dict[str, Any]:
+    wheel = build_wheel(records.host_dir(settings.home) / "wheels")
+    session = HostSession(settings.home, draft)
+    try:
+        login_home = session.run("echo $HOME").stdout.strip()
+        layout = HostLayout(f"{login_home}/{DEFAULT_ROOT_NAME}")
+        session.run(f"mkdir -p {shlex.quote(layout.path('wheels'))}")
+        session.push(wheel, layout.path(f"wheels/{wheel.name}"))
+        script = install_script(
+            layout, image_python(), image_site_dirs(), wheel.name, image_bin_dirs()
+        )
+        version = session.run(script).stdout.strip().splitlines()[-1]
+        environment = env_file_text(layout, host_environment(environ), image_bin_dirs())
+        _write(session, layout.env, environment)
+        _write(session, layout.path("supervise.sh"), supervisor_script(layout))
+        daemon = {
+            "autostop_s": draft.autostop_s,
+            "tick_s": float(environ.get("ORCH_HOST_TICK", DEFAULT_TICK_S)),
+            "poweroff": poweroff,
+            "version": version,
+        }
+        _write(session, layout.path("daemon.json"), json.dumps(daemon) + "\n")
+        config = settings.home / "config.yaml"
+        if config.exists():  # the same settings there (a team ledger's url among them)
+            session.push(config, f"{layout.home}/config.yaml")
+        record = dataclasses.replace(
+            draft, root=layout.root, version=version, installed_at=datetime.now(UTC).isoformat()
+        )
+        records.save(settings.home, record)  # intent first: written before the daemon starts
+        session.run(start_command(layout))
+        _wait_heartbeat(session, layout)
+        return status_document(settings, record, session)
+    finally:
+        session.close()
+
+
+def _wait_heartbeat(session: HostSession, layout: HostLayout, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if session.run(f"test -s {shlex.quote(layout.state)}", check=False).ok:
+            return
+        time.sleep(0.5)
+    log = session.run(f"tail -n 20 {shlex.quote(layout.log)}", check=False).stdout
+    raise ControllerHostError(
+        f"the controller-host daemon wrote no heartbeat within {timeout:.0f} s:\n{log}",
+        hint="`orch controller logs` shows its log; `orch controller down` undoes `up`",
+    )
+
+
+def _spend(record: HostRecord, now: datetime) -> Decimal | None:
+    if record.price_per_hour is None or record.launched_at is None:
+        return None
+    hours = Decimal((now - datetime.fromisoformat(record.launched_at)).total_seconds()) / 3600
+    return (Decimal(record.price_per_hour) * hours).quantize(Decimal("0.000001"))
+
+
+def status_document(
+    settings: Settings, record: HostRecord, session: HostSession | None = None
+) -> dict[str, Any]:
+    """What `orch controller status --json` prints: the record, and what the host says now
+    (`reachable: false` and no daemon fields when it cannot be reached)."""
+    now = datetime.now(UTC)
+    spend = _spend(record, now)
+    document: dict[str, Any] = {
+        "host": f"{record.user}@{record.host}:{record.port}",
+        "kind": record.kind,
+        "instance_id": record.instance_id,
+        "price_per_hour": record.price_per_hour,
+        "spend_usd": str(spend) if spend is not None else None,
+        "version": record.version,
+        "root": record.root,
+        "submitted_jobs": record.jobs,
+        "reachable": False,
+        "running": False,
+    }
+    own = session is None
+    session = session or HostSession(settings.home, record)
+    layout = HostLayout(record.root)
+    try:
+        pid = shlex.quote(layout.path("daemon.pid"))
+        probe = session.run(
+            f"cat {shlex.quote(layout.state)} 2>/dev/null || echo '{{}}'; "
+            f"[ -s {pid} ] && kill -0 $(cat {pid}) 2>/dev/null && echo running || echo stopped",
+            check=False,
+        )
+    except OrchError as exc:
+        document["error"] = str(exc)
+        return document
+    finally:
+        if own:
+            session.close()
+    lines = probe.stdout.strip().splitlines()
+    state = json.loads(lines[0]) if lines and lines[0].startswith("{") else {}
+    started = state.get("started_at")
+    running = bool(lines) and lines[-1] == "running"
+    document.update(
+        reachable=True,
+        running=running,
+        pid=state.get("pid") if running else None,
+        version=state.get("version") or record.version,
+        started_at=started,
+        uptime_s=round((now - datetime.fromisoformat(started)).total_seconds(), 1)
+        if started and running
+        else None,
+        heartbeat_at=state.get("heartbeat_at"),
+        jobs=state.get("jobs", []),
+        autostop_s=state.get("autostop_s", record.autostop_s),
+        autostop_remaining_s=state.get("autostop_remaining_s"),
+    )
+    return document
+
+
+def logs(settings: Settings, lines: int) -> str:
+    """The last `lines` lines of the daemon's log on the host."""
+    record = records.require(settings.home)
+    session = HostSession(settings.home, record)
+    try:
+        log = shlex.quote(HostLayout(record.root).log)
+        return session.run(f"tail -n {int(lines)} {log} 2>/dev/null || true").stdout
+    finally:
+        session.close()
+
+
+def host_jobs(session: HostSession) -> list[str]:
+    """Ids of the host's unfinished jobs (asks its orch)."""
+    result = session.run(orch_command(session.layout, ["status", "--json"]))
+    return unfinished(json.loads(result.stdout)["jobs"])
+
+
+def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:
+    """Stop orch on the host and end a launched host; returns what was done."""
+    record = records.require(settings.home)
+    done: dict[str, Any] = {"host": f"{record.user}@{record.host}:{record.port}",
+                            "kind": record.kind, "stopped": False, "terminated": None}  # fmt: skip
+    session = HostSession(settings.home, record)
+    try:
+        if record.root:
+            live = host_jobs(session)
+            if live and not force:
+                raise ControllerHostError(
+                    f"the controller host still drives {len(live)} job(s): {', '.join(live)}",
+                    hint="`orch cancel JOB` each, or `orch controller down --force`",
+                )
+            out = session.run(stop_command(HostLayout(record.root)))
+            done["stopped"] = out.stdout.strip().endswith("stopped")
+    except OrchError as exc:
+        if isinstance(exc, ControllerHostError) or (record.kind == "adopted" and not force):
+            raise
+        done["error"] = str(exc)  # a launched host is ended below whatever its state
+    finally:
+        session.close()
+    if record.kind == "launched" and record.instance_id:
+        from orchestrator.providers.local.provider import LocalProvider
+
+        stopped = LocalProvider(settings).terminate([record.instance_id])
+        done["terminated"] = record.instance_id
+        done["billing_stopped_at"] = stopped.isoformat()
+    records.forget(settings.home)
+    return done
+
+
+def laptop_environment() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,96 @@
+"""Jobs that live on the controller host: submit them there, and ask the host about them.
+
+`submit` sends the spec, its workdir and data sources (rsync, under `submissions/<token>/` on
+the host), the secrets (SSH stdin, into a 0600 file that is removed once the host's orch has
+read them), and runs `orch submit --detach` there. The job's ledger, controller and logs are
+the host's; this ORCH_HOME only remembers the job's id (host.json's `jobs`). `ask` runs any
+`orch` command there for such a job and returns what it printed and its exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets as tokens
+import shlex
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config import Settings
+from orchestrator.errors import ControllerHostError, SpecError
+from orchestrator.host import record as records
+from orchestrator.host.layout import orch_command
+from orchestrator.host.session import HostSession
+from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.remote.ssh import CommandResult
+
+
+def submit(
+    settings: Settings, argv: Sequence[str], spec_index: int, environ: Mapping[str, str]
+) -> tuple[str, CommandResult]:
+    """Submit the job of `argv` (the arguments after `submit`) on the host; returns its id
+    and the host's output."""
+    record = records.require(settings.home)
+    spec_path = Path(argv[spec_index])
+    try:
+        spec = yaml.safe_load(spec_path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read the job spec {spec_path}: {exc}") from exc
+    plan = split_args(argv, spec_index, environ)
+    secrets = {**spec_secrets(spec, environ), **plan.secrets}
+    base = spec_path.resolve().parent
+    session = HostSession(settings.home, record)
+    try:
+        folder = session.layout.submission(tokens.token_hex(6))
+        workdir = (base / str(spec.get("workdir", "."))).resolve()
+        session.push(workdir, f"{folder}/work", workdir=True)
+        for i, item in enumerate(spec.get("data") or []):
+            source = Path(str(item["src"])).expanduser()
+            session.push(source if source.is_absolute() else base / source, f"{folder}/data/{i}")
+        with tempfile.TemporaryDirectory(prefix="orch-remote-") as scratch:
+            moved = Path(scratch) / "job.yaml"
+            moved.write_text(yaml.safe_dump(host_spec(spec, folder), sort_keys=False))
+            session.push(moved, f"{folder}/job.yaml")
+        secrets_file = f"{folder}/secrets.env"
+        q = shlex.quote(secrets_file)
+        session.run(f"umask 077 && cat > {q}", stdin=secrets_file_text(secrets))
+        command = orch_command(
+            session.layout, ["submit", f"{folder}/job.yaml", *plan.args], env_file=secrets_file
+        )
+        result = session.run(f"({command}); code=$?; rm -f {q}; exit $code", check=False)
+    finally:
+        session.close()
+    if not result.ok:
+        return "", result
+    job_id = _job_id(result.stdout)
+    records.add_job(settings.home, job_id)
+    return job_id, result
+
+
+def _job_id(stdout: str) -> str:
+    text = stdout.strip()
+    try:
+        return str(json.loads(text)["id"])
+    except (ValueError, KeyError, TypeError):
+        lines = text.splitlines()
+        if not lines:
+            raise ControllerHostError("the host's orch submit printed no job id") from None
+        return lines[-1].strip()
+
+
+def lives_on_host(settings: Settings, job_id: str) -> bool:
+    record = records.load(settings.home)
+    return record is not None and job_id in record.jobs
+
+
+def ask(settings: Settings, argv: Sequence[str], *, timeout: float = 300) -> CommandResult:
+    """Run `orch ARGV` on the host (its environment, its ORCH_HOME); never raises for the
+    command's own exit status."""
+    record = records.require(settings.home)
+    session = HostSession(settings.home, record)
+    try:
+        return session.run(orch_command(session.layout, argv), check=False, timeout=timeout)
+    finally:
+        session.close()

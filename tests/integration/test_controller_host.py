@@ -1,0 +1,125 @@
+"""A controller host adopted with `--host` on a real local node drives a job the laptop
+submitted with `--remote`: `orch controller up` installs this orch there from a wheel and starts
+its supervised daemon; the job succeeds while no orch process runs on the laptop side; the
+laptop's `orch status JOB --json` asks the host; the job's secret is in no process's arguments,
+nor in the host's daemon log or ledger; `orch controller down` leaves nothing running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_settings
+from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.local.provider import LocalProvider
+from tests.support.helpers import (
+    counter_run,
+    counter_workdir,
+    fast_env,
+    processes_with_marker,
+    run_orch,
+)
+from tests.support.waiting import wait_until
+
+SECRET = "s3cr3t-only-over-stdin-7f1c"
+
+
+def _cmdlines_with(needle: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle.encode() in line:
+                found.append(line.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    """One local node to adopt, reachable with the key `tmp_path/key`; ended afterwards."""
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    env = fast_env(tmp_path / "orch", ORCH_HOST_TICK="1")
+    provider = LocalProvider(load_settings(env))
+    (instance,) = provider.launch(
+        LaunchRequest("host-to-adopt", "host-to-adopt", 1, 1, key.with_suffix(".pub").read_text())
+    )
+    yield instance, key, env, provider
+    provider.terminate([instance.instance_id])
+
+
+def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing(
+    tmp_path: Path, node
+) -> None:
+    instance, key, env, provider = node
+    home = Path(env["ORCH_HOME"])
+    target = f"{instance.ssh_user}@{instance.ssh_host}"
+    up = run_orch(
+        ["controller", "up", "--host", target, "--port", str(instance.ssh_port),
+         "--identity", str(key), "--autostop", "0", "--json"],
+        env, timeout=120,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stdout + up.stderr
+    status = json.loads(run_orch(["controller", "status", "--json"], env).stdout)
+    assert status["reachable"] and status["running"], status
+    assert status["version"] and status["uptime_s"] is not None and status["jobs"] == []
+
+    spec = tmp_path / "job.yaml"
+    counter_workdir(tmp_path)
+    spec.write_text(
+        "name: remote-counter\nworkdir: work\nresources: {nodes: 1, gpus_per_node: 1}\n"
+        f"run: {counter_run(6, step_s=0.2)}\nsecrets: {{HOST_TOKEN: null}}\n"
+    )
+    submitted = run_orch(["submit", str(spec), "--remote"], {**env, "HOST_TOKEN": SECRET})
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+
+    # Nothing of orch runs for this ORCH_HOME on the laptop side: whatever did is killed now.
+    laptop = [p for p in processes_with_marker(f"ORCH_HOME={home}")
+              if p not in processes_with_marker(instance.instance_id)]  # fmt: skip
+    for pid in laptop:
+        os.kill(pid, signal.SIGKILL)
+
+    seen: list[str] = []
+
+    def finished() -> dict | None:
+        seen.extend(_cmdlines_with(SECRET))
+        result = run_orch(["status", job_id, "--json"], env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        job = json.loads(result.stdout)
+        return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    job = wait_until(finished, f"{job_id} ends on the host", timeout=90, interval=1)
+    assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
+    assert job["id"] == job_id and job["step"] == 6
+    assert seen == [], "the secret appeared in a process's arguments"
+    human = run_orch(["status", job_id], env)
+    assert human.returncode == 0 and job_id in human.stdout, human.stderr
+
+    root = Path(provider.store.node_dir(instance.instance_id)) / "disk" / ".orch-host"
+    assert (root / "home").is_dir(), "the host's ORCH_HOME is on the host"
+    for path in [root / "daemon.log", *(root / "home").glob("*.db*")]:
+        assert SECRET.encode() not in path.read_bytes(), f"the secret is in {path}"
+    assert not list(root.glob("submissions/*/secrets.env")), "the secrets file was left"
+
+    logs = run_orch(["controller", "logs", "--tail", "5"], env)
+    assert logs.returncode == 0 and "controller-host daemon" in logs.stdout, logs.stderr
+
+    down = run_orch(["controller", "down", "--json"], env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert json.loads(down.stdout)["stopped"] is True
+    assert _cmdlines_with("orchestrator.host.daemon") == []
+    assert _cmdlines_with("supervise.sh") == []
+    gone = run_orch(["controller", "status", "--json"], env)
+    assert gone.returncode != 0 and "no controller host" in gone.stderr
+
+    provider.terminate([instance.instance_id])  # the adopted machine itself is the test's
+    assert processes_with_marker(instance.instance_id) == []
