@@ -9,7 +9,8 @@ Layout of ORCH_HOME (default ~/.orch):
                              {budget: {monthly_usd: 500}}
     keys/<cluster>/          per-cluster SSH key pair and known_hosts (dir 0700, keys 0600)
     jobs/<job id>/           pulled checkpoints, logs (capped and rotated: `logs` settings)
-    local/                   the local provider's nodes and network state
+    local/                   the local provider's nodes and network state (`local.root`)
+    machine-id               this ORCH_HOME's id as a machine of a shared ledger
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class LocalSettings(BaseModel):
     network: LocalNetworkMode = "auto"
     subnet: IPv4Network = IPv4Network("10.213.0.0/24")
     bridge: str = "orchbr0"
+    # where the nodes' records, disks and network state live; None: ORCH_HOME/local. Several
+    # ORCH_HOMEs naming one root share one local "cloud", as machines share an AWS account
+    root: Path | None = None
 
     @property
     def spot_price(self) -> Decimal:
@@ -182,6 +186,27 @@ class LedgerSettings(BaseModel):
             )
         return value.strip()
 
+    # On a shared ledger (`shared`), how long a controller's lease on its job lasts unless
+    # renewed, and how often the controller renews it (`orchestrator.control.lease_keeper`)
+    controller_lease: float = Field(default=30.0, gt=0)
+    lease_renewal: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> LedgerSettings:
+        if self.lease_renewal * 2 > self.controller_lease:
+            raise ValueError(
+                f"lease_renewal ({self.lease_renewal:g} s) must be at most half of"
+                f" controller_lease ({self.controller_lease:g} s), so that one failed renewal"
+                " does not lose the lease"
+            )
+        return self
+
+    @property
+    def shared(self) -> bool:
+        """Whether other machines may use this ledger: any `url` counts (the default SQLite
+        file under ORCH_HOME is this ORCH_HOME's alone)."""
+        return self.url is not None
+
 
 class BudgetSettings(BaseModel):
     """Monthly caps on what every job of the ledger spends (a team's, when the ledger is shared
@@ -298,6 +323,11 @@ class Settings(BaseModel):
     def keys_dir(self, cluster: str) -> Path:
         return self.home / "keys" / cluster
 
+    @property
+    def local_root(self) -> Path:
+        """Where the local provider keeps its nodes: `local.root`, else ORCH_HOME/local."""
+        return self.local.root or self.home / "local"
+
 
 _ENV_OVERRIDES = {
     "ORCH_LOCAL_PRICE_PER_HOUR": ("local", "price_per_hour"),
@@ -329,6 +359,9 @@ _ENV_OVERRIDES = {
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
     "ORCH_DATABASE_URL": ("ledger", "url"),
+    "ORCH_CONTROLLER_LEASE": ("ledger", "controller_lease"),
+    "ORCH_LEASE_RENEWAL": ("ledger", "lease_renewal"),
+    "ORCH_LOCAL_ROOT": ("local", "root"),
     "ORCH_BUDGET_MONTHLY_USD": ("budget", "monthly_usd"),
     "ORCH_BUDGET_USER_MONTHLY_USD": ("budget", "user_monthly_usd"),
 }

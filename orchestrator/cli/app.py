@@ -588,6 +588,8 @@ def reconcile(
                 "revived": report.revived,
                 "not_ours": report.not_ours,
                 "recorded": report.recorded,
+                "live_elsewhere": report.live_elsewhere,
+                "stranded": [s.job_id for s in report.stranded],
                 "dry_run": dry_run,
             }
         )
@@ -602,7 +604,11 @@ def reconcile(
         console.print(line)
     for job_id in report.recorded:
         console.print(f"{job_id}: wrote the end its stop could not write into the ledger")
-    if not report.terminated and not report.revived and not report.recorded:
+    for job_id in report.live_elsewhere:
+        console.print(f"{job_id}: driven by another machine's controller; left alone")
+    for stranded in report.stranded:
+        console.print(stranded.line(), highlight=False, markup=False)
+    if not (report.terminated or report.revived or report.recorded or report.stranded):
         console.print("nothing to reconcile: every node belongs to a job with a live controller")
 
 
@@ -653,17 +659,16 @@ def _revive_lost_controllers(
     if no_controller_lost():
         return  # found through the ledger's read-only view, without SQLModel or the settings
     from orchestrator.cli.console import revived_line
-    from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
+    from orchestrator.control.supervision import refused_by_last_controller, revive
 
     settings = load_settings()
     if settings.ledger.url or settings.db_path.exists():
         ledger = open_ledger(settings)
-        for job_id in revive_controllers(settings, ledger, unfinished_job_ids(ledger)):
-            make_console(stderr=True).print(
-                revived_line(job_id, refused_by_last_controller(ledger, job_id)),
-                highlight=False,
-                markup=False,
-            )
+        adoption = revive(settings, ledger, unfinished_job_ids(ledger))
+        lines = [revived_line(job_id, refused_by_last_controller(ledger, job_id))
+                 for job_id in adoption.revive] + [s.line() for s in adoption.stranded]  # fmt: skip
+        for line in lines:
+            make_console(stderr=True).print(line, highlight=False, markup=False)
 
 
 def main() -> None:

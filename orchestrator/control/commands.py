@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
 from orchestrator.control.kept import KeptRequest, join_cluster
+from orchestrator.control.lease_keeper import LeaseKeeper, keep_lease
 from orchestrator.control.notify import notify_end, save_notify
 from orchestrator.control.ownership import Partition, partition
 from orchestrator.control.reconcile import end_nodes
@@ -176,11 +177,14 @@ class ForegroundJob:
     prepared: PreparedSubmit
     job: Job
     lock: ControllerLock
+    lease: LeaseKeeper | None = None  # on a shared ledger, the job's controller lease
 
     def __enter__(self) -> ForegroundJob:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self.lease is not None:
+            self.lease.stop()
         self.lock.release()
 
     def run(self, reporter: Reporter) -> Finished:
@@ -221,12 +225,13 @@ def submit_foreground(
             cluster_id=_cluster_of(ledger, prepared),
         )  # fmt: skip
         _reserve(settings, ledger, prepared, job_id)
+        lease = keep_lease(settings, ledger, job_id)
     except BaseException:
         lock.release()
         raise
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
-    return ForegroundJob(settings, ledger, prepared, job, lock)
+    return ForegroundJob(settings, ledger, prepared, job, lock, lease)
 
 
 def _cluster_of(ledger: Ledger, prepared: PreparedSubmit) -> str | None:

@@ -2,8 +2,10 @@
 
 Started by `orch submit --detach` and by any orch command that finds an unfinished job without
 a controller. It takes the job's controller lock (or exits at once if another process holds
-it), then drives the job from whatever state the ledger records until it is final. SIGTERM
-(what `orch cancel` sends) cancels the job gracefully. Output goes to jobs/<id>/controller.log.
+it), and on a shared ledger the job's controller lease too (`lease_keeper`; exits at once if
+another machine's controller holds it), then drives the job from whatever state the ledger
+records until it is final. SIGTERM (what `orch cancel` sends) cancels the job gracefully.
+Output goes to jobs/<id>/controller.log.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from orchestrator.config import load_settings
+from orchestrator.control.lease_keeper import LeaseKeeper
 from orchestrator.control.notify import notify_end
 from orchestrator.control.runner import JobRunner, RunnerOptions
 from orchestrator.control.supervision import ControllerLock, controller_identity, load_job_record
@@ -54,6 +57,7 @@ def main(argv: list[str]) -> int:
     lock = ControllerLock(settings, job_id)
     if not lock.acquire():
         return 0  # another controller drives this job
+    keeper: LeaseKeeper | None = None
     try:
         signal.signal(signal.SIGTERM, _cancel)
         signal.signal(signal.SIGINT, _cancel)
@@ -69,7 +73,18 @@ def main(argv: list[str]) -> int:
         job = ledger.get_job(job_id)
         if JobState(job.state).is_final:
             return 0
-        job = ledger.update_job(job_id, controller=controller_identity())
+        if settings.ledger.shared:  # other machines' controllers are kept out by the lease
+            keeper = LeaseKeeper(settings, ledger, job_id)
+            claim = keeper.take()
+            if not claim.taken:
+                held = claim.lease.holder if claim.lease else "another controller"
+                LogReporter().line(f"not driving {job_id}: its lease is held by {held}")
+                keeper = None
+                return 0
+            keeper.start()
+        job = ledger.update_job(
+            job_id, controller=controller_identity(keeper.holder if keeper else None)
+        )
         runner = JobRunner(
             job,
             load_job_record(settings, job_id),
@@ -90,6 +105,8 @@ def main(argv: list[str]) -> int:
                 LogReporter().line(f"notify hook: exit {notified.exit_code}")
         return outcome.exit_code
     finally:
+        if keeper is not None:
+            keeper.stop()
         lock.release()
 
 

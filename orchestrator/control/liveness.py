@@ -16,6 +16,7 @@ from pathlib import Path
 
 LOCK_FILE = "controller.lock"
 JOB_RECORD = "job.json"
+JOB_SECRETS = "env.json"  # the spec's secrets' values beside the record: the one copy, 0600
 
 
 def lock_held(job_dir: Path) -> bool:

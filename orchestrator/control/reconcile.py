@@ -6,6 +6,11 @@ or unknown are terminated and their leases closed at the time the provider ackno
 node of a known job that has no lease (its launch was cut short before the lease was written)
 gets one first, so its seconds are billed. Nodes of another ledger, or with no ledger tag and
 no lease here, are reported as not ours and never touched.
+
+A shared ledger (`LedgerSettings.shared`) has one ledger id for every machine that uses it,
+so "ours" says nothing about which machine drives a job: the nodes of an unfinished job that
+another machine's controller drives, or that only another machine can drive
+(`control.adoption`), are never ended from here, only reported.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.adoption import Stranded, plan_adoption
 from orchestrator.control.kept import settle
 from orchestrator.control.ownership import partition
-from orchestrator.control.supervision import controller_running, revive_controllers
+from orchestrator.control.supervision import controller_running, revive
 from orchestrator.control.unrecorded import (
     DeferredWrites,
     UnrecordedEnd,
@@ -39,6 +45,11 @@ class ReconcileReport:
     revived: list[str] = field(default_factory=list)  # jobs given a new controller
     not_ours: list[str] = field(default_factory=list)  # ids of other ledgers' nodes: untouched
     recorded: list[str] = field(default_factory=list)  # jobs whose unwritten stop was written
+    # on a shared ledger: jobs another machine's controller drives (untouched), and jobs whose
+    # controller stopped on another machine that holds their keys (untouched, to be revived
+    # there: `Stranded.line`)
+    live_elsewhere: list[str] = field(default_factory=list)
+    stranded: list[Stranded] = field(default_factory=list)
 
 
 def lease_unrecorded(
@@ -144,22 +155,31 @@ def end_nodes(
 def reconcile(
     settings: Settings, ledger: Ledger, providers: list[Provider], *, dry_run: bool = False
 ) -> ReconcileReport:
-    """Revive lost controllers, then end every node of this ledger that no driven job owns.
-    Idempotent. Nodes that are not this ledger's are only listed (`ReconcileReport.not_ours`).
+    """Revive lost controllers, then end every node of this ledger that no driven job owns
+    (on a shared ledger: nor another machine's unfinished job). Idempotent. Nodes that are
+    not this ledger's are only listed (`ReconcileReport.not_ours`).
 
     With `dry_run`, nothing is revived or terminated: the report says what would be.
     Records a stop could not write (ORCH_HOME/unrecorded/) are written first.
     """
     recorded = [] if dry_run else finish_unrecorded(settings.home, ledger)
     if dry_run:
-        revived = [
-            job.id
-            for job in ledger.jobs()
-            if not JobState(job.state).is_final and not controller_running(settings, job.id)
-        ]
+        adoption = plan_adoption(settings, ledger, ledger.jobs())
+        if not settings.ledger.shared:  # as before: every unfinished job without a controller
+            adoption.revive = [
+                job.id
+                for job in ledger.jobs()
+                if not JobState(job.state).is_final and not controller_running(settings, job.id)
+            ]
     else:
-        revived = revive_controllers(settings, ledger)
-    report = ReconcileReport(revived=revived, recorded=recorded)
+        adoption = revive(settings, ledger)
+    report = ReconcileReport(
+        revived=adoption.revive,
+        recorded=recorded,
+        live_elsewhere=sorted(adoption.live_elsewhere),
+        stranded=adoption.stranded,
+    )
+    hands_off = adoption.hands_off
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
     kept = Clusters(ledger).all(up_only=True)
@@ -181,6 +201,8 @@ def reconcile(
             driven = job_id in report.revived or controller_running(settings, job_id)
             if job is not None and not JobState(job.state).is_final and driven:
                 continue
+            if job_id in hands_off and job is not None and not JobState(job.state).is_final:
+                continue  # another machine's to drive (or revive): never ended from here
             if not dry_run:
                 end_nodes(ledger, provider, job_id, ids, home=settings.home)
             report.terminated[job_id] = sorted(ids)

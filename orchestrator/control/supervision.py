@@ -5,6 +5,10 @@ the job, a foreground `orch submit` or a detached controller, for as long as it 
 is in `controller.pid` beside it. A lock cannot outlive its process, so "is the controller
 alive?" never trusts a stale pid. A job that is not final and whose lock is free has lost its
 controller: `revive_controllers` starts a detached one, which adopts the job.
+
+On a shared ledger the lock keeps out this machine's processes only: a controller also holds
+the job's lease in the ledger (`lease_keeper`), and which jobs this machine may revive, and
+which are another machine's, is `adoption.plan_adoption`'s call.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.adoption import Adoption, plan_adoption
 from orchestrator.control.liveness import JOB_RECORD as JOB_RECORD
-from orchestrator.control.liveness import LOCK_FILE, controller_lost, lock_held
+from orchestrator.control.liveness import JOB_SECRETS as JOB_SECRETS
+from orchestrator.control.liveness import LOCK_FILE, lock_held
+from orchestrator.control.machine_id import holder_id, machine_id
 from orchestrator.errors import OrchError
 from orchestrator.job_state import JobState
+from orchestrator.ledger.sharing import names_only
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.spec.model import JobSpec, LoadedJob
 
@@ -116,20 +124,23 @@ def wait_for_controller(
     raise OrchError(f"the controller of {job_id} did not start within {timeout:.0f} s")
 
 
+def revive(settings: Settings, ledger: Ledger, job_ids: Iterable[str] | None = None) -> Adoption:
+    """Start a controller for every unfinished job that needs one from this ORCH_HOME (only
+    among `job_ids` when given; `adoption.plan_adoption` says which); the plan says what was
+    revived and, on a shared ledger, which jobs are another machine's. A job whose record
+    was never written is left alone."""
+    jobs = ledger.jobs() if job_ids is None else [ledger.get_job(job_id) for job_id in job_ids]
+    adoption = plan_adoption(settings, ledger, jobs)
+    for job_id in adoption.revive:
+        spawn_controller(settings, job_id)
+    return adoption
+
+
 def revive_controllers(
     settings: Settings, ledger: Ledger, job_ids: Iterable[str] | None = None
 ) -> list[str]:
-    """Start a controller for every unfinished job that has none (only among `job_ids` when
-    given); returns their ids. A job whose record was never written is left alone."""
-    revived = []
-    jobs = ledger.jobs() if job_ids is None else [ledger.get_job(job_id) for job_id in job_ids]
-    for job in jobs:
-        # a job registered by a submit that died before writing its record: nothing to drive
-        if JobState(job.state).is_final or not controller_lost(settings.job_dir(job.id)):
-            continue
-        spawn_controller(settings, job.id)
-        revived.append(job.id)
-    return revived
+    """`revive`, returning the ids of the jobs given a new controller."""
+    return revive(settings, ledger, job_ids).revive
 
 
 def refused_by_last_controller(ledger: Ledger, job_id: str) -> str | None:
@@ -141,8 +152,6 @@ def refused_by_last_controller(ledger: Ledger, job_id: str) -> str | None:
 
 
 # --- what a controller needs to drive a job without the original command line -------------
-
-JOB_SECRETS = "env.json"  # the spec's secrets' values: the one copy orch keeps, 0600
 
 
 def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
@@ -198,9 +207,10 @@ def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
 # --- registering a job ----------------------------------------------------------------------
 
 
-def controller_identity() -> str:
-    """Who drives a job (host:pid), recorded in the ledger for people reading it."""
-    return f"{os.uname().nodename}:{os.getpid()}"
+def controller_identity(holder: str | None = None) -> str:
+    """Who drives a job, recorded in the ledger for people reading it: the holder of its
+    controller lease (machine:pid) on a shared ledger, else host:pid."""
+    return holder or f"{os.uname().nodename}:{os.getpid()}"
 
 
 def new_job_id(name: str) -> str:
@@ -217,9 +227,14 @@ def register_job(
     cluster_id: str | None = None,
 ) -> Job:
     """Write the job record and the ledger row (state PENDING) before anything is provisioned;
-    `cluster_id`: the kept cluster it runs on."""
+    `cluster_id`: the kept cluster it runs on. A shared ledger gets the names of the spec's
+    `env` but not their values (`ledger.sharing`), and the machine that submitted the job."""
     spec = loaded.spec
+    shared = settings.ledger.shared
     save_job_record(settings, job_id, loaded)
+    document = spec.public_document()
+    if shared:
+        document["env"] = names_only(document["env"])
     return ledger.add_job(
         Job(
             id=job_id,
@@ -228,10 +243,12 @@ def register_job(
             provider=provider_name,
             nodes=spec.resources.nodes,
             gpus_per_node=spec.resources.gpus_per_node,
-            spec_json=json.dumps(spec.public_document()),
+            spec_json=json.dumps(document),
             spec_path=str(loaded.source),
             created_at=utcnow(),
-            controller=controller_identity(),
+            controller=controller_identity(
+                holder_id(machine_id(settings.home)) if shared else None
+            ),
             cluster_id=cluster_id,
             owner=settings.owner_label,
         )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.job_state import JobState
 from orchestrator.ledger.measures import hourly_rate, lease_cost, total_cost, utcnow
+from orchestrator.ledger.sharing import shown_env
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
@@ -145,7 +146,7 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
     doc = job_summary(job, leases, checkpoints, settings.job_dir(job.id) / "checkpoints", now)
     if detail:
         spec = json.loads(job.spec_json or "{}")  # the public document: secrets' values hidden
-        doc["env"] = spec.get("env", {})
+        doc["env"] = shown_env(spec, settings.job_dir(job.id))  # a shared ledger: names only
         doc["secrets"] = sorted(spec.get("secrets", {}))  # names only
         doc["gpus"] = [
             {
