@@ -308,13 +308,15 @@ POWEROFF_MODULE = "orchestrator.providers.local.poweroff"
 """The program a local node runs to power itself off (see `local.poweroff`)."""
 
 
-def poweroff_command(home: Path, instance_id: str) -> str:
+def poweroff_command(home: Path, instance_id: str, root: Path | None = None) -> str:
     """The node's poweroff command: run detached, without the node's marker in its
-    environment, so that it is not among the processes it ends."""
+    environment, so that it is not among the processes it ends. `root`: the provider's
+    `local.root` when set (else ORCH_HOME/local)."""
     argv = [sys.executable, "-m", POWEROFF_MODULE, "--home", str(home), instance_id]
     package_root = str(Path(__file__).resolve().parents[3])
-    log = shlex.quote(str(home / "local" / "poweroff.log"))
+    log = shlex.quote(str((root or home / "local") / "poweroff.log"))
+    where = f"ORCH_LOCAL_ROOT={shlex.quote(str(root))} " if root is not None else ""
     return (
-        f"env -u {NODE_MARKER} PYTHONPATH={shlex.quote(package_root)} setsid "
+        f"env -u {NODE_MARKER} {where}PYTHONPATH={shlex.quote(package_root)} setsid "
         f"{shlex.join(argv)} >> {log} 2>&1 < /dev/null &"
     )

@@ -86,15 +86,15 @@ class LocalProvider:
     """Nodes on this machine, one sshd each. See the module docstring for what a node is.
 
     Lifecycle: `launch` -> nodes reachable over SSH, billing started; `list_owned` -> the nodes
-    whose records exist under ORCH_HOME/local; `terminate` -> every process of the nodes ended,
-    their namespaces and disks removed, billing stopped.
+    whose records exist under ORCH_HOME/local (`Settings.local_root`); `terminate` -> every
+    process of the nodes ended, their namespaces and disks removed, billing stopped.
     """
 
     name = "local"
 
     def __init__(self, settings: Settings, *, ready_timeout: float = 60.0) -> None:
         self.settings = settings
-        self.store = NodeStore(settings.home / "local")
+        self.store = NodeStore(settings.local_root)
         self.ready_timeout = ready_timeout
 
     # --- Provider interface ---------------------------------------------------------------------
@@ -217,11 +217,11 @@ class LocalProvider:
         ]
 
     def identity(self) -> CloudIdentity:
-        """This host and ORCH_HOME: local nodes live under ORCH_HOME/local on this host, and
-        only an orch using both can see them. No I/O."""
-        return CloudIdentity(
-            provider=self.name, account=f"{os.uname().nodename}:{self.settings.home}"
-        )
+        """This host and ORCH_HOME (or `local.root` when set): local nodes live under
+        ORCH_HOME/local (or that root) on this host, and only an orch using both can see
+        them. No I/O."""
+        where = self.settings.local.root or self.settings.home
+        return CloudIdentity(provider=self.name, account=f"{os.uname().nodename}:{where}")
 
     def preempted(self, instance_ids: list[str]) -> set[str]:
         """Those of the given nodes that a reclaim (`orch local preempt`) took."""
@@ -271,10 +271,13 @@ class LocalProvider:
     def _powered_off_dir(self) -> Path:
         return self.store.root / "powered-off"
 
+    def _poweroff(self, instance_id: str) -> str:
+        return poweroff_command(self.settings.home, instance_id, self.settings.local.root)
+
     def _instance(self, rec: NodeRecord) -> Instance:
         return dataclasses.replace(
             rec.to_instance(),
-            poweroff_command=poweroff_command(self.settings.home, rec.instance_id),
+            poweroff_command=self._poweroff(rec.instance_id),
         )
 
     # --- spot rehearsal ---------------------------------------------------------------------
@@ -569,7 +572,7 @@ class LocalProvider:
             request.guard.for_node(
                 now=datetime.now(UTC),
                 hourly_usd=hourly,
-                poweroff=poweroff_command(self.settings.home, rec.instance_id),
+                poweroff=self._poweroff(rec.instance_id),
                 home=rec.home,
             )
         )
