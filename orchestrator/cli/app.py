@@ -614,6 +614,7 @@ def reconcile(
 
 def _add_sub_apps() -> None:
     from orchestrator.cli.check import check_command
+    from orchestrator.cli.controller_host import app as controller_host_app
     from orchestrator.cli.init import init_command
     from orchestrator.cli.local import app as local_app
     from orchestrator.cli.sandbox import sandbox_app
@@ -621,6 +622,7 @@ def _add_sub_apps() -> None:
 
     app.add_typer(local_app, name="local")
     app.add_typer(sandbox_app, name="sandbox")
+    app.add_typer(controller_host_app, name="controller")
     app.command(name="ssh")(ssh_command)
     app.command(name="ssh-config")(ssh_config_command)
     app.command(name="init")(init_command)
@@ -674,6 +676,10 @@ def _revive_lost_controllers(
 def main() -> None:
     """Console-script entry: run the app and turn OrchErrors into messages and exit codes."""
     try:
+        from orchestrator.cli.controller_host import route  # jobs that live on the host
+
+        if (code := route(sys.argv)) is not None:
+            sys.exit(code)
         app()
     except OrchError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
