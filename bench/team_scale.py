@@ -81,7 +81,7 @@ FINAL_MIX: tuple[tuple[str, float], ...] = (
 LIVE_JOBS = 4  # the newest jobs are RUNNING, with open leases
 SPEC_JSON = json.dumps(
     {
-        "name": "train", "workdir": ".", "run": "python -m trainer.train --epochs 5",
+        "name": "train", "workdir": ".", "run": "python -m orch_trainer.train --epochs 5",
         "resources": {"gpus_per_node": 4, "accelerator": "A10G", "nodes": 2, "spot": True},
         "checkpoint": {"dir": "~/ckpt", "pull_every": 60},
         "budget": {"max_cost_usd": 20, "idle_timeout": 600, "max_runtime": 14400},
