@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +33,7 @@ from orchestrator.control.supervision import (
 from orchestrator.control.team_caps import SubmitBudget, TeamCaps
 from orchestrator.errors import SpecError, UnknownJob
 from orchestrator.job_state import JobState
+from orchestrator.ledger.admission import admission_lock
 from orchestrator.ledger.clusters import Clusters
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.providers import get_provider
@@ -147,16 +148,33 @@ def _reserve(settings: Settings, ledger: Ledger, prepared: PreparedSubmit, job_i
         TeamCaps(settings.budget, ledger).reserve(job_id, prepared.team)
 
 
+@contextlib.contextmanager
+def _admission(
+    settings: Settings, ledger: Ledger, prepared: PreparedSubmit
+) -> Iterator[PreparedSubmit]:
+    """Under monthly caps: the ledger's admission lock (every machine of a shared ledger), held
+    while the job is checked once more and registered with its reservation, so that submits
+    racing each other never commit more than a cap (`BudgetRefused` then, nothing
+    registered). Yields the submit with the caps' figures as they stand under the lock.
+    Without caps, nothing is taken."""
+    if not settings.budget.capped:
+        yield prepared
+        return
+    with admission_lock(ledger.engine):
+        yield check_team_budget(settings, ledger, prepared)
+
+
 def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit) -> Detached:
     """Register the job (PENDING) and start a background controller for it; returns once that
     controller holds the job's lock, and raises `OrchError` if it died at start. From then on
     the controller launches the nodes and bills; `cancel` stops it."""
     job_id = new_job_id(prepared.loaded.spec.name)
-    register_job(
-        settings, ledger, prepared.loaded, prepared.provider.name, job_id,
-        cluster_id=_cluster_of(ledger, prepared),
-    )  # fmt: skip
-    _reserve(settings, ledger, prepared, job_id)
+    with _admission(settings, ledger, prepared) as admitted:
+        register_job(
+            settings, ledger, prepared.loaded, prepared.provider.name, job_id,
+            cluster_id=_cluster_of(ledger, prepared),
+        )  # fmt: skip
+        _reserve(settings, ledger, admitted, job_id)
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
@@ -220,11 +238,12 @@ def submit_foreground(
     lock = ControllerLock(settings, job_id)
     lock.acquire()  # a new id: nobody else can hold it
     try:
-        job = register_job(
-            settings, ledger, prepared.loaded, prepared.provider.name, job_id,
-            cluster_id=_cluster_of(ledger, prepared),
-        )  # fmt: skip
-        _reserve(settings, ledger, prepared, job_id)
+        with _admission(settings, ledger, prepared) as admitted:
+            job = register_job(
+                settings, ledger, prepared.loaded, prepared.provider.name, job_id,
+                cluster_id=_cluster_of(ledger, prepared),
+            )  # fmt: skip
+            _reserve(settings, ledger, admitted, job_id)
         lease = keep_lease(settings, ledger, job_id)
     except BaseException:
         lock.release()
