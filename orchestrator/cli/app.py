@@ -521,11 +521,16 @@ def down(
     result = commands.down(settings, open_ledger(settings), cluster, on_ended=ended)
     if line := not_ours_line(result.not_ours):
         make_console().print(line)
+    for job_id in result.elsewhere:
+        make_console().print(
+            f"{job_id}: another machine drives it (or must revive it: it holds the job's keys);"
+            " left alone: `orch cancel` it there"
+        )
     for name in result.kept_down:
         make_console().print(f"kept cluster {name}: down")
-    if cluster is not None and not result.ended and not result.kept_down:
+    if cluster is not None and not (result.ended or result.kept_down or result.elsewhere):
         raise commands.cluster_not_found(cluster)
-    if not result.ended and not result.kept_down:
+    if not result.ended and not result.kept_down and not result.elsewhere:
         make_console().print("nothing to shut down")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
+from orchestrator.control.adoption import plan_adoption
 from orchestrator.control.kept import KeptRequest, join_cluster
 from orchestrator.control.lease_keeper import LeaseKeeper, keep_lease
 from orchestrator.control.notify import notify_end, save_notify
@@ -281,6 +282,9 @@ class DownResult:
     ended: tuple[NodesEnded, ...]  # per job, in the order they were ended
     not_ours: tuple[str, ...]  # ids of other ledgers' nodes that matched: never touched
     kept_down: tuple[str, ...] = ()  # names of the kept clusters now recorded DOWN
+    # on a shared ledger: unfinished jobs another machine drives, or must revive (it holds
+    # their keys); their nodes were left alone
+    elsewhere: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -300,10 +304,18 @@ def down(
     `on_ended` hears of each group as soon as it is gone, so that what was ended is known
     even when a later group fails. A job left unfinished with no live controller is recorded
     CANCELLED (exit 130, "orch down"); one with a live controller is left to it, which finds
-    its nodes gone. Nodes of other ledgers are returned in `not_ours`, never ended.
+    its nodes gone. Nodes of other ledgers are returned in `not_ours`, never ended. On a shared
+    ledger the nodes of an unfinished job that another machine drives, or that only another
+    machine can drive (`control.adoption`), are never ended from here: `elsewhere` lists them.
     """
     ended: list[NodesEnded] = []
     others: list[str] = []
+    hands_off = (
+        plan_adoption(settings, ledger, ledger.jobs()).hands_off
+        if settings.ledger.shared
+        else set()
+    )
+    elsewhere: set[str] = set()
     kept = Clusters(ledger).up(cluster) if cluster is not None else None
     if kept is not None:
         cluster = kept.id  # a kept cluster's nodes carry its id as their cluster
@@ -315,6 +327,9 @@ def down(
         for instance in found.ours:
             by_job.setdefault(instance.job_id, []).append(instance.instance_id)
         for job_id, ids in by_job.items():
+            if job_id in hands_off:
+                elsewhere.add(job_id)
+                continue
             end_nodes(ledger, provider, job_id, ids, home=settings.home)
             with contextlib.suppress(UnknownJob):
                 job = ledger.get_job(job_id)
@@ -332,7 +347,9 @@ def down(
         downed = Clusters(ledger).all(up_only=True)
     for up in downed:  # their nodes may have ended on their own already
         Clusters(ledger).down(up.id, utcnow(), "orch down")
-    return DownResult(tuple(ended), tuple(others), tuple(up.name for up in downed))
+    return DownResult(
+        tuple(ended), tuple(others), tuple(up.name for up in downed), tuple(sorted(elsewhere))
+    )
 
 
 def cluster_not_found(cluster: str) -> SpecError:

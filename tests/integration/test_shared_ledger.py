@@ -200,6 +200,9 @@ def test_a_killed_controller_is_reported_elsewhere_and_adopted_only_with_the_key
     assert reconciled.returncode == 0, reconciled.stderr
     report = json.loads(reconciled.stdout)
     assert report["terminated"] == {} and report["live_elsewhere"] == [job_id]
+    downed = b.orch("down", "--all")  # nor does b's `orch down --all`
+    assert downed.returncode == 0, downed.stderr
+    assert f"{job_id}: another machine drives it" in " ".join(downed.stdout.split())
     assert open_instances(shared, job_id) == nodes
 
     kill_controller(a, job_id)
