@@ -28,7 +28,7 @@ Contract:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -186,6 +186,27 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 _Row = TypeVar("_Row")
 
 
+def _names(kind: type[_Row]) -> list[str]:
+    """The columns a row dataclass reads, in its fields' order."""
+    return [field.name for field in fields(kind)]  # type: ignore[arg-type]
+
+
+def _as_rows(
+    kind: type[_Row], converters: list[Callable[[Any], Any] | None], found: Iterable[Any]
+) -> list[_Row]:
+    """`found` (database rows in `kind`'s column order) as `kind`, each value through its
+    converter (None: as read)."""
+    return [
+        kind(
+            *(
+                value if value is None or convert is None else convert(value)
+                for value, convert in zip(row, converters, strict=True)
+            )
+        )
+        for row in found
+    ]
+
+
 class LedgerView:
     """The ledger's reads that the list views make, with `Ledger`'s names and orders; its
     kept clusters' reads are `clusters` (those of `ledger.clusters.Clusters`)."""
@@ -209,18 +230,9 @@ class LedgerView:
         """Rows of `table` as `kind` (a row dataclass), `clause` after FROM (WHERE, ORDER BY)."""
         if self._db is None:
             return []
-        names = [field.name for field in fields(kind)]  # type: ignore[arg-type]
+        names = _names(kind)
         query = f'SELECT {", ".join(names)} FROM "{table}" {clause}'
-        converters = [_CONVERT.get(name) for name in names]
-        return [
-            kind(
-                *(
-                    value if value is None or convert is None else convert(value)
-                    for value, convert in zip(row, converters, strict=True)
-                )
-            )
-            for row in self._db.execute(query, args)
-        ]
+        return _as_rows(kind, [_CONVERT.get(name) for name in names], self._db.execute(query, args))
 
     def jobs(self, *, limit: int | None = None) -> list[JobRow]:
         """Newest first, like `Ledger.jobs`."""
@@ -303,18 +315,11 @@ class EngineView(LedgerView):
         return self._connection.exec_driver_sql(query, args)
 
     def rows(self, kind: type[_Row], table: str, clause: str = "", *args: object) -> list[_Row]:
-        names = [field.name for field in fields(kind)]  # type: ignore[arg-type]
+        names = _names(kind)
         query = f'SELECT {", ".join(names)} FROM "{table}" {clause}'
         converters = [_ANY_CONVERT.get(name) for name in names]
-        return [
-            kind(
-                *(
-                    value if value is None or convert is None else convert(value)
-                    for value, convert in zip(row, converters, strict=True)
-                )
-            )
-            for row in self._execute(query, args).fetchall()  # in one go, not row by row
-        ]
+        # fetched in one go, not row by row
+        return _as_rows(kind, converters, self._execute(query, args).fetchall())
 
     def job_states(self) -> list[tuple[str, str]]:
         found = self._execute("SELECT id, state FROM job", ()).fetchall()
