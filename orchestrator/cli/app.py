@@ -171,6 +171,13 @@ def submit(
         bool,
         typer.Option("--no-wait", help="with --cluster: fail (exit 3) while another job runs"),
     ] = False,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote/--no-remote",
+            help="on the controller host (`orch controller up`); the default once one is set up",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
@@ -187,11 +194,20 @@ def submit(
     controller.default_max_runtime gives such jobs a max_runtime instead.
     Under a monthly budget (budget.monthly_usd, budget.user_monthly_usd in config.yaml) a
     job whose planned cost does not fit in what is left this month is refused (exit 4).
+
+    With --remote (or whenever a controller host is set up, unless --no-remote) the job goes
+    to the controller host, which drives it while this machine is off; `orch status`, `logs`
+    and `cancel` of the job ask the host.
     """
     from orchestrator.control import commands
     from orchestrator.report.documents import job_document
     from orchestrator.spec.loading import assignment_overrides
 
+    if remote:  # `controller_host.route` sends a --remote submit on before the app parses it
+        raise SpecError(
+            "orch submit --remote was not sent to a controller host",
+            hint="run it as the `orch` command, after `orch controller up`",
+        )
     if dry_run and detach:
         raise SpecError(
             "give --dry-run or --detach, not both",
