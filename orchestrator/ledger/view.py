@@ -33,10 +33,10 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger.measures import UP
+from orchestrator.ledger.measures import UP, Billed, lease_cost
 from orchestrator.ledger.migrations import HEAD
 
 SCHEMA_REVISION = HEAD  # the revision whose tables and columns `LAYOUT` lists
@@ -111,6 +111,46 @@ class SpanRow:
     price_per_hour: Decimal
     launched_at: datetime
     ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobBill:
+    """A job's bill from its leases: how many, their node-seconds, what they cost (exact USD),
+    and whether one of them still bills."""
+
+    leases: int
+    node_seconds: float
+    spend: Decimal
+    running: bool
+
+
+NO_BILL = JobBill(0, 0.0, Decimal(0), False)
+
+
+class JobSpan(Billed, Protocol):
+    """A lease's span with its job: a `SpanRow`, `LeaseRow` or `store.Lease`."""
+
+    @property
+    def job_id(self) -> str: ...
+
+
+def bills_of(spans: Iterable[JobSpan], now: datetime) -> dict[str, JobBill]:
+    """Each job's bill from its leases' spans, at `now` (a lease still open bills until then),
+    with `measures.lease_cost`'s arithmetic. Anything with a lease's job, price and span
+    will do (`SpanRow`, `LeaseRow`, `store.Lease`)."""
+    count: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    spend: dict[str, Decimal] = {}
+    running: dict[str, bool] = {}
+    for span in spans:
+        job = span.job_id
+        count[job] = count.get(job, 0) + 1
+        seconds[job] = (
+            seconds.get(job, 0.0) + ((span.ended_at or now) - span.launched_at).total_seconds()
+        )
+        spend[job] = spend.get(job, Decimal(0)) + lease_cost(span, now)
+        running[job] = running.get(job, False) or span.ended_at is None
+    return {job: JobBill(count[job], seconds[job], spend[job], running[job]) for job in count}
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +301,18 @@ class LedgerView:
         of four columns."""
         return self.rows(SpanRow, "lease", "ORDER BY id")
 
+    def job_heads(self) -> list[tuple[str, str, str]]:
+        """(id, state, provider) of every job, newest first (the order of `jobs`)."""
+        if self._db is None:
+            return []
+        return self._db.execute(
+            "SELECT id, state, provider FROM job ORDER BY created_at DESC"
+        ).fetchall()
+
+    def job_bills(self, now: datetime) -> dict[str, JobBill]:
+        """Every job's bill at `now` (`bills_of`), in one read; a job with no lease has none."""
+        return bills_of(self.lease_spans(), now)
+
     def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRow]:
         live = " AND pruned_at IS NULL" if live_only else ""
         return self.rows(CheckpointRow, "checkpoint", f"WHERE job_id = ?{live} ORDER BY id", job_id)
@@ -324,6 +376,29 @@ class EngineView(LedgerView):
     def job_states(self) -> list[tuple[str, str]]:
         found = self._execute("SELECT id, state FROM job", ()).fetchall()
         return [(row[0], row[1]) for row in found]
+
+    def job_heads(self) -> list[tuple[str, str, str]]:
+        query = "SELECT id, state, provider FROM job ORDER BY created_at DESC"
+        return [(row[0], row[1], row[2]) for row in self._execute(query, ()).fetchall()]
+
+    def job_bills(self, now: datetime) -> dict[str, JobBill]:
+        """On PostgreSQL the database sums the bills: its `numeric` arithmetic is exact (the
+        price times each lease's span in microseconds, negative spans counted as none), so
+        the figures are `bills_of`'s without reading every lease over the wire. Elsewhere,
+        `bills_of` over every lease's span."""
+        if self._qmark:
+            return super().job_bills(now)
+        span = "extract(epoch from (coalesce(ended_at, %s) - launched_at))::numeric"
+        query = (
+            f"SELECT job_id, count(*), sum({span}), "
+            f"sum(price_per_hour * greatest({span}, 0)) / 3600, bool_or(ended_at IS NULL) "
+            "FROM lease GROUP BY job_id"
+        )
+        found = self._connection.exec_driver_sql(query, (now, now)).fetchall()
+        return {
+            job: JobBill(count, float(seconds), spend, bool(running))
+            for job, count, seconds, spend, running in found
+        }
 
 
 def _utc(value: str | datetime) -> datetime:

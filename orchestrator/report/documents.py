@@ -9,7 +9,7 @@ module imports neither SQLModel nor the configuration's models.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
         CheckpointRow,
         ClusterRow,
         IdleLeaseRow,
+        JobBill,
         JobRow,
         LeaseRow,
-        SpanRow,
     )
 
 
@@ -51,9 +51,11 @@ class JobReads(Protocol):
 
 
 class CostReads(JobReads, Protocol):
-    """The reads `orch cost` makes: `JobReads` and every lease's bill in one read."""
+    """The reads `orch cost` makes: `JobReads`, every job's (id, state, provider) and every
+    job's bill, each in one read."""
 
-    def lease_spans(self) -> Sequence[SpanRow]: ...
+    def job_heads(self) -> Sequence[tuple[str, str, str]]: ...
+    def job_bills(self, now: datetime) -> Mapping[str, JobBill]: ...
 
 
 class ClusterReads(Protocol):
@@ -241,36 +243,31 @@ def cost_from(
     ledger: CostReads, clusters: ClusterReads, now: datetime, job_id: str | None = None
 ) -> dict:
     """`cost_document` from a view of the ledger (`LedgerView`, `EngineView`) and its kept
-    `clusters`, at `now`. Every job's bill is two reads in all (`jobs`, `lease_spans`),
+    `clusters`, at `now`. Every job's bill is two reads in all (`job_heads`, `job_bills`),
     not one per job."""
+    from orchestrator.ledger.view import NO_BILL, bills_of
     from orchestrator.report.clusters import clusters_from
 
     if job_id:
-        jobs: Sequence[Job | JobRow] = [ledger.get_job(job_id)]
-        by_job: dict[str, list[Lease | LeaseRow | SpanRow]] = {job_id: list(ledger.leases(job_id))}
+        job = ledger.get_job(job_id)
+        heads: Sequence[tuple[str, str, str]] = [(job.id, job.state, job.provider)]
+        bills: Mapping[str, JobBill] = bills_of(ledger.leases(job_id), now)
     else:
-        jobs = ledger.jobs()
-        by_job = {}
-        for lease in ledger.lease_spans():
-            by_job.setdefault(lease.job_id, []).append(lease)
+        heads, bills = ledger.job_heads(), ledger.job_bills(now)
     rows = []
     total = Decimal(0)
-    for job in jobs:
-        leases = by_job.get(job.id, [])
-        spend = total_cost(leases, now)
-        total += spend
-        node_seconds = sum(
-            ((lease.ended_at or now) - lease.launched_at).total_seconds() for lease in leases
-        )
+    for head_id, state, provider in heads:
+        bill = bills.get(head_id, NO_BILL)
+        total += bill.spend
         rows.append(
             {
-                "id": job.id,
-                "state": job.state,
-                "provider": job.provider,
-                "leases": len(leases),
-                "node_hours": node_seconds / 3600,
-                "spend_usd": money(spend),
-                "running": any(lease.ended_at is None for lease in leases),
+                "id": head_id,
+                "state": state,
+                "provider": provider,
+                "leases": bill.leases,
+                "node_hours": bill.node_seconds / 3600,
+                "spend_usd": money(bill.spend),
+                "running": bill.running,
             }
         )
     kept = [] if job_id else clusters_from(ledger, clusters, now, up_only=False)

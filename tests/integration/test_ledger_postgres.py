@@ -305,6 +305,52 @@ def test_the_engine_view_reads_postgresql_as_the_models_do(
     ledger.engine.dispose()
 
 
+def test_postgresql_sums_each_jobs_bill_as_the_leases_arithmetic_does(postgres_url: str) -> None:
+    """`orch cost` on PostgreSQL has the database sum every job's leases (`EngineView.job_bills`)
+    instead of reading each lease: the same counts, node-seconds, open leases and spend as
+    `bills_of` over the leases, to far below a cent (odd prices, sub-second spans, a lease still
+    open, one whose end came before its start)."""
+    from orchestrator.ledger.view import EngineView, bills_of
+
+    ledger = Ledger(make_engine(postgres_url))
+    spans = [
+        ("a", "1.36920", 0.0, 9653.671999),
+        ("a", "0.00001", 1.5, 1.500001),
+        ("a", "32.7726", 10.0, None),
+        ("b", "2.5", 100.0, 40.0),  # ended "before" it began: a clock's step, bills nothing
+        ("b", "0.3333333", 7.25, 86_400.75),
+    ]
+    for job_id in ("a", "b", "c"):
+        ledger.add_job(
+            Job(id=job_id, name=job_id, provider="local", nodes=1, gpus_per_node=1,
+                spec_json="{}", spec_path="job.yaml", created_at=T0)
+        )  # fmt: skip
+    for index, (job_id, price, start, end) in enumerate(spans):
+        ledger.open_lease(
+            Lease(job_id=job_id, cluster=job_id, provider="local", instance_id=f"n-{index}",
+                  rank=index, market="spot", instance_type="local-1x",
+                  price_per_hour=Decimal(price), launched_at=T0 + timedelta(seconds=start),
+                  ended_at=None if end is None else T0 + timedelta(seconds=end))
+        )  # fmt: skip
+    now = T0 + timedelta(hours=5, microseconds=7)
+    with EngineView(ledger.engine) as view:
+        summed = view.job_bills(now)
+        expected = bills_of(view.lease_spans(), now)
+        heads = view.job_heads()
+    ledger.engine.dispose()
+    assert set(summed) == set(expected) == {"a", "b"}  # c has no lease, so no bill
+    assert sorted(heads) == [("a", "PENDING", "local"), ("b", "PENDING", "local"),
+                             ("c", "PENDING", "local")]  # fmt: skip
+    for job_id, bill in summed.items():
+        want = expected[job_id]
+        assert (bill.leases, bill.running) == (want.leases, want.running)
+        assert bill.node_seconds == pytest.approx(want.node_seconds, abs=1e-6)
+        assert abs(bill.spend - want.spend) < Decimal("1e-12"), (bill.spend, want.spend)
+    assert summed["a"].running and not summed["b"].running
+    exact_b = Decimal("0.3333333") * Decimal("86393.5") / 3600  # the lease that bills
+    assert abs(summed["b"].spend - exact_b) < Decimal("1e-12")
+
+
 def copy_rows(source: Ledger, target: Ledger) -> None:
     """Every row of every table of `source` into the empty `target`, through the models'
     column types (ids as they are: the target's id sequences are not advanced)."""
