@@ -1,10 +1,11 @@
 """Spot recovery on local nodes: how fast a notice is seen, saved from, and recovered from,
 replacing only the lost node against replacing the whole cluster.
 
-Each trial submits the reference trainer on 2 nodes x 2 ranks twice, once with
-`recovery.replace: lost` (the default: node 0 stays, one node is launched for rank 1) and once
-with `recovery.replace: all` (both nodes replaced), lets it train, then reclaims node 1 with
-`orch local preempt --notice N` and measures, from the ledger's events and the nodes' logs:
+Each trial submits the reference trainer on 4 nodes x 1 rank, with a dataset (`--data-mb`,
+512 MB by default) shipped to every node (`data:`, as a real job's shards are), twice: once with
+`recovery.replace: lost` (the default: nodes 0, 2 and 3 stay, one node is launched for rank 1)
+and once with `recovery.replace: all` (all four replaced), lets it train, then reclaims node 1
+with `orch local preempt --notice N` and measures, from the ledger's events and the nodes' logs:
 
 - detection: notice posted -> PREEMPTED event (target <= 5 s);
 - salvage: PREEMPTED -> SALVAGED (SIGTERM, emergency checkpoint by rank 0, pull);
@@ -45,6 +46,7 @@ from bench.common import machine
 REPO = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 RANKS = 4
+DATA_MB = 512  # the dataset every node gets: what a whole-cluster replacement sends again
 START_LINE = re.compile(r"trainer rank=\d+ world_size=")
 
 PRICE = "2.00"  # USD per node-hour of the local nodes, for the cost of a recovery
@@ -55,7 +57,8 @@ workdir: {repo}
 run: >-
   python -m orch_trainer.train --model tiny --data fake --fake-size 49152 --epochs 1
   --batch-size 32 --workers 0 --checkpoint-every 10 --log-every 5
-resources: {{nodes: 2, gpus_per_node: 2, spot: true}}
+data: [{{src: {data}, dst: ~/dataset}}]
+resources: {{nodes: 4, gpus_per_node: 1, spot: true}}
 checkpoint: {{dir: ~/ckpt, pull_every: 10}}
 recovery: {{max_recoveries: 3, replace: {replace}}}
 env: {{OMP_NUM_THREADS: "1"}}
@@ -129,12 +132,16 @@ def preempt(job_id: str, env: dict[str, str], notice: float) -> dict:
     return json.loads(orch(argv, env).strip().splitlines()[-1])
 
 
-def trial(notice: float, replace: str) -> dict[str, float]:
+def trial(notice: float, replace: str, data_mb: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="orch-spot-bench-") as tmp:
         home = Path(tmp) / "orch"
         env = {**os.environ, "ORCH_HOME": str(home), "ORCH_LOCAL_PRICE_PER_HOUR": PRICE}
         spec = Path(tmp) / "job.yaml"
-        spec.write_text(JOB.format(repo=REPO, replace=replace))
+        data = Path(tmp) / "dataset"
+        data.mkdir()
+        for index in range(data_mb // 16):
+            (data / f"shard-{index:02d}.bin").write_bytes(os.urandom(16 << 20))
+        spec.write_text(JOB.format(repo=REPO, replace=replace, data=data))
         job_id = orch(["submit", str(spec), "--detach"], env).strip().splitlines()[-1]
         try:
             wait(lambda: all_ranks_started(home, job_id, {}), "first ranks")
@@ -195,13 +202,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--notice", type=float, default=10.0)
+    parser.add_argument(
+        "--data-mb", type=int, default=DATA_MB, help="the dataset each node gets (MB; 0: none)"
+    )
     args = parser.parse_args()
     lost: list[dict[str, float]] = []
     whole: list[dict[str, float]] = []
     for _ in range(args.trials):  # interleaved, so that both see the same machine
-        lost.append(trial(args.notice, "lost"))
-        whole.append(trial(args.notice, "all"))
-    print(f"\nspot recovery (machine: {machine()}; medians of {args.trials} trials)")
+        lost.append(trial(args.notice, "lost", args.data_mb))
+        whole.append(trial(args.notice, "all", args.data_mb))
+    print(
+        f"\nspot recovery, {RANKS} nodes, a {args.data_mb} MB dataset on each "
+        f"(machine: {machine()}; medians of {args.trials} trials)"
+    )
     med = show("replacing the lost node alone (recovery.replace: lost)", lost)
     base = show("replacing the whole cluster (recovery.replace: all)", whole)
     ratio = med["resume_s"] / med["cold_start_s"]
