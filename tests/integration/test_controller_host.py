@@ -9,64 +9,30 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_settings
-from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local.provider import LocalProvider
-from tests.support.helpers import (
-    counter_run,
-    counter_workdir,
-    fast_env,
-    processes_with_marker,
-    run_orch,
-)
+from tests.support.controller_host import AdoptableNode, adoptable_node, cmdlines_with
+from tests.support.helpers import counter_run, counter_workdir, processes_with_marker, run_orch
 from tests.support.waiting import wait_until
 
 SECRET = "s3cr3t-only-over-stdin-7f1c"
 
 
-def _cmdlines_with(needle: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                line = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if needle.encode() in line:
-                found.append(line.replace(b"\0", b" ").decode(errors="replace"))
-    return found
-
-
 @pytest.fixture
-def node(tmp_path: Path):
+def node(tmp_path: Path) -> Iterator[AdoptableNode]:
     """One local node to adopt, reachable with the key `tmp_path/key`; ended afterwards."""
-    key = tmp_path / "key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    env = fast_env(tmp_path / "orch", ORCH_HOST_TICK="1")
-    provider = LocalProvider(load_settings(env))
-    (instance,) = provider.launch(
-        LaunchRequest("host-to-adopt", "host-to-adopt", 1, 1, key.with_suffix(".pub").read_text())
-    )
-    yield instance, key, env, provider
-    provider.terminate([instance.instance_id])
+    with adoptable_node(tmp_path) as adoptable:
+        yield adoptable
 
 
 def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing(
-    tmp_path: Path, node
+    tmp_path: Path, node: AdoptableNode
 ) -> None:
-    instance, key, env, provider = node
-    home = Path(env["ORCH_HOME"])
-    target = f"{instance.ssh_user}@{instance.ssh_host}"
-    up = run_orch(
-        ["controller", "up", "--host", target, "--port", str(instance.ssh_port),
-         "--identity", str(key), "--autostop", "0", "--json"],
-        env, timeout=120,
-    )  # fmt: skip
+    instance, env, provider, home = node.instance, node.env, node.provider, node.home
+    up = run_orch(node.up_args("0"), env, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     status = json.loads(run_orch(["controller", "status", "--json"], env).stdout)
     assert status["reachable"] and status["running"], status
@@ -91,7 +57,7 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     seen: list[str] = []
 
     def finished() -> dict | None:
-        seen.extend(_cmdlines_with(SECRET))
+        seen.extend(cmdlines_with(SECRET))
         result = run_orch(["status", job_id, "--json"], env, timeout=60)
         assert result.returncode == 0, result.stderr
         job = json.loads(result.stdout)
@@ -104,7 +70,7 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     human = run_orch(["status", job_id], env)
     assert human.returncode == 0 and job_id in human.stdout, human.stderr
 
-    root = Path(provider.store.node_dir(instance.instance_id)) / "disk" / ".orch-host"
+    root = node.root
     assert (root / "home").is_dir(), "the host's ORCH_HOME is on the host"
     for path in [root / "daemon.log", *(root / "home").glob("*.db*")]:
         assert SECRET.encode() not in path.read_bytes(), f"the secret is in {path}"
@@ -116,8 +82,8 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     down = run_orch(["controller", "down", "--json"], env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert json.loads(down.stdout)["stopped"] is True
-    assert _cmdlines_with("orchestrator.host.daemon") == []
-    assert _cmdlines_with("supervise.sh") == []
+    assert cmdlines_with("orchestrator.host.daemon") == []
+    assert cmdlines_with("supervise.sh") == []
     gone = run_orch(["controller", "status", "--json"], env)
     assert gone.returncode != 0 and "no controller host" in gone.stderr
 
