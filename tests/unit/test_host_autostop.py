@@ -1,0 +1,65 @@
+"""`orchestrator.host.autostop`: which jobs keep a controller host up, and when an idle one
+stops (`IdleClock`, a pure value: every step is a new clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.host.autostop import IdleClock, unfinished
+from orchestrator.job_state import FINAL_STATES, JobState
+
+
+def test_unfinished_keeps_the_jobs_not_in_a_final_state_in_order() -> None:
+    jobs = [{"id": f"j-{state.value}", "state": state.value} for state in JobState]
+    live = [f"j-{s.value}" for s in JobState if s not in FINAL_STATES]
+    assert unfinished(jobs) == live
+    assert "j-RUNNING" in live and "j-SUCCEEDED" not in unfinished(jobs)
+
+
+@pytest.mark.parametrize("state", ["SOMETHING_NEW", None, ""])
+def test_a_state_this_version_does_not_know_counts_as_unfinished(state: str | None) -> None:
+    assert unfinished([{"id": "j-1", "state": state}]) == ["j-1"]
+    assert unfinished([{"id": "j-2"}]) == ["j-2"]
+
+
+def test_no_jobs_none_unfinished() -> None:
+    assert unfinished([]) == []
+
+
+def test_the_clock_starts_at_the_first_idle_tick_and_keeps_that_start() -> None:
+    clock = IdleClock(10, None).tick(100.0, 0)
+    assert clock.idle_since == 100.0
+    clock = clock.tick(104.0, 0)
+    assert clock.idle_since == 100.0, "a later idle tick must not move the start"
+    assert clock.remaining(104.0) == 6.0
+    assert not clock.should_stop(109.9)
+    assert clock.should_stop(110.0) and clock.should_stop(500.0)
+    assert clock.remaining(500.0) == 0.0, "never negative"
+
+
+def test_a_job_resets_the_clock_and_the_next_idle_spell_starts_afresh() -> None:
+    clock = IdleClock(10, None).tick(100.0, 0).tick(109.0, 2)
+    assert clock.idle_since is None and clock.remaining(109.0) is None
+    assert not clock.should_stop(1000.0), "a host driving a job never stops"
+    clock = clock.tick(120.0, 0)
+    assert clock.idle_since == 120.0
+    assert not clock.should_stop(129.0) and clock.should_stop(130.0)
+
+
+def test_a_host_with_jobs_from_the_start_is_not_idle() -> None:
+    clock = IdleClock(10, None).tick(0.0, 1).tick(50.0, 1)
+    assert clock.idle_since is None and not clock.should_stop(50.0)
+
+
+@pytest.mark.parametrize("autostop_s", [0, -5])
+def test_autostop_zero_or_less_never_stops(autostop_s: float) -> None:
+    clock = IdleClock(autostop_s, None).tick(0.0, 0)
+    assert clock.idle_since == 0.0
+    assert clock.remaining(1e9) is None and not clock.should_stop(1e9)
+
+
+def test_tick_leaves_the_old_clock_as_it_was() -> None:
+    clock = IdleClock(10, None)
+    clock.tick(5.0, 0)
+    assert clock.idle_since is None
+    assert clock.tick(5.0, 0).autostop_s == 10

@@ -1,0 +1,63 @@
+"""`orchestrator.host.submission`: what `orch submit --remote` sends to the host. A secret's
+value never reaches the host's command line; it goes into the file sent over SSH stdin."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+
+
+def test_routing_flags_and_the_spec_are_left_out_and_detach_added_once() -> None:
+    argv = ["--remote", "job.yaml", "--detach", "--json", "--no-remote", "--yes"]
+    plan = split_args(argv, 1, {})
+    assert plan.args == ["--json", "--yes", "--detach"]
+    assert plan.spec_index == 1 and plan.secrets == {}
+
+
+@pytest.mark.parametrize(
+    "secret_args",
+    [["--secret", "TOKEN=v=1 x"], ["--secret=TOKEN=v=1 x"], ["--secret", "TOKEN"],
+     ["--secret=TOKEN"]],
+)  # fmt: skip
+def test_secret_values_move_out_of_the_arguments(secret_args: list[str]) -> None:
+    plan = split_args(["job.yaml", *secret_args, "--json"], 0, {"TOKEN": "v=1 x"})
+    assert plan.args == ["--secret", "TOKEN", "--json", "--detach"]
+    assert plan.secrets == {"TOKEN": "v=1 x"}
+    assert not any("v=1" in arg for arg in plan.args)
+
+
+def test_a_secret_named_but_unset_here_or_missing_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"\$TOKEN is not set"):
+        split_args(["job.yaml", "--secret", "TOKEN"], 0, {})
+    with pytest.raises(SpecError, match="needs NAME"):
+        split_args(["job.yaml", "--secret"], 0, {})
+
+
+def test_spec_secrets_takes_the_unvalued_ones_set_in_this_shell() -> None:
+    spec = {"secrets": {"A": None, "B": None, "C": "given in the spec"}}
+    assert spec_secrets(spec, {"A": "a", "C": "from shell"}) == {"A": "a"}
+    assert spec_secrets({}, {"A": "a"}) == {}
+
+
+def test_the_secrets_file_gives_back_each_value_exactly() -> None:
+    secrets = {"A": 'it\'s $HOME `id` "q" \\', "B": "two\nlines", "C": ""}
+    script = secrets_file_text(secrets) + 'printf "%s|%s|%s" "$A" "$B" "$C"'
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout == "|".join(secrets.values())
+
+
+def test_host_spec_moves_workdir_and_data_under_the_submission() -> None:
+    spec = {"name": "n", "workdir": "work", "data": [{"src": "d1", "dest": "/x"}, {"src": "d2"}]}
+    moved = host_spec(spec, "/h/submissions/abc")
+    assert moved["workdir"] == "/h/submissions/abc/work"
+    assert moved["data"] == [
+        {"src": "/h/submissions/abc/data/0", "dest": "/x"},
+        {"src": "/h/submissions/abc/data/1"},
+    ]
+    assert spec["workdir"] == "work" and spec["data"][0]["src"] == "d1", "the input changed"
+    assert "data" not in host_spec({"name": "n"}, "/s")
+    assert "data" not in host_spec({"name": "n", "data": []}, "/s")
