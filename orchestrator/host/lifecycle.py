@@ -9,6 +9,9 @@
   refuses while the host still drives an unfinished job, unless `force`.
 - What if the host is gone? `status` says `reachable: false`; `down` ends a launched host
   through its provider all the same and forgets an adopted one only with `force`.
+- A launched host that powered itself off (autostop) is asked nothing: `status` shows when its
+  billing stopped (`billing_stopped_at`, the spend counted up to then) and `down` forgets it,
+  reporting that same time.
 """
 
 from __future__ import annotations
@@ -164,32 +167,52 @@ def _wait_heartbeat(session: HostSession, layout: HostLayout, timeout: float = 6
     )
 
 
-def _spend(record: HostRecord, now: datetime) -> Decimal | None:
+def spend(record: HostRecord, until: datetime) -> Decimal | None:
+    """What a launched host cost from its launch to `until` (USD, to the micro-dollar); None
+    for an adopted host, which orch does not bill."""
     if record.price_per_hour is None or record.launched_at is None:
         return None
-    hours = Decimal((now - datetime.fromisoformat(record.launched_at)).total_seconds()) / 3600
+    hours = Decimal((until - datetime.fromisoformat(record.launched_at)).total_seconds()) / 3600
     return (Decimal(record.price_per_hour) * hours).quantize(Decimal("0.000001"))
+
+
+def powered_off_at(settings: Settings, record: HostRecord) -> datetime | None:
+    """When a launched host powered its node off by itself (autostop), as its provider keeps
+    it: its billing stopped then. None while it runs, after `down`, or for an adopted host."""
+    if record.kind != "launched" or not record.instance_id:
+        return None
+    from orchestrator.providers.local.provider import LocalProvider
+
+    ended = LocalProvider(settings).self_ended([record.instance_id]).get(record.instance_id)
+    return ended.at if ended is not None else None
 
 
 def status_document(
     settings: Settings, record: HostRecord, session: HostSession | None = None
 ) -> dict[str, Any]:
     """What `orch controller status --json` prints: the record, and what the host says now
-    (`reachable: false` and no daemon fields when it cannot be reached)."""
+    (`reachable: false` and no daemon fields when it cannot be reached). A launched host that
+    powered itself off is not asked: `billing_stopped_at` says when it went, and `spend_usd`
+    counts up to then."""
     now = datetime.now(UTC)
-    spend = _spend(record, now)
+    off_at = powered_off_at(settings, record)
+    cost = spend(record, off_at or now)
     document: dict[str, Any] = {
         "host": f"{record.user}@{record.host}:{record.port}",
         "kind": record.kind,
         "instance_id": record.instance_id,
         "price_per_hour": record.price_per_hour,
-        "spend_usd": str(spend) if spend is not None else None,
+        "launched_at": record.launched_at,
+        "billing_stopped_at": off_at.isoformat() if off_at else None,
+        "spend_usd": str(cost) if cost is not None else None,
         "version": record.version,
         "root": record.root,
         "submitted_jobs": record.jobs,
         "reachable": False,
         "running": False,
     }
+    if off_at is not None:
+        return document
     own = session is None
     session = session or HostSession(settings.home, record)
     layout = HostLayout(record.root)
@@ -249,9 +272,10 @@ def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:
     record = records.require(settings.home)
     done: dict[str, Any] = {"host": f"{record.user}@{record.host}:{record.port}",
                             "kind": record.kind, "stopped": False, "terminated": None}  # fmt: skip
+    off_at = powered_off_at(settings, record)
     session = HostSession(settings.home, record)
     try:
-        if record.root:
+        if record.root and off_at is None:
             live = host_jobs(session)
             if live and not force:
                 raise ControllerHostError(
@@ -271,7 +295,7 @@ def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:
 
         stopped = LocalProvider(settings).terminate([record.instance_id])
         done["terminated"] = record.instance_id
-        done["billing_stopped_at"] = stopped.isoformat()
+        done["billing_stopped_at"] = (off_at or stopped).isoformat()
     records.forget(settings.home)
     return done
 
