@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -17,11 +16,12 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.cleanup import down_command, reconcile_command
 from orchestrator.cli.context import load_settings, open_ledger
-from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.kept import kept_clusters, kept_request
 from orchestrator.cli.logs import logs_command
-from orchestrator.cli.output import make_console
+from orchestrator.cli.output import make_console, print_json
 from orchestrator.cli.simulate import simulate_command
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.job_state import JobState
@@ -40,18 +40,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
-
 
 def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
     places = [] if checkpoint.mirror_mode == "none" else [f"{mirror} ({checkpoint.mirror_mode})"]
     if checkpoint.store:
         places.append(checkpoint.store)
     return " and ".join(places)
-
-
-def _print_json(document: object) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
@@ -235,7 +229,7 @@ def submit(
         team = _team_view(settings, prepared)
         if json_out:
             document = {**prepared.dry_run.document, "spec": loaded.spec.public_document()}
-            _print_json(document if team is None else {**document, "team_budget": team.as_dict()})
+            print_json(document if team is None else {**document, "team_budget": team.as_dict()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""
             make_console().print(
@@ -266,7 +260,7 @@ def submit(
     if detach:
         job_id = commands.submit_detached(settings, ledger, prepared).job_id
         if json_out:
-            _print_json(job_document(ledger, settings, ledger.get_job(job_id), detail=False))
+            print_json(job_document(ledger, settings, ledger.get_job(job_id), detail=False))
         else:
             make_console(stderr=True).print(
                 f"job {job_id} submitted; follow it with `orch status {job_id}` or "
@@ -289,7 +283,7 @@ def submit(
             outcome = foreground.run(reporter).outcome
     document = job_document(ledger, settings, ledger.get_job(job.id), detail=json_out)
     if json_out:
-        _print_json(document)
+        print_json(document)
     else:
         style = "green" if outcome.state is JobState.SUCCEEDED else "red"
         step = "" if document["step"] is None else f"step {document['step']}, "
@@ -344,7 +338,7 @@ def status(
     if job_id:
         document = job_document(ledger, settings, ledger.get_job(job_id))
         if json_out:
-            _print_json(document)
+            print_json(document)
         else:
             for renderable in job_detail(document):
                 console.print(renderable)
@@ -358,7 +352,7 @@ def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out:
     """`orch status`'s list of jobs and kept clusters, and how many finished jobs it left
     out (`status_list`)."""
     if json_out:
-        _print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
+        print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
         return
     from orchestrator.cli.console import clusters_table, jobs_table
 
@@ -430,7 +424,7 @@ def wait(
         make_console(stderr=True).print(f"job {job_id} is still {state} after --timeout")
         raise typer.Exit(124)
     if json_out:
-        _print_json(job_document(ledger, settings, job, detail=False))
+        print_json(job_document(ledger, settings, job, detail=False))
     else:
         reason = f": {job.reason}" if job.reason else ""
         make_console().print(f"job {job_id} {job.state}{reason}", highlight=False, markup=False)
@@ -481,7 +475,7 @@ def cost(
     with view:
         document = cost_from(view, view.clusters, utcnow(), job_id)
     if json_out:
-        _print_json(document)
+        print_json(document)
     else:
         from orchestrator.cli.console import COST_ROWS, cost_table
 
@@ -506,48 +500,12 @@ def report(
     settings = load_settings()
     result = write_report(settings, open_ledger(settings), job_id, out=out, html=html)
     if json_out:
-        _print_json(result.as_dict())
+        print_json(result.as_dict())
     else:
         sys.stdout.write(f"{result.path}\n")
 
 
-@app.command()
-def down(
-    cluster: Annotated[
-        str | None, typer.Argument(help="kept cluster name, or a job id, to shut down")
-    ] = None,
-    all_clusters: Annotated[
-        bool, typer.Option("--all", help="every cluster of this ledger")
-    ] = False,
-) -> None:
-    """Terminate a cluster's nodes now (or all of this ledger's), whatever their job is doing;
-    nodes of other ledgers are listed, never ended."""
-    from orchestrator.control import commands
-    from orchestrator.control.ownership import not_ours_line
-
-    if (cluster is None) == (not all_clusters):
-        raise SpecError("give a cluster name or --all (not both)")
-    settings = load_settings()
-
-    def ended(group: commands.NodesEnded) -> None:
-        make_console().print(
-            f"{group.job_id}: terminated {len(group.instance_ids)} {group.provider} node(s)"
-        )
-
-    result = commands.down(settings, open_ledger(settings), cluster, on_ended=ended)
-    if line := not_ours_line(result.not_ours):
-        make_console().print(line)
-    for job_id in result.elsewhere:
-        make_console().print(
-            f"{job_id}: another machine drives it (or must revive it: it holds the job's keys);"
-            " left alone: `orch cancel` it there"
-        )
-    for name in result.kept_down:
-        make_console().print(f"kept cluster {name}: down")
-    if cluster is not None and not (result.ended or result.kept_down or result.elsewhere):
-        raise commands.cluster_not_found(cluster)
-    if not result.ended and not result.kept_down and not result.elsewhere:
-        make_console().print("nothing to shut down")
+app.command(name="down")(down_command)
 
 
 @app.command()
@@ -562,7 +520,7 @@ def catalog(
 
     data = load_catalog()
     if json_out:
-        _print_json(catalog_document(data, gpu=gpu))
+        print_json(catalog_document(data, gpu=gpu))
         return
     rows = catalog_rows(data, gpu=gpu)
     if not rows:
@@ -586,51 +544,7 @@ def catalog(
 app.command(name="simulate")(simulate_command)
 
 
-@app.command()
-def reconcile(
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="only list what would be revived or ended")
-    ] = False,
-    json_out: JsonFlag = False,
-) -> None:
-    """Give unfinished jobs whose controller died a new one; end this ledger's nodes that no
-    live job owns (other ledgers' nodes are listed, never ended)."""
-    from orchestrator.control.commands import providers_in_use
-    from orchestrator.control.ownership import not_ours_line
-    from orchestrator.control.reconcile import reconcile as run_reconcile
-
-    settings = load_settings()
-    ledger = open_ledger(settings)
-    report = run_reconcile(settings, ledger, providers_in_use(settings, ledger), dry_run=dry_run)
-    if json_out:
-        _print_json(
-            {
-                "terminated": report.terminated,
-                "revived": report.revived,
-                "not_ours": report.not_ours,
-                "recorded": report.recorded,
-                "live_elsewhere": report.live_elsewhere,
-                "stranded": [s.job_id for s in report.stranded],
-                "dry_run": dry_run,
-            }
-        )
-        return
-    console = make_console()
-    ended, adopted = ("would terminate", "would get") if dry_run else ("terminated", "got")
-    for job_id, ids in report.terminated.items():
-        console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
-    for job_id in report.revived:
-        console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
-    if line := not_ours_line(report.not_ours):
-        console.print(line)
-    for job_id in report.recorded:
-        console.print(f"{job_id}: wrote the end its stop could not write into the ledger")
-    for job_id in report.live_elsewhere:
-        console.print(f"{job_id}: driven by another machine's controller; left alone")
-    for stranded in report.stranded:
-        console.print(stranded.line(), highlight=False, markup=False)
-    if not (report.terminated or report.revived or report.recorded or report.stranded):
-        console.print("nothing to reconcile: every node belongs to a job with a live controller")
+app.command(name="reconcile")(reconcile_command)
 
 
 def _add_sub_apps() -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli.context import load_settings
-from orchestrator.cli.flags import DURATION_METAVAR, duration
+from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.output import make_console
 from orchestrator.errors import SpecError
 
@@ -27,8 +27,6 @@ app = typer.Typer(
     "docs/controller-host.md).",
     no_args_is_help=True,
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 
 
 def _print_json(document: object) -> None:

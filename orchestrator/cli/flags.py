@@ -7,10 +7,13 @@ Every duration flag takes what the spec takes (`orchestrator.spec.values.parse_d
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import typer
 
 DURATION_METAVAR = "DURATION"
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 
 
 def duration(text: str) -> float:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 from rich.console import Console
 
 # Off a terminal (a pipe, a file) output is read by programs: so wide that rich never wraps or
@@ -17,3 +20,9 @@ def make_console(*, stderr: bool = False) -> Console:
     if console.is_terminal:
         return console
     return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+
+
+def print_json(document: object) -> None:
+    """Print `document` as the one JSON document of a `--json` command (values JSON does not
+    know, such as datetimes and Decimals, as their text)."""
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")

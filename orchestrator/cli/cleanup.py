@@ -1,0 +1,97 @@
+"""`orch down` and `orch reconcile`: ending nodes whatever their job is doing, and putting
+everything right after a crash (controllers revived, nodes no live job owns ended)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.context import load_settings, open_ledger
+from orchestrator.cli.flags import JsonFlag
+from orchestrator.cli.output import make_console, print_json
+from orchestrator.errors import SpecError
+
+
+def down_command(
+    cluster: Annotated[
+        str | None, typer.Argument(help="kept cluster name, or a job id, to shut down")
+    ] = None,
+    all_clusters: Annotated[
+        bool, typer.Option("--all", help="every cluster of this ledger")
+    ] = False,
+) -> None:
+    """Terminate a cluster's nodes now (or all of this ledger's), whatever their job is doing;
+    nodes of other ledgers are listed, never ended."""
+    from orchestrator.control import commands
+    from orchestrator.control.ownership import not_ours_line
+
+    if (cluster is None) == (not all_clusters):
+        raise SpecError("give a cluster name or --all (not both)")
+    settings = load_settings()
+
+    def ended(group: commands.NodesEnded) -> None:
+        make_console().print(
+            f"{group.job_id}: terminated {len(group.instance_ids)} {group.provider} node(s)"
+        )
+
+    result = commands.down(settings, open_ledger(settings), cluster, on_ended=ended)
+    if line := not_ours_line(result.not_ours):
+        make_console().print(line)
+    for job_id in result.elsewhere:
+        make_console().print(
+            f"{job_id}: another machine drives it (or must revive it: it holds the job's keys);"
+            " left alone: `orch cancel` it there"
+        )
+    for name in result.kept_down:
+        make_console().print(f"kept cluster {name}: down")
+    if cluster is not None and not (result.ended or result.kept_down or result.elsewhere):
+        raise commands.cluster_not_found(cluster)
+    if not result.ended and not result.kept_down and not result.elsewhere:
+        make_console().print("nothing to shut down")
+
+
+def reconcile_command(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="only list what would be revived or ended")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Give unfinished jobs whose controller died a new one; end this ledger's nodes that no
+    live job owns (other ledgers' nodes are listed, never ended)."""
+    from orchestrator.control.commands import providers_in_use
+    from orchestrator.control.ownership import not_ours_line
+    from orchestrator.control.reconcile import reconcile as run_reconcile
+
+    settings = load_settings()
+    ledger = open_ledger(settings)
+    report = run_reconcile(settings, ledger, providers_in_use(settings, ledger), dry_run=dry_run)
+    if json_out:
+        print_json(
+            {
+                "terminated": report.terminated,
+                "revived": report.revived,
+                "not_ours": report.not_ours,
+                "recorded": report.recorded,
+                "live_elsewhere": report.live_elsewhere,
+                "stranded": [s.job_id for s in report.stranded],
+                "dry_run": dry_run,
+            }
+        )
+        return
+    console = make_console()
+    ended, adopted = ("would terminate", "would get") if dry_run else ("terminated", "got")
+    for job_id, ids in report.terminated.items():
+        console.print(f"{job_id}: {ended} {len(ids)} node(s) no live job owns: {', '.join(ids)}")
+    for job_id in report.revived:
+        console.print(f"{job_id}: its controller was gone; it {adopted} a new one")
+    if line := not_ours_line(report.not_ours):
+        console.print(line)
+    for job_id in report.recorded:
+        console.print(f"{job_id}: wrote the end its stop could not write into the ledger")
+    for job_id in report.live_elsewhere:
+        console.print(f"{job_id}: driven by another machine's controller; left alone")
+    for stranded in report.stranded:
+        console.print(stranded.line(), highlight=False, markup=False)
+    if not (report.terminated or report.revived or report.recorded or report.stranded):
+        console.print("nothing to reconcile: every node belongs to a job with a live controller")
