@@ -3,6 +3,7 @@ launched with, the leases they are fed, and what it means when they ended their 
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -26,6 +27,9 @@ from orchestrator.node.guard_protocol import (
 )
 from orchestrator.providers.base import NodeEnd, Provider
 from orchestrator.spec.model import JobSpec
+
+GUARD_START_WAIT_S = 10.0  # how long a guard that has not written its status yet may take
+GUARD_START_POLL_S = 0.25
 
 
 class Guards:
@@ -86,15 +90,24 @@ class Guards:
 
     def check(self, attempt: Attempt) -> None:
         """Record whether every node's guard is armed and can power its node off; a guard that
-        cannot act is a warning (the controller's own limits still hold while it lives)."""
-        try:
-            statuses = [
-                parse_status(text)
-                for text in attempt.read(status_command(GuardLayout(self.journal.job.node_owner)))
-            ]
-        except OrchError as exc:
-            self.journal.event("WARNING", f"could not read the guards: {exc}")
-            return
+        cannot act is a warning (the controller's own limits still hold while it lives).
+
+        A node can answer SSH before its boot has started the guard (cloud-init runs a node's
+        user data after sshd is up): a guard that has written nothing yet is asked again for
+        up to `GUARD_START_WAIT_S` before it counts as missing. A guard that reports a problem
+        counts at once."""
+        layout = GuardLayout(self.journal.job.node_owner)
+        deadline = time.monotonic() + GUARD_START_WAIT_S
+        while True:
+            try:
+                statuses = [parse_status(text) for text in attempt.read(status_command(layout))]
+            except OrchError as exc:
+                self.journal.event("WARNING", f"could not read the guards: {exc}")
+                return
+            starting = any(not s.armed and not s.problem for s in statuses)
+            if not starting or time.monotonic() >= deadline:
+                break
+            time.sleep(GUARD_START_POLL_S)
         problems = [
             f"node {rank}: " + (status.problem or "no guard runs")
             for rank, status in enumerate(statuses)

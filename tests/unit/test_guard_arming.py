@@ -21,6 +21,7 @@ from typing import cast
 
 import pytest
 
+from orchestrator.control import guards as guards_module
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.guards import Guards
 from orchestrator.control.journal import Journal
@@ -214,9 +215,34 @@ def test_guards_that_can_act_are_recorded_as_armed(ledger: Ledger, armed: list[P
     assert reporter.lines == []
 
 
-def test_a_node_without_a_running_guard_is_a_warning(
-    tmp_path: Path, ledger: Ledger, armed: list[Path]
+class GuardsStartingLate(LocalNodes):
+    """Nodes whose guards have written nothing for the first `late` looks, as after a boot
+    that started sshd before the guard."""
+
+    def __init__(self, homes: list[Path], late: int) -> None:
+        super().__init__(homes)
+        self.late = late
+        self.looks = 0
+
+    def read(self, command: str) -> list[str]:
+        self.looks += 1
+        return [""] * len(self.homes) if self.looks <= self.late else super().read(command)
+
+
+def test_a_guard_still_starting_is_asked_again_before_it_counts_as_missing(
+    ledger: Ledger, armed: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(guards_module, "GUARD_START_POLL_S", 0.01)
+    nodes = GuardsStartingLate(armed[1:], late=3)
+    guards_of(ledger, Lines()).check(nodes)
+    assert [e.kind for e in ledger.events(JOB_ID)] == ["GUARDED"]
+    assert nodes.looks == 4
+
+
+def test_a_node_without_a_running_guard_is_a_warning(
+    tmp_path: Path, ledger: Ledger, armed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guards_module, "GUARD_START_WAIT_S", 0.3)  # then it counts as missing
     bare = tmp_path / "bare"
     bare.mkdir()
     reporter = Lines()
