@@ -109,10 +109,17 @@ def test_the_guard_finds_the_program_behind_env_and_setsid() -> None:
 def rsync_writing_as(home: Path) -> subprocess.Popen[bytes]:
     """A real rsync that waits on its (remote shell) peer for 30 s, with HOME `home`."""
     (home / "f").touch()
-    return subprocess.Popen(
+    sync = subprocess.Popen(
         ["rsync", "-e", "sh -c 'sleep 30' --", "f", "peer:/d"],
         cwd=home, env={**os.environ, "HOME": str(home)}, start_new_session=True,
     )  # fmt: skip
+    # returned once the child runs rsync itself: on a busy machine the forked child can still
+    # be this interpreter when the guard first looks
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{sync.pid}/cmdline").read_bytes().startswith(b"rsync"):
+        assert time.monotonic() < deadline, "rsync did not start"
+        time.sleep(0.01)
+    return sync
 
 
 def test_a_sync_in_progress_counts_as_a_live_controller(tmp_path: Path) -> None:
