@@ -95,7 +95,8 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shared]:
             for pid_file in (machine.home / "jobs").glob("*/controller.pid"):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        a.orch("down", "--all", timeout=120)
+        for machine in (a, b):  # each ends its own jobs' nodes: another home's job, its
+            machine.orch("down", "--all", timeout=120)  # lease still live, it leaves alone
         engine.dispose()
 
 
