@@ -37,6 +37,16 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on s
 # torchrun's (glog) line as it sees a worker fail: `E1204 19:10:35.510000 PID file:line] failed
 # (exitcode: -6) local_rank: 1 ...`; month, day and time to the microsecond.
 _FAILED_AT = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*\] failed \(exitcode: ")
+SIGABRT_EXIT = -6
+# What the C++ runtime prints as it aborts a process whose std::thread is still joinable: with
+# gloo, a rank ending through normal interpreter shutdown sometimes dies this way after its
+# last line of Python has run.
+_TERMINATE = "terminate called without an active exception"
+EXIT_ABORT_HINT = (
+    "hint: the process aborted while it shut down, possibly after its work was done; with "
+    "gloo, call torch.distributed.destroy_process_group() and end the script with "
+    "os._exit(status) after flushing its output (docs/spot.md, 'The trainer contract')"
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,10 @@ def find_failure(log_text: str) -> Failure | None:
     lines = log_text.splitlines()
     rank, local, code = _root_cause(lines)
     if local is not None:
-        error, traceback = last_exception(_own_lines(log_text, local))
+        own = _own_lines(log_text, local)
+        error, traceback = last_exception(own)
+        if error is None and code == SIGABRT_EXIT and any(_TERMINATE in line for line in own):
+            error = f"aborted (SIGABRT): {_TERMINATE}"
         return Failure(local, rank, code, error, traceback)
     last_rank: int | None = None
     for line in reversed(lines):
@@ -157,6 +170,8 @@ def failure_report(node: int, what: str, log_text: str) -> str:
     if failure is not None and failure.error is not None:
         who = _who(node, failure)
         parts.append(f"{who}: {failure.error}")
+        if _TERMINATE in failure.error and failure.exit_code == SIGABRT_EXIT:
+            parts.append(EXIT_ABORT_HINT)
     parts.append(f"node {node}: {what}")
     if failure is not None and failure.traceback:
         parts.append(f"--- {_who(node, failure)}'s traceback ---")

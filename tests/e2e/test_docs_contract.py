@@ -21,13 +21,14 @@ pytestmark = pytest.mark.e2e
 THIS = "tests/e2e/test_docs_contract.py::test_the_documented_script_follows_the_contract"
 
 
-def torchrun(script: Path, steps: int, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), str(steps)],
-        env=env, cwd=script.parent, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+def torchrun(script: Path, steps: int, env: dict[str, str], stderr: Path) -> subprocess.Popen[str]:
+    with stderr.open("w") as err:  # read back in failure messages
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             str(script), str(steps)],
+            env=env, cwd=script.parent, text=True, stdout=subprocess.PIPE,
+            stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
 
 
 def test_the_documented_script_follows_the_contract(tmp_path: Path) -> None:
@@ -39,7 +40,8 @@ def test_the_documented_script_follows_the_contract(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     env.update(ORCH_CHECKPOINT_DIR=str(ckpt), ORCH_RESUME_FROM="", OMP_NUM_THREADS="1")
 
-    run = torchrun(script, 1_000_000, env)
+    first_err, resumed_err = tmp_path / "first.err", tmp_path / "resumed.err"
+    run = torchrun(script, 1_000_000, env, first_err)
     lines: list[str] = []
     try:
         assert run.stdout is not None
@@ -48,7 +50,9 @@ def test_the_documented_script_follows_the_contract(tmp_path: Path) -> None:
             if line.startswith('{"step"') and json.loads(line)["step"] >= 5:
                 break
         else:
-            raise AssertionError("the script ended before step 5:\n" + "".join(lines))
+            raise AssertionError(
+                "the script ended before step 5:\n" + "".join(lines) + first_err.read_text()
+            )
         os.killpg(run.pid, signal.SIGTERM)  # what orch does: SIGTERM to the run's session
         signalled = time.monotonic()
         rest, _ = run.communicate(timeout=90)
@@ -58,7 +62,9 @@ def test_the_documented_script_follows_the_contract(tmp_path: Path) -> None:
             run.wait()
     assert time.monotonic() - signalled < 60
     stopped = sorted(line for line in rest.splitlines() if " stopped at step " in line)
-    assert [line.split()[1] for line in stopped] == ["0", "1"], "".join(lines) + rest
+    assert [line.split()[1] for line in stopped] == ["0", "1"], (
+        "".join(lines) + rest + first_err.read_text()
+    )
     step = int(stopped[0].split()[-1])
     assert stopped[1].endswith(f"step {step}")  # both ranks stopped after the same step
     name = f"step-{step:06d}"
@@ -67,9 +73,9 @@ def test_the_documented_script_follows_the_contract(tmp_path: Path) -> None:
     assert not [p for p in ckpt.iterdir() if p.name.startswith(".tmp")]
 
     env["ORCH_RESUME_FROM"] = str(ckpt / name)
-    resumed = torchrun(script, step + 3, env)
+    resumed = torchrun(script, step + 3, env, resumed_err)
     out, _ = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, out
+    assert resumed.returncode == 0, out + resumed_err.read_text()
     printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert printed[0] == {"event": "resume", "step": step}
     assert [p["step"] for p in printed[1:]] == [step + 1, step + 2, step + 3]

@@ -14,6 +14,7 @@ torch.distributed prefixes an uncaught exception's lines with `[rank<N>]: `.
 from __future__ import annotations
 
 from orchestrator.node.failure import (
+    EXIT_ABORT_HINT,
     TAIL_LINES,
     cluster_failure,
     failed_at,
@@ -144,3 +145,19 @@ def test_the_node_that_failed_first_gives_the_reason() -> None:
         1,
         failure_report(1, "torchrun exited with code 3", ""),
     )
+
+
+def test_an_abort_at_exit_is_named_with_a_hint() -> None:
+    # tests/fixtures/torchrun_exit_abort.log: the docs/spot.md script without its os._exit,
+    # under torchrun --tee=3; local rank 1 printed its last line, then aborted in shutdown.
+    log = (FIXTURES / "torchrun_exit_abort.log").read_text()
+    failure = find_failure(log)
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, -6)
+    assert failure.error == "aborted (SIGABRT): terminate called without an active exception"
+    lines = failure_report(0, "torchrun exited with code 1", log).splitlines()
+    assert lines[0] == f"rank 1 (node 0): {failure.error}"
+    assert lines[1] == EXIT_ABORT_HINT and "os._exit" in lines[1]
+    # The same abort line from a rank that torchrun's report does not name is no reason.
+    other = log.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)", 1)
+    other = other.replace("exitcode  : -6 (pid: 14972)  (SIGABRT)", "exitcode  : 1 (pid: 1)")
+    assert EXIT_ABORT_HINT not in failure_report(0, "torchrun exited with code 1", other)
