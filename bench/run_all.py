@@ -9,6 +9,11 @@ the tail of its output; it does not stop the others, and the page is written eit
 
 `--quick` runs each benchmark with fewer repetitions (and the controller one for less time),
 for a loaded or shared machine; the page says so.
+
+`--only NAME` runs only those benchmarks and merges them into the page that is there: their
+summary rows and sections are replaced (or added, in this file's order), every other
+benchmark's are kept as they were, and each replaced section says when and under what load it
+was measured, since the page's header describes the run that measured the rest.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import argparse
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -323,8 +329,11 @@ def render_page(
     started_at: datetime,
     load_before: str,
     load_after: str,
+    section_note: str = "",
 ) -> str:
-    """docs/benchmarks.md: the machine, a summary table, and each benchmark's own summary."""
+    """docs/benchmarks.md: the machine, a summary table, and each benchmark's own summary.
+    `section_note`, when given, opens each benchmark's section (a run of some benchmarks
+    only, merged into a page whose header is another run's)."""
     cores = os.cpu_count() or 0
     mode = (
         "**quick** (`--quick`: fewer repetitions per benchmark; the commands are below)"
@@ -381,6 +390,7 @@ def render_page(
             f'<a id="{bench.name}"></a>',
             f"### {bench.title} (`bench/{bench.name}.py`)",
             "",
+            *([section_note, ""] if section_note else []),
             f"Baseline: {bench.baseline}. Status: {result.status}; "
             f"{result.seconds:.0f} s of wall time.",
             "",
@@ -406,7 +416,7 @@ def render_page(
         "```sh",
         "make bench                                      # every benchmark, full; writes this page",
         "make bench BENCH_ARGS=--quick                   # fewer repetitions",
-        ".venv/bin/python -m bench.run_all --only sync_speed --out /tmp/bench.md",
+        ".venv/bin/python -m bench.run_all --only sync_speed   # rerun one, keep the rest",
         ".venv/bin/python -m bench.sync_speed --help     # one benchmark and its knobs",
         "```",
         "",
@@ -426,14 +436,103 @@ def write_page(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# --------------------------------------------------------------------------------------------
+# Merging a run of some benchmarks into the page
+
+_ROW = re.compile(r"^\| \[(?P<name>[^\]]+)\]\(#")  # a summary row: | [name](#name) | ...
+_ANCHOR = re.compile(r'^<a id="(?P<name>[^"]+)"></a>$')  # opens a benchmark's section
+_REPRODUCE = "## Reproduce"
+
+
+@dataclass
+class PageParts:
+    """A page as `render_page` writes it, cut where benchmarks begin and end. Joining
+    `head`, every row, `middle`, every section and `tail` with newlines gives the page back."""
+
+    head: list[str]  # up to the summary table's header (its `| --- |` line included)
+    rows: dict[str, list[str]]  # summary rows of each benchmark, in the page's order
+    middle: list[str]  # after the rows, up to the first section ("## Each benchmark")
+    sections: dict[str, list[str]]  # each benchmark's section, from its anchor on
+    tail: list[str]  # "## Reproduce" to the end
+
+    def text(self, order: Sequence[str]) -> str:
+        rows = [line for name in order for line in self.rows.get(name, [])]
+        sections = [line for name in order for line in self.sections.get(name, [])]
+        return "\n".join([*self.head, *rows, *self.middle, *sections, *self.tail])
+
+
+def split_page(text: str) -> PageParts | None:
+    """The parts of a page `render_page` wrote; None for text of another shape (no summary
+    table, or no section where the rows say there is one)."""
+    lines = text.split("\n")
+    try:
+        summary = lines.index("## Summary")
+    except ValueError:
+        return None
+    header = next((i for i in range(summary, len(lines)) if lines[i].startswith("| --- ")), None)
+    if header is None:
+        return None
+    at = header + 1
+    rows: dict[str, list[str]] = {}
+    while at < len(lines) and (row := _ROW.match(lines[at])):
+        rows.setdefault(row.group("name"), []).append(lines[at])
+        at += 1
+    middle_start = at
+    while at < len(lines) and not _ANCHOR.match(lines[at]) and lines[at] != _REPRODUCE:
+        at += 1
+    middle = lines[middle_start:at]
+    sections: dict[str, list[str]] = {}
+    while at < len(lines) and (anchor := _ANCHOR.match(lines[at])):
+        end = at + 1
+        while end < len(lines) and not _ANCHOR.match(lines[end]) and lines[end] != _REPRODUCE:
+            end += 1
+        sections[anchor.group("name")] = lines[at:end]
+        at = end
+    if not set(rows) <= set(sections):
+        return None
+    return PageParts(lines[: header + 1], rows, middle, sections, lines[at:])
+
+
+def merge_pages(old: str, new: str, ran: Sequence[str], order: Sequence[str]) -> str | None:
+    """`old` with the rows and sections of the benchmarks in `ran` taken from `new` (a page
+    of a run of those only): replaced where `old` had them, else added. Benchmarks are put
+    in `order`; those `old` holds that `order` lacks follow, as they were. The header (date,
+    machine, load) stays `old`'s. None when either page cannot be split (write `new` then).
+    """
+    before, after = split_page(old), split_page(new)
+    if before is None or after is None:
+        return None
+    for name in ran:
+        before.rows[name] = after.rows.get(name, [])
+        before.sections[name] = after.sections.get(name, [])
+    known = [name for name in order if name in before.sections]
+    rest = [name for name in before.sections if name not in order]
+    return before.text([*known, *rest])
+
+
+def separate_run_note(names: Sequence[str], *, quick: bool, started_at: datetime,
+                      load_before: str, load_after: str, commit: str) -> str:  # fmt: skip
+    """What a section measured in a run of some benchmarks only says of that run."""
+    only = " ".join(f"--only {name}" for name in names)
+    mode = "quick" if quick else "full"
+    return (
+        f"Measured on {started_at:%Y-%m-%d} ({started_at:%H:%M} UTC, {mode} mode) in a run of "
+        f"this benchmark alone (`.venv/bin/python -m bench.run_all {only}`), at orch commit "
+        f"{commit}, with the load average (1, 5, 15 min) at {load_before} before and "
+        f"{load_after} after; the machine section above describes the run of the others."
+    )
+
+
 def run_all(
     benchmarks: tuple[Benchmark, ...] | list[Benchmark],
     *,
     quick: bool,
     out: Path,
     log: Callable[[str], None] = print,
+    merge: bool = False,
 ) -> list[Result]:
-    """Run the benchmarks one after another and write the page to `out`."""
+    """Run the benchmarks one after another and write the page to `out`; with `merge`, into
+    the page already there (`merge_pages`), keeping the other benchmarks' rows and sections."""
     started_at = datetime.now(UTC)
     load_before = load_average()
     results = []
@@ -442,16 +541,35 @@ def run_all(
         result = run_benchmark(bench, quick=quick)
         log(f"  {bench.name}: {result.status} ({result.seconds:.0f} s)")
         results.append(result)
+    load_after = load_average()
+    machine = machine_facts()
+    old = out.read_text(encoding="utf-8") if merge and out.exists() else None
+    names = [bench.name for bench in benchmarks]
+    note = ""
+    if old is not None:
+        note = separate_run_note(
+            names, quick=quick, started_at=started_at, load_before=load_before,
+            load_after=load_after, commit=machine["orch commit"],
+        )  # fmt: skip
     page = render_page(
         results,
-        machine=machine_facts(),
+        machine=machine,
         quick=quick,
         started_at=started_at,
         load_before=load_before,
-        load_after=load_average(),
+        load_after=load_after,
+        section_note=note,
     )
+    if old is not None:
+        merged = merge_pages(old, page, names, [b.name for b in BENCHMARKS])
+        if merged is None:
+            log(f"{out} has another shape: writing this run's page in its place")
+        page = merged or render_page(
+            results, machine=machine, quick=quick, started_at=started_at,
+            load_before=load_before, load_after=load_after,
+        )  # fmt: skip
     write_page(out, page)
-    log(f"wrote {out}")
+    log(f"wrote {out}" + (" (merged: the other benchmarks' rows kept)" if old else ""))
     return results
 
 
@@ -459,12 +577,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument(
-        "--only", action="append", choices=[b.name for b in BENCHMARKS], help="run only these"
+        "--only",
+        action="append",
+        choices=[b.name for b in BENCHMARKS],
+        help="run only these, and merge them into the page (the others' rows are kept)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the page to write")
     args = parser.parse_args(argv)
     chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only]
-    results = run_all(chosen, quick=args.quick, out=args.out)
+    results = run_all(chosen, quick=args.quick, out=args.out, merge=bool(args.only))
     failed = [r.benchmark.name for r in results if r.failed]
     if failed:
         print(f"failed (reported on the page): {', '.join(failed)}", file=sys.stderr)

@@ -176,3 +176,66 @@ def test_the_start_up_figures_are_read_with_their_targets() -> None:
 def test_every_benchmark_imports(module: str) -> None:
     """Nothing else imports the benchmarks: a moved module would only show at `make bench`."""
     importlib.import_module(f"bench.{module}")
+
+
+def _page(date: str, figures: dict[str, float], note: str = "") -> str:
+    """A page as run_all writes it, of one stand-in figure per benchmark in `figures`."""
+    results = [
+        run_all.Result(
+            Benchmark(name, f"The {name} one", "by hand", report_rows("by hand")),
+            f".venv/bin/python -m bench.{name}",
+            0,
+            1.0,
+            f"  {name} printed {value}\n",
+            "",
+            [run_all.Figure("time", value, "s", baseline=1.0, baseline_name="by hand")],
+        )  # fmt: skip
+        for name, value in figures.items()
+    ]
+    return run_all.render_page(
+        results, machine={"CPU": "2 cores"}, quick=False,
+        started_at=run_all.datetime.fromisoformat(f"{date}T04:00:00+00:00"),
+        load_before="1.00, 1.00, 1.00", load_after="1.00, 1.00, 1.00", section_note=note,
+    )  # fmt: skip
+
+
+def test_a_page_splits_into_parts_that_join_back_to_it() -> None:
+    page = _page("2026-12-01", {"a": 2.0, "b": 3.0})
+    parts = run_all.split_page(page)
+    assert parts is not None
+    assert list(parts.rows) == list(parts.sections) == ["a", "b"]
+    assert parts.text(["a", "b"]) == page
+    assert run_all.split_page("# Benchmarks\n\nsomething else\n") is None
+
+
+def test_a_run_of_one_benchmark_replaces_its_rows_and_section_and_keeps_the_others() -> None:
+    order = ["a", "b", "c", "d"]
+    old = _page("2026-12-01", {"a": 2.0, "b": 3.0, "c": 4.0})
+    old = old.replace("  c printed 4.0", "  c printed 4.0\n(a note written by hand)")
+    new = _page("2026-12-06", {"b": 9.0, "d": 7.0}, note="Measured alone on 2026-12-06.")
+    merged = run_all.merge_pages(old, new, ["b", "d"], order)
+    assert merged is not None
+    parts = run_all.split_page(merged)
+    assert parts is not None
+    assert list(parts.rows) == list(parts.sections) == order  # d added in its place
+    assert "| 9 s |" in parts.rows["b"][0] and "| 3 s |" not in merged
+    assert "b printed 9.0" in merged and "b printed 3.0" not in merged
+    assert "Measured alone on 2026-12-06." in "\n".join(parts.sections["b"] + parts.sections["d"])
+    assert "Measured alone" not in "\n".join(parts.sections["a"] + parts.sections["c"])
+    assert "| 2 s |" in parts.rows["a"][0] and "| 4 s |" in parts.rows["c"][0]
+    assert "(a note written by hand)" in "\n".join(parts.sections["c"])  # kept as it was
+    assert merged.startswith(old[: old.index("## Summary")])  # the header stays the old run's
+    assert merged.endswith(old[old.index("## Reproduce") :])
+    assert run_all.merge_pages("not a page", new, ["b"], order) is None
+
+
+def test_only_merges_into_the_page_on_disk(tmp_path: Path) -> None:
+    out = tmp_path / "bench.md"
+    out.write_text(_page("2026-12-01", {"a": 2.0, "b": 3.0}))
+    script = _script(tmp_path, "b", 'print("  b printed 5.0")\nprint("  time  orch 5.000 s'
+                     '   baseline 1.000 s   ratio 5.00")\n')  # fmt: skip
+    bench = Benchmark("b", "The b one", "by hand", report_rows("by hand"), command=script)
+    run_all.run_all([bench], quick=True, out=out, log=lambda _: None, merge=True)
+    page = out.read_text()
+    assert "a printed 2.0" in page and "b printed 5.0" in page and "b printed 3.0" not in page
+    assert "in a run of this benchmark alone (`.venv/bin/python -m bench.run_all --only b`)" in page
