@@ -67,19 +67,29 @@ def up(
     json_out: JsonFlag = False,
 ) -> None:
     """Set up the controller host: adopt a machine (--host) or launch one (--provider local),
-    install this orch there and start its supervised daemon."""
+    install this orch there and start its supervised daemon. When this ORCH_HOME's host is
+    dead, end what is left of it and hand its jobs over to the new one (by default a host of
+    the same kind: a launched one is launched again)."""
     from orchestrator.host import lifecycle
-    from orchestrator.host.record import load
+    from orchestrator.host.replacement import hand_over_kept, retire_if_dead
 
-    if (host is None) == (provider is None):
-        raise SpecError("give exactly one of --host user@addr and --provider local")
+    if host is not None and provider is not None:
+        raise SpecError("give one of --host user@addr and --provider local, not both")
     if provider is not None and provider != "local":
         raise SpecError(f"--provider {provider}: only local hosts can be launched so far")
     settings = load_settings()
-    if load(settings.home) is not None:
-        raise SpecError(
-            "this ORCH_HOME has a controller host already", hint="`orch controller down` first"
+    replaced = retire_if_dead(settings)
+    if replaced is not None:
+        make_console(stderr=True).print(
+            f"the controller host {replaced['host']} is dead: {replaced['reason']}; "
+            f"bringing up a new one to take over its {len(replaced['jobs'])} job(s)",
+            highlight=False,
+            markup=False,
         )
+        if host is None and provider is None and replaced["kind"] == "launched":
+            provider = "local"
+    if host is None and provider is None:
+        raise SpecError("give one of --host user@addr and --provider local")
     environ = dict(os.environ)
     if host is not None:
         document = lifecycle.adopt(
@@ -92,7 +102,18 @@ def up(
         )
     else:
         document = lifecycle.launch(settings, autostop_s=autostop, environ=environ)
+    if replaced is not None:
+        document = {**document, "replaced": replaced, **hand_over_kept(settings, replaced["jobs"])}
+        _say_hand_over(document)
     _show(document, json_out)
+
+
+def _say_hand_over(document: dict[str, Any]) -> None:
+    console = make_console(stderr=True)
+    for job_id in document["handed_over"]:
+        console.print(f"job {job_id}: handed over to the new host", highlight=False, markup=False)
+    for job_id, why in document["lost"].items():
+        console.print(f"job {job_id}: not handed over: {why}", highlight=False, markup=False)
 
 
 @app.command()

@@ -29,6 +29,7 @@ from typing import Any
 
 from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, OrchError
+from orchestrator.host import handover
 from orchestrator.host import record as records
 from orchestrator.host.autostop import unfinished
 from orchestrator.host.layout import (
@@ -54,11 +55,13 @@ NOT_PASSED_ON = ("ORCH_HOME", "ORCH_LOCAL_NETWORK", "ORCH_LOCAL_ROOT", "ORCH_LOC
 DEFAULT_TICK_S = 15.0
 
 
-def host_environment(environ: Mapping[str, str]) -> dict[str, str]:
+def host_environment(environ: Mapping[str, str], local_root: Path | None = None) -> dict[str, str]:
     """The laptop's ORCH_* settings that the host's orch gets too (not the laptop's paths),
-    and local nodes of the host's jobs on the host's own loopback."""
+    and local nodes of the host's jobs on the host's own loopback. `local_root`: where the
+    host's local nodes are kept, when they are to be the laptop's peers (see `launch`)."""
     passed = {k: v for k, v in environ.items() if k.startswith("ORCH_") and k not in NOT_PASSED_ON}
-    return {**passed, "ORCH_LOCAL_NETWORK": "loopback"}
+    shared = {"ORCH_LOCAL_ROOT": str(local_root)} if local_root is not None else {}
+    return {**passed, **shared, "ORCH_LOCAL_NETWORK": "loopback"}
 
 
 def _write(session: HostSession, path: str, text: str) -> None:
@@ -90,7 +93,12 @@ def adopt(
 
 def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str]) -> dict[str, Any]:
     """Launch one local node as the host (owned by no job and no ledger, so no reconcile ever
-    takes it for a job's node) and set it up like an adopted one."""
+    takes it for a job's node) and set it up like an adopted one.
+
+    A loopback host and its jobs' nodes are peers on this machine, like machines of one cloud
+    account: the host's orch keeps its local nodes where this ORCH_HOME does (`local_root`), so
+    they outlive the host and a new host finds them. A namespace host's jobs run on loopback
+    inside its network namespace, and end with it."""
     from orchestrator.providers.base import LaunchRequest
     from orchestrator.providers.local.provider import LocalProvider
 
@@ -108,8 +116,9 @@ def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str])
         launched_at=node.launched_at.isoformat(),
     )  # fmt: skip
     records.save(settings.home, draft)  # before anything else: `down` can end it from now on
+    peers = settings.local_root.resolve() if provider.network_mode() == "loopback" else None
     try:
-        return _install(settings, draft, environ, poweroff=node.poweroff_command)
+        return _install(settings, draft, environ, poweroff=node.poweroff_command, local_root=peers)
     except BaseException:
         provider.terminate([node.instance_id])
         records.forget(settings.home)
@@ -117,7 +126,12 @@ def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str])
 
 
 def _install(
-    settings: Settings, draft: HostRecord, environ: Mapping[str, str], *, poweroff: str | None
+    settings: Settings,
+    draft: HostRecord,
+    environ: Mapping[str, str],
+    *,
+    poweroff: str | None,
+    local_root: Path | None = None,
 ) -> dict[str, Any]:
     wheel = build_wheel(records.host_dir(settings.home) / "wheels")
     session = HostSession(settings.home, draft)
@@ -130,7 +144,8 @@ def _install(
             layout, image_python(), image_site_dirs(), wheel.name, image_bin_dirs()
         )
         version = session.run(script).stdout.strip().splitlines()[-1]
-        environment = env_file_text(layout, host_environment(environ), image_bin_dirs())
+        passed = host_environment(environ, local_root)
+        environment = env_file_text(layout, passed, image_bin_dirs())
         _write(session, layout.env, environment)
         _write(session, layout.path("supervise.sh"), supervisor_script(layout))
         daemon = {
@@ -297,6 +312,7 @@ def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:
         done["terminated"] = record.instance_id
         done["billing_stopped_at"] = (off_at or stopped).isoformat()
     records.forget(settings.home)
+    handover.forget_all(settings.home)
     return done
 
 

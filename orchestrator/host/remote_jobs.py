@@ -3,7 +3,8 @@
 `submit` sends the spec, its workdir and data sources (rsync, under `submissions/<token>/` on
 the host), the secrets (SSH stdin, into a 0600 file that is removed once the host's orch has
 read them), and runs `orch submit --detach` there. The job's ledger, controller and logs are
-the host's; this ORCH_HOME only remembers the job's id (host.json's `jobs`). `ask` runs any
+the host's; this ORCH_HOME remembers the job's id (host.json's `jobs`) and keeps its hand-over
+kit (`handover`), so that a new host can take the job over if this one dies. `ask` runs any
 `orch` command there for such a job and returns what it printed and its exit status.
 """
 
@@ -20,6 +21,7 @@ import yaml
 
 from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, SpecError
+from orchestrator.host import handover
 from orchestrator.host import record as records
 from orchestrator.host.layout import orch_command
 from orchestrator.host.session import HostSession
@@ -60,12 +62,13 @@ def submit(
             session.layout, ["submit", f"{folder}/job.yaml", *plan.args], env_file=secrets_file
         )
         result = session.run(f"({command}); code=$?; rm -f {q}; exit $code", check=False)
+        if not result.ok:
+            return "", result
+        job_id = _job_id(result.stdout)
+        records.add_job(settings.home, job_id)
+        handover.fetch(session, settings.home, job_id)
     finally:
         session.close()
-    if not result.ok:
-        return "", result
-    job_id = _job_id(result.stdout)
-    records.add_job(settings.home, job_id)
     return job_id, result
 
 

@@ -1,0 +1,155 @@
+"""A controller host that died is replaced by the next `orch controller up`, and its jobs handed
+over to the new one.
+
+- `probe` tells a dead host from a live one: a launched host whose node is gone (or powered
+  itself off) is dead; so is any host that does not answer over SSH.
+- `retire` ends what is left of a dead host: a launched one's node is terminated through its
+  provider (its billing stops then, if it had not already); an adopted machine is only
+  forgotten, since orch did not start it.
+- `hand_over` gives the new host the kits of the dead host's jobs (`handover`) and asks its orch
+  for its jobs, which also adopts those whose controller lease expired. A job's ledger rows
+  reach the new host only through a ledger that outlived the old one (`ledger.url`); a job the
+  new host's ledger does not know is reported `lost`, and its nodes end when their guards'
+  budget lease runs out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Settings
+from orchestrator.errors import ControllerHostError, InstancesNotFound, OrchError
+from orchestrator.host import handover
+from orchestrator.host import record as records
+from orchestrator.host.layout import orch_command
+from orchestrator.host.record import HostRecord
+from orchestrator.host.session import HostSession
+from orchestrator.job_state import JobState
+
+PROBE_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether the recorded host is alive, and if not, why it is taken for dead."""
+
+    alive: bool
+    reason: str = ""  # e.g. "its node l-0123456789 is gone" ("" when alive)
+
+
+def probe(settings: Settings, record: HostRecord) -> Health:
+    """Whether the host of `record` is alive: its node still there (a launched host) and it
+    answers a command over SSH."""
+    if record.kind == "launched" and record.instance_id:
+        from orchestrator.providers.local.provider import LocalProvider
+
+        provider = LocalProvider(settings)
+        ended = provider.self_ended([record.instance_id]).get(record.instance_id)
+        if ended is not None:
+            return Health(False, f"its node {record.instance_id} powered off at {ended.at}")
+        if provider.store.load(record.instance_id) is None:
+            return Health(False, f"its node {record.instance_id} is gone")
+    session = HostSession(settings.home, record)
+    try:
+        session.run("true", timeout=PROBE_TIMEOUT_S)
+    except OrchError as exc:
+        return Health(False, f"it does not answer over SSH ({exc})")
+    finally:
+        session.close()
+    return Health(True)
+
+
+def retire(settings: Settings, record: HostRecord) -> dict[str, Any]:
+    """End what is left of the dead host of `record`; returns what was done."""
+    done: dict[str, Any] = {"host": f"{record.user}@{record.host}:{record.port}",
+                            "kind": record.kind, "terminated": None}  # fmt: skip
+    if record.kind == "launched" and record.instance_id:
+        from orchestrator.providers.local.provider import LocalProvider
+
+        provider = LocalProvider(settings)
+        ended = provider.self_ended([record.instance_id]).get(record.instance_id)
+        try:
+            stopped = provider.terminate([record.instance_id])
+        except InstancesNotFound as exc:  # ended already, and its end not kept here
+            stopped = exc.ended_at
+        done["terminated"] = record.instance_id
+        done["billing_stopped_at"] = (ended.at if ended else stopped).isoformat()
+    return done
+
+
+def retire_if_dead(settings: Settings) -> dict[str, Any] | None:
+    """Before `up`: None when this ORCH_HOME has no host; raises `ControllerHostError` when
+    its host is alive; else ends what is left of the dead host (`retire`), forgets it and
+    returns what was done, with `reason` (why it was taken for dead) and `jobs` (those it had,
+    for `hand_over`)."""
+    record = records.load(settings.home)
+    if record is None:
+        return None
+    health = probe(settings, record)
+    if health.alive:
+        raise ControllerHostError(
+            f"this ORCH_HOME has a controller host already ({record.user}@{record.host}), "
+            "and it is alive",
+            hint="`orch controller status` shows it; `orch controller down` first to replace it",
+        )
+    done = {**retire(settings, record), "reason": health.reason, "jobs": record.jobs}
+    records.forget(settings.home)
+    return done
+
+
+def hand_over_kept(settings: Settings, job_ids: list[str]) -> dict[str, Any]:
+    """Hand `job_ids` over to this ORCH_HOME's (new) host: they are remembered as its jobs,
+    so that `orch status|logs|cancel JOB` ask it, and `hand_over` gives it their kits."""
+    record = records.require(settings.home)
+    jobs = list(dict.fromkeys([*record.jobs, *job_ids]))
+    records.save(settings.home, dataclasses.replace(record, jobs=jobs))
+    session = HostSession(settings.home, record)
+    try:
+        return hand_over(session, settings.home, job_ids)
+    finally:
+        session.close()
+
+
+def hand_over(session: HostSession, home: Path, job_ids: list[str]) -> dict[str, Any]:
+    """Give the new host of `session` the kits of `job_ids` and let its orch adopt them.
+
+    Returns `handed_over` (unfinished jobs its ledger shows: it drives them, or will once the
+    dead host's controller lease has expired), `ended` (jobs its ledger shows finished),
+    `lost` ({id: why}: jobs it cannot drive) and `notes` (what its orch said about them)."""
+    sent = set(handover.push(session, home, job_ids))
+    listing = session.run(orch_command(session.layout, ["status", "--json"]), check=False)
+    try:
+        jobs = {str(j["id"]): str(j["state"]) for j in json.loads(listing.stdout)["jobs"]}
+    except (ValueError, KeyError, TypeError):
+        jobs = {}
+    report: dict[str, Any] = {"handed_over": [], "ended": [], "lost": {}, "notes": []}
+    for job_id in job_ids:
+        state = jobs.get(job_id)
+        if state is None:
+            report["lost"][job_id] = (
+                "the new host's ledger does not know it: the dead host's ledger died with it "
+                "(set ledger.url, a team database, so that jobs outlive their host)"
+            )
+        elif _final(state):
+            report["ended"].append(job_id)
+        elif job_id not in sent:
+            report["lost"][job_id] = "this ORCH_HOME kept no hand-over kit of it"
+        else:
+            report["handed_over"].append(job_id)
+    report["notes"] = [
+        line.strip()
+        for line in listing.stderr.splitlines()
+        if any(job_id in line for job_id in job_ids)
+    ]
+    return report
+
+
+def _final(state: str) -> bool:
+    try:
+        return JobState(state).is_final
+    except ValueError:
+        return False

@@ -1,0 +1,105 @@
+"""Pure and local parts of handing a dead controller host's jobs over: the kit's files and
+their modes on this machine, the settings a loopback host gets so its jobs' nodes outlive it,
+and how a dead launched host is told from a live one and retired."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import stat
+import tarfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_settings
+from orchestrator.host import handover
+from orchestrator.host import record as records
+from orchestrator.host.lifecycle import host_environment
+from orchestrator.host.record import HostRecord
+from orchestrator.host.replacement import probe, retire, retire_if_dead
+
+JOB = "j-0123abcd"
+IID = "l-0123456789"
+HOST = HostRecord(
+    kind="launched", user="root", host="127.0.0.1", port=1, host_key="ssh-ed25519 AAAA",
+    identity="/k/id", root="/x/.orch-host", autostop_s=0.0, version="0.1.0",
+    installed_at="2024-05-01T12:00:00+00:00", instance_id=IID, provider="local",
+    price_per_hour="0.36", launched_at="2024-05-01T12:00:00+00:00", jobs=[JOB],
+)  # fmt: skip
+
+
+def _packed(files: dict[str, str]) -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_the_kit_holds_the_record_secrets_and_key_of_the_job() -> None:
+    assert handover.kit_files(JOB) == [
+        f"jobs/{JOB}/job.json",
+        f"jobs/{JOB}/env.json",
+        f"keys/{JOB}/id_ed25519",
+        f"keys/{JOB}/id_ed25519.pub",
+    ]
+
+
+def test_an_unpacked_kit_is_private_and_complete_only_with_every_file(tmp_path: Path) -> None:
+    files = {name: "x" for name in handover.kit_files(JOB)}
+    partial = {k: v for k, v in files.items() if not k.startswith("keys/")}
+    handover._unpack(_packed(partial), handover.kit_dir(tmp_path, JOB))
+    assert not handover.complete(tmp_path, JOB)
+    handover._unpack(_packed(files), handover.kit_dir(tmp_path, JOB))
+    assert handover.complete(tmp_path, JOB)
+    for path in handover.kit_dir(tmp_path, JOB).rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    handover.forget_all(tmp_path)
+    assert not (records.host_dir(tmp_path) / "kits").exists()
+
+
+def test_a_kit_with_a_path_out_of_its_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(tarfile.TarError):
+        handover._unpack(_packed({"../escaped": "x"}), handover.kit_dir(tmp_path, JOB))
+    assert not (records.host_dir(tmp_path) / "kits" / "escaped").exists()
+    assert not list(tmp_path.rglob("escaped"))
+
+
+def test_a_loopback_host_keeps_its_nodes_where_this_machine_does() -> None:
+    environ = {"ORCH_HOME": "/laptop", "ORCH_LOCAL_ROOT": "/r", "ORCH_WATCH_INTERVAL": "1"}
+    assert host_environment(environ, Path("/cloud")) == {
+        "ORCH_WATCH_INTERVAL": "1",
+        "ORCH_LOCAL_ROOT": "/cloud",
+        "ORCH_LOCAL_NETWORK": "loopback",
+    }
+
+
+def test_a_launched_host_whose_node_is_gone_is_dead_and_retired(tmp_path: Path) -> None:
+    settings = load_settings({"ORCH_HOME": str(tmp_path)})
+    health = probe(settings, HOST)
+    assert not health.alive and health.reason == f"its node {IID} is gone"
+    off = settings.local_root / "powered-off"
+    off.mkdir(parents=True)
+    at = datetime(2024, 5, 1, 13, 0, tzinfo=UTC)
+    (off / f"{IID}.json").write_text(json.dumps({"at": at.isoformat()}))
+    assert "powered off at 2024-05-01 13:00:00" in probe(settings, HOST).reason
+    done = retire(settings, HOST)
+    assert done["terminated"] == IID and done["billing_stopped_at"] == at.isoformat()
+
+
+def test_a_dead_host_is_forgotten_before_a_new_one_comes_up(tmp_path: Path) -> None:
+    settings = load_settings({"ORCH_HOME": str(tmp_path)})
+    assert retire_if_dead(settings) is None
+    records.save(tmp_path, dataclasses.replace(HOST, jobs=[JOB]))
+    done = retire_if_dead(settings)
+    assert done is not None and done["jobs"] == [JOB] and done["terminated"] == IID
+    assert "is gone" in done["reason"]
+    assert records.load(tmp_path) is None
