@@ -6,6 +6,7 @@ that finds nothing returns no figure, which the page reports as a failed benchma
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -311,3 +312,30 @@ def parse_team_scale(text: str) -> list[Figure]:
             )
         )
     return figures
+
+
+_HOST_SUMMARY = '{"benchmark": "controller_host"'
+_HOST_FIGURES = {
+    "submit_to_first_step_s": "submit -> first step through the host",
+    "recovery_s": "recovery through the host (PREEMPTED -> every rank restarted)",
+}
+
+
+def parse_controller_host(text: str) -> list[Figure]:
+    """The JSON line of `bench.controller_host`: each figure's median through the host, with
+    the laptop controller's in the same trials as its baseline (no target)."""
+    lines = [line for line in text.splitlines() if line.startswith(_HOST_SUMMARY)]
+    if not lines:
+        return []
+    summary = json.loads(lines[-1])
+    return [
+        Figure(
+            name=name,
+            value=float(summary[key]["host"]),
+            unit="s",
+            baseline=float(summary[key]["laptop"]),
+            baseline_name="a laptop controller (`--no-remote`), same trials",
+        )
+        for key, name in _HOST_FIGURES.items()
+        if key in summary
+    ]

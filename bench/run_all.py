@@ -37,6 +37,7 @@ from bench.figures import (
     parse_checkpoint_speed,
     parse_cli_startup,
     parse_controller_cpu,
+    parse_controller_host,
     parse_guard_billing,
     parse_idle_latency,
     parse_spot_recovery,
@@ -156,6 +157,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         parse_spot_recovery,
         quick_args=("--trials", "2"),
         timeout_s=2400.0,
+    ),
+    Benchmark(
+        "controller_host",
+        "Controller host overhead: submit -> first step and spot recovery through a controller "
+        "host (2 nodes x 1 rank, tiny model)",
+        "a laptop controller (`orch submit --detach --no-remote`), interleaved in the same trials",
+        parse_controller_host,
+        quick_args=("--trials", "2"),
     ),
     Benchmark(
         "guard_billing",

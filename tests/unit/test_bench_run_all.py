@@ -239,3 +239,16 @@ def test_only_merges_into_the_page_on_disk(tmp_path: Path) -> None:
     page = out.read_text()
     assert "a printed 2.0" in page and "b printed 5.0" in page and "b printed 3.0" not in page
     assert "in a run of this benchmark alone (`.venv/bin/python -m bench.run_all --only b`)" in page
+
+
+def test_the_controller_host_figures_are_read_from_its_json_line() -> None:
+    text = (
+        "  trial 0 host  : submit -> first step 8.6 s, recovery 9.3 s\n"
+        '{"benchmark": "controller_host", "trials": 3, "submit_to_first_step_s": {"host": 12.0, '
+        '"laptop": 8.0, "ratio": 1.5}, "recovery_s": {"host": 10.0, "laptop": 10.0, '
+        '"ratio": 1.0}}\n'
+    )
+    first, recovery = run_all.parse_controller_host(text)
+    assert (first.value, first.baseline, first.ratio, first.met) == (12.0, 8.0, 1.5, None)
+    assert (recovery.value, recovery.baseline, recovery.ratio) == (10.0, 10.0, 1.0)
+    assert run_all.parse_controller_host("Traceback ...") == []
