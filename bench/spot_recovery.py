@@ -132,7 +132,19 @@ def preempt(job_id: str, env: dict[str, str], notice: float) -> dict:
     return json.loads(orch(argv, env).strip().splitlines()[-1])
 
 
-def trial(notice: float, replace: str, data_mb: int) -> dict[str, float]:
+def print_timeline(replace: str, doc: dict, detected: float, resumed_at: float) -> None:
+    """The recovery's ledger events, in seconds after PREEMPTED, and when every rank had
+    started: where the time of a recovery goes."""
+    print(f"  timeline, recovery.replace: {replace}", file=sys.stderr)
+    for event in doc["events"]:
+        offset = at(event["at"]) - detected
+        if 0 <= offset <= resumed_at - detected:
+            message = (event.get("message") or "")[:70]
+            print(f"    +{offset:6.2f} s  {event['kind']:<13} {message}", file=sys.stderr)
+    print(f"    +{resumed_at - detected:6.2f} s  every rank started", file=sys.stderr)
+
+
+def trial(notice: float, replace: str, data_mb: int, timeline: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="orch-spot-bench-") as tmp:
         home = Path(tmp) / "orch"
         env = {**os.environ, "ORCH_HOME": str(home), "ORCH_LOCAL_PRICE_PER_HOUR": PRICE}
@@ -166,6 +178,8 @@ def trial(notice: float, replace: str, data_mb: int) -> dict[str, float]:
                 at(e["at"]) for e in events(doc, "LAUNCHED") if at(e["at"]) >= provisioning
             )
             torchrun = at(events(doc, "RUNNING")[1]["at"])
+            if timeline:
+                print_timeline(replace, doc, detected, resumed_at)
             result = {
                 "detection_s": detected - posted,
                 "salvage_s": salvaged - detected,
@@ -205,12 +219,15 @@ def main() -> None:
     parser.add_argument(
         "--data-mb", type=int, default=DATA_MB, help="the dataset each node gets (MB; 0: none)"
     )
+    parser.add_argument(
+        "--timeline", action="store_true", help="print each recovery's events on stderr"
+    )
     args = parser.parse_args()
     lost: list[dict[str, float]] = []
     whole: list[dict[str, float]] = []
     for _ in range(args.trials):  # interleaved, so that both see the same machine
-        lost.append(trial(args.notice, "lost", args.data_mb))
-        whole.append(trial(args.notice, "all", args.data_mb))
+        lost.append(trial(args.notice, "lost", args.data_mb, args.timeline))
+        whole.append(trial(args.notice, "all", args.data_mb, args.timeline))
     print(
         f"\nspot recovery, {RANKS} nodes, a {args.data_mb} MB dataset on each "
         f"(machine: {machine()}; medians of {args.trials} trials)"

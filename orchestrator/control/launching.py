@@ -101,15 +101,72 @@ class Launcher:
         never stopped billing). Raises `CapacityError` when the zone refuses the replacements
         (after the launch's bounded retries); `keep` gets every node as soon as there is one
         to end, as in `provision`."""
+        self.journal.provisioning(_replacing(survivors, self.parts.spec.resources.nodes))
+        replacements = self._launch_replacements(
+            survivors, pull_wait, lambda nodes: keep(Attempt([*survivors, *nodes]))
+        )
+        return self.join_replacements(survivors, replacements, keep=keep)
+
+    def launch_early(
+        self,
+        survivors: list[Instance],
+        *,
+        pull_wait: float,
+        keep: Callable[[list[Instance]], None],
+    ) -> list[Instance]:
+        """Launch the replacements for the ranks the `survivors` lack while the job still runs
+        on the node they replace (a notice: see `early_replacement`), and open their leases.
+        Writes a PROVISIONING event, not the state: the job stays RUNNING until the salvage
+        is done. `keep` gets the nodes the moment they exist. Raises `CapacityError` when the
+        zone refuses them."""
+        self.journal.event(
+            JobState.PROVISIONING.value,
+            _replacing(survivors, self.parts.spec.resources.nodes) + ", launched at the notice",
+        )
+        return self._launch_replacements(survivors, pull_wait, keep)
+
+    def copy_to(self, instances: list[Instance]) -> None:
+        """Copy the workdir and the data to `instances` (nodes launched early, not yet part
+        of the run), over connections of their own."""
+        attempt = self.open_attempt(instances, self._identity(), self.parts.options.connect_timeout)
+        try:
+            attempt.push(self.parts.loaded, self.parts.layout)
+        finally:
+            attempt.close()
+
+    def join_replacements(
+        self,
+        survivors: list[Instance],
+        replacements: list[Instance],
+        *,
+        keep: Callable[[Attempt], None],
+        early: bool = False,
+    ) -> Attempt:
+        """The attempt connected to `survivors` and their `replacements` (launched, leases
+        open); with `early` (launched at the notice), PROVISIONING is written first, for the
+        state's sake: nothing is launched then."""
+        p = self.parts
+        if early:
+            self.journal.provisioning(
+                _replacing(survivors, p.spec.resources.nodes) + ", launched at the notice: "
+                + ", ".join(i.instance_id for i in replacements)
+            )  # fmt: skip
+        keep(Attempt([*survivors, *replacements]))
+        nodes = joined(survivors, replacements)
+        attempt = self.open_attempt(nodes, self._identity(), p.options.connect_timeout)
+        keep(attempt)
+        return attempt
+
+    def _launch_replacements(
+        self,
+        survivors: list[Instance],
+        pull_wait: float,
+        keep: Callable[[list[Instance]], None],
+    ) -> list[Instance]:
+        """Launch one node per rank the `survivors` lack, in their zone, type and market, and
+        open their leases (`keep` gets them first). The PROVISIONING event is written."""
         p, job = self.parts, self.journal.job
         identity = self._identity()
-        first = survivors[0]
-        ranks = lost_ranks(survivors, p.spec.resources.nodes)
-        where = f" in {first.zone}" if first.zone else ""
-        self.journal.provisioning(
-            f"{len(ranks)} replacement node(s) for rank(s) {', '.join(map(str, ranks))} "
-            f"beside {len(survivors)} that stay, {first.instance_type} {first.market}{where}"
-        )
         request = replacement_request(
             launch_request(
                 p.spec,
@@ -124,13 +181,10 @@ class Launcher:
         # One retry at most: the survivors bill while they wait, and a whole cluster elsewhere
         # is the better bet once the zone has refused twice.
         replacements = self._launch(request, retries=min(1, p.options.launch_retries))
-        keep(Attempt([*survivors, *replacements]))
-        nodes = joined(survivors, replacements)
+        keep(replacements)
         for instance in replacements:
             self.journal.leased(instance, provider=p.provider.name)
-        attempt = self.open_attempt(nodes, identity, p.options.connect_timeout)
-        keep(attempt)
-        return attempt
+        return replacements
 
     def reopen(self, instances: list[Instance]) -> Attempt:
         """An attempt connected to nodes that are already up (a kept cluster's)."""
@@ -235,6 +289,17 @@ class Launcher:
         )  # fmt: skip
         p.reporter.phase(f"adopted by controller {controller_identity()}")
         return attempt
+
+
+def _replacing(survivors: list[Instance], nodes: int) -> str:
+    """What a replacement launch is, for its PROVISIONING line."""
+    first = survivors[0]
+    ranks = lost_ranks(survivors, nodes)
+    where = f" in {first.zone}" if first.zone else ""
+    return (
+        f"{len(ranks)} replacement node(s) for rank(s) {', '.join(map(str, ranks))} "
+        f"beside {len(survivors)} that stay, {first.instance_type} {first.market}{where}"
+    )
 
 
 def launch_plan(

@@ -22,6 +22,7 @@ from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
+from orchestrator.control.early_replacement import EarlyLaunch, split_duplicate_ranks
 from orchestrator.control.ending import NodeEnder
 from orchestrator.control.kept import setup_digest
 from orchestrator.control.kept_nodes import KeptNodes
@@ -123,6 +124,7 @@ class JobRunner:
         self.attempt = Attempt.not_launched()
         self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
         self._survivors: list[Instance] = []  # nodes kept through a recovery (see replacing)
+        self._early: EarlyLaunch | None = None  # their replacements, launched at a notice
         self.nodes = NodeEnder(self.journal, provider, self.guards, self.reporter, settings)
         self.launcher = Launcher(parts, open_attempt)
         self.supervisor = Supervisor(parts, self._record_metrics)
@@ -196,6 +198,7 @@ class JobRunner:
                     self._move(decision)
                     held = self._bring_up_on_policy(decision.to)
                 else:
+                    self._early = self._launch_early(decision)
                     self._salvage(decision)
                     self._replace_nodes(decision)
                     held = self._bring_up_on_policy()
@@ -261,9 +264,14 @@ class JobRunner:
         launch_spot = self._driver.launch_spot if self._driver is not None else None
         if market_matches(survivors, launch_spot):
             try:
-                self.launcher.replace_lost(
-                    survivors, pull_wait=self.salvage.pull_wait(), keep=self._keep_attempt
-                )
+                if (early := self._take_early(survivors)) is not None:
+                    self.launcher.join_replacements(
+                        survivors, early, keep=self._keep_attempt, early=True
+                    )
+                else:
+                    self.launcher.replace_lost(
+                        survivors, pull_wait=self.salvage.pull_wait(), keep=self._keep_attempt
+                    )
                 return True
             except CapacityError as exc:
                 self.journal.event(
@@ -277,6 +285,7 @@ class JobRunner:
 
     def _end_survivors(self) -> None:
         """End the nodes kept through a recovery: the whole cluster moves, or the job waits."""
+        self._take_early([])
         if self._survivors:
             self.attempt = Attempt(self._survivors)
             self._survivors = []
@@ -322,6 +331,12 @@ class JobRunner:
         no controller) come back as the interruption to recover from.
         """
         instances = self.nodes.ours(self.provider.list_owned(job_id=self.job.node_owner))
+        instances, early = split_duplicate_ranks(instances)
+        if early:  # replacements launched at a notice by a controller that died since
+            ids = [i.instance_id for i in early]
+            self.journal.event("WARNING", f"ending {', '.join(ids)}: launched early for a "
+                               "rank whose node still runs")  # fmt: skip
+            self.nodes.terminate_these(ids, known=early)
         running = {i.instance_id for i in instances}
         missing = [
             lease
@@ -347,6 +362,44 @@ class JobRunner:
         return None
 
     # --- recovery -------------------------------------------------------------------------------
+    def _launch_early(self, interruption: Interruption) -> EarlyLaunch | None:
+        """After a notice, launch the noticed nodes' replacements now, beside the salvage
+        (see `early_replacement`); None where a recovery would not keep survivors."""
+        if (
+            interruption.cause != "notice"
+            or self.kept is not None
+            or self._driver is not None
+            or self.spec.recovery.replace != "lost"
+            or not may_recover(self.job.recoveries, self.spec.recovery.max_recoveries)
+        ):
+            return None
+        staying = survivors(self.attempt, interruption, self.provider)
+        if not staying:
+            return None
+        launcher, pull_wait = self.launcher, self.salvage.pull_wait()
+        return EarlyLaunch.start(
+            staying,
+            lambda keep: launcher.launch_early(staying, pull_wait=pull_wait, keep=keep),
+            launcher.copy_to,
+        )
+
+    def _take_early(self, survivors: list[Instance]) -> list[Instance] | None:
+        """The replacements launched at the notice, when they fit `survivors` (else they are
+        ended, and None: the caller launches anew). Waits for their launch and copy."""
+        early, self._early = self._early, None
+        if early is None:
+            return None
+        early.wait()
+        ready = early.usable_for(survivors) if survivors else None
+        if ready is None and early.launched:
+            why = f": {early.error}" if early.error else ""
+            self.journal.event("WARNING", f"the replacement(s) launched at the notice are "
+                               f"ended{why}")  # fmt: skip
+            self.nodes.terminate_these(
+                [i.instance_id for i in early.launched], known=early.launched
+            )
+        return ready
+
     def _salvage(self, interruption: Interruption) -> None:
         self._note_interruption(interruption)
         self.salvage.interrupted(self.attempt, interruption)
@@ -381,7 +434,10 @@ class JobRunner:
         )
         if staying:
             self._keep_survivors(interruption, staying, f"recovery {done + 1} of {limit}")
+            if not self._survivors:  # they did not answer and ended: so does what was early
+                self._take_early([])
             return
+        self._take_early([])
         self.journal.recovering(
             f"recovery {done + 1} of {limit}: replacing {len(instances) or 'the'} node(s)",
             recoveries=done + 1,
@@ -547,6 +603,10 @@ class JobRunner:
         what it still refuses is saved under ORCH_HOME/unrecorded/ for `orch reconcile`.
         """
         reason = order.reason or None
+        try:
+            self._take_early([])
+        except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
+            self.nodes.warn(f"during teardown: {exc}")
         writes, journal = self.nodes.writes, self.journal
         writes.write("the job's stop (STOPPING)", lambda: journal.stopping(order))
         writes.write(

@@ -114,6 +114,10 @@ def test_notice_on_node_1_resumes_from_the_emergency_checkpoint(tmp_path: Path) 
     assert_spend_is_leases(job)
     (preempted,) = events(job, "PREEMPTED")
     assert preempted["message"].startswith("notice: node 1")
+    # The replacement was launched at the notice, before the emergency checkpoint was pulled.
+    kinds = [event["kind"] for event in job["events"]]
+    replacement = kinds.index("LAUNCHED", kinds.index("PREEMPTED"))
+    assert replacement < kinds.index("SALVAGED") < kinds.index("RECOVERING"), kinds
     (resumed,) = events(job, "RESUMED")
     # No work lost: the emergency checkpoint was written at or after the step of the notice.
     assert resumed["step"] is not None and resumed["step"] >= step_at_notice, job["events"]
