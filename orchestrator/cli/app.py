@@ -463,10 +463,12 @@ def cost(
     """What jobs cost: node-seconds x the price recorded at launch. The table has a row for
     each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
     lists every job."""
-    from orchestrator.cli.context import ledger_view
+    from orchestrator.cli.context import ledger_view, orch_home
+    from orchestrator.cli.host_billing import settle_recorded
     from orchestrator.ledger.measures import utcnow
     from orchestrator.report.documents import cost_from
 
+    settle_recorded(orch_home())  # a controller host that powered itself off stopped billing
     view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
     if view is None:  # another database, or a file to migrate first: rows, no model objects
         from orchestrator.ledger.view import EngineView

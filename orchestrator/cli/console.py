@@ -202,7 +202,8 @@ COST_ROWS = 50  # jobs `orch cost` shows a row each (the older summed in one row
 
 def cost_table(doc: dict, *, limit: int | None = None) -> Table:
     """`orch cost`'s table of `cost_from`'s document: a row per job, newest first (the first
-    `limit` only, and one row summing the rest), one per kept cluster's idle time, the total."""
+    `limit` only, and one row summing the rest), one per kept cluster's idle time, one per
+    launched controller host, the total."""
     table = Table(title="spend")
     for column in ("job", "state", "provider", "leases", "node-hours", "spend"):
         table.add_column(
@@ -236,6 +237,15 @@ def cost_table(doc: dict, *, limit: int | None = None) -> Table:
             "",
             f"{cluster['idle_node_hours']:.4f}",
             f"${cluster['idle_usd']:.4f}",
+        )
+    for host in doc.get("hosts", []):
+        table.add_row(
+            f"controller host {host['instance_id']}",
+            "running" if host["running"] else "ended",
+            host["provider"],
+            "",
+            f"{host['hours']:.4f}",
+            f"${host['spend_usd']:.4f}",
         )
     table.add_section()
     table.add_row("total", "", "", "", "", f"${doc['total_usd']:.4f}")

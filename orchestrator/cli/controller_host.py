@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +21,10 @@ from orchestrator.cli.context import load_settings
 from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.output import make_console
 from orchestrator.errors import SpecError
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
+    from orchestrator.host.record import HostRecord
 
 app = typer.Typer(
     name="controller",
@@ -70,6 +75,7 @@ def up(
     install this orch there and start its supervised daemon. When this ORCH_HOME's host is
     dead, end what is left of it and hand its jobs over to the new one (by default a host of
     the same kind: a launched one is launched again)."""
+    from orchestrator.cli import host_billing
     from orchestrator.host import lifecycle
     from orchestrator.host.replacement import hand_over_kept, retire_if_dead
 
@@ -80,6 +86,9 @@ def up(
     settings = load_settings()
     replaced = retire_if_dead(settings)
     if replaced is not None:
+        host_billing.close_lease(
+            settings, replaced["terminated"], replaced.get("billing_stopped_at")
+        )
         make_console(stderr=True).print(
             f"the controller host {replaced['host']} is dead: {replaced['reason']}; "
             f"bringing up a new one to take over its {len(replaced['jobs'])} job(s)",
@@ -101,7 +110,20 @@ def up(
             environ=environ,
         )
     else:
-        document = lifecycle.launch(settings, autostop_s=autostop, environ=environ)
+        launched: list[str] = []
+
+        def bill(record: HostRecord) -> None:
+            host_billing.open_lease(settings, record)
+            launched.append(str(record.instance_id))
+
+        try:
+            document = lifecycle.launch(
+                settings, autostop_s=autostop, environ=environ, on_launched=bill
+            )
+        except BaseException:
+            for instance_id in launched:  # the failed launch was terminated: billing stopped
+                host_billing.close_lease(settings, instance_id, datetime.now(UTC))
+            raise
     if replaced is not None:
         document = {**document, "replaced": replaced, **hand_over_kept(settings, replaced["jobs"])}
         _say_hand_over(document)
@@ -119,11 +141,14 @@ def _say_hand_over(document: dict[str, Any]) -> None:
 @app.command()
 def status(json_out: JsonFlag = False) -> None:
     """The host, its orch version, uptime, the jobs it drives and the autostop left."""
+    from orchestrator.cli.host_billing import settle
     from orchestrator.host.lifecycle import status_document
     from orchestrator.host.record import require
 
     settings = load_settings()
-    _show(status_document(settings, require(settings.home)), json_out)
+    record = require(settings.home)
+    settle(settings)
+    _show(status_document(settings, record), json_out)
 
 
 @app.command()
@@ -144,9 +169,13 @@ def down(
     json_out: JsonFlag = False,
 ) -> None:
     """Stop orch on the host; a launched host is terminated, an adopted one left running."""
+    from orchestrator.cli.host_billing import close_lease
     from orchestrator.host.lifecycle import down as host_down
 
-    _show(host_down(load_settings(), force=force), json_out)
+    settings = load_settings()
+    done = host_down(settings, force=force)
+    close_lease(settings, done.get("terminated"), done.get("billing_stopped_at"))
+    _show(done, json_out)
 
 
 # --- routing of jobs that live on the host ----------------------------------------------------
@@ -176,7 +205,13 @@ def route(argv: list[str]) -> int | None:
     settings = load_settings()
     if not lives_on_host(settings, rest[index]):
         return None
-    if verb == "status" and "--json" not in rest and "--watch" not in rest:
+    if verb == "status" and "--json" in rest and "--watch" not in rest:
+        result = ask(settings, ["status", *rest])
+        if result.ok:
+            _print_json(_with_host_line(settings, json.loads(result.stdout)))
+            sys.stderr.write(result.stderr)
+            return 0
+    elif verb == "status" and "--watch" not in rest:
         result = ask(settings, ["status", *rest, "--json"])
         if result.ok:
             from orchestrator.cli.console import job_detail
@@ -190,6 +225,22 @@ def route(argv: list[str]) -> int | None:
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
+
+
+def _with_host_line(settings: Settings, job: dict[str, Any]) -> dict[str, Any]:
+    """The host's document of a job it drives, with the host's own line of the bill
+    (`controller_host`; None for an adopted host, which orch does not bill) and the sum of
+    both (`spend_with_host_usd`: the host's whole line, not a share of it)."""
+    from decimal import Decimal
+
+    from orchestrator.cli.host_billing import host_line
+
+    line = host_line(settings)
+    job = {**job, "controller_host": line}
+    if line is not None and job.get("spend_usd") is not None:
+        total = Decimal(str(job["spend_usd"])) + Decimal(str(line["spend_usd"]))
+        job["spend_with_host_usd"] = float(total)
+    return job
 
 
 def _route_submit(argv: list[str], rest: list[str]) -> int | None:

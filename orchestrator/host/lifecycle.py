@@ -21,7 +21,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -91,14 +91,24 @@ def adopt(
     return _install(settings, draft, environ, poweroff=None)
 
 
-def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str]) -> dict[str, Any]:
+def launch(
+    settings: Settings,
+    *,
+    autostop_s: float,
+    environ: Mapping[str, str],
+    on_launched: Callable[[HostRecord], None] | None = None,
+) -> dict[str, Any]:
     """Launch one local node as the host (owned by no job and no ledger, so no reconcile ever
     takes it for a job's node) and set it up like an adopted one.
 
     A loopback host and its jobs' nodes are peers on this machine, like machines of one cloud
     account: the host's orch keeps its local nodes where this ORCH_HOME does (`local_root`), so
     they outlive the host and a new host finds them. A namespace host's jobs run on loopback
-    inside its network namespace, and end with it."""
+    inside its network namespace, and end with it.
+
+    `on_launched(record)` runs right after the launch is recorded, before anything is
+    installed (the caller opens the host's lease of the bill there). A launch that fails later
+    is terminated before this raises."""
     from orchestrator.providers.base import LaunchRequest
     from orchestrator.providers.local.provider import LocalProvider
 
@@ -116,6 +126,8 @@ def launch(settings: Settings, *, autostop_s: float, environ: Mapping[str, str])
         launched_at=node.launched_at.isoformat(),
     )  # fmt: skip
     records.save(settings.home, draft)  # before anything else: `down` can end it from now on
+    if on_launched is not None:
+        on_launched(draft)
     peers = settings.local_root.resolve() if provider.network_mode() == "loopback" else None
     try:
         return _install(settings, draft, environ, poweroff=node.poweroff_command, local_root=peers)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, InstancesNotFound, OrchError
@@ -29,6 +30,9 @@ from orchestrator.host.layout import orch_command
 from orchestrator.host.record import HostRecord
 from orchestrator.host.session import HostSession
 from orchestrator.job_state import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.providers.local.provider import LocalProvider
 
 PROBE_TIMEOUT_S = 20.0
 
@@ -71,14 +75,25 @@ def retire(settings: Settings, record: HostRecord) -> dict[str, Any]:
         from orchestrator.providers.local.provider import LocalProvider
 
         provider = LocalProvider(settings)
-        ended = provider.self_ended([record.instance_id]).get(record.instance_id)
+        iid = record.instance_id
+        powered_off = provider.self_ended([iid]).get(iid)
+        ended = powered_off.at if powered_off else _ended_at(provider, iid)
         try:
-            stopped = provider.terminate([record.instance_id])
+            stopped = provider.terminate([iid])
         except InstancesNotFound as exc:  # ended already, and its end not kept here
-            stopped = exc.ended_at
-        done["terminated"] = record.instance_id
-        done["billing_stopped_at"] = (ended.at if ended else stopped).isoformat()
+            stopped = exc.ended_at or datetime.now(UTC)
+        done["terminated"] = iid
+        done["billing_stopped_at"] = (ended or stopped).isoformat()
     return done
+
+
+def _ended_at(provider: LocalProvider, instance_id: str) -> datetime | None:
+    """When the local provider ended a node that is gone already (it keeps one file per ended
+    node, written when its processes were gone); None while the node is there."""
+    if provider.store.node_dir(instance_id).exists() or not provider.store.was_ended(instance_id):
+        return None
+    marker = provider.store.ended_dir / instance_id
+    return datetime.fromtimestamp(marker.stat().st_mtime, UTC)
 
 
 def retire_if_dead(settings: Settings) -> dict[str, Any] | None:

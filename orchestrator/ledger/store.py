@@ -164,6 +164,21 @@ class ControllerLease(SQLModel, table=True):
     expires_at: datetime = Field(sa_column=_utc_column(nullable=False))
 
 
+class HostLease(SQLModel, table=True):
+    """A launched controller host's billable life (`orch controller up --provider ...`): its
+    own line of the bill, billed to no job, from its launch until its provider acknowledged
+    its end (terminated, or powered off by its autostop). See `ledger.host_leases`."""
+
+    __tablename__ = "host_lease"
+
+    instance_id: str = Field(primary_key=True)
+    provider: str
+    host: str  # "user@addr:port" orch reached it at
+    price_per_hour: Decimal = Field(sa_column=Column(DecimalText(), nullable=False))
+    launched_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
+
+
 class LedgerMeta(SQLModel, table=True):
     """Facts about the ledger itself, one row per key (e.g. its id)."""
 

@@ -49,6 +49,8 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event", ("at", "id", "job_id", "kind", "message", "step")),
     ("gpu_sample", ("at", "gpu", "id", "job_id", "mem_total_mib", "mem_used_mib", "ok", "rank",
                     "util_pct")),
+    ("host_lease", ("ended_at", "host", "instance_id", "launched_at", "price_per_hour",
+                    "provider")),
     ("idle_lease", ("cluster_id", "ended_at", "id", "instance_id", "launched_at",
                     "price_per_hour", "rank")),
     ("job", ("cluster_id", "controller", "created_at", "ended_at", "exit_code", "gpus_per_node",
@@ -98,6 +100,18 @@ class LeaseRow:
     rank: int
     market: str
     instance_type: str
+    price_per_hour: Decimal
+    launched_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostLeaseRow:
+    """A `store.HostLease`: a launched controller host's billable life."""
+
+    instance_id: str
+    provider: str
+    host: str
     price_per_hour: Decimal
     launched_at: datetime
     ended_at: datetime | None
@@ -295,6 +309,10 @@ class LedgerView:
         if job_id is None:
             return self.rows(LeaseRow, "lease", "ORDER BY id")
         return self.rows(LeaseRow, "lease", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def host_leases(self) -> list[HostLeaseRow]:
+        """Every launched controller host's lease, the oldest first (`HostLeases.all`)."""
+        return self.rows(HostLeaseRow, "host_lease", "ORDER BY launched_at")
 
     def lease_spans(self) -> list[SpanRow]:
         """Every lease's job, price and span, oldest first: a bill of every job in one read

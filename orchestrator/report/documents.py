@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrator.config import Settings
     from orchestrator.ledger.store import (
         CheckpointRecord,
+        HostLease,
         IdleLease,
         Job,
         KeptCluster,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from orchestrator.ledger.view import (
         CheckpointRow,
         ClusterRow,
+        HostLeaseRow,
         IdleLeaseRow,
         JobBill,
         JobRow,
@@ -56,6 +58,7 @@ class CostReads(JobReads, Protocol):
 
     def job_heads(self) -> Sequence[tuple[str, str, str]]: ...
     def job_bills(self, now: datetime) -> Mapping[str, JobBill]: ...
+    def host_leases(self) -> Sequence[HostLeaseRow]: ...
 
 
 class ClusterReads(Protocol):
@@ -272,4 +275,28 @@ def cost_from(
         )
     kept = [] if job_id else clusters_from(ledger, clusters, now, up_only=False)
     total += sum((total_cost(clusters.idle_leases(c["id"]), now) for c in kept), Decimal(0))
-    return {"jobs": rows, "clusters": kept, "total_usd": money(total)}
+    hosts = [] if job_id else ledger.host_leases()
+    total += total_cost(hosts, now)
+    return {
+        "jobs": rows,
+        "clusters": kept,
+        "hosts": [host_line(host, now) for host in hosts],
+        "total_usd": money(total),
+    }
+
+
+def host_line(host: HostLease | HostLeaseRow, now: datetime) -> dict[str, Any]:
+    """A launched controller host's own line of the bill (billed to no job): from its launch
+    to its end, or to `now` while it runs."""
+    end = host.ended_at or now
+    return {
+        "instance_id": host.instance_id,
+        "provider": host.provider,
+        "host": host.host,
+        "price_per_hour": str(host.price_per_hour),
+        "launched_at": _time(host.launched_at),
+        "ended_at": _time(host.ended_at),
+        "running": host.ended_at is None,
+        "hours": max(0.0, (end - host.launched_at).total_seconds()) / 3600,
+        "spend_usd": money(total_cost([host], now)),
+    }

@@ -1,8 +1,9 @@
 """The closed laptop: a spot job submitted through a controller host is recovered by the host
 while no orch process of the user's side runs. A node is reclaimed with a notice; the host
 takes the emergency checkpoint, replaces the node and the job succeeds. Afterwards the user's
-`orch status JOB --json` shows one recovery and a bill that is the job's node-seconds at the
-prices recorded at launch, the reclaimed node's and its replacement's included.
+`orch status JOB --json` shows one recovery, a bill that is the job's node-seconds at the
+prices recorded at launch (the reclaimed node's and its replacement's included) and the host's
+own line beside it; once the host is down, `orch cost` bills the host for its lifetime.
 
 The host is a launched local node in loopback mode, so the job's nodes are its peers in this
 machine's local root, where the test plays the cloud: `orch local preempt` runs with the host's
@@ -117,8 +118,25 @@ def test_the_host_recovers_a_spot_job_while_the_laptop_is_closed(tmp_path: Path)
             "0.000001"
         ), (job["spend_usd"], bill)
 
+        # The host's own line of the bill, beside the job's: billed from its launch, running.
+        line = job["controller_host"]
+        assert line["instance_id"] == host and line["running"], line
+        assert Decimal(line["price_per_hour"]) == Decimal("0.90") and line["spend_usd"] > 0
+        assert job["spend_with_host_usd"] == float(
+            Decimal(str(job["spend_usd"])) + Decimal(str(line["spend_usd"]))
+        )
+
         down = run_orch(["controller", "down", "--json"], env, timeout=120)
         assert down.returncode == 0, down.stdout + down.stderr
+        stopped = datetime.fromisoformat(json.loads(down.stdout)["billing_stopped_at"])
+        cost = run_orch(["cost", "--json"], env, timeout=60)
+        assert cost.returncode == 0, cost.stderr
+        (billed,) = json.loads(cost.stdout)["hosts"]
+        assert billed["instance_id"] == host and not billed["running"], billed
+        assert datetime.fromisoformat(billed["ended_at"]) == stopped
+        lifetime = stopped - datetime.fromisoformat(billed["launched_at"])
+        spend = Decimal("0.90") * Decimal(str(lifetime.total_seconds())) / 3600
+        assert abs(Decimal(str(billed["spend_usd"])) - spend) < Decimal("0.000001"), billed
         for instance in [host, *(lease["instance_id"] for lease in leases)]:
             assert pids_with_marker(instance) == set(), f"{instance} still runs"
             assert processes_with_marker(instance) == [], f"{instance} still runs"

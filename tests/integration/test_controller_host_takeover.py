@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_a_killed_host_is_replaced_and_the_new_host_adopts_its_job(
     nodes = [lease.instance_id for lease in laptop.ledger.leases(job_id)]
     assert len(nodes) == 1, nodes
 
-    laptop.provider.terminate([old_host])  # the host dies, and its disk with its ORCH_HOME
+    killed = laptop.provider.terminate([old_host])  # the host dies, its ORCH_HOME with it
     assert pids_with_marker(old_host) == set(), "the host lives on"
     assert processes_with_marker(nodes[0]), "the job's node went with the host"
 
@@ -119,6 +120,13 @@ def test_a_killed_host_is_replaced_and_the_new_host_adopts_its_job(
     code, out, err = laptop.orch("controller", "down", "--json")
     assert code == 0, out + err
     assert json.loads(out)["terminated"] == new_host
+    # Each host bills as its own line: the dead one up to when its node ended, not to `up`.
+    code, out, err = laptop.orch("cost", "--json", timeout=60)
+    assert code == 0, err
+    hosts = {line["instance_id"]: line for line in json.loads(out)["hosts"]}
+    assert set(hosts) == {old_host, new_host} and not any(h["running"] for h in hosts.values())
+    ended = datetime.fromisoformat(hosts[old_host]["ended_at"])
+    assert abs(ended - killed) < timedelta(seconds=0.25), (ended, killed)  # mtime's grain
     for instance in (old_host, new_host, *nodes):
         assert processes_with_marker(instance) == [], f"{instance} still runs"
     assert laptop.provider.list_owned() == [], "a node is left"
