@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.controller_host import AdoptableNode, adoptable_node, cmdlines_with
+from orchestrator.host import handover
+from tests.support.controller_host import (
+    AdoptableNode,
+    adoptable_node,
+    cmdlines_with,
+    node_cmdlines,
+)
 from tests.support.helpers import counter_run, counter_workdir, processes_with_marker, run_orch
 from tests.support.waiting import wait_until
 
@@ -47,6 +53,10 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     submitted = run_orch(["submit", str(spec), "--remote"], {**env, "HOST_TOKEN": SECRET})
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = submitted.stdout.strip().splitlines()[-1]
+    # What a new host would need to take the job over stays here, private (0600).
+    assert handover.complete(home, job_id), list(handover.kit_dir(home, job_id).rglob("*"))
+    for path in handover.kit_dir(home, job_id).rglob("*"):
+        assert path.is_dir() or path.stat().st_mode & 0o077 == 0, path
 
     # Nothing of orch runs for this ORCH_HOME on the laptop side: whatever did is killed now.
     laptop = [p for p in processes_with_marker(f"ORCH_HOME={home}")
@@ -82,8 +92,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     down = run_orch(["controller", "down", "--json"], env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert json.loads(down.stdout)["stopped"] is True
-    assert cmdlines_with("orchestrator.host.daemon") == []
-    assert cmdlines_with("supervise.sh") == []
+    # The node's own processes: other tests may run hosts of their own meanwhile.
+    assert node_cmdlines(instance.instance_id, "orchestrator.host.daemon") == []
+    assert node_cmdlines(instance.instance_id, "supervise.sh") == []
     gone = run_orch(["controller", "status", "--json"], env)
     assert gone.returncode != 0 and "no controller host" in gone.stderr
 
