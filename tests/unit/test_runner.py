@@ -389,12 +389,13 @@ class WaitingDriver:
     def __init__(self) -> None:
         self.decisions = [Market.SPOT, Market.WAIT]
         self.market: Market | None = None
-        self.policy = type("Policy", (), {"name": "fake"})()
+        self.name = "fake"
+        self.launch_zones = None  # a single-zone policy
 
     def decide_idle(self, step: int | None) -> Market:
         return self.decisions.pop(0) if self.decisions else Market.SPOT
 
-    def commit(self, decision: Market) -> None:
+    def commit(self, decision: Market, zone: str | None = None) -> None:
         self.market = decision
 
     @property
@@ -404,7 +405,10 @@ class WaitingDriver:
     def new_run(self) -> None:
         pass
 
-    def spot_refused(self) -> None:
+    def spot_refused(self, zone: str | None = None) -> None:
+        pass
+
+    def ran_in(self, zone: str | None) -> None:
         pass
 
 
