@@ -312,13 +312,18 @@ class DeadlineDriver:
                 where = reading.zones[spot_zone]
             else:
                 where = reading.zones[inputs.home()]
-            return _Choice(decision, where, f"{self._why(None)}; {reading.describe()}", False)
+            why = f"{self._why(None)}; {self._zones_why(reading, running)}"
+            return _Choice(decision, where, why, finishing=False)
         decision, index, policy_state = policy.decide(inputs, self.state.policy)
         self.state = replace(self.state, policy=policy_state)
-        why = f"{_work_why(inputs.view(None))}, {reading.describe()}, on {running}"
+        why = f"{_work_why(inputs.view(None))}, {self._zones_why(reading, running)}"
+        return _Choice(decision, reading.zones[index], why, finishing=inputs.work_left_s <= 0)
+
+    def _zones_why(self, reading: ZoneReading, running: Running) -> str:
+        why = f"{reading.describe()}, on {running}"
         if self.state.ran_in is not None:
             why += f", checkpoint in {self.state.ran_in}"
-        return _Choice(decision, reading.zones[index], why, finishing=inputs.work_left_s <= 0)
+        return why
 
     def _read_zones(self, running: Running, zone: str | None) -> ZoneReading:
         """Ask the provider about every zone (a provider without zones is one); a zone whose
