@@ -119,6 +119,7 @@ class DeadlineDriver:
         overhead_prior_s: float,
         state: DriverState | None = None,
         clock: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if spec.spot_policy is None:
             raise ValueError("the job has no spot_policy")
@@ -137,6 +138,7 @@ class DeadlineDriver:
         self.submitted_at = submitted_at
         self.deadline = spec.deadline_at(submitted_at)
         self.clock = clock
+        self.monotonic = monotonic  # seconds, for how long a refused spot launch is remembered
         self.state = state or DriverState()
         self._rate = StepRate(self.state.steps_per_s)
         self._lock = threading.Lock()
@@ -192,7 +194,7 @@ class DeadlineDriver:
         a zone-aware policy only `zone` (None: the chosen one) lacks spot, until a decision
         interval passes with no other refusal: each zone is tried once before any again."""
         with self._lock:
-            self._refused_at = time.monotonic()
+            self._refused_at = self.monotonic()
             zone = zone or self.state.zone
             if zone is not None:
                 self._refused_zones.add(zone)
@@ -328,7 +330,7 @@ class DeadlineDriver:
     def _read_zones(self, running: Running, zone: str | None) -> ZoneReading:
         """Ask the provider about every zone (a provider without zones is one); a zone whose
         spot was refused within the last decision interval has none."""
-        if self._refused_at is not None and time.monotonic() - self._refused_at >= max(
+        if self._refused_at is not None and self.monotonic() - self._refused_at >= max(
             self.interval_s, 1.0
         ):
             self._refused_at = None
@@ -378,7 +380,7 @@ class DeadlineDriver:
         if running is Running.SPOT:
             return True  # the job holds spot nodes right now
         if self._refused_at is not None:
-            if time.monotonic() - self._refused_at < max(self.interval_s, 1.0):
+            if self.monotonic() - self._refused_at < max(self.interval_s, 1.0):
                 return False
             self._refused_at = None
         if not isinstance(self.provider, MarketView):
