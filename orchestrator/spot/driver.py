@@ -247,17 +247,17 @@ class DeadlineDriver:
             else:
                 choice = self._decide_zone(self.zone_policy, running, step, zone)
             state = self.state
-            changed = not choice.finishing and (
-                choice.decision is not state.market or choice.zone != state.zone
-            )
+            runs = choice.decision is not Decision.WAIT  # waiting is in no zone
+            zone_moved = runs and choice.zone != state.zone
+            changed = not choice.finishing and (choice.decision is not state.market or zone_moved)
             if changed:
-                waits = choice.decision is Decision.WAIT
-                where = f" in {choice.zone}" if choice.zone and not waits else ""
+                where = f" in {choice.zone}" if choice.zone and runs else ""
                 self.ledger.add_event(
                     self.job_id, POLICY_EVENT,
                     f"{self.name}: {choice.decision.value}{where} ({choice.why})", step=step,
                 )  # fmt: skip
-                self.state = replace(self.state, market=choice.decision, zone=choice.zone)
+                zone = choice.zone if runs else state.zone
+                self.state = replace(self.state, market=choice.decision, zone=zone)
             self._save(force=changed or self.state.policy != self._saved.policy)
             return choice
 

@@ -85,7 +85,9 @@ class ZoneReading:
 
     def describe(self) -> str:
         """Which zones have spot, for the events: "spot in us-east-1b ($0.3300/h), none in
-        us-east-1a"."""
+        us-east-1a"; "spot available" or "spot unavailable" without zones."""
+        if self.zones == (None,):
+            return f"spot {'available' if self.spot[0] else 'unavailable'}"
         have = [
             f"{zone} (${price:.4f}/h)"
             for zone, up, price in zip(self.zones, self.spot, self.spot_prices, strict=True)

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
+from orchestrator.config import LocalSettings, Settings
 from orchestrator.ledger.store import Job, Ledger
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import LaunchRequest, ZoneMarket
+from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.spec.model import JobSpec
 from orchestrator.spot.driver import DeadlineDriver, PlannedMove, price_request
 from orchestrator.spot.inputs import DriverState
@@ -69,7 +72,12 @@ def spec(policy: str = "uniform-progress-mz") -> JobSpec:
     )
 
 
-def driver(ledger: Ledger, zones: Zones, clock: Clock, policy: str = "uniform-progress-mz"):  # noqa: ANN201
+def driver(  # noqa: ANN201
+    ledger: Ledger,
+    zones: Zones | LocalProvider,
+    clock: Clock,
+    policy: str = "uniform-progress-mz",
+):
     job_spec = spec(policy)
     try:
         job = ledger.get_job("dl-1")
@@ -214,6 +222,19 @@ def test_running_on_demand_it_moves_to_another_zone_when_spot_is_there(ledger: L
     zones.set_spot(A, None)
     assert d.tick("spot", 120, C) is None
     assert stored(ledger).ran_in == C
+
+
+def test_a_provider_without_zones_is_one_zone(ledger: Ledger, tmp_path: Path) -> None:
+    local = LocalProvider(Settings(home=tmp_path / "orch", local=LocalSettings(price_per_hour=OD)))
+    d = driver(ledger, local, Clock())
+    assert d.decide_idle(None) is Decision.SPOT
+    assert (d.zone, d.launch_zones) == (None, None)  # the spec's zones: none on local nodes
+    local.set_spot_available(False)
+    assert d.decide_idle(None) is Decision.ON_DEMAND
+    assert [m.split(";")[1] for m in policy_events(ledger)] == [
+        " spot available, on nothing)",
+        " spot unavailable, on nothing)",
+    ]
 
 
 def test_reading_the_zones() -> None:
