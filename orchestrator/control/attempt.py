@@ -72,6 +72,11 @@ class Attempt:
     def market(self) -> str | None:
         return self.instances[0].market if self.instances else None
 
+    @property
+    def zone(self) -> str | None:
+        """The zone the nodes run in (all of a launch share one); None: no node, or none."""
+        return self.instances[0].zone if self.instances else None
+
     def ids(self, ranks: Sequence[int] | None = None) -> list[str]:
         """The instance ids of `ranks` (all nodes when None)."""
         if ranks is None:

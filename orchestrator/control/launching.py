@@ -80,6 +80,7 @@ class Launcher:
             public_key=identity.public_key,
             spot=p.driver.launch_spot if p.driver is not None else None,
             avoid_zones=avoid_zones,
+            zones=p.driver.launch_zones if p.driver is not None else None,
             guard=p.guards.terms(pull_wait),
             ledger_id=self.journal.ledger.ledger_id,
             attempt=self._launch_number(),

@@ -69,9 +69,14 @@ def joined(survivors: Sequence[Instance], replacements: Sequence[Instance]) -> l
     return nodes
 
 
-def market_matches(survivors: Sequence[Instance], launch_spot: bool | None) -> bool:
+def market_matches(
+    survivors: Sequence[Instance], launch_spot: bool | None, zone: str | None = None
+) -> bool:
     """Whether the market the next launch is meant for (`launch_spot`, None: the spec's own
-    choice, any) is the survivors'; a spot policy that moves the job off it moves it whole."""
-    if launch_spot is None or not survivors:
+    choice, any) is the survivors', and so is its zone (`zone`, a zone-aware spot policy's
+    choice; None: any); a spot policy that moves the job off them moves it whole."""
+    if not survivors:
         return True
-    return (survivors[0].market == "spot") is launch_spot
+    if zone is not None and survivors[0].zone not in (None, zone):
+        return False
+    return launch_spot is None or (survivors[0].market == "spot") is launch_spot

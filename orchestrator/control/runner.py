@@ -261,8 +261,10 @@ class JobRunner:
         are up. False, with the survivors ended, when the zone has no capacity for the
         replacements or the spot policy wants another market: the whole cluster moves."""
         survivors, self._survivors = self._survivors, []
-        launch_spot = self._driver.launch_spot if self._driver is not None else None
-        if market_matches(survivors, launch_spot):
+        driver = self._driver
+        launch_spot = driver.launch_spot if driver is not None else None
+        zones = driver.launch_zones if driver is not None else None
+        if market_matches(survivors, launch_spot, zones[0] if zones else None):
             try:
                 if (early := self._take_early(survivors)) is not None:
                     self.launcher.join_replacements(
@@ -279,6 +281,13 @@ class JobRunner:
                     f"{len(survivors)} that stayed ({exc.message}); the whole cluster moves",
                 )  # fmt: skip
                 self._avoid_zones = tuple({i.zone for i in survivors} - {None})
+                if driver is not None and zones and launch_spot:
+                    # A zone-aware policy learns that this zone has no spot left and
+                    # chooses where the cluster goes (`_bring_up_on_policy`).
+                    driver.spot_refused(survivors[0].zone)
+                    self._survivors = survivors
+                    self._end_survivors()
+                    raise
         self._survivors = survivors
         self._end_survivors()
         return False
@@ -507,6 +516,7 @@ class JobRunner:
             driver.commit(decision)
             try:
                 self._bring_up()
+                driver.ran_in(self.attempt.zone)
                 return None
             except CapacityError:
                 if decision is not Market.SPOT:
@@ -518,7 +528,7 @@ class JobRunner:
         """Wait with no node (nothing billed) until the policy says run; None then."""
         self._end_survivors()
         if self.job.state != JobState.WAITING:
-            self.journal.waiting(f"{driver.policy.name}: no node until it says run")
+            self.journal.waiting(f"{driver.name}: no node until it says run")
         while True:
             started = self.job.started_at
             order = (
@@ -542,7 +552,7 @@ class JobRunner:
         the trainers get SIGTERM and checkpoint, the checkpoint is pulled and the nodes ended.
         """
         assert self._driver is not None  # only a spot policy plans moves
-        self._driver.commit(move.to)
+        self._driver.commit(move.to, move.zone)
         switches = self.job.switches + 1
         message = f"switch {switches}: {move.describe()}"
         if move.to is Market.WAIT:

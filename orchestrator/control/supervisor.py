@@ -226,7 +226,9 @@ class Supervisor:
         if p.driver is not None:
             driver = p.driver
             scheduler.add_job(  # first decision one interval in (the launch was just decided)
-                self._guarded(lambda: driver.tick(attempt.market, self._last_step()), first),
+                self._guarded(
+                    lambda: driver.tick(attempt.market, self._last_step(), attempt.zone), first
+                ),
                 "interval",
                 seconds=options.policy_interval,
             )

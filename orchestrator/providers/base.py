@@ -64,6 +64,8 @@ class LaunchRequest:
     instance_types: tuple[str, ...] = ()  # only these types, in order of preference (): any
     regions: tuple[str, ...] = ()  # only these regions (): the provider's configured ones
     zones: tuple[str, ...] = ()  # only these availability zones (): any
+    zones_ordered: bool = False  # `zones` is an order of preference (a zone-aware spot
+    #                              policy's choice): offers follow it before price
     image: str | None = None  # AMI id or AMI name pattern (None: the provider's configured one)
     ports: tuple[str, ...] = ()  # "N" or "A-B": opened to the submitting machine's address only
     attempt: int = 0  # the job's launch number (0 first, +1 per launch: a recovery, a
@@ -233,6 +235,17 @@ class MarketPrices:
     on_demand: Decimal | None  # None: no on-demand offer fits the job
 
 
+@dataclass(frozen=True)
+class ZoneMarket:
+    """What one availability zone offers the job's nodes, as far as the provider can tell."""
+
+    zone: str  # availability zone, e.g. "us-east-1a"
+    spot_available: bool | None  # spot for all the job's nodes can be had now; None: unknown
+    spot_price: Decimal | None  # USD per node-hour of the cheapest fitting spot offer; None:
+    #                             no spot offer fits the job there
+    on_demand_price: Decimal | None  # USD per node-hour, cheapest fitting on-demand offer
+
+
 @runtime_checkable
 class MarketView(Protocol):
     """What a provider may tell the deadline-aware spot policies (optional: a provider without
@@ -244,4 +257,16 @@ class MarketView(Protocol):
 
     def market_prices(self, request: LaunchRequest) -> MarketPrices:
         """Prices of the cheapest fitting offer on each market; may ask the cloud."""
+        ...
+
+
+@runtime_checkable
+class ZoneMarketView(Protocol):
+    """What a provider with availability zones may tell the zone-aware spot policies
+    (`spot_policy: uniform-progress-mz`, ...); a provider without it counts as one zone."""
+
+    def zone_markets(self, request: LaunchRequest) -> tuple[ZoneMarket, ...]:
+        """Every zone where `request`'s nodes could run (its `zones` and `regions` only, when
+        it lists them), by zone name; may ask the cloud. Raises `ProviderError` when the cloud
+        cannot say."""
         ...

@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from orchestrator.providers.aws.catalog import Catalog
-from orchestrator.providers.base import Market, MarketPrices
+from orchestrator.providers.base import LaunchRequest, Market, MarketPrices, ZoneMarket
 
 SpotPrices = Mapping[tuple[str, str, str], Decimal]  # (region, zone, type) -> USD per hour
 TypeZones = Mapping[tuple[str, str], Sequence[str]]  # (region, type) -> zones that sell it
@@ -173,6 +173,36 @@ def cheapest_prices(offers: Iterable[Offer]) -> MarketPrices:
         if offer.market not in best or offer.price_per_hour < best[offer.market]:
             best[offer.market] = offer.price_per_hour
     return MarketPrices(spot=best.get("spot"), on_demand=best.get("on-demand"))
+
+
+def launch_order(offers: Sequence[Offer], request: LaunchRequest) -> list[Offer]:
+    """The order `launch` tries `offers` (ranked by `rank_offers`) in for `request`: with
+    `zones_ordered`, the zones' order first (a zone-aware spot policy's choice); zones in
+    `avoid_zones` (where the job was just interrupted) last. Stable: the price ranking holds
+    within each group. Pure."""
+    place = {zone: i for i, zone in enumerate(request.zones)} if request.zones_ordered else {}
+    return sorted(
+        offers, key=lambda o: (o.zone in request.avoid_zones, place.get(o.zone, len(place)))
+    )
+
+
+def zone_markets(offers: Iterable[Offer]) -> tuple[ZoneMarket, ...]:
+    """Per zone of `offers`, the cheapest price on each market, by zone name. Whether spot
+    can be had is unknown (None) where a spot offer fits, False where none does. Pure."""
+    prices: dict[str, dict[str, Decimal]] = {}
+    for offer in offers:
+        best = prices.setdefault(offer.zone, {})
+        if offer.market not in best or offer.price_per_hour < best[offer.market]:
+            best[offer.market] = offer.price_per_hour
+    return tuple(
+        ZoneMarket(
+            zone=zone,
+            spot_available=None if "spot" in best else False,
+            spot_price=best.get("spot"),
+            on_demand_price=best.get("on-demand"),
+        )
+        for zone, best in sorted(prices.items())
+    )
 
 
 def newest_spot_prices(region: str, history: Iterable[Mapping[str, Any]]) -> dict:

@@ -23,6 +23,7 @@ def launch_request(
     public_key: str = "",
     spot: bool | Literal["auto"] | None = None,
     avoid_zones: tuple[str, ...] = (),
+    zones: tuple[str, ...] | None = None,
     guard: GuardTerms | None = None,
     ledger_id: str | None = None,
     attempt: int = 0,
@@ -32,8 +33,10 @@ def launch_request(
     and checkpoint store all come from the spec.
 
     `spot` overrides `resources.spot` (None: the spec's), as a spot policy picks the market of
-    each launch. The defaults (no key, no guard, no ledger) make a request fit only for
-    planning and pricing, never for `Provider.launch`.
+    each launch; `zones` overrides `resources.zone` with a zone-aware policy's choice, in its
+    order of preference (None: the spec's zones, a filter only). The defaults (no key, no
+    guard, no ledger) make a request fit only for planning and pricing, never for
+    `Provider.launch`.
     """
     resources = spec.resources
     return LaunchRequest(
@@ -49,7 +52,8 @@ def launch_request(
         disk_size_gb=resources.disk_size_gb,
         instance_types=tuple(resources.instance_type or ()),
         regions=tuple(resources.region or ()),
-        zones=tuple(resources.zone or ()),
+        zones=tuple(resources.zone or ()) if zones is None else zones,
+        zones_ordered=zones is not None,
         image=resources.image,
         ports=tuple(resources.ports),
         avoid_zones=avoid_zones,

@@ -14,7 +14,7 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     env: {NCCL_DEBUG: WARN, RUN_NAME: "${USER}-cifar"}   # ${VAR}: from the submitting shell
     secrets: {WANDB_API_KEY: null}  # null: the submitting shell's $WANDB_API_KEY; never shown
     deadline: 36h                   # or an absolute time: 2025-07-01T18:00:00Z
-    spot_policy: uniform-progress   # greedy, on-demand, spot-only; unset: resources.spot decides
+    spot_policy: uniform-progress   # greedy, on-demand, spot-only, -mz: picks the zone too
 
 Contract of `orchestrator.spec.loading.load_job(path, overrides)`:
 
@@ -394,7 +394,8 @@ class JobSpec(_Model):
     spot_policy: SpotPolicyName | None = Field(
         default=None,
         description="who picks spot or on-demand as the job runs: uniform-progress, greedy "
-        "(both need a deadline), on-demand, spot-only; None: resources.spot, fixed at launch",
+        "(both need a deadline), on-demand, spot-only; with -mz (uniform-progress-mz, ...) it "
+        "picks the zone too; None: resources.spot, fixed at launch",
     )
 
     @model_validator(mode="before")

@@ -203,10 +203,20 @@ Usd = Annotated[Decimal, Field(gt=0, le=MAX_USD, allow_inf_nan=False)]
 Deadline = Annotated[datetime | float, BeforeValidator(_deadline_value)]
 """An aware UTC datetime, or seconds after submit (> 0)."""
 
-SpotPolicyName = Literal["uniform-progress", "greedy", "on-demand", "spot-only"]
-"""The policies of `orchestrator.spot.policies`."""
+SpotPolicyName = Literal[
+    "uniform-progress",
+    "greedy",
+    "on-demand",
+    "spot-only",
+    "uniform-progress-mz",
+    "greedy-mz",
+    "on-demand-mz",
+    "spot-only-mz",
+]
+"""The policies of `orchestrator.spot.policies`, and their zone-aware forms (`-mz`,
+`orchestrator.spot.zones`), which choose the zone too."""
 
-_DEADLINE_POLICIES = ("uniform-progress", "greedy")
+_DEADLINE_POLICIES = ("uniform-progress", "greedy", "uniform-progress-mz", "greedy-mz")
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(_env_value_given)]

@@ -11,6 +11,7 @@ __all__ = [
     "restart_overhead",
     "simulate",
     "sweep",
+    "zone_choice",
     "zone_sweep",
     "zones",
 ]

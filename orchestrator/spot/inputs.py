@@ -196,6 +196,9 @@ class DriverState:
     policy: PolicyState = field(default_factory=PolicyState)
     steps_per_s: float | None = None  # the last measured step rate
     total_steps: int | None = None  # what the trainer last said it runs to
+    zone: str | None = None  # zone-aware policies: the zone of the decision in force
+    ran_in: str | None = None  # zone-aware policies: where the job last ran (its checkpoint's
+    #                            zone: a start elsewhere is a move between zones)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -206,6 +209,8 @@ class DriverState:
                 "line_start": None if self.policy.line_start is None else [*self.policy.line_start],
                 "steps_per_s": self.steps_per_s,
                 "total_steps": self.total_steps,
+                "zone": self.zone,
+                "ran_in": self.ran_in,
             },
             separators=(",", ":"),
         )
@@ -232,9 +237,15 @@ class DriverState:
                 ),
                 steps_per_s=None if rate is None else float(rate),
                 total_steps=None if total is None else int(total),
+                zone=_text(doc.get("zone")),
+                ran_in=_text(doc.get("ran_in")),
             )
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return cls()
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _line_in_shares(

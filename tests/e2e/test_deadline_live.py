@@ -42,6 +42,7 @@ from orchestrator.spot.inputs import DriverState, Work, restart_durations
 from orchestrator.spot.policies import Decision, Running, get_policy
 from orchestrator.spot.restart_overhead import estimate_restart_overhead
 from orchestrator.spot.simulate import Prices, Scenario, simulate
+from tests.support.deadline_job import STEP_S, write_job
 from tests.support.helpers import (
     Background,
     assert_nothing_left,
@@ -53,75 +54,11 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-STEP_S = 0.25  # wall seconds per training step of the job
 GAP_S, SCALE = 60, 60  # trace ticks of a minute, replayed 60 x faster: one tick per second
 TICK_S = GAP_S / SCALE
 ON_DEMAND, SPOT = Decimal("3.06"), Decimal("1.02")
 NOTICE_S = 2  # a reclaim's notice: the job's checkpoint is pulled before the node goes
 TIGHT_UNITS = 20  # starts' worth of time left when Uniform Progress finds the deadline tight
-
-TRAIN = """\
-import json, os, signal, sys, time
-from pathlib import Path
-
-total = int(os.environ["TOTAL_STEPS"])
-step_s = float(os.environ["STEP_S"])
-ckpt = Path(os.environ["ORCH_CHECKPOINT_DIR"])
-resume = os.environ.get("ORCH_RESUME_FROM", "")
-step = int((Path(resume) / "step").read_text()) if resume else 0
-stop = False
-
-
-def on_term(signum, frame):
-    global stop
-    stop = True
-
-
-signal.signal(signal.SIGTERM, on_term)
-
-
-def save(step):
-    final = ckpt / f"step-{step:06d}"
-    if final.exists():
-        return
-    tmp = ckpt / f".tmp-step-{step:06d}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "step").write_text(str(step))
-    (tmp / "COMPLETE").write_text("")
-    os.rename(tmp, final)
-    for old in sorted(ckpt.glob("step-*"))[:-3]:
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-
-
-while step < total and not stop:
-    time.sleep(step_s)
-    step += 1
-    print(json.dumps({"step": step, "total_steps": total, "t": time.time(), "run": os.getpid()}),
-          flush=True)
-    if step % 4 == 0:
-        save(step)
-save(step)
-if stop and step < total:
-    print(json.dumps({"event": "stopped", "step": step}), flush=True)
-    sys.exit(143)
-print(json.dumps({"event": "done", "step": step}), flush=True)
-"""
-
-
-def write_job(tmp_path: Path, name: str, steps: int, extra: str = "") -> Path:
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    (work / "train.py").write_text(TRAIN)
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(
-        f"name: {name}\nworkdir: work\nrun: python train.py\n"
-        "resources: {nodes: 1, gpus_per_node: 1}\n"
-        "checkpoint: {pull_every: 1}\n"
-        f"env: {{TOTAL_STEPS: '{steps}', STEP_S: '{STEP_S}'}}\n" + extra
-    )
-    return spec
 
 
 def compute_seconds(node_log: str) -> float:

@@ -4,11 +4,17 @@ in another zone from its emergency checkpoint and finish with nothing lost.
 
 The job keeps its checkpoints in an S3 store of the sandbox's moto: the hosts upload with the
 credentials their metadata endpoint serves for the instance profile orch attached, through the
-sandbox's endpoint on the hosts' bridge, and the replacements download from it."""
+sandbox's endpoint on the hosts' bridge, and the replacements download from it.
+
+The same reclaim under the zone-aware deadline policy (`spot_policy: uniform-progress-mz`): the
+policy, not the provider's fallback, chooses the next zone, says so in its POLICY events and
+state, and the job stays on spot and meets its deadline."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,7 +23,15 @@ import pytest
 
 from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.sandbox.client import SandboxClient
-from tests.support.helpers import REPO, job_json, orch_env, processes_with_marker, run_orch
+from tests.support.deadline_job import write_job
+from tests.support.helpers import (
+    REPO,
+    assert_nothing_left,
+    job_json,
+    orch_env,
+    processes_with_marker,
+    run_orch,
+)
 from tests.support.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
 from tests.support.waiting import wait_for_job
 
@@ -184,3 +198,74 @@ def test_spot_reclaim_with_notice_resumes_in_another_zone_with_nothing_lost(
     for iid in instances:
         assert processes_with_marker(iid) == []
     assert not sandbox_namespaces()
+
+
+MZ_STEPS = 48  # 12 s of steps: the reclaim lands mid-run
+MZ_DEADLINE_S = 900
+
+
+def test_uniform_progress_mz_moves_the_job_to_the_zone_with_spot_on_a_reclaim(
+    tmp_path: Path, sandbox: SandboxProcess
+) -> None:
+    """Two spot nodes in the cheapest zone; that zone sells no more spot and node 1 is
+    reclaimed. The replacement is refused beside node 0, and the policy sends the whole job
+    (its checkpoint with it) to the next zone's spot, not to on-demand."""
+    env = orch_env(
+        tmp_path / "orch", **aws_env(sandbox.endpoint), ORCH_WATCH_INTERVAL="1",
+        ORCH_NOTICE_POLL_INTERVAL="1", ORCH_POLICY_INTERVAL="1",
+    )  # fmt: skip
+    policy_lines = f"deadline: {MZ_DEADLINE_S}s\nspot_policy: uniform-progress-mz\n"
+    spec = write_job(tmp_path, "zones", MZ_STEPS, policy_lines)
+    submitted = run_orch(
+        ["submit", str(spec), "--nodes", "2", "--provider", "aws", "--detach", "--yes"], env,
+        timeout=120,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    ledger = Ledger(make_engine(tmp_path / "orch" / "orch.db"))
+    wait_job(ledger, job_id, lambda j: (j.step or 0) >= 8, "step 8", timeout=120)
+    first = {lease.rank: lease.instance_id for lease in ledger.leases(job_id)}
+    client = SandboxClient(sandbox.endpoint)
+    zone_of = {h["instance_id"]: h["zone"] for h in client.status()["hosts"]}
+    assert {zone_of[iid] for iid in first.values()} == {FIRST_ZONE}  # the cheapest spot
+
+    assert client.set_capacity([FIRST_ZONE], "spot", available=False)["refused"]
+    client.preempt(first[1], 3)
+    wait_job(ledger, job_id, lambda j: j.state == "SUCCEEDED", "the end", timeout=180)
+    job = job_json(job_id, env)
+    timeline = "\n".join(f"{e['at'][11:23]} {e['kind']} {e['message']}" for e in job["events"])
+
+    # It met its deadline, with every step done, on spot only: two nodes in the first zone,
+    # then two in the next one.
+    created, ended = (datetime.fromisoformat(job[k]) for k in ("created_at", "ended_at"))
+    assert ended <= created + timedelta(seconds=MZ_DEADLINE_S)
+    assert job["step"] == MZ_STEPS and job["recoveries"] == 1, timeline
+    leases = ledger.leases(job_id)
+    ec2 = sandbox.ec2()
+    described = ec2.describe_instances(InstanceIds=[lease.instance_id for lease in leases])
+    zone = {
+        i["InstanceId"]: i["Placement"]["AvailabilityZone"]
+        for r in described["Reservations"]
+        for i in r["Instances"]
+    }
+    assert [lease.market for lease in leases] == ["spot"] * 4, timeline
+    assert [(zone[lease.instance_id], lease.rank) for lease in leases] == [
+        (FIRST_ZONE, 0), (FIRST_ZONE, 1), (NEXT_ZONE, 0), (NEXT_ZONE, 1),
+    ], timeline  # fmt: skip
+
+    # The policy chose each zone, and said why; its state names the zone for a new controller.
+    policy = [e["message"] for e in events(job, "POLICY")]
+    assert policy[0].startswith(f"uniform-progress-mz: spot in {FIRST_ZONE} "), timeline
+    moved = [m for m in policy if m.startswith(f"uniform-progress-mz: spot in {NEXT_ZONE} ")]
+    assert len(moved) == 1 and f"none in {FIRST_ZONE}" in moved[0], timeline
+    assert f"checkpoint in {FIRST_ZONE}" in moved[0], timeline
+    assert not any("on-demand" in m.split("(")[0] for m in policy), timeline
+    state = json.loads(ledger.get_job(job_id).policy_state or "{}")
+    assert (state["market"], state["zone"], state["ran_in"]) == ("spot", NEXT_ZONE, NEXT_ZONE)
+    assert any("no capacity for the replacement" in e["message"] for e in events(job, "WARNING"))
+    # The checkpoint moved with the job: the run resumed from it in the next zone.
+    (resumed,) = events(job, "RESUMED")
+    assert resumed["step"] and resumed["step"] >= 8, timeline
+    assert_nothing_left(job)
+    client.wait_reclaimed(first[1], 30)
+    assert client.status()["hosts"] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -23,13 +24,15 @@ from orchestrator.providers.aws.launch import (
     read_tf_outputs,
     run_instances_args,
 )
-from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.base import LaunchRequest, ZoneMarket
 from orchestrator.providers.offers import (
     OfferQuery,
     SpotPriceSource,
     collect_offers,
+    launch_order,
     newest_spot_prices,
     rank_offers,
+    zone_markets,
 )
 from orchestrator.providers.plan import offers_dry_run
 from orchestrator.providers.requests import launch_request
@@ -342,3 +345,34 @@ def test_terraform_outputs(tmp_path: Path) -> None:
     path.write_text("[]")
     with pytest.raises(ConfigError):
         read_tf_outputs(path)
+
+
+def test_a_zone_aware_policy_orders_the_launch_by_its_zones() -> None:
+    """The spec's zones only filter (price first); a spot policy's zones are its order, and
+    the zone that just took the nodes back still comes last."""
+    offers = rank(accelerator="A10G", spot="auto", instance_types=("g5.xlarge",))
+    where = [(o.zone, o.market) for o in offers]
+    assert where[:2] == [("us-east-1b", "spot"), ("us-east-1a", "spot")]
+    request = LaunchRequest(job_id="j", cluster="j", count=1, gpus_per_node=1, public_key="")
+    assert launch_order(offers, replace(request, zones=("us-east-1a", "us-east-1b"))) == offers
+    ordered = replace(request, zones=("us-east-1a", "us-east-1c", "us-east-1b"), zones_ordered=True)
+    assert [(o.zone, o.market) for o in launch_order(offers, ordered)] == [
+        ("us-east-1a", "spot"), ("us-east-1a", "on-demand"), ("us-east-1c", "on-demand"),
+        ("us-east-1b", "spot"), ("us-east-1b", "on-demand"),
+    ]  # fmt: skip
+    avoiding = replace(ordered, avoid_zones=("us-east-1a",))
+    assert [o.zone for o in launch_order(offers, avoiding)][-2:] == ["us-east-1a"] * 2
+    spec = JobSpec.model_validate({"name": "z", "workdir": ".", "run": "true"})
+    chosen = launch_request(spec, "j", zones=("us-east-1c", "us-east-1a"))
+    assert (chosen.zones, chosen.zones_ordered) == (("us-east-1c", "us-east-1a"), True)
+    assert not launch_request(spec, "j").zones_ordered
+
+
+def test_zone_markets_are_the_cheapest_offer_of_each_market_per_zone() -> None:
+    offers = rank(accelerator="A10G", spot="auto", instance_types=("g5.xlarge",))
+    od = Decimal("1.006")
+    assert zone_markets(offers) == (
+        ZoneMarket("us-east-1a", None, Decimal("0.45"), od),
+        ZoneMarket("us-east-1b", None, Decimal("0.31"), od),
+        ZoneMarket("us-east-1c", False, None, od),  # spot at on-demand's price: no offer
+    )

@@ -105,6 +105,12 @@ def test_a_policy_that_wants_another_market_moves_the_whole_cluster() -> None:
     assert market_matches([node(0, market="on-demand")], None)  # no policy: the spec's choice
 
 
+def test_a_zone_aware_policy_that_wants_another_zone_moves_the_whole_cluster() -> None:
+    assert market_matches([node(0, zone="us-east-1b")], True, "us-east-1b")
+    assert not market_matches([node(0, zone="us-east-1b")], True, "us-east-1a")
+    assert market_matches([node(0, zone=None)], True, "us-east-1a")  # a provider without zones
+
+
 def test_a_survivor_is_readied_for_the_restart_keeping_its_log_and_checkpoints(
     tmp_path: Path,
 ) -> None:

@@ -5,7 +5,7 @@ events, leases) and asks of the provider."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -27,9 +27,16 @@ from orchestrator.errors import CapacityError, RemoteError
 from orchestrator.job_state import FINAL_STATES, TRANSITIONS, JobState, may_follow
 from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 from orchestrator.node import launch
-from orchestrator.providers.base import CloudIdentity, Instance, LaunchRequest, NodeEnd
+from orchestrator.providers.base import (
+    CloudIdentity,
+    Instance,
+    LaunchRequest,
+    NodeEnd,
+    ZoneMarket,
+)
 from orchestrator.remote.keys import Identity
 from orchestrator.spec.model import JobSpec, LoadedJob
+from orchestrator.spot.inputs import DriverState
 from orchestrator.spot.policies import Decision as Market
 
 JOB_ID = "unit-1"
@@ -389,12 +396,13 @@ class WaitingDriver:
     def __init__(self) -> None:
         self.decisions = [Market.SPOT, Market.WAIT]
         self.market: Market | None = None
-        self.policy = type("Policy", (), {"name": "fake"})()
+        self.name = "fake"
+        self.launch_zones = None  # a single-zone policy
 
     def decide_idle(self, step: int | None) -> Market:
         return self.decisions.pop(0) if self.decisions else Market.SPOT
 
-    def commit(self, decision: Market) -> None:
+    def commit(self, decision: Market, zone: str | None = None) -> None:
         self.market = decision
 
     @property
@@ -404,7 +412,10 @@ class WaitingDriver:
     def new_run(self) -> None:
         pass
 
-    def spot_refused(self) -> None:
+    def spot_refused(self, zone: str | None = None) -> None:
+        pass
+
+    def ran_in(self, zone: str | None) -> None:
         pass
 
 
@@ -473,6 +484,61 @@ def test_with_no_capacity_for_the_replacement_the_whole_cluster_moves(
     assert ["f-1-0"] in provider.terminated  # the survivor ended before the move
     events = ledger.events(JOB_ID)
     assert any("the whole cluster moves" in e.message for e in events if e.kind == "WARNING")
+    assert_all_leases_closed(ledger, provider)
+
+
+@dataclass
+class ZonedProvider(FakeProvider):
+    """Nodes in the zone a launch asks for first (zone-a without one); spot cheapest in
+    zone-a, and refused in the zones of `no_spot`. Answers `zone_markets` as EC2 would:
+    prices per zone, spot availability unknown."""
+
+    no_spot: set[str] = field(default_factory=set)
+
+    def zone_markets(self, request: LaunchRequest) -> tuple[ZoneMarket, ...]:
+        return tuple(
+            ZoneMarket(zone, None, Decimal(price), self.price)
+            for zone, price in (("zone-a", "1.00"), ("zone-b", "1.10"))
+        )
+
+    def launch(self, request: LaunchRequest) -> list[Instance]:
+        zone = request.zones[0] if request.zones else "zone-a"
+        if request.spot is True and zone in self.no_spot:
+            self.requests.append(request)
+            raise CapacityError(f"no spot capacity in {zone}")
+        launched = [replace(i, zone=zone) for i in FakeProvider.launch(self, request)]
+        self.running.update({i.instance_id: i for i in launched})
+        return launched
+
+
+def test_a_zone_aware_policy_moves_the_cluster_to_another_zones_spot_when_its_zone_has_none(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    """uniform-progress-mz: node 1 is lost while zone-a sells no more spot; the replacement
+    is refused there, and the policy sends the whole cluster to zone-b's spot (not to
+    on-demand, and not to the provider's own choice of zone)."""
+    provider = ZonedProvider(ledger.ledger_id)
+    supervise = lose_node_1_then_succeed(provider, then=lambda: provider.no_spot.add("zone-a"))
+    the_runner = runner(
+        tmp_path, ledger, provider, supervise, deadline="1h", spot_policy="uniform-progress-mz"
+    )
+
+    assert the_runner.run().state == JobState.SUCCEEDED
+    asked = [(r.count, r.ranks, r.spot, r.zones, r.zones_ordered) for r in provider.requests]
+    assert asked == [
+        (2, (), True, ("zone-a",), True),
+        (1, (1,), True, ("zone-a",), False),  # beside the survivor, in its zone: refused
+        (2, (), True, ("zone-b",), True),
+    ]
+    assert ["f-1-0"] in provider.terminated  # the survivor ended before the move
+    policy = [e.message for e in ledger.events(JOB_ID) if e.kind == "POLICY"]
+    assert [m.split(" (")[0] for m in policy] == [
+        "uniform-progress-mz: spot in zone-a",
+        "uniform-progress-mz: spot in zone-b",
+    ]
+    assert "none in zone-a" in policy[1] and "checkpoint in zone-a" in policy[1]
+    state = DriverState.from_json(ledger.get_job(JOB_ID).policy_state)
+    assert (state.market, state.zone, state.ran_in) == (Market.SPOT, "zone-b", "zone-b")
     assert_all_leases_closed(ledger, provider)
 
 

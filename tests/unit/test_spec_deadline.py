@@ -11,6 +11,7 @@ import pytest
 from orchestrator.spec.loading import load_job
 from orchestrator.spec.model import JobSpec, SpotPolicyName
 from orchestrator.spot.policies import POLICY_NAMES
+from orchestrator.spot.zones import ZONE_POLICY_NAMES
 from tests.unit.spec_cases import MINIMAL, spec_error, write
 
 SUBMIT = datetime(2025, 6, 30, 12, 0, tzinfo=UTC)
@@ -76,10 +77,10 @@ def test_bad_deadlines_name_the_field_and_line(project: Path, written: str, says
 
 
 def test_spot_policy_names_match_the_policies() -> None:
-    assert typing.get_args(SpotPolicyName) == POLICY_NAMES
+    assert typing.get_args(SpotPolicyName) == POLICY_NAMES + ZONE_POLICY_NAMES
 
 
-@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("policy", POLICY_NAMES + ZONE_POLICY_NAMES)
 def test_every_policy_is_accepted_with_a_deadline(project: Path, policy: str) -> None:
     spec = load(project, f"deadline: 30h\nspot_policy: {policy}\n")
     assert spec.spot_policy == policy
@@ -90,7 +91,9 @@ def test_policies_without_a_deadline_need_none(project: Path, policy: str) -> No
     assert load(project, f"spot_policy: {policy}\n").spot_policy == policy
 
 
-@pytest.mark.parametrize("policy", ["uniform-progress", "greedy"])
+@pytest.mark.parametrize(
+    "policy", ["uniform-progress", "greedy", "uniform-progress-mz", "greedy-mz"]
+)
 def test_deadline_policies_need_a_deadline(project: Path, policy: str) -> None:
     message = spec_error(write(project, MINIMAL + f"spot_policy: {policy}\n"))
     assert f"spot_policy {policy} needs a deadline" in message

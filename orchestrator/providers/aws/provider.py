@@ -92,6 +92,7 @@ from orchestrator.providers.base import (
     LaunchRequest,
     MarketPrices,
     NodeEnd,
+    ZoneMarket,
 )
 from orchestrator.providers.offers import (
     Offer,
@@ -99,6 +100,8 @@ from orchestrator.providers.offers import (
     SpotPriceSource,
     cheapest_prices,
     collect_offers,
+    launch_order,
+    zone_markets,
 )
 from orchestrator.providers.plan import DryRun, offer_plan, offers_dry_run
 from orchestrator.providers.ssh_banner import answers_ssh
@@ -262,7 +265,8 @@ class AwsProvider:
 
     def launch(self, request: LaunchRequest) -> list[Instance]:
         """Start `request.count` nodes in one zone of the cheapest offer that has capacity;
-        offers in `request.avoid_zones` come last.
+        with `request.zones_ordered` the zones' order comes before price, and offers in
+        `request.avoid_zones` come last (`offers.launch_order`).
 
         Returns them ordered by rank once all are `running` and answer SSH (unless
         `aws.wait_for_ssh` is off). Raises `CapacityError` listing every offer tried when none
@@ -281,11 +285,8 @@ class AwsProvider:
                 f" in {', '.join(request.zones or self.request_regions(request))}",
                 hint="relax resources (accelerator, max_price_per_hour, spot) or add regions",
             )
-        # After an interruption, the zone that took the nodes back is tried last (stable sort:
-        # the price ranking holds within each group).
-        offers = sorted(offers, key=lambda offer: offer.zone in request.avoid_zones)
         tried: list[Attempt] = []
-        for offer in offers:
+        for offer in launch_order(offers, request):
             try:
                 return self._launch_offer(request, offer)
             except _Refused as refused:
@@ -407,6 +408,12 @@ class AwsProvider:
         """Prices of the cheapest offer that fits `request` on each market (asks EC2)."""
         offers = self._request_offers(request, spot="auto")
         return cheapest_prices(offers)
+
+    def zone_markets(self, request: LaunchRequest) -> tuple[ZoneMarket, ...]:
+        """Per zone that could take `request`'s nodes, the cheapest offer on each market (asks
+        EC2, cached `aws.spot_price_cache_s`). EC2 does not say whether spot would be granted
+        before a launch tries: `spot_available` is None where a spot offer fits."""
+        return zone_markets(self._request_offers(request, spot="auto"))
 
     # --- launch internals -----------------------------------------------------------------------
 
