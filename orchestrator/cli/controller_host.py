@@ -76,16 +76,31 @@ def up(
     dead, end what is left of it and hand its jobs over to the new one (by default a host of
     the same kind: a launched one is launched again)."""
     from orchestrator.cli import host_billing
-    from orchestrator.host import lifecycle
-    from orchestrator.host.replacement import hand_over_kept, retire_if_dead
+    from orchestrator.host import handover, lifecycle
+    from orchestrator.host.record import load
+    from orchestrator.host.replacement import hand_over_kept, probe, retire_dead
 
     if host is not None and provider is not None:
         raise SpecError("give one of --host user@addr and --provider local, not both")
     if provider is not None and provider != "local":
         raise SpecError(f"--provider {provider}: only local hosts can be launched so far")
     settings = load_settings()
-    replaced = retire_if_dead(settings)
-    if replaced is not None:
+    replaced = None
+    if (record := load(settings.home)) is not None:
+        health = probe(settings, record)
+        if health.alive:
+            _show(_restart_or_refuse(settings, record), json_out)
+            return
+        if host is None and provider is None:
+            if record.kind != "launched":
+                raise SpecError(
+                    f"the controller host {record.user}@{record.host}:{record.port} is dead: "
+                    f"{health.reason}",
+                    hint="give the machine to take its place: --host user@addr (or launch "
+                    "one: --provider local)",
+                )
+            provider = "local"
+        replaced = retire_dead(settings, record, health)
         host_billing.close_lease(
             settings, replaced["terminated"], replaced.get("billing_stopped_at")
         )
@@ -95,8 +110,6 @@ def up(
             highlight=False,
             markup=False,
         )
-        if host is None and provider is None and replaced["kind"] == "launched":
-            provider = "local"
     if host is None and provider is None:
         raise SpecError("give one of --host user@addr and --provider local")
     environ = dict(os.environ)
@@ -124,10 +137,34 @@ def up(
             for instance_id in launched:  # the failed launch was terminated: billing stopped
                 host_billing.close_lease(settings, instance_id, datetime.now(UTC))
             raise
-    if replaced is not None:
-        document = {**document, "replaced": replaced, **hand_over_kept(settings, replaced["jobs"])}
+    # The dead host's jobs; with no host recorded, those of kits a replacement that failed
+    # half-way left (`down` removes the kits).
+    jobs = replaced["jobs"] if replaced is not None else handover.kept_jobs(settings.home)
+    if replaced is not None or jobs:
+        document = {**document, "replaced": replaced, **hand_over_kept(settings, jobs)}
         _say_hand_over(document)
     _show(document, json_out)
+
+
+def _restart_or_refuse(settings: Settings, record: HostRecord) -> dict[str, Any]:
+    """`up` with a live host: start its daemon again when it is not running; refuse when it
+    is."""
+    from orchestrator.errors import ControllerHostError
+    from orchestrator.host.lifecycle import restart, status_document
+
+    if status_document(settings, record)["running"]:
+        raise ControllerHostError(
+            f"this ORCH_HOME has a controller host already ({record.user}@{record.host}), "
+            "and it runs",
+            hint="`orch controller status` shows it; `orch controller down` first to replace it",
+        )
+    make_console(stderr=True).print(
+        f"the controller host {record.user}@{record.host}:{record.port} answers but orch's "
+        "daemon there is not running: starting it again",
+        highlight=False,
+        markup=False,
+    )
+    return restart(settings, record)
 
 
 def _say_hand_over(document: dict[str, Any]) -> None:

@@ -94,6 +94,12 @@ def push(session: HostSession, home: Path, job_ids: Iterable[str]) -> list[str]:
     return sent
 
 
+def kept_jobs(home: Path) -> list[str]:
+    """Ids of the jobs this ORCH_HOME keeps a kit of."""
+    folder = host_dir(home) / "kits"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
 def forget_all(home: Path) -> None:
     """Remove every kit (the host, and its jobs with it, are forgotten: `orch controller down`)."""
     shutil.rmtree(host_dir(home) / "kits", ignore_errors=True)

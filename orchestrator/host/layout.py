@@ -175,6 +175,16 @@ def supervisor_script(layout: HostLayout) -> str:
     )
 
 
+def alive_test(pid_file: str) -> str:
+    """Shell test: the process whose pid is in `pid_file` (shell text, quoted or a variable)
+    runs. A zombie does not (`kill -0` alone would say it does: a killed supervisor's daemon
+    stays one where nothing reaps orphans)."""
+    return (
+        f"{{ [ -s {pid_file} ] && p=$(cat {pid_file}) && kill -0 $p 2>/dev/null && "
+        "[ \"$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1)\" != Z ]; }"
+    )
+
+
 def start_command(layout: HostLayout) -> str:
     """Start the supervisor detached from the SSH session (its own session, no terminal),
     unless one already runs."""
@@ -182,7 +192,7 @@ def start_command(layout: HostLayout) -> str:
     pid = q(layout.path("supervisor.pid"))
     return (
         f"rm -f {q(layout.stop_flag)}; "
-        f"if [ -s {pid} ] && kill -0 $(cat {pid}) 2>/dev/null; then echo running; else "
+        f"if {alive_test(pid)}; then echo running; else "
         f"setsid nohup sh {q(layout.path('supervise.sh'))} > /dev/null 2>&1 < /dev/null & "
         "echo started; fi"
     )
@@ -197,7 +207,7 @@ def stop_command(layout: HostLayout, wait_s: int = 20) -> str:
         f"touch {q(layout.stop_flag)}; "
         f"for f in {pids}; do [ -s $f ] && kill $(cat $f) 2>/dev/null; done; "
         f"i=0; while [ $i -lt {wait_s * 5} ]; do alive=0; "
-        f"for f in {pids}; do [ -s $f ] && kill -0 $(cat $f) 2>/dev/null && alive=1; done; "
+        f"for f in {pids}; do {alive_test('$f')} && alive=1; done; "
         "[ $alive = 0 ] && break; sleep 0.2; i=$((i+1)); done; "
         f"for f in {pids}; do [ -s $f ] && kill -9 $(cat $f) 2>/dev/null; rm -f $f; done; "
         "echo stopped"

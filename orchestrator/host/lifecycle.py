@@ -36,6 +36,7 @@ from orchestrator.host.layout import (
     DEFAULT_ROOT_NAME,
     ROLE,
     HostLayout,
+    alive_test,
     env_file_text,
     install_script,
     orch_command,
@@ -181,6 +182,21 @@ def _install(
         session.close()
 
 
+def restart(settings: Settings, record: HostRecord) -> dict[str, Any]:
+    """Start orch's daemon again on the live host of `record`, whose supervisor and daemon
+    ended (killed, the machine restarted, or an adopted host's autostop). Its first tick gives
+    a new controller to every unfinished job whose controller ended with them. Returns the
+    host's status document."""
+    session = HostSession(settings.home, record)
+    layout = HostLayout(record.root)
+    try:
+        session.run(f"rm -f {shlex.quote(layout.state)}; {start_command(layout)}")
+        _wait_heartbeat(session, layout)
+        return status_document(settings, record, session)
+    finally:
+        session.close()
+
+
 def _wait_heartbeat(session: HostSession, layout: HostLayout, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -247,7 +263,7 @@ def status_document(
         pid = shlex.quote(layout.path("daemon.pid"))
         probe = session.run(
             f"cat {shlex.quote(layout.state)} 2>/dev/null || echo '{{}}'; "
-            f"[ -s {pid} ] && kill -0 $(cat {pid}) 2>/dev/null && echo running || echo stopped",
+            f"{alive_test(pid)} && echo running || echo stopped",
             check=False,
         )
     except OrchError as exc:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import Settings
-from orchestrator.errors import ControllerHostError, InstancesNotFound, OrchError
+from orchestrator.errors import InstancesNotFound, OrchError
 from orchestrator.host import handover
 from orchestrator.host import record as records
 from orchestrator.host.layout import orch_command
@@ -96,21 +96,10 @@ def _ended_at(provider: LocalProvider, instance_id: str) -> datetime | None:
     return datetime.fromtimestamp(marker.stat().st_mtime, UTC)
 
 
-def retire_if_dead(settings: Settings) -> dict[str, Any] | None:
-    """Before `up`: None when this ORCH_HOME has no host; raises `ControllerHostError` when
-    its host is alive; else ends what is left of the dead host (`retire`), forgets it and
-    returns what was done, with `reason` (why it was taken for dead) and `jobs` (those it had,
-    for `hand_over`)."""
-    record = records.load(settings.home)
-    if record is None:
-        return None
-    health = probe(settings, record)
-    if health.alive:
-        raise ControllerHostError(
-            f"this ORCH_HOME has a controller host already ({record.user}@{record.host}), "
-            "and it is alive",
-            hint="`orch controller status` shows it; `orch controller down` first to replace it",
-        )
+def retire_dead(settings: Settings, record: HostRecord, health: Health) -> dict[str, Any]:
+    """Before `up`, when `probe` found the host of `record` dead: end what is left of it
+    (`retire`), forget it, and return what was done, with `reason` (why it was taken for dead)
+    and `jobs` (those it had, for `hand_over_kept`)."""
     done = {**retire(settings, record), "reason": health.reason, "jobs": record.jobs}
     records.forget(settings.home)
     return done

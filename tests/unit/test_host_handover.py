@@ -20,7 +20,7 @@ from orchestrator.host import handover
 from orchestrator.host import record as records
 from orchestrator.host.lifecycle import host_environment
 from orchestrator.host.record import HostRecord
-from orchestrator.host.replacement import probe, retire, retire_if_dead
+from orchestrator.host.replacement import probe, retire, retire_dead
 
 JOB = "j-0123abcd"
 IID = "l-0123456789"
@@ -62,8 +62,10 @@ def test_an_unpacked_kit_is_private_and_complete_only_with_every_file(tmp_path: 
     for path in handover.kit_dir(tmp_path, JOB).rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    assert handover.kept_jobs(tmp_path) == [JOB]
     handover.forget_all(tmp_path)
     assert not (records.host_dir(tmp_path) / "kits").exists()
+    assert handover.kept_jobs(tmp_path) == []
 
 
 def test_a_kit_with_a_path_out_of_its_folder_is_refused(tmp_path: Path) -> None:
@@ -97,9 +99,9 @@ def test_a_launched_host_whose_node_is_gone_is_dead_and_retired(tmp_path: Path) 
 
 def test_a_dead_host_is_forgotten_before_a_new_one_comes_up(tmp_path: Path) -> None:
     settings = load_settings({"ORCH_HOME": str(tmp_path)})
-    assert retire_if_dead(settings) is None
     records.save(tmp_path, dataclasses.replace(HOST, jobs=[JOB]))
-    done = retire_if_dead(settings)
-    assert done is not None and done["jobs"] == [JOB] and done["terminated"] == IID
+    health = probe(settings, HOST)
+    done = retire_dead(settings, HOST, health)
+    assert done["jobs"] == [JOB] and done["terminated"] == IID
     assert "is gone" in done["reason"]
     assert records.load(tmp_path) is None

@@ -15,6 +15,7 @@ from orchestrator.errors import SpecError
 from orchestrator.host.layout import (
     HostLayout,
     Target,
+    alive_test,
     env_file_text,
     orch_command,
     parse_target,
@@ -156,3 +157,22 @@ def test_start_starts_one_supervisor_and_stop_ends_it_and_its_daemon(tmp_path: P
     assert Path(layout.stop_flag).exists()
     assert not Path(layout.path("daemon.pid")).exists()
     assert _sh(stop_command(layout, wait_s=1)).stdout.strip() == "stopped", "not idempotent"
+
+
+def test_a_zombie_is_not_taken_for_a_running_daemon(tmp_path: Path) -> None:
+    """A killed supervisor leaves its daemon a zombie where nothing reaps orphans; `kill -0`
+    alone says it runs, and `up` would not start the daemon again."""
+    pid_file = tmp_path / "daemon.pid"
+    test = f"{alive_test(str(pid_file))} && echo running || echo stopped"
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert subprocess.run(["sh", "-c", test], capture_output=True, text=True).stdout == "running\n"
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        time.sleep(0.2)  # it exited, and is not waited for: a zombie
+        pid_file.write_text(f"{child}\n")
+        shown = subprocess.run(["sh", "-c", test], capture_output=True, text=True).stdout
+        assert shown == "stopped\n"
+    finally:
+        os.waitpid(child, 0)
