@@ -237,11 +237,18 @@ def route(argv: list[str]) -> int | None:
     index = _first_positional(rest)
     if index is None:
         return None
-    from orchestrator.host.remote_jobs import ask, lives_on_host
+    from orchestrator.host.remote_jobs import ask, lives_on_host, refresh_kit
 
     settings = load_settings()
     if not lives_on_host(settings, rest[index]):
         return None
+    if verb == "status":
+        from contextlib import suppress
+
+        from orchestrator.errors import OrchError
+
+        with suppress(OrchError):  # the host's answer below says what is wrong
+            refresh_kit(settings, rest[index])  # a kit the submit left without the job's key
     if verb == "status" and "--json" in rest and "--watch" not in rest:
         result = ask(settings, ["status", *rest])
         if result.ok:

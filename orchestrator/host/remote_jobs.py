@@ -83,6 +83,19 @@ def _job_id(stdout: str) -> str:
         return lines[-1].strip()
 
 
+def refresh_kit(settings: Settings, job_id: str) -> bool:
+    """Fetch the hand-over kit of `job_id` again when this ORCH_HOME's copy lacks a file (the
+    job's controller had not made its key within `handover.KEYS_WAIT_S` of the submit);
+    returns whether the kit is complete. Waits for nothing."""
+    if handover.complete(settings.home, job_id):
+        return True
+    session = HostSession(settings.home, records.require(settings.home))
+    try:
+        return handover.fetch(session, settings.home, job_id, wait_s=0)
+    finally:
+        session.close()
+
+
 def lives_on_host(settings: Settings, job_id: str) -> bool:
     record = records.load(settings.home)
     return record is not None and job_id in record.jobs

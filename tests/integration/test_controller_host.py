@@ -57,6 +57,10 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert handover.complete(home, job_id), list(handover.kit_dir(home, job_id).rglob("*"))
     for path in handover.kit_dir(home, job_id).rglob("*"):
         assert path.is_dir() or path.stat().st_mode & 0o077 == 0, path
+    key = handover.kit_dir(home, job_id) / "keys" / job_id / "id_ed25519"
+    key.unlink()  # as if the job had made no key yet when it was submitted
+    assert run_orch(["status", job_id, "--json"], env, timeout=60).returncode == 0
+    assert handover.complete(home, job_id), "orch status did not fetch the kit again"
 
     # Nothing of orch runs for this ORCH_HOME on the laptop side: whatever did is killed now.
     laptop = [p for p in processes_with_marker(f"ORCH_HOME={home}")
