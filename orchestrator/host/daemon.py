@@ -3,9 +3,10 @@ by its supervisor (`layout.supervisor_script`), which starts it again if it dies
 
 Every `tick_s` it asks the host's orch for its jobs (`orch status --json`, which also gives a
 new controller to any unfinished job whose controller died) and writes its heartbeat to
-`state.json`. Once it has driven no unfinished job for `autostop_s` it stops: it sets the stop
-flag (so the supervisor does not restart it), runs the host's poweroff command when the host was
-launched by orch (billing stops when the machine is gone), and exits 0. SIGTERM (from
+`state.json`. Its jobs are those whose record is in the host's ORCH_HOME (`own`). Once it has
+driven no unfinished job for `autostop_s` it stops: it sets the stop flag (so the supervisor
+does not restart it), runs the host's poweroff command when the host was launched by orch
+(billing stops when the machine is gone), and exits 0. SIGTERM (from
 `orch controller down`) ends it at once with exit 0.
 
 Its settings are in `DIR/daemon.json`, written by `orch controller up`:
@@ -50,6 +51,13 @@ def _jobs(layout: HostLayout) -> list[dict[str, Any]] | None:
         return None
 
 
+def own(job_ids: list[str], home: Path) -> list[str]:
+    """Those of `job_ids` this host drives: their record is in its ORCH_HOME (`home`). On a
+    team ledger the host's orch lists every machine's jobs; a teammate's unfinished job must
+    not keep the host from its autostop."""
+    return [job_id for job_id in job_ids if (home / "jobs" / job_id / "job.json").is_file()]
+
+
 def _log(message: str) -> None:
     sys.stdout.write(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {message}\n")
     sys.stdout.flush()
@@ -70,7 +78,7 @@ def run(root: Path) -> int:
         jobs = _jobs(layout)
         now = time.time()
         if jobs is not None:
-            known = unfinished(jobs)
+            known = own(unfinished(jobs), Path(layout.home))
             clock = clock.tick(now, len(known))
         remaining = clock.remaining(now)
         stopping = clock.should_stop(now)

@@ -3,9 +3,12 @@ stops (`IdleClock`, a pure value: every step is a new clock)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.host.autostop import IdleClock, unfinished
+from orchestrator.host.daemon import own
 from orchestrator.job_state import FINAL_STATES, JobState
 
 
@@ -63,3 +66,10 @@ def test_tick_leaves_the_old_clock_as_it_was() -> None:
     clock.tick(5.0, 0)
     assert clock.idle_since is None
     assert clock.tick(5.0, 0).autostop_s == 10
+
+
+def test_the_host_drives_only_the_jobs_whose_record_it_holds(tmp_path: Path) -> None:
+    """On a team ledger the host's orch lists a teammate's jobs too: they keep no host up."""
+    (tmp_path / "jobs" / "j-mine").mkdir(parents=True)
+    (tmp_path / "jobs" / "j-mine" / "job.json").write_text("{}")
+    assert own(["j-mine", "j-teammate"], tmp_path) == ["j-mine"]
