@@ -47,7 +47,10 @@ class Health:
 
 def probe(settings: Settings, record: HostRecord) -> Health:
     """Whether the host of `record` is alive: its node still there (a launched host) and it
-    answers a command over SSH."""
+    answers a command over SSH. A host whose `up` never finished (no orch folder recorded)
+    counts as dead: what `up` left of it is ended, and a new one set up."""
+    if not record.root:
+        return Health(False, "its setup by `orch controller up` never finished")
     if record.kind == "launched" and record.instance_id:
         from orchestrator.providers.local.provider import LocalProvider
 

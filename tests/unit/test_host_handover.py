@@ -97,6 +97,12 @@ def test_a_launched_host_whose_node_is_gone_is_dead_and_retired(tmp_path: Path) 
     assert done["terminated"] == IID and done["billing_stopped_at"] == at.isoformat()
 
 
+def test_a_host_whose_setup_never_finished_is_taken_for_dead(tmp_path: Path) -> None:
+    settings = load_settings({"ORCH_HOME": str(tmp_path)})
+    half = dataclasses.replace(HOST, kind="adopted", instance_id=None, root="")
+    assert probe(settings, half).reason == "its setup by `orch controller up` never finished"
+
+
 def test_a_dead_host_is_forgotten_before_a_new_one_comes_up(tmp_path: Path) -> None:
     settings = load_settings({"ORCH_HOME": str(tmp_path)})
     records.save(tmp_path, dataclasses.replace(HOST, jobs=[JOB]))
