@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import LocalSettings, Settings
@@ -71,3 +73,20 @@ def report(title: str, rows: list[tuple[str, float, float]], target: float) -> b
         ok &= ratio <= target
         print(f"  {name:<28} orch {ours:7.3f} s   baseline {baseline:7.3f} s   ratio {ratio:5.2f}")
     return ok
+
+
+def at(text: str) -> float:
+    """An ISO 8601 time (the ledger's events and leases) as epoch seconds."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def wait(predicate: Callable[[], Any], what: str, timeout: float = 300, every: float = 0.1) -> Any:
+    """`predicate()`'s first true value, asked every `every` seconds; RuntimeError naming
+    `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -40,11 +40,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine
+from bench.common import at, machine, wait
 from orchestrator.config import load_settings
 from orchestrator.host import record as host_records
 from orchestrator.host.layout import HostLayout, orch_command
@@ -82,20 +81,6 @@ def orch(args: list[str], env: dict[str, str], *, timeout: float = 300) -> str:
         raise RuntimeError(f"orch {' '.join(args)} exited {done.returncode}:\n"
                            f"{done.stdout[-2000:]}{done.stderr[-2000:]}")  # fmt: skip
     return done.stdout
-
-
-def at(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
-
-
-def wait(predicate: Callable[[], Any], what: str, timeout: float = 300, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @dataclass

@@ -38,10 +38,9 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import at, machine, wait
 
 REPO = Path(__file__).resolve().parents[1]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
@@ -73,20 +72,6 @@ def orch(args: list[str], env: dict[str, str]) -> str:
 
 def job(job_id: str, env: dict[str, str]) -> dict:
     return json.loads(orch(["status", job_id, "--json"], env))
-
-
-def at(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
-
-
-def wait(predicate, what: str, timeout: float = 300, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def start_lines(home: Path, job_id: str) -> dict[str, int]:
