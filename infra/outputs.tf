@@ -29,3 +29,8 @@ output "instance_profile" {
   description = "Instance profile orch gives the nodes of jobs with a checkpoint store (empty without checkpoint_store)."
   value       = local.with_store == 1 ? aws_iam_instance_profile.node[0].name : ""
 }
+
+output "controller_instance_profile" {
+  description = "Instance profile of the controller host (aws.controller_instance_profile); empty without controller_host."
+  value       = local.with_controller == 1 ? aws_iam_instance_profile.controller[0].name : ""
+}

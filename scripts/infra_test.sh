@@ -171,6 +171,7 @@ json.dump({
     "key_name": "orch-infra-test",
     "ssh_public_key": open(sys.argv[1]).read().strip(),
     "checkpoint_store": "$STORE",
+    "controller_host": True,
 }, open(sys.argv[2], "w"), indent=2)
 PY
 
@@ -321,6 +322,40 @@ if mode == "present":
         need(listing and all("s3:prefix" in json.dumps(s.get("Condition", {})) for s in listing),
              "the nodes may list the whole bucket, not only their prefix")
 
+    # The controller host's role: every write only on orch-owner's instances, tagged at launch.
+    host_profile = out.get("controller_instance_profile", "")
+    need(host_profile == "orch-controller", f"controller_instance_profile output {host_profile!r}")
+    host_roles = iam.get_instance_profile(InstanceProfileName=host_profile)["InstanceProfile"]["Roles"] if host_profile else []
+    need(len(host_roles) == 1, f"the controller's instance profile holds {len(host_roles)} roles")
+    for role in host_roles:
+        document = iam.get_role_policy(RoleName=role["RoleName"], PolicyName="orch-controller")["PolicyDocument"]
+        document = json.loads(urllib.parse.unquote(document)) if isinstance(document, str) else document
+        by_sid = {s["Sid"]: s for s in document["Statement"]}
+        listed = lambda v: [v] if isinstance(v, str) else list(v)  # noqa: E731
+        owner_is = {"StringEquals": {"aws:RequestTag/orch-owner": expect["owner"]}}
+        need(by_sid["OrchLaunchTagged"].get("Condition") == owner_is,
+             f"RunInstances of instances and volumes without the orch-owner tag: {by_sid['OrchLaunchTagged']}")
+        need(set(listed(by_sid["OrchLaunchTagged"]["Resource"])) == {"arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"},
+             "the tagged launch statement covers other resources")
+        need(by_sid["OrchTagAtLaunch"].get("Condition") == {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+             f"CreateTags outside a launch: {by_sid['OrchTagAtLaunch']}")
+        own = by_sid["OrchOwnInstances"]
+        need(set(listed(own["Action"])) == {"ec2:TerminateInstances", "ec2:StopInstances", "ec2:StartInstances", "ec2:ModifyInstanceAttribute"},
+             f"instance writes: {own['Action']}")
+        need(own.get("Condition") == {"StringEquals": {"ec2:ResourceTag/orch-owner": expect["owner"]}},
+             f"instance writes on instances not tagged orch-owner: {own}")
+        need(by_sid["OrchPassNodeRole"]["Resource"].endswith(":role/orch-node"),
+             f"PassRole beyond the nodes' role: {by_sid['OrchPassNodeRole']}")
+        need(listed(by_sid["OrchStoreObjects"]["Resource"]) == [expect["store_objects"]],
+             f"the controller reaches objects outside the store: {by_sid['OrchStoreObjects']}")
+        unconditioned = {a for s in document["Statement"] if "Condition" not in s
+                         and s["Sid"] not in ("OrchStoreObjects", "OrchLaunchUses")
+                         for a in listed(s["Action"])}
+        need(all(a.split(":")[1].startswith(("Describe", "Get")) for a in unconditioned),
+             f"writes that are not narrowed to orch's resources: {sorted(unconditioned)}")
+        need(not any(a.endswith("*") for s in document["Statement"] for a in listed(s["Action"])),
+             "wildcard actions for the controller host")
+
     keys = found(ec2.describe_key_pairs, "KeyPairs", KeyNames=[key_name])
     need(len(keys) == 1, f"key pair {key_name} not found")
     for key in keys:
@@ -338,6 +373,11 @@ else:
     try:
         iam.get_instance_profile(InstanceProfileName=out.get("instance_profile") or "orch-node")
         need(False, "the nodes' instance profile still exists")
+    except ClientError as e:
+        need(e.response["Error"]["Code"] == "NoSuchEntity", f"instance profile lookup: {e}")
+    try:
+        iam.get_instance_profile(InstanceProfileName=out.get("controller_instance_profile") or "orch-controller")
+        need(False, "the controller host's instance profile still exists")
     except ClientError as e:
         need(e.response["Error"]["Code"] == "NoSuchEntity", f"instance profile lookup: {e}")
     made = json.load(open(ids_path))
@@ -365,7 +405,7 @@ json.dump({"owner": "$OWNER", "zones": $ZONES, "ssh_cidrs": ["$SSH_CIDR"], "vpc_
           open(sys.argv[1], "w"))
 PY
 check present || fail "resources in moto after apply do not match (see above)"
-say "resources checked in moto: vpc, subnets, internet gateway, route table, security group, key pair, node role and instance profile"
+say "resources checked in moto: vpc, subnets, internet gateway, route table, security group, key pair, node role and instance profile, controller role"
 
 # A second plan must find nothing to change (the config round-trips through the API). One
 # known moto quirk is tolerated: DescribeSecurityGroupRules answers a rule that references a

@@ -86,3 +86,5 @@ def test_infra_apply_and_destroy_against_moto() -> None:
         "destroy ok",
     ):
         assert f"infra-test: {step}" in output, f"step {step!r} missing:\n{_tail(report)}"
+    # the controller host's role was applied and its policy's tag conditions checked
+    assert "controller role" in output, _tail(report)
