@@ -89,6 +89,12 @@ class AwsSettings(BaseModel):
     # instance profile the nodes of a job with a checkpoint store get (its role may write the
     # store's prefix); None: Terraform's `instance_profile` output
     instance_profile: str | None = None
+    # instance profile of the controller host (`orch controller up --provider aws`): its role
+    # may launch, tag and end only orch-owner instances (infra/'s `controller_instance_profile`)
+    controller_instance_profile: str | None = None
+    # the EC2 endpoint as the controller host reaches it, when it is not `endpoint_url` (a cloud
+    # on this machine: the sandbox's address on its hosts' bridge); None: `endpoint_url`
+    controller_endpoint_url: str | None = None
     # who may reach port 22 of the `orch` security group (kept to exactly that on each launch):
     # an address or a CIDR block, e.g. your public address/32; None: for a cloud on this machine
     # (a loopback endpoint_url) this machine's own address toward its VPC, else a ConfigError
@@ -338,6 +344,8 @@ _ENV_OVERRIDES = {
     "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
     "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
     "ORCH_AWS_INSTANCE_PROFILE": ("aws", "instance_profile"),
+    "ORCH_AWS_CONTROLLER_INSTANCE_PROFILE": ("aws", "controller_instance_profile"),
+    "ORCH_AWS_CONTROLLER_ENDPOINT_URL": ("aws", "controller_endpoint_url"),
     "ORCH_AWS_SSH_CIDR": ("aws", "ssh_cidr"),
     "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
     "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),

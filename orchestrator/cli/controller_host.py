@@ -58,7 +58,11 @@ def up(
         Path | None, typer.Option("--identity", help="private key to log in with")
     ] = None,
     provider: Annotated[
-        str | None, typer.Option("--provider", help="launch the host: local")
+        str | None, typer.Option("--provider", help="launch the host: local or aws")
+    ] = None,
+    instance_type: Annotated[
+        str | None,
+        typer.Option("--instance-type", help="EC2 type of an aws host [t3.small]"),
     ] = None,
     autostop: Annotated[
         float,
@@ -71,7 +75,7 @@ def up(
     ] = 600.0,
     json_out: JsonFlag = False,
 ) -> None:
-    """Set up the controller host: adopt a machine (--host) or launch one (--provider local),
+    """Set up the controller host: adopt a machine (--host) or launch one (--provider local|aws),
     install this orch there and start its supervised daemon. When this ORCH_HOME's host is
     dead, end what is left of it and hand its jobs over to the new one (by default a host of
     the same kind: a launched one is launched again)."""
@@ -82,8 +86,10 @@ def up(
 
     if host is not None and provider is not None:
         raise SpecError("give one of --host user@addr and --provider local, not both")
-    if provider is not None and provider != "local":
-        raise SpecError(f"--provider {provider}: only local hosts can be launched so far")
+    if provider is not None and provider not in ("local", "aws"):
+        raise SpecError(f"--provider {provider}: a host is launched on local or aws")
+    if instance_type is not None and provider != "aws":
+        raise SpecError("--instance-type is for a host launched with --provider aws")
     settings = load_settings()
     replaced = None
     if (record := load(settings.home)) is not None:
@@ -99,7 +105,7 @@ def up(
                     hint="give the machine to take its place: --host user@addr (or launch "
                     "one: --provider local)",
                 )
-            provider = "local"
+            provider = record.provider or "local"
         replaced = retire_dead(settings, record, health)
         host_billing.close_lease(
             settings, replaced["terminated"], replaced.get("billing_stopped_at")
@@ -130,9 +136,21 @@ def up(
             launched.append(str(record.instance_id))
 
         try:
-            document = lifecycle.launch(
-                settings, autostop_s=autostop, environ=environ, on_launched=bill
-            )
+            if provider == "aws":
+                from orchestrator.host import aws_host
+                from orchestrator.providers.aws.host_node import DEFAULT_HOST_TYPE
+
+                document = aws_host.launch(
+                    settings,
+                    instance_type=instance_type or DEFAULT_HOST_TYPE,
+                    autostop_s=autostop,
+                    environ=environ,
+                    on_launched=bill,
+                )
+            else:
+                document = lifecycle.launch(
+                    settings, autostop_s=autostop, environ=environ, on_launched=bill
+                )
         except BaseException:
             for instance_id in launched:  # the failed launch was terminated: billing stopped
                 host_billing.close_lease(settings, instance_id, datetime.now(UTC))

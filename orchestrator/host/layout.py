@@ -25,6 +25,15 @@ DAEMON_MODULE = "orchestrator.host.daemon"
 ROLE_TAG = "orch-role"
 ROLE = "controller-host"
 PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
+# The daemon's unit on a host with systemd (`orchestrator.host.systemd`); start and stop use it
+# where it is installed, and the shell supervisor elsewhere.
+UNIT_NAME = "orch-controller.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+
+
+def as_root(command: str) -> str:
+    """`command` run as root: directly when the login user is root, else with `sudo -n`."""
+    return f'{{ if [ "$(id -u)" = 0 ]; then {command}; else sudo -n {command}; fi; }}'
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,9 @@ def start_command(layout: HostLayout) -> str:
     pid = q(layout.path("supervisor.pid"))
     return (
         f"rm -f {q(layout.stop_flag)}; "
-        f"if {alive_test(pid)}; then echo running; else "
+        f"if [ -f {UNIT_PATH} ]; then {as_root(f'systemctl restart {UNIT_NAME}')} && "
+        "echo started; "
+        f"elif {alive_test(pid)}; then echo running; else "
         f"setsid nohup sh {q(layout.path('supervise.sh'))} > /dev/null 2>&1 < /dev/null & "
         "echo started; fi"
     )
@@ -205,6 +216,7 @@ def stop_command(layout: HostLayout, wait_s: int = 20) -> str:
     pids = " ".join(q(layout.path(f"{n}.pid")) for n in ("supervisor", "daemon"))
     return (
         f"touch {q(layout.stop_flag)}; "
+        f"[ -f {UNIT_PATH} ] && {as_root(f'systemctl stop {UNIT_NAME}')}; "
         f"for f in {pids}; do [ -s $f ] && kill $(cat $f) 2>/dev/null; done; "
         f"i=0; while [ $i -lt {wait_s * 5} ]; do alive=0; "
         f"for f in {pids}; do {alive_test('$f')} && alive=1; done; "

@@ -1,6 +1,7 @@
 """`orch controller up|status|logs|down`: set up, inspect and stop this ORCH_HOME's host.
 
-- `up` adopts a machine (`adopt`) or launches one local node (`launch`), installs this orch's
+- `up` adopts a machine (`adopt`) or launches one local node (`launch`; an EC2 instance:
+  `aws_host.launch`), installs this orch's
   wheel there (offline), writes the host's environment and starts the supervised daemon. The
   record (ORCH_HOME/controller-host/host.json) is written before the daemon starts, and for a
   launched host right after its launch, so `down` can always find what `up` left behind.
@@ -29,8 +30,9 @@ from typing import Any
 
 from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, OrchError
-from orchestrator.host import handover
+from orchestrator.host import handover, machines
 from orchestrator.host import record as records
+from orchestrator.host import systemd as systemd_unit
 from orchestrator.host.autostop import unfinished
 from orchestrator.host.layout import (
     DEFAULT_ROOT_NAME,
@@ -89,7 +91,7 @@ def adopt(
             host_identity(settings.home, None).private_key),
         root="", autostop_s=autostop_s, version="", installed_at="",
     )  # fmt: skip
-    return _install(settings, draft, environ, poweroff=None)
+    return install(settings, draft, environ, poweroff=None)
 
 
 def launch(
@@ -131,21 +133,27 @@ def launch(
         on_launched(draft)
     peers = settings.local_root.resolve() if provider.network_mode() == "loopback" else None
     try:
-        return _install(settings, draft, environ, poweroff=node.poweroff_command, local_root=peers)
+        return install(settings, draft, environ, poweroff=node.poweroff_command, local_root=peers)
     except BaseException:
         provider.terminate([node.instance_id])
         records.forget(settings.home)
         raise
 
 
-def _install(
+def install(
     settings: Settings,
     draft: HostRecord,
     environ: Mapping[str, str],
     *,
     poweroff: str | None,
     local_root: Path | None = None,
+    passed: Mapping[str, str] | None = None,
+    systemd: bool = False,
 ) -> dict[str, Any]:
+    """Install this orch on the host of `draft` and start its daemon; returns its status
+    document. `passed`: the host's settings (default: `host_environment` of `environ`).
+    `systemd`: run the daemon as a systemd unit where the host was booted with systemd (the
+    shell supervisor elsewhere)."""
     wheel = build_wheel(records.host_dir(settings.home) / "wheels")
     session = HostSession(settings.home, draft)
     try:
@@ -157,7 +165,8 @@ def _install(
             layout, image_python(), image_site_dirs(), wheel.name, image_bin_dirs()
         )
         version = session.run(script).stdout.strip().splitlines()[-1]
-        passed = host_environment(environ, local_root)
+        if passed is None:
+            passed = host_environment(environ, local_root)
         environment = env_file_text(layout, passed, image_bin_dirs())
         _write(session, layout.env, environment)
         _write(session, layout.path("supervise.sh"), supervisor_script(layout))
@@ -175,7 +184,13 @@ def _install(
             draft, root=layout.root, version=version, installed_at=datetime.now(UTC).isoformat()
         )
         records.save(settings.home, record)  # intent first: written before the daemon starts
-        session.run(start_command(layout))
+        if systemd and session.run(systemd_unit.DETECT).stdout.strip() == "systemd":
+            session.run(
+                systemd_unit.install_command(layout),
+                stdin=systemd_unit.unit_text(layout, draft.user),
+            )
+        else:
+            session.run(start_command(layout))
         _wait_heartbeat(session, layout)
         return status_document(settings, record, session)
     finally:
@@ -222,12 +237,7 @@ def spend(record: HostRecord, until: datetime) -> Decimal | None:
 def powered_off_at(settings: Settings, record: HostRecord) -> datetime | None:
     """When a launched host powered its node off by itself (autostop), as its provider keeps
     it: its billing stopped then. None while it runs, after `down`, or for an adopted host."""
-    if record.kind != "launched" or not record.instance_id:
-        return None
-    from orchestrator.providers.local.provider import LocalProvider
-
-    ended = LocalProvider(settings).self_ended([record.instance_id]).get(record.instance_id)
-    return ended.at if ended is not None else None
+    return machines.self_ended_at(settings, record)
 
 
 def status_document(
@@ -334,9 +344,7 @@ def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:
     finally:
         session.close()
     if record.kind == "launched" and record.instance_id:
-        from orchestrator.providers.local.provider import LocalProvider
-
-        stopped = LocalProvider(settings).terminate([record.instance_id])
+        stopped = machines.terminate(settings, record)
         done["terminated"] = record.instance_id
         done["billing_stopped_at"] = (off_at or stopped).isoformat()
     records.forget(settings.home)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import Settings
 from orchestrator.errors import InstancesNotFound, OrchError
-from orchestrator.host import handover
+from orchestrator.host import handover, machines
 from orchestrator.host import record as records
 from orchestrator.host.layout import orch_command
 from orchestrator.host.record import HostRecord
@@ -52,13 +52,10 @@ def probe(settings: Settings, record: HostRecord) -> Health:
     if not record.root:
         return Health(False, "its setup by `orch controller up` never finished")
     if record.kind == "launched" and record.instance_id:
-        from orchestrator.providers.local.provider import LocalProvider
-
-        provider = LocalProvider(settings)
-        ended = provider.self_ended([record.instance_id]).get(record.instance_id)
-        if ended is not None:
-            return Health(False, f"its node {record.instance_id} powered off at {ended.at}")
-        if provider.store.load(record.instance_id) is None:
+        ended_at = machines.self_ended_at(settings, record)
+        if ended_at is not None:
+            return Health(False, f"its node {record.instance_id} powered off at {ended_at}")
+        if machines.gone(settings, record):
             return Health(False, f"its node {record.instance_id} is gone")
     session = HostSession(settings.home, record)
     try:
@@ -74,7 +71,15 @@ def retire(settings: Settings, record: HostRecord) -> dict[str, Any]:
     """End what is left of the dead host of `record`; returns what was done."""
     done: dict[str, Any] = {"host": f"{record.user}@{record.host}:{record.port}",
                             "kind": record.kind, "terminated": None}  # fmt: skip
-    if record.kind == "launched" and record.instance_id:
+    if record.kind == "launched" and record.instance_id and record.provider == "aws":
+        ended = machines.self_ended_at(settings, record)
+        try:
+            stopped = machines.terminate(settings, record)
+        except InstancesNotFound as exc:
+            stopped = exc.ended_at or datetime.now(UTC)
+        done["terminated"] = record.instance_id
+        done["billing_stopped_at"] = (ended or stopped).isoformat()
+    elif record.kind == "launched" and record.instance_id:
         from orchestrator.providers.local.provider import LocalProvider
 
         provider = LocalProvider(settings)

@@ -1,0 +1,58 @@
+"""The provider that launched a controller host, for what `up`, `status` and `down` ask of it:
+whether the host ended itself (autostop) and when, whether it is gone, and ending it.
+
+A record without a provider (hosts launched before providers were recorded) is a local one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from orchestrator.config import Settings
+from orchestrator.host.record import HostRecord
+
+if TYPE_CHECKING:
+    from orchestrator.providers.aws.provider import AwsProvider
+    from orchestrator.providers.local.provider import LocalProvider
+
+
+def _provider(settings: Settings, record: HostRecord) -> AwsProvider | LocalProvider:
+    if record.provider == "aws":
+        from orchestrator.providers.aws.provider import AwsProvider
+
+        return AwsProvider(settings)
+    from orchestrator.providers.local.provider import LocalProvider
+
+    return LocalProvider(settings)
+
+
+def self_ended_at(settings: Settings, record: HostRecord) -> datetime | None:
+    """When the launched host of `record` ended itself (its autostop's poweroff), as its
+    provider keeps it: its billing stopped then. None while it runs, or when it was ended
+    otherwise."""
+    if record.kind != "launched" or not record.instance_id:
+        return None
+    ended = _provider(settings, record).self_ended([record.instance_id]).get(record.instance_id)
+    return ended.at if ended is not None else None
+
+
+def gone(settings: Settings, record: HostRecord) -> bool:
+    """Whether the launched host's machine no longer runs (ended or unknown to its provider)."""
+    if record.kind != "launched" or not record.instance_id:
+        return False
+    if record.provider == "aws":
+        from orchestrator.providers.aws.host_node import host_gone
+        from orchestrator.providers.aws.provider import AwsProvider
+
+        return host_gone(AwsProvider(settings), record.instance_id)
+    from orchestrator.providers.local.provider import LocalProvider
+
+    return LocalProvider(settings).store.load(record.instance_id) is None
+
+
+def terminate(settings: Settings, record: HostRecord) -> datetime:
+    """End the launched host's machine; returns when its billing stopped (the provider's
+    acknowledgement). `InstancesNotFound` when its provider does not know it."""
+    assert record.instance_id is not None
+    return _provider(settings, record).terminate([record.instance_id])
