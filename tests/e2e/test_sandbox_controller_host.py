@@ -1,0 +1,173 @@
+"""`orch controller up --provider aws` on `orch sandbox aws`: the host is an EC2 instance of
+the sandbox with the controller host's instance profile; a job submitted with `--remote` is
+launched by the host's orch through the sandbox's EC2 with the credentials the host's metadata
+endpoint serves (the laptop's keys never reach it), and succeeds; `orch controller down`
+terminates the host and closes its bill line, and nothing is left."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import boto3
+import pytest
+
+from orchestrator.host import record as records
+from orchestrator.host.layout import HostLayout
+from orchestrator.host.session import HostSession
+from orchestrator.ledger.store import HostLease, make_engine
+from orchestrator.sandbox.client import SandboxClient
+from tests.support.controller_host import cmdlines_with
+from tests.support.helpers import counter_run, counter_workdir, orch_env, run_orch
+from tests.support.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+
+PROFILE = "orch-controller"
+# The laptop's own AWS credentials: any value does for the sandbox, and none may reach the host.
+LAPTOP_KEYS = {
+    "AWS_ACCESS_KEY_ID": "AKIALAPTOP7Q2W",
+    "AWS_SECRET_ACCESS_KEY": "laptop-secret-9d41c7e2",
+    "AWS_SESSION_TOKEN": "laptop-session-5b8e03aa",
+    "AWS_PROFILE": "laptop-profile-3f1d",
+}
+WHO_AM_I = (
+    "import boto3; c = boto3.Session().get_credentials(); "
+    "print(c.method if c else 'none', c.access_key if c else '')"
+)
+
+
+def prepare_profile(sandbox: SandboxProcess) -> None:
+    """What infra/ makes with `controller_host = true`: a role in an instance profile."""
+    iam = boto3.client(
+        "iam", endpoint_url=sandbox.endpoint, region_name="us-east-1",
+        aws_access_key_id="sandbox", aws_secret_access_key="sandbox",
+    )  # fmt: skip
+    iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName=PROFILE)
+    iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
+
+
+def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
+    tmp_path: Path, sandbox: SandboxProcess
+) -> None:
+    prepare_profile(sandbox)
+    client = SandboxClient(sandbox.endpoint)
+    sandbox_status = client.status()
+    on_demand = sorted(sandbox_status["prices"], key=lambda r: Decimal(r["on_demand"]))
+    host_type = on_demand[0]["instance_type"]
+    home = tmp_path / "orch"
+    laptop = {
+        **aws_env(sandbox.endpoint),
+        **LAPTOP_KEYS,
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+    }
+    env = orch_env(
+        home,
+        **laptop,
+        ORCH_AWS_CONTROLLER_INSTANCE_PROFILE=PROFILE,
+        ORCH_AWS_CONTROLLER_ENDPOINT_URL=sandbox_status["host_endpoint"],
+        ORCH_WATCH_INTERVAL="1",
+        ORCH_HOST_TICK="2",
+    )
+    home.mkdir()
+    (home / "config.yaml").write_text("aws: {poll_interval_s: 1}\n")  # the host gets it too
+    # The laptop's profile and shared credentials file: boto3 here reads them, the host never.
+    (tmp_path / "credentials").write_text(
+        f"[{LAPTOP_KEYS['AWS_PROFILE']}]\n"
+        f"aws_access_key_id = {LAPTOP_KEYS['AWS_ACCESS_KEY_ID']}\n"
+        f"aws_secret_access_key = {LAPTOP_KEYS['AWS_SECRET_ACCESS_KEY']}\n"
+    )
+
+    up = run_orch(
+        ["controller", "up", "--provider", "aws", "--instance-type", host_type,
+         "--autostop", "0", "--json"],
+        env, timeout=180,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stdout + up.stderr + sandbox.output[-3000:]
+    record = records.load(home)
+    assert record is not None and record.provider == "aws" and record.instance_id
+    host_id = record.instance_id
+
+    # The host: an on-demand instance of the sandbox with the profile, owned by no job.
+    ec2 = sandbox.ec2()
+    (desc,) = [i for r in ec2.describe_instances(InstanceIds=[host_id])["Reservations"]
+               for i in r["Instances"]]  # fmt: skip
+    tags = {t["Key"]: t["Value"] for t in desc["Tags"]}
+    assert tags["orch-role"] == "controller-host" and "orch-job" not in tags, tags
+    assert desc["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/{PROFILE}")
+    assert desc.get("InstanceLifecycle") != "spot"
+    # reconcile and `down --all` leave it alone
+    assert run_orch(["reconcile"], env, timeout=60).returncode == 0
+    assert ec2.describe_instances(InstanceIds=[host_id])["Reservations"][0]["Instances"][0][
+        "State"]["Name"] == "running"  # fmt: skip
+
+    # The host's orch resolves EC2 credentials from its metadata endpoint (the instance's).
+    session = HostSession(home, record)
+    layout = HostLayout(record.root)
+    try:
+        who = session.run(f'. {layout.env} && {layout.python} -c "{WHO_AM_I}"').stdout.split()
+    finally:
+        session.close()
+    assert who[0] == "iam-role" and who[1].startswith("ASIASANDBOX"), who
+
+    spec = tmp_path / "job.yaml"
+    counter_workdir(tmp_path)
+    spec.write_text(
+        "name: host-aws\nworkdir: work\nresources: {nodes: 2, gpus_per_node: 1}\n"
+        f"run: {counter_run(3, step_s=0.2)}\n"
+    )
+    submitted = run_orch(
+        ["submit", str(spec), "--remote", "--provider", "aws", "--no-spot", "--yes"],
+        env, timeout=120,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+
+    seen: list[str] = []
+
+    def finished() -> dict | None:
+        for value in LAPTOP_KEYS.values():
+            seen.extend(cmdlines_with(value))
+        result = run_orch(["status", job_id, "--json"], env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        job = json.loads(result.stdout)
+        return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    job = wait_until(finished, f"{job_id} ends on the host", timeout=150, interval=1)
+    assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
+    assert job["provider"] == "aws" and job["step"] == 3
+    nodes = [i for r in ec2.describe_instances(
+        Filters=[{"Name": "tag:orch-job", "Values": [job_id]}])["Reservations"]
+        for i in r["Instances"]]  # fmt: skip
+    assert len(nodes) == 2 and all(n["State"]["Name"] == "terminated" for n in nodes), nodes
+
+    # No laptop secret in the host's env file, its logs and ledger, or any process's argv.
+    disk = sandbox.state_dir / "hosts" / host_id / "disk"
+    host_root = disk / Path(record.root).name
+    env_text = (host_root / "env").read_text()
+    assert "AWS_" not in env_text.replace("ORCH_AWS_", ""), env_text
+    files = [host_root / "env", host_root / "daemon.log", *(host_root / "home").rglob("*")]
+    for path in (p for p in files if p.is_file()):
+        data = path.read_bytes()
+        for value in LAPTOP_KEYS.values():
+            assert value.encode() not in data, f"{value} is in the host's {path}"
+    assert seen == [], "a laptop secret appeared in a process's arguments"
+
+    down = run_orch(["controller", "down", "--json"], env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    done = json.loads(down.stdout)
+    assert done["terminated"] == host_id and done["billing_stopped_at"]
+    state = ec2.describe_instances(InstanceIds=[host_id])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] in ("shutting-down", "terminated")
+
+    from sqlmodel import Session, select
+
+    with Session(make_engine(home / "orch.db")) as db:
+        (lease,) = db.exec(select(HostLease).where(HostLease.instance_id == host_id)).all()
+    assert lease.provider == "aws" and lease.ended_at is not None
+    assert lease.price_per_hour == Decimal(on_demand[0]["on_demand"])
+    assert client.status()["hosts"] == []
+    assert not sandbox_namespaces()
