@@ -100,6 +100,9 @@ class AwsSettings(BaseModel):
     # (a loopback endpoint_url) this machine's own address toward its VPC, else a ConfigError
     ssh_cidr: str | None = None
     ssh_from_anywhere: bool = False  # consent to an ssh_cidr of 0.0.0.0/0 or ::/0
+    # reach the nodes over SSH at their private IPs even when they have public ones: set for a
+    # controller host, which runs inside the VPC as a member of the nodes' security group
+    connect_private: bool = False
     spot_price_cache_s: float = Field(default=300.0, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running` and SSH
     poll_interval_s: float = Field(default=5.0, gt=0)
@@ -347,6 +350,7 @@ _ENV_OVERRIDES = {
     "ORCH_AWS_CONTROLLER_INSTANCE_PROFILE": ("aws", "controller_instance_profile"),
     "ORCH_AWS_CONTROLLER_ENDPOINT_URL": ("aws", "controller_endpoint_url"),
     "ORCH_AWS_SSH_CIDR": ("aws", "ssh_cidr"),
+    "ORCH_AWS_CONNECT_PRIVATE": ("aws", "connect_private"),
     "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
     "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),
     "ORCH_STORE_REGION": ("store", "region"),

@@ -44,6 +44,8 @@ def aws_host_environment(
         env["ORCH_AWS_ENDPOINT_URL"] = endpoint_url
     if ssh_cidr:
         env["ORCH_AWS_SSH_CIDR"] = ssh_cidr
+    # Inside the VPC: the group lets members in, its SSH rule only the laptop's address.
+    env["ORCH_AWS_CONNECT_PRIVATE"] = "true"
     return env
 
 

@@ -14,7 +14,7 @@ from orchestrator.host.lifecycle import host_environment
 from orchestrator.host.systemd import install_command, unit_text
 from orchestrator.providers.aws.catalog import load_catalog
 from orchestrator.providers.aws.host_node import HOST_TYPE_PRICES, host_price, host_tags
-from orchestrator.providers.aws.launch import TAG_JOB
+from orchestrator.providers.aws.launch import TAG_JOB, instance_from_description
 
 LAYOUT = HostLayout("/home/ubuntu/.orch-host")
 
@@ -67,6 +67,22 @@ def test_the_host_gets_no_aws_credential_of_the_laptop() -> None:
     assert env["ORCH_AWS_SSH_CIDR"] == "10.1.0.1/32" and env["ORCH_WATCH_INTERVAL"] == "1"
     for gone in ("ORCH_HOME", "ORCH_AWS_TF_OUTPUTS", "ORCH_AWS_CONTROLLER_INSTANCE_PROFILE"):
         assert gone not in env
+    # inside the VPC the host reaches the nodes at their private IPs (the group admits its
+    # members; its SSH rule admits only the laptop's address)
+    assert env["ORCH_AWS_CONNECT_PRIVATE"] == "true"
+
+
+def test_a_controller_inside_the_vpc_connects_to_the_private_ip() -> None:
+    desc = {
+        "InstanceId": "i-1", "PrivateIpAddress": "10.42.0.7", "PublicIpAddress": "198.51.100.7",
+        "Tags": [{"Key": "orch-job", "Value": "job"}],
+    }  # fmt: skip
+    laptop = instance_from_description(desc, ssh_user="ubuntu", interface="ens5")
+    host = instance_from_description(
+        desc, ssh_user="ubuntu", interface="ens5", connect_private=True
+    )
+    assert laptop is not None and laptop.ssh_host == "198.51.100.7"
+    assert host is not None and host.ssh_host == "10.42.0.7"
 
 
 def test_the_host_is_tagged_as_orch_s_but_never_as_a_job_s_node() -> None:

@@ -253,11 +253,12 @@ def tags_of(description: dict[str, Any]) -> dict[str, str]:
 
 
 def instance_from_description(
-    desc: dict[str, Any], *, ssh_user: str, interface: str
+    desc: dict[str, Any], *, ssh_user: str, interface: str, connect_private: bool = False
 ) -> Instance | None:
     """The `Instance` an EC2 description stands for; None when it carries no orch-job tag.
 
-    `ssh_host` is the public IP when there is one, else the private IP. Price and host key come
+    `ssh_host` is the public IP when there is one (and not `connect_private`), else the
+    private IP. Price and host key come
     from the tags written at launch (0 and "" when missing, e.g. on an instance orch did not
     launch but that carries an orch-job tag).
     """
@@ -285,7 +286,7 @@ def instance_from_description(
         cluster=tags.get(TAG_CLUSTER, tags[TAG_JOB]),
         rank=rank,
         private_ip=private_ip,
-        ssh_host=public_ip or private_ip,
+        ssh_host=private_ip if connect_private and private_ip else public_ip or private_ip,
         ssh_port=22,
         ssh_user=ssh_user,
         host_key=tags.get(TAG_HOST_KEY, ""),

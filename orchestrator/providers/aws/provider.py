@@ -639,8 +639,9 @@ class AwsProvider:
 
     def _instance(self, desc: dict[str, Any], region: str) -> Instance | None:
         instance = instance_from_description(
-            desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface
-        )
+            desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface,
+            connect_private=self.aws.connect_private,
+        )  # fmt: skip
         if instance is not None:
             instance = replace(instance, region=region)
         if instance is not None and self._local_cloud():
