@@ -236,9 +236,25 @@ def down(
 # --- routing of jobs that live on the host ----------------------------------------------------
 
 
+# Commands that, for a job living on the controller host, run there (see `route`).
+ROUTED = ("submit", "status", "logs", "cancel", "wait", "report", "ssh")
+# Their options that take a value as the next argument, never a job id.
+VALUE_OPTIONS = frozenset(
+    {"--out", "--node", "-n", "-L", "--tail", "--since", "--interval", "--rank", "--timeout"}
+)
+
+
 def _first_positional(args: list[str]) -> int | None:
+    """The index of the first argument that is neither an option nor an option's value."""
+    skip = False
     for i, arg in enumerate(args):
-        if not arg.startswith("-"):
+        if skip:
+            skip = False
+        elif arg == "--":
+            return None
+        elif arg in VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
             return i
     return None
 
@@ -247,7 +263,7 @@ def route(argv: list[str]) -> int | None:
     """Handle `argv` (sys.argv) here when it concerns the controller host; returns the exit
     status, or None to let the app run it (after removing `--no-remote` from `argv`)."""
     args = argv[1:]
-    if not args or args[0] not in ("submit", "status", "logs", "cancel") or "--help" in args:
+    if not args or args[0] not in ROUTED or "--help" in args:
         return None
     verb, rest = args[0], args[1:]
     if verb == "submit":
@@ -255,11 +271,23 @@ def route(argv: list[str]) -> int | None:
     index = _first_positional(rest)
     if index is None:
         return None
-    from orchestrator.host.remote_jobs import ask, lives_on_host, refresh_kit
+    from orchestrator.host.remote_jobs import ask, lives_on_host, refresh_kit, stream
 
     settings = load_settings()
     if not lives_on_host(settings, rest[index]):
         return None
+    if verb == "report":
+        return _route_report(settings, rest, rest[index])
+    if verb == "ssh":
+        if any(arg == "-L" or arg.startswith("-L") for arg in rest):
+            raise SpecError(
+                f"job {rest[index]} runs on the controller host: orch ssh -L cannot forward a "
+                "port to its nodes from here yet",
+                hint="run `orch ssh JOB` (a shell, or -- COMMAND) here, or forward from the host",
+            )
+        return stream(settings, [verb, *rest], tty="--" not in rest and sys.stdin.isatty())
+    if (verb == "logs" and ("-f" in rest or "--follow" in rest)) or verb == "wait":
+        return stream(settings, [verb, *rest])
     if verb == "status":
         from contextlib import suppress
 
@@ -287,6 +315,39 @@ def route(argv: list[str]) -> int | None:
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
+
+
+def _route_report(settings: Settings, rest: list[str], job_id: str) -> int:
+    """`orch report JOB` of a job on the host: drawn there (its ledger holds the job), the
+    picture or page written here, where `--out` says or at this ORCH_HOME's default path."""
+    from orchestrator.host.remote_jobs import fetch_report
+    from orchestrator.report.write import default_report_path
+
+    html = "--html" in rest
+    out_arg = _option_value(rest, "--out")
+    out = Path(out_arg) if out_arg else default_report_path(settings, job_id, html=html)
+    out = out.expanduser().absolute()
+    flags = [flag for flag in ("--html", "--json") if flag in rest]
+    result = fetch_report(settings, ["report", job_id, *flags], out)
+    if not result.ok:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        return result.exited
+    if "--json" in rest:
+        _print_json({**json.loads(result.stdout), "path": str(out)})
+    else:
+        sys.stdout.write(f"{out}\n")
+    return 0
+
+
+def _option_value(args: list[str], name: str) -> str | None:
+    """The value of `name VALUE` or `name=VALUE` in `args`; None when absent."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _with_host_line(settings: Settings, job: dict[str, Any]) -> dict[str, Any]:

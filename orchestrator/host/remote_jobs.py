@@ -10,9 +10,11 @@ kit (`handover`), so that a new host can take the job over if this one dies. `as
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets as tokens
 import shlex
+import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,9 +25,11 @@ from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, SpecError
 from orchestrator.host import handover
 from orchestrator.host import record as records
-from orchestrator.host.layout import orch_command
-from orchestrator.host.session import HostSession
+from orchestrator.host.layout import HostLayout, orch_command
+from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.remote.keys import HostAddress, write_known_hosts
+from orchestrator.remote.shell import shell_argv
 from orchestrator.remote.ssh import CommandResult
 
 
@@ -99,6 +103,42 @@ def refresh_kit(settings: Settings, job_id: str) -> bool:
 def lives_on_host(settings: Settings, job_id: str) -> bool:
     record = records.load(settings.home)
     return record is not None and job_id in record.jobs
+
+
+def stream(settings: Settings, argv: Sequence[str], *, tty: bool = False) -> int:
+    """Run `orch ARGV` on the host with its output passed through as it comes (`logs -f`,
+    `wait`, `ssh`), over the OpenSSH client with the record's key and pinned host key; returns
+    its exit status (255: ssh itself failed). `tty`: with a terminal, for interactive use."""
+    record = records.require(settings.home)
+    address = HostAddress("controller host", record.host, record.port, record.user,
+                          record.host_key)  # fmt: skip
+    identity = host_identity(settings.home, record.identity)
+    write_known_hosts(identity.known_hosts, [address])
+    command = orch_command(HostLayout(record.root), argv)
+    ssh = shell_argv(address, identity, identity.known_hosts, command=["sh", "-c", command],
+                     tty=tty)  # fmt: skip
+    return subprocess.run(ssh, check=False).returncode
+
+
+def fetch_report(settings: Settings, argv: Sequence[str], out: Path) -> CommandResult:
+    """`orch report ARGV` drawn on the host (its ledger holds the job), the file it wrote
+    copied to `out` here; the host's copy is removed. Returns the host's answer."""
+    record = records.require(settings.home)
+    session = HostSession(settings.home, record)
+    remote = f"/tmp/orch-report-{tokens.token_hex(8)}{out.suffix or '.png'}"
+    try:
+        result = session.run(orch_command(session.layout, [*argv, "--out", remote]),
+                             check=False, timeout=300)  # fmt: skip
+        if result.ok:
+            encoded = session.run(f"base64 {shlex.quote(remote)}", timeout=300).stdout
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_bytes(base64.b64decode(encoded))
+            tmp.replace(out)
+        return result
+    finally:
+        session.run(f"rm -f {shlex.quote(remote)}", check=False)
+        session.close()
 
 
 def ask(settings: Settings, argv: Sequence[str], *, timeout: float = 300) -> CommandResult:

@@ -77,11 +77,13 @@ def shell_argv(
     command: Sequence[str] = (),
     forwards: Sequence[Forward] = (),
     connect_timeout: int = 15,
+    tty: bool = False,
 ) -> list[str]:
     """`ssh` to one node: an interactive shell when `command` is empty, else `command` run
     there with exactly these arguments (quoted for the node's shell), its exit status passed
     through (255: ssh itself failed). With forwards, ssh fails at once if a port cannot be
-    bound (`ExitOnForwardFailure`) rather than leaving a shell without its tunnel."""
+    bound (`ExitOnForwardFailure`) rather than leaving a shell without its tunnel. `tty` asks
+    for a terminal for `command` too (an interactive program run through another host)."""
     argv = [
         "ssh",
         "-F", "/dev/null",
@@ -99,6 +101,8 @@ def shell_argv(
             argv += ["-L", forward.option()]
     else:
         argv += ["-o", "ClearAllForwardings=yes"]
+    if tty:
+        argv.append("-t")
     argv.append(address.host)
     if command:
         argv += ["--", shlex.join(command)]

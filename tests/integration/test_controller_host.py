@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     counter_workdir(tmp_path)
     spec.write_text(
         "name: remote-counter\nworkdir: work\nresources: {nodes: 1, gpus_per_node: 1}\n"
-        f"run: {counter_run(6, step_s=0.2)}\nsecrets: {{HOST_TOKEN: null}}\n"
+        f"run: {counter_run(6, step_s=1.0)}\nsecrets: {{HOST_TOKEN: null}}\n"
     )
     submitted = run_orch(["submit", str(spec), "--remote"], {**env, "HOST_TOKEN": SECRET})
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
@@ -69,12 +70,17 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
         os.kill(pid, signal.SIGKILL)
 
     seen: list[str] = []
+    said: list[subprocess.CompletedProcess[str]] = []
 
     def finished() -> dict | None:
         seen.extend(cmdlines_with(SECRET))
         result = run_orch(["status", job_id, "--json"], env, timeout=60)
         assert result.returncode == 0, result.stderr
         job = json.loads(result.stdout)
+        if job["state"] == "RUNNING" and (job["step"] or 0) >= 1 and not said:
+            # a command on the job's node, through the host; its exit status comes back
+            command = ["ssh", job_id, "--node", "0", "--", "sh", "-c", "echo on-node; exit 3"]
+            said.append(run_orch(command, env, timeout=60))
         return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
     job = wait_until(finished, f"{job_id} ends on the host", timeout=90, interval=1)
@@ -83,6 +89,19 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert seen == [], "the secret appeared in a process's arguments"
     human = run_orch(["status", job_id], env)
     assert human.returncode == 0 and job_id in human.stdout, human.stderr
+    # The other commands of a job run on the host too, and answer here as for a local job.
+    waited = run_orch(["wait", job_id], env, timeout=60)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    followed = run_orch(["logs", job_id, "--follow"], env, timeout=60)  # ended: -f returns
+    assert followed.returncode == 0 and '"step": 6' in followed.stdout, followed.stderr
+    assert said and (said[0].returncode, said[0].stdout.strip()) == (3, "on-node"), said
+    refused = run_orch(["ssh", job_id, "-L", "6006:localhost:6006"], env, timeout=60)
+    assert refused.returncode != 0 and "cannot forward" in refused.stderr
+    picture = tmp_path / "remote-report.png"
+    drawn = run_orch(["report", job_id, "--out", str(picture), "--json"], env, timeout=120)
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+    assert json.loads(drawn.stdout)["path"] == str(picture)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     root = node.root
     assert (root / "home").is_dir(), "the host's ORCH_HOME is on the host"
