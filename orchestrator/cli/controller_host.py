@@ -279,13 +279,7 @@ def route(argv: list[str]) -> int | None:
     if verb == "report":
         return _route_report(settings, rest, rest[index])
     if verb == "ssh":
-        if any(arg == "-L" or arg.startswith("-L") for arg in rest):
-            raise SpecError(
-                f"job {rest[index]} runs on the controller host: orch ssh -L cannot forward a "
-                "port to its nodes from here yet",
-                hint="run `orch ssh JOB` (a shell, or -- COMMAND) here, or forward from the host",
-            )
-        return stream(settings, [verb, *rest], tty="--" not in rest and sys.stdin.isatty())
+        return _route_ssh(settings, rest, rest[index])
     if (verb == "logs" and ("-f" in rest or "--follow" in rest)) or verb == "wait":
         return stream(settings, [verb, *rest])
     if verb == "status":
@@ -315,6 +309,33 @@ def route(argv: list[str]) -> int | None:
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
+
+
+def _route_ssh(settings: Settings, rest: list[str], job_id: str) -> int:
+    """`orch ssh JOB` of a job on the host: the host's own `orch ssh` (it holds the job's key)
+    run over a terminal. Each `-L` becomes two hops, this machine to a free port of the host,
+    and the host's `orch ssh -L` from there, so HOST is still as the node sees it."""
+    from orchestrator.host.remote_jobs import host_free_ports, stream, two_hop_forwards
+    from orchestrator.remote.shell import parse_forward
+
+    split = rest.index("--") if "--" in rest else len(rest)
+    head, command = rest[:split], rest[split:]
+    texts: list[str] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(head):
+        if head[i] == "-L" and i + 1 < len(head):
+            texts.append(head[i + 1])
+            i += 1
+        elif head[i].startswith("-L") and len(head[i]) > 2:
+            texts.append(head[i][2:])
+        else:
+            kept.append(head[i])
+        i += 1
+    forwards = [parse_forward(text) for text in texts]
+    here, there = two_hop_forwards(forwards, host_free_ports(settings, len(forwards)))
+    tty = not command and sys.stdin.isatty()
+    return stream(settings, ["ssh", *kept, *there, *command], tty=tty, forwards=here)
 
 
 def _route_report(settings: Settings, rest: list[str], job_id: str) -> int:

@@ -11,6 +11,7 @@ kit (`handover`), so that a new host can take the job over if this one dies. `as
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import secrets as tokens
 import shlex
@@ -28,8 +29,9 @@ from orchestrator.host import record as records
 from orchestrator.host.layout import HostLayout, orch_command
 from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.node.launch import free_port_command
 from orchestrator.remote.keys import HostAddress, write_known_hosts
-from orchestrator.remote.shell import shell_argv
+from orchestrator.remote.shell import Forward, shell_argv
 from orchestrator.remote.ssh import CommandResult
 
 
@@ -105,10 +107,17 @@ def lives_on_host(settings: Settings, job_id: str) -> bool:
     return record is not None and job_id in record.jobs
 
 
-def stream(settings: Settings, argv: Sequence[str], *, tty: bool = False) -> int:
+def stream(
+    settings: Settings,
+    argv: Sequence[str],
+    *,
+    tty: bool = False,
+    forwards: Sequence[Forward] = (),
+) -> int:
     """Run `orch ARGV` on the host with its output passed through as it comes (`logs -f`,
     `wait`, `ssh`), over the OpenSSH client with the record's key and pinned host key; returns
-    its exit status (255: ssh itself failed). `tty`: with a terminal, for interactive use."""
+    its exit status (255: ssh itself failed). `tty`: with a terminal, for interactive use;
+    `forwards`: this machine's ports forwarded to the host (HOST as the host sees it)."""
     record = records.require(settings.home)
     address = HostAddress("controller host", record.host, record.port, record.user,
                           record.host_key)  # fmt: skip
@@ -116,8 +125,41 @@ def stream(settings: Settings, argv: Sequence[str], *, tty: bool = False) -> int
     write_known_hosts(identity.known_hosts, [address])
     command = orch_command(HostLayout(record.root), argv)
     ssh = shell_argv(address, identity, identity.known_hosts, command=["sh", "-c", command],
-                     tty=tty)  # fmt: skip
+                     tty=tty, forwards=forwards)  # fmt: skip
     return subprocess.run(ssh, check=False).returncode
+
+
+def host_free_ports(settings: Settings, count: int) -> list[int]:
+    """`count` distinct ports that can be bound on the host now (for tunnels through it)."""
+    record = records.require(settings.home)
+    session = HostSession(settings.home, record)
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            preferred = ports[-1] + 1 if ports else 0
+            port = int(session.run(free_port_command(preferred), timeout=30).stdout.strip())
+            if port not in ports:
+                ports.append(port)
+    finally:
+        session.close()
+    return ports
+
+
+def two_hop_forwards(
+    forwards: Sequence[Forward], host_ports: Sequence[int]
+) -> tuple[list[Forward], list[str]]:
+    """`-L` forwards meant for a node of a job on the host, as two hops: this machine's port
+    to a free port of the host (each of `host_ports`), and the host's `orch ssh -L` from there
+    to HOST:REMOTE as the node sees it (so `localhost` is still the node itself). Returns this
+    machine's forwards and the `-L` arguments for the host's `orch ssh`. Pure."""
+    here = [
+        dataclasses.replace(f, host="127.0.0.1", remote_port=port)
+        for f, port in zip(forwards, host_ports, strict=True)
+    ]
+    there: list[str] = []
+    for f, port in zip(forwards, host_ports, strict=True):
+        there += ["-L", f"{port}:{f.host}:{f.remote_port}"]
+    return here, there
 
 
 def fetch_report(settings: Settings, argv: Sequence[str], out: Path) -> CommandResult:

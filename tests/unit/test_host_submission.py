@@ -8,7 +8,9 @@ import subprocess
 import pytest
 
 from orchestrator.errors import SpecError
+from orchestrator.host.remote_jobs import two_hop_forwards
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.remote.shell import parse_forward
 
 
 def test_routing_flags_and_the_spec_are_left_out_and_detach_added_once() -> None:
@@ -61,3 +63,13 @@ def test_host_spec_moves_workdir_and_data_under_the_submission() -> None:
     assert spec["workdir"] == "work" and spec["data"][0]["src"] == "d1", "the input changed"
     assert "data" not in host_spec({"name": "n"}, "/s")
     assert "data" not in host_spec({"name": "n", "data": []}, "/s")
+
+
+def test_a_forward_to_a_node_of_a_job_on_the_host_becomes_two_hops() -> None:
+    forwards = [parse_forward("6006:localhost:6006"), parse_forward("0.0.0.0:8888:10.0.0.9:80")]
+    here, there = two_hop_forwards(forwards, [40001, 40002])
+    # this machine's ports reach free ports of the host ...
+    assert [f.option() for f in here] == ["127.0.0.1:6006:127.0.0.1:40001",
+                                          "0.0.0.0:8888:127.0.0.1:40002"]  # fmt: skip
+    # ... and the host's `orch ssh` forwards those to HOST:REMOTE as the node sees it
+    assert there == ["-L", "40001:localhost:6006", "-L", "40002:10.0.0.9:80"]
