@@ -221,6 +221,10 @@ def wait_phase(ledger: Ledger, job_id: str, phase: str, timeout: float = 240) ->
 
     while not inside(job := ledger.get_job(job_id)):
         if any(event.kind == first.value for event in ledger.events(job_id)):
+            # The state is written just before its event: both may have landed between the
+            # two reads above, so the job is asked once more before the phase counts as missed.
+            if inside(ledger.get_job(job_id)):
+                return
             raise TrialFailed(f"missed {phase}: the job went through it unseen")
         if JobState(job.state).is_final or time.monotonic() > deadline:
             raise TrialFailed(f"the job never became {first.value}")
