@@ -272,3 +272,12 @@ def test_a_node_is_started_detached_with_its_output_in_the_log() -> None:
     assert argv[:2] == ["sh", "-c"]
     assert "setsid" in argv[2] and "& echo $!" in argv[2]
     assert argv[3:] == ["orch-node", "/h/sshd.log", "/usr/sbin/sshd", "-D"]
+
+
+def test_an_address_given_again_is_forgotten_by_the_bridge_and_every_node() -> None:
+    argvs = net.neigh_flush_argvs("10.213.0.2", "orchbr0", ["orch-l-a", "orch-l-b"])
+    assert argvs == [
+        ["ip", "neigh", "flush", "to", "10.213.0.2", "dev", "orchbr0"],
+        ["ip", "-n", "orch-l-a", "neigh", "flush", "to", "10.213.0.2"],
+        ["ip", "-n", "orch-l-b", "neigh", "flush", "to", "10.213.0.2"],
+    ]

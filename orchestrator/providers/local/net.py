@@ -58,6 +58,15 @@ def host_veth_name(instance_id: str) -> str:
     return name
 
 
+def neigh_flush_argvs(ip: str, bridge: str, namespaces: Iterable[str]) -> list[list[str]]:
+    """Commands that make the bridge and each of `namespaces` forget the link-layer address
+    they hold for `ip` (a node that had it is gone; a new one has it now)."""
+    return [
+        ["ip", "neigh", "flush", "to", ip, "dev", bridge],
+        *(["ip", "-n", ns, "neigh", "flush", "to", ip] for ns in namespaces),
+    ]
+
+
 def bridge_address(subnet: IPv4Network) -> IPv4Address:
     """The bridge's address: the subnet's first host address (the nodes' default gateway)."""
     return next(subnet.hosts())

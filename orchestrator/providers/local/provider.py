@@ -467,10 +467,11 @@ class LocalProvider:
             for argv in net.node_net_setup_argvs(rec.instance_id, ip, subnet, bridge):
                 run_ip(argv)
             # The address may have belonged to a node that vanished a moment ago (a reclaim):
-            # forget its link-layer address rather than wait for the entry to go stale.
-            subprocess.run(
-                ["ip", "neigh", "flush", "to", ip, "dev", bridge], capture_output=True, check=False
-            )
+            # the bridge and every other node forget its link-layer address rather than wait
+            # for the entry to go stale. A survivor that kept it sent its rendezvous SYNs to
+            # the gone node's MAC and, through TCP's backoff, joined the new master ~30 s late.
+            for argv in net.neigh_flush_argvs(ip, bridge, orch_namespaces()):
+                subprocess.run(argv, capture_output=True, check=False)
 
     def _free_port(self) -> int:
         """A port on 127.0.0.1 that nothing listens on and no local node record claims."""
