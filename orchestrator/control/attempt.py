@@ -22,6 +22,8 @@ from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import LoadedJob
 
+STOP_POLL_S = 0.2  # between two looks at a stopping run (one SSH command per node)
+
 T = TypeVar("T")
 
 LOST_PEER_GRACE_S = 10.0
@@ -93,10 +95,13 @@ class Attempt:
         }
 
     # --- work on the nodes ----------------------------------------------------------------
-    def push(self, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+    def push(
+        self, loaded: LoadedJob, layout: launch.NodeLayout, *, low_priority: bool = False
+    ) -> int:
         """Copy the workdir and every data path to every node; returns the transfers made.
         A checkpoint directory inside the workdir keeps what a node holds in it (a node that
-        stayed through a recovery resumes from its own files)."""
+        stayed through a recovery resumes from its own files). `low_priority`: under `nice`,
+        giving way to more urgent work beside it."""
         cluster = self.cluster
         checkpoints = layout.node_path(loaded.spec.checkpoint.dir)
         inside = checkpoints.removeprefix(f"{layout.workdir}/")
@@ -113,6 +118,7 @@ class Attempt:
                         layout.workdir,
                         workdir=True,
                         protect=protect,
+                        low_priority=low_priority,
                     ),  # fmt: skip
                 )
             )
@@ -120,7 +126,13 @@ class Attempt:
                 transfers.append(
                     Transfer(
                         f"{mount.src} -> {address.name}:{mount.dst}",
-                        push_argv(source, address, cluster.identity, mount.dst),
+                        push_argv(
+                            source,
+                            address,
+                            cluster.identity,
+                            mount.dst,
+                            low_priority=low_priority,
+                        ),  # fmt: skip
                     )
                 )
         run_parallel(transfers)
@@ -200,7 +212,7 @@ class Attempt:
                 return False
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.5)
+            time.sleep(STOP_POLL_S)
 
     def clear_runs(self, layout: launch.NodeLayout, ranks: Sequence[int]) -> None:
         """Ready the nodes of `ranks`, which stay through a recovery, for the run's restart

@@ -128,10 +128,11 @@ class Launcher:
 
     def copy_to(self, instances: list[Instance]) -> None:
         """Copy the workdir and the data to `instances` (nodes launched early, not yet part
-        of the run), over connections of their own."""
+        of the run), over connections of their own, under `nice`: the salvage beside it (the
+        emergency checkpoint, its pull) goes first."""
         attempt = self.open_attempt(instances, self._identity(), self.parts.options.connect_timeout)
         try:
-            attempt.push(self.parts.loaded, self.parts.layout)
+            attempt.push(self.parts.loaded, self.parts.layout, low_priority=True)
         finally:
             attempt.close()
 

@@ -36,6 +36,9 @@ FAST_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@
 times ChaCha20's throughput there, and rsync over ssh is bound by it), ssh's default after."""
 
 
+LOW_PRIORITY_NICE = 10  # `nice` of a low-priority copy, at both ends
+
+
 def cipher_option(cpu_flags: str | None) -> list[str]:
     """`-o Ciphers=...` preferring AES-GCM when `cpu_flags` (the `flags` line of
     /proc/cpuinfo) has `aes`; nothing (ssh's own order) otherwise or when unknown."""
@@ -168,20 +171,23 @@ def push_argv(
     connect_timeout: int = 10,
     workdir: bool = False,
     protect: Sequence[str] = (),
+    low_priority: bool = False,
 ) -> list[str]:
     """rsync argv pushing a local file or directory (its contents) to `destination` on a node.
 
     With `workdir`, `.gitignore`/`.orchignore` are honoured and `.git` is left out; files
     removed locally are removed on the node so the node holds exactly the synced tree, except
     under the directories of `protect` (relative to `local`: a checkpoint directory inside the
-    workdir, whose files the node keeps).
+    workdir, whose files the node keeps). `low_priority` runs both ends under `nice`: a copy
+    made beside more urgent work (a spot notice's emergency checkpoint) gives way to it.
     """
     source = f"{local}/" if local.is_dir() else str(local)
     target = remote_path(destination)
     if local.is_dir():
         target = target.rstrip("/") + "/"
     mkpath = ["--mkpath"]
-    return rsync_argv(
+    niced = ["nice", "-n", str(LOW_PRIORITY_NICE)] if low_priority else []
+    return niced + rsync_argv(
         [source],
         f"{address.user}@{_host(address)}:{target}",
         transport=ssh_transport_argv(address, identity, connect_timeout),
@@ -190,6 +196,7 @@ def push_argv(
             *mkpath,
             *(f"--filter=P /{path.strip('/')}/***" for path in protect),
             *(WORKDIR_FILTERS if workdir else ()),
+            *([f"--rsync-path=nice -n {LOW_PRIORITY_NICE} rsync"] if low_priority else ()),
         ],
     )
 

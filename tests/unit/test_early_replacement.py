@@ -103,6 +103,7 @@ def test_the_replacement_is_launched_during_the_salvage_and_joins_the_restart(
     # its copy went to the replacement alone, on a connection of its own
     alone = [a for a in FakeAttempt.opened if [i.instance_id for i in a.instances] == ["f-2-1"]]
     assert len(alone) == 1 and alone[0].pushes == 1
+    assert getattr(alone[0], "low_priority", False)  # under nice: the salvage goes first
     restarted = FakeAttempt.opened[-1]
     assert [i.instance_id for i in restarted.instances] == ["f-1-0", "f-2-1"]
     events = ledger.events(JOB_ID)

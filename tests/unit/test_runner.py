@@ -130,8 +130,11 @@ class FakeAttempt(Attempt):
         self.pushes = 0
         FakeAttempt.opened.append(self)
 
-    def push(self, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+    def push(
+        self, loaded: LoadedJob, layout: launch.NodeLayout, *, low_priority: bool = False
+    ) -> int:
         self.pushes += 1
+        self.low_priority = low_priority
         return len(self.instances)
 
     def free_port(self) -> int:
@@ -368,7 +371,13 @@ def test_a_node_taken_during_the_sync_is_replaced_alone_and_counts_as_a_recovery
 ) -> None:
     pushes: list[int] = []
 
-    def push(attempt: FakeAttempt, loaded: LoadedJob, layout: launch.NodeLayout) -> int:
+    def push(
+        attempt: FakeAttempt,
+        loaded: LoadedJob,
+        layout: launch.NodeLayout,
+        *,
+        low_priority: bool = False,
+    ) -> int:
         pushes.append(len(attempt.instances))
         if len(pushes) == 1:  # the cloud takes node 1 while its workdir is being sent
             provider.take(attempt.instances[1].instance_id)

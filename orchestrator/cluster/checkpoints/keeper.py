@@ -61,6 +61,8 @@ from orchestrator.remote.streams import LineStream
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import CheckpointSpec
 
+FINISH_POLL_S = 0.2  # between two looks at the agents while waiting (one SSH command per node)
+
 
 @dataclass(frozen=True)
 class KeeperOptions:
@@ -374,7 +376,7 @@ class CheckpointKeeper:
                 break
             if time.monotonic() >= deadline:
                 break
-            time.sleep(0.5)
+            time.sleep(FINISH_POLL_S)
         return self.collect(skip=skip)
 
     def collect(self, *, skip: Collection[int] = ()) -> Collected:
