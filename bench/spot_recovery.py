@@ -23,7 +23,7 @@ Baselines, measured in the same trial: the job's cold start on fresh nodes (SYNC
 every rank's start line), what any restart costs without orch's recovery; and the whole
 cluster's replacement, against which the lost node's alone must take at most 0.8x the time.
 
-    .venv/bin/python -m bench.spot_recovery [--trials 3] [--notice 10]
+    .venv/bin/python -m bench.spot_recovery [--trials 5] [--notice 10] [--data-mb 512] [--timeline]
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def show(title: str, results: list[dict[str, float]]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=5)  # noisy machines: a median of 5
     parser.add_argument("--notice", type=float, default=10.0)
     parser.add_argument(
         "--data-mb", type=int, default=DATA_MB, help="the dataset each node gets (MB; 0: none)"
