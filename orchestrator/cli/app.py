@@ -351,6 +351,7 @@ def status(
 def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out: bool) -> None:
     """`orch status`'s list of jobs and kept clusters, and how many finished jobs it left
     out (`status_list`)."""
+    jobs = _with_host_jobs(jobs, "status")
     if json_out:
         print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
         return
@@ -367,6 +368,15 @@ def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out:
         )
     if clusters:
         console.print(clusters_table(clusters))
+
+
+def _with_host_jobs(jobs: list[dict], command: str) -> list[dict]:
+    """`jobs` and, when a controller host drives jobs submitted from here, its rows of them."""
+    from orchestrator.cli.controller_host import host_rows
+    from orchestrator.host.remote_jobs import merged_jobs
+
+    found = host_rows(command)
+    return jobs if found is None else merged_jobs(jobs, *found)
 
 
 def _status_from_view(json_out: bool) -> bool:
@@ -464,6 +474,7 @@ def cost(
     each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
     lists every job."""
     from orchestrator.cli.context import ledger_view, orch_home
+    from orchestrator.cli.controller_host import host_rows
     from orchestrator.cli.host_billing import settle_recorded
     from orchestrator.ledger.measures import utcnow
     from orchestrator.report.documents import cost_from
@@ -476,6 +487,11 @@ def cost(
         view = EngineView(open_ledger(load_settings()).engine)
     with view:
         document = cost_from(view, view.clusters, utcnow(), job_id)
+    if job_id is None and (found := host_rows("cost")) is not None:
+        from orchestrator.host.remote_jobs import merged_jobs, merged_total
+
+        document["total_usd"] = merged_total(document["total_usd"], found[0], found[1])
+        document["jobs"] = merged_jobs(document["jobs"], *found)
     if json_out:
         print_json(document)
     else:

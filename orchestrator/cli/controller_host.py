@@ -20,7 +20,7 @@ import typer
 from orchestrator.cli.context import load_settings
 from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.output import make_console
-from orchestrator.errors import SpecError
+from orchestrator.errors import OrchError, SpecError
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
@@ -263,6 +263,8 @@ def route(argv: list[str]) -> int | None:
     """Handle `argv` (sys.argv) here when it concerns the controller host; returns the exit
     status, or None to let the app run it (after removing `--no-remote` from `argv`)."""
     args = argv[1:]
+    if args and args[0] == "cost" and (job := _option_value(args, "--job")) is not None:
+        return _route_job_cost(args, job)
     if not args or args[0] not in ROUTED or "--help" in args:
         return None
     verb, rest = args[0], args[1:]
@@ -306,6 +308,19 @@ def route(argv: list[str]) -> int | None:
             return 0
     else:
         result = ask(settings, [verb, *rest], timeout=3600)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result.exited
+
+
+def _route_job_cost(args: list[str], job_id: str) -> int | None:
+    """`orch cost --job JOB` of a job on the host: the host's answer, passed through."""
+    from orchestrator.host.remote_jobs import ask, lives_on_host
+
+    settings = load_settings()
+    if not lives_on_host(settings, job_id):
+        return None
+    result = ask(settings, args)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
@@ -418,3 +433,37 @@ def _route_submit(argv: list[str], rest: list[str]) -> int | None:
         )
         sys.stdout.write(f"{job_id}\n")
     return 0
+
+
+def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | None:
+    """The host's `orch COMMAND --json` document's jobs, the ids submitted from here and the
+    host's address, for `orch status` and `orch cost` to list the jobs that live there; None
+    without a host or such jobs. A host that does not answer is said on stderr (its jobs are
+    then missing from the list, never silently)."""
+    from orchestrator.cli.context import orch_home
+    from orchestrator.host.record import load
+
+    record = load(orch_home())  # one small file: a command without a host pays no more
+    if record is None or not record.jobs:
+        return None
+    from orchestrator.host.remote_jobs import ask
+
+    settings = load_settings()
+    where = f"{record.user}@{record.host}"
+    try:
+        result = ask(settings, [command, "--json"], timeout=60)
+        jobs = json.loads(result.stdout)["jobs"] if result.ok else None
+    except (OrchError, ValueError, KeyError) as exc:
+        result, jobs = None, None
+        why = str(exc)
+    else:
+        why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+    if jobs is None:
+        make_console(stderr=True).print(
+            f"[orch] the controller host {where} did not answer ({why}): its "
+            f"{len(record.jobs)} job(s) are not listed",
+            highlight=False,
+            markup=False,
+        )
+        return None
+    return jobs, record.jobs, where

@@ -101,6 +101,16 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert followed.returncode == 0 and '"step": 12' in followed.stdout, followed.stderr
     assert said and (said[0].returncode, said[0].stdout.strip()) == (3, "on-node"), said
     assert tunnelled == [b"through-the-host"], tunnelled
+    # Lists here show the job that lives on the host, and the bill counts it.
+    listed = json.loads(run_orch(["status", "--json"], env, timeout=60).stdout)["jobs"]
+    (row,) = [r for r in listed if r["id"] == job_id]
+    assert row["state"] == "SUCCEEDED" and row["controller_host"].endswith(node.instance.ssh_host)
+    bill = json.loads(run_orch(["cost", "--json"], env, timeout=60).stdout)
+    (line,) = [r for r in bill["jobs"] if r["id"] == job_id]
+    assert line["leases"] == 1 and line["node_hours"] > 0  # the node the host launched for it
+    assert bill["total_usd"] >= line["spend_usd"]
+    one = json.loads(run_orch(["cost", "--job", job_id, "--json"], env, timeout=60).stdout)
+    assert [r["id"] for r in one["jobs"]] == [job_id]
     picture = tmp_path / "remote-report.png"
     drawn = run_orch(["report", job_id, "--out", str(picture), "--json"], env, timeout=120)
     assert drawn.returncode == 0, drawn.stdout + drawn.stderr

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.host.remote_jobs import two_hop_forwards
+from orchestrator.host.remote_jobs import merged_jobs, merged_total, two_hop_forwards
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
 from orchestrator.remote.shell import parse_forward
 
@@ -73,3 +73,13 @@ def test_a_forward_to_a_node_of_a_job_on_the_host_becomes_two_hops() -> None:
                                           "0.0.0.0:8888:127.0.0.1:40002"]  # fmt: skip
     # ... and the host's `orch ssh` forwards those to HOST:REMOTE as the node sees it
     assert there == ["-L", "40001:localhost:6006", "-L", "40002:10.0.0.9:80"]
+
+
+def test_lists_here_add_the_hosts_rows_of_jobs_submitted_from_here() -> None:
+    local = [{"id": "a", "spend_usd": 1.25}]
+    remote = [{"id": "b", "spend_usd": 0.1}, {"id": "c", "spend_usd": 9.0}, {"id": "a"}]
+    rows = merged_jobs(local, remote, ["b", "a"], "root@10.0.0.5")
+    # c was submitted from another machine; a is this ledger's own row, kept as it is
+    assert rows == [{"id": "a", "spend_usd": 1.25},
+                    {"id": "b", "spend_usd": 0.1, "controller_host": "root@10.0.0.5"}]  # fmt: skip
+    assert merged_total(1.25, remote, ["b"]) == 1.35  # exact decimals, a number at the edge
