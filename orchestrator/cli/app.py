@@ -372,8 +372,8 @@ def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out:
 
 def _with_host_jobs(jobs: list[dict], command: str) -> list[dict]:
     """`jobs` and, when a controller host drives jobs submitted from here, its rows of them."""
-    from orchestrator.cli.controller_host import host_rows
-    from orchestrator.host.remote_jobs import merged_jobs
+    from orchestrator.cli.host_jobs import host_rows
+    from orchestrator.host.listing import merged_jobs
 
     found = host_rows(command)
     return jobs if found is None else merged_jobs(jobs, *found)
@@ -474,8 +474,8 @@ def cost(
     each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
     lists every job."""
     from orchestrator.cli.context import ledger_view, orch_home
-    from orchestrator.cli.controller_host import host_rows
     from orchestrator.cli.host_billing import settle_recorded
+    from orchestrator.cli.host_jobs import host_rows
     from orchestrator.ledger.measures import utcnow
     from orchestrator.report.documents import cost_from
 
@@ -488,7 +488,7 @@ def cost(
     with view:
         document = cost_from(view, view.clusters, utcnow(), job_id)
     if job_id is None and (found := host_rows("cost")) is not None:
-        from orchestrator.host.remote_jobs import merged_jobs, merged_total
+        from orchestrator.host.listing import merged_jobs, merged_total
 
         document["total_usd"] = merged_total(document["total_usd"], found[0], found[1])
         document["jobs"] = merged_jobs(document["jobs"], *found)

@@ -20,7 +20,7 @@ import typer
 from orchestrator.cli.context import load_settings
 from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.output import make_console
-from orchestrator.errors import OrchError, SpecError
+from orchestrator.errors import SpecError
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
@@ -314,13 +314,17 @@ def route(argv: list[str]) -> int | None:
 
 
 def _route_job_cost(args: list[str], job_id: str) -> int | None:
-    """`orch cost --job JOB` of a job on the host: the host's answer, passed through."""
-    from orchestrator.host.remote_jobs import ask, lives_on_host
+    """`orch cost --job JOB` of a job on the host: the host's answer, passed through. Any
+    other job costs one small file's read here (no settings, no SSH)."""
+    from orchestrator.cli.context import orch_home
+    from orchestrator.host.record import load
 
-    settings = load_settings()
-    if not lives_on_host(settings, job_id):
+    record = load(orch_home())
+    if record is None or job_id not in record.jobs:
         return None
-    result = ask(settings, args)
+    from orchestrator.host.remote_jobs import ask
+
+    result = ask(load_settings(), args)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
@@ -433,37 +437,3 @@ def _route_submit(argv: list[str], rest: list[str]) -> int | None:
         )
         sys.stdout.write(f"{job_id}\n")
     return 0
-
-
-def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | None:
-    """The host's `orch COMMAND --json` document's jobs, the ids submitted from here and the
-    host's address, for `orch status` and `orch cost` to list the jobs that live there; None
-    without a host or such jobs. A host that does not answer is said on stderr (its jobs are
-    then missing from the list, never silently)."""
-    from orchestrator.cli.context import orch_home
-    from orchestrator.host.record import load
-
-    record = load(orch_home())  # one small file: a command without a host pays no more
-    if record is None or not record.jobs:
-        return None
-    from orchestrator.host.remote_jobs import ask
-
-    settings = load_settings()
-    where = f"{record.user}@{record.host}"
-    try:
-        result = ask(settings, [command, "--json"], timeout=60)
-        jobs = json.loads(result.stdout)["jobs"] if result.ok else None
-    except (OrchError, ValueError, KeyError) as exc:
-        result, jobs = None, None
-        why = str(exc)
-    else:
-        why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
-    if jobs is None:
-        make_console(stderr=True).print(
-            f"[orch] the controller host {where} did not answer ({why}): its "
-            f"{len(record.jobs)} job(s) are not listed",
-            highlight=False,
-            markup=False,
-        )
-        return None
-    return jobs, record.jobs, where

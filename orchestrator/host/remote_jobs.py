@@ -18,7 +18,6 @@ import shlex
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from pathlib import Path
 
 import yaml
@@ -182,31 +181,6 @@ def fetch_report(settings: Settings, argv: Sequence[str], out: Path) -> CommandR
     finally:
         session.run(f"rm -f {shlex.quote(remote)}", check=False)
         session.close()
-
-
-def merged_jobs(
-    local: list[dict], remote: list[dict], ids: Sequence[str], where: str
-) -> list[dict]:
-    """`orch status`'s or `orch cost`'s rows of this ledger, then the host's rows of the jobs
-    submitted from here (`ids`), each marked with `controller_host` (`where`). Pure."""
-    seen = {row["id"] for row in local}
-    wanted = set(ids)
-    return [
-        *local,
-        *({**row, "controller_host": where} for row in remote
-          if row.get("id") in wanted and row["id"] not in seen),
-    ]  # fmt: skip
-
-
-def merged_total(local_total: float, remote: list[dict], ids: Sequence[str]) -> float:
-    """This ledger's total plus the spend of the host's jobs submitted from here (exact
-    decimals, a number only at the edge, as `report.documents.money`). Pure."""
-    total = Decimal(str(local_total))
-    wanted = set(ids)
-    for row in remote:
-        if row.get("id") in wanted:
-            total += Decimal(str(row.get("spend_usd") or 0))
-    return float(total)
 
 
 def ask(settings: Settings, argv: Sequence[str], *, timeout: float = 300) -> CommandResult:

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.host.remote_jobs import merged_jobs, merged_total, two_hop_forwards
+from orchestrator.host.listing import merged_jobs, merged_total
+from orchestrator.host.remote_jobs import two_hop_forwards
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
 from orchestrator.remote.shell import parse_forward
 
