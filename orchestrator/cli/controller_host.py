@@ -331,30 +331,10 @@ def _route_job_cost(args: list[str], job_id: str) -> int | None:
 
 
 def _route_ssh(settings: Settings, rest: list[str], job_id: str) -> int:
-    """`orch ssh JOB` of a job on the host: the host's own `orch ssh` (it holds the job's key)
-    run over a terminal. Each `-L` becomes two hops, this machine to a free port of the host,
-    and the host's `orch ssh -L` from there, so HOST is still as the node sees it."""
-    from orchestrator.host.remote_jobs import host_free_ports, stream, two_hop_forwards
-    from orchestrator.remote.shell import parse_forward
+    """`orch ssh JOB` of a job on the host (see `remote_jobs.ssh_via_host`)."""
+    from orchestrator.host.remote_jobs import ssh_via_host
 
-    split = rest.index("--") if "--" in rest else len(rest)
-    head, command = rest[:split], rest[split:]
-    texts: list[str] = []
-    kept: list[str] = []
-    i = 0
-    while i < len(head):
-        if head[i] == "-L" and i + 1 < len(head):
-            texts.append(head[i + 1])
-            i += 1
-        elif head[i].startswith("-L") and len(head[i]) > 2:
-            texts.append(head[i][2:])
-        else:
-            kept.append(head[i])
-        i += 1
-    forwards = [parse_forward(text) for text in texts]
-    here, there = two_hop_forwards(forwards, host_free_ports(settings, len(forwards)))
-    tty = not command and sys.stdin.isatty()
-    return stream(settings, ["ssh", *kept, *there, *command], tty=tty, forwards=here)
+    return ssh_via_host(settings, rest, interactive=sys.stdin.isatty())
 
 
 def _route_report(settings: Settings, rest: list[str], job_id: str) -> int:

@@ -226,6 +226,14 @@ def stop_command(layout: HostLayout, wait_s: int = 20) -> str:
     )
 
 
+def free_port_command() -> str:
+    """Command printing a TCP port free on the host now (the kernel's pick)."""
+    script = (
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+    )
+    return f"python3 -c {shlex.quote(script)}"
+
+
 def orch_command(layout: HostLayout, argv: Sequence[str], *, env_file: str | None = None) -> str:
     """`orch ARGV` run on the host with its environment (and `env_file`, e.g. the secrets
     file, sourced too so its values reach orch's environment, never its arguments)."""

@@ -10,7 +10,6 @@ kit (`handover`), so that a new host can take the job over if this one dies. `as
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import secrets as tokens
@@ -26,12 +25,11 @@ from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, SpecError
 from orchestrator.host import handover
 from orchestrator.host import record as records
-from orchestrator.host.layout import HostLayout, orch_command
+from orchestrator.host.layout import HostLayout, free_port_command, orch_command
 from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
-from orchestrator.node.launch import free_port_command
 from orchestrator.remote.keys import HostAddress, write_known_hosts
-from orchestrator.remote.shell import Forward, shell_argv
+from orchestrator.remote.shell import Forward, parse_forward, shell_argv
 from orchestrator.remote.ssh import CommandResult
 
 
@@ -136,13 +134,37 @@ def host_free_ports(settings: Settings, count: int) -> list[int]:
     ports: list[int] = []
     try:
         while len(ports) < count:
-            preferred = ports[-1] + 1 if ports else 0
-            port = int(session.run(free_port_command(preferred), timeout=30).stdout.strip())
+            port = int(session.run(free_port_command(), timeout=30).stdout.strip())
             if port not in ports:
                 ports.append(port)
     finally:
         session.close()
     return ports
+
+
+def ssh_via_host(settings: Settings, rest: Sequence[str], *, interactive: bool) -> int:
+    """`orch ssh JOB [--node N] [-L ...] [-- COMMAND]` (`rest`) of a job on the host: the
+    host's own `orch ssh` (it holds the job's key), over a terminal when `interactive` and no
+    command is given; returns its exit status. Each `-L` becomes two hops (`two_hop_forwards`)."""
+    split = list(rest).index("--") if "--" in rest else len(rest)
+    head, command = list(rest[:split]), list(rest[split:])
+    texts: list[str] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(head):
+        if head[i] == "-L" and i + 1 < len(head):
+            texts.append(head[i + 1])
+            i += 1
+        elif head[i].startswith("-L") and len(head[i]) > 2:
+            texts.append(head[i][2:])
+        else:
+            kept.append(head[i])
+        i += 1
+    forwards = [parse_forward(text) for text in texts]
+    ports = host_free_ports(settings, len(forwards)) if forwards else []
+    here, there = two_hop_forwards(forwards, ports)
+    tty = interactive and not command
+    return stream(settings, ["ssh", *kept, *there, *command], tty=tty, forwards=here)
 
 
 def two_hop_forwards(
@@ -172,11 +194,7 @@ def fetch_report(settings: Settings, argv: Sequence[str], out: Path) -> CommandR
         result = session.run(orch_command(session.layout, [*argv, "--out", remote]),
                              check=False, timeout=300)  # fmt: skip
         if result.ok:
-            encoded = session.run(f"base64 {shlex.quote(remote)}", timeout=300).stdout
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f".{out.name}.tmp")
-            tmp.write_bytes(base64.b64decode(encoded))
-            tmp.replace(out)
+            session.pull(remote, out)
         return result
     finally:
         session.run(f"rm -f {shlex.quote(remote)}", check=False)

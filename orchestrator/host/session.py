@@ -13,7 +13,7 @@ from orchestrator.host.layout import HostLayout
 from orchestrator.host.record import HostRecord, host_dir
 from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, write_known_hosts
 from orchestrator.remote.ssh import CommandResult, NodeConnection
-from orchestrator.remote.sync import push_argv, run_rsync
+from orchestrator.remote.sync import pull_file_argv, push_argv, run_rsync
 
 
 def host_identity(home: Path, key_file: str | None) -> Identity:
@@ -53,6 +53,11 @@ class HostSession:
         """rsync `local` (a file, or a folder's contents) to `destination` on the host."""
         argv = push_argv(local, self.address, self.identity, destination, workdir=workdir)
         run_rsync(argv, what=f"pushing {local} to the controller host", timeout=600)
+
+    def pull(self, remote_file: str, local: Path) -> None:
+        """rsync one file of the host to `local` (its folder is made)."""
+        argv = pull_file_argv(self.address, self.identity, remote_file, local)
+        run_rsync(argv, what=f"fetching {remote_file} from the controller host", timeout=600)
 
     def close(self) -> None:
         self.connection.close()
