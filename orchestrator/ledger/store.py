@@ -360,6 +360,10 @@ class Ledger:
                 ).scalar_one()
         return self._ledger_id
 
+    def forget_cached_id(self) -> None:
+        """Read the ledger's id again on next use (it was taken over: `ledger.rebuilt`)."""
+        self._ledger_id = None
+
     # --- jobs ---------------------------------------------------------------------------
     def add_job(self, job: Job) -> Job:
         with Session(self.engine, expire_on_commit=False) as session:

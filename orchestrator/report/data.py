@@ -36,6 +36,7 @@ MARKED_EVENTS: dict[str, str] = {
     "RECOVERING": "recovery",
     "RESUMED": "recovery",
     "ADOPTED": "controller",
+    "REBUILT": "controller",  # written into a new host's ledger from the job's nodes
     "RESTARTED": "controller",
     **{state.value: "end" for state in JobState if state.is_final},
 }
