@@ -192,8 +192,9 @@ class Recovering:
         kept = {i.instance_id for i in staying}
         lost = [i for i in attempt.instances if i.instance_id not in kept]
         lost_ids = {i.instance_id for i in lost} | set(interruption.instance_ids)
+        lost_ranks = {i.rank for i in lost} | set(interruption.ranks)
         self.journal.recovering(
-            f"{what}: replacing {len(lost_ids)} lost node(s); "
+            f"{what}: replacing {len(lost_ranks)} lost node(s); "
             f"{len(staying)} node(s) stay ({', '.join(sorted(kept))})",
             recoveries=self.job.recoveries + 1,
         )

@@ -21,16 +21,17 @@ class Interruption:
     """
 
     ranks: tuple[int, ...]  # node ranks in the current cluster
-    instance_ids: tuple[str, ...]  # the same nodes' ids
+    # The same nodes' ids, in the same order; ranks past its end have no node known (a job
+    # rebuilt from its nodes after its ledger died, whose node of that rank had ended).
+    instance_ids: tuple[str, ...]
     cause: Cause
     detail: str  # what was seen, for the event log
     detected_at: datetime  # UTC
     reclaim_at: datetime | None = None  # notice: when the cloud takes the nodes
 
     def describe(self) -> str:
-        nodes = ", ".join(
-            f"node {rank} ({iid})" for rank, iid in zip(self.ranks, self.instance_ids, strict=True)
-        )
+        ids = self.instance_ids + ("no node known",) * (len(self.ranks) - len(self.instance_ids))
+        nodes = ", ".join(f"node {rank} ({iid})" for rank, iid in zip(self.ranks, ids, strict=True))
         return f"{nodes}: {self.detail}"
 
 

@@ -180,6 +180,8 @@ class JobRunner(Recovering):
                     held = self.guards.ended_by_guard(gone.instance_ids)
                 if gone is not None and held is None:
                     self._note_interruption(gone)
+                    if self.attempt.connected:  # the ranks that run stay: keep what they hold
+                        self.salvage.adopted(self.attempt, gone)
                     self._replace_nodes(gone)
                     held = self._bring_up_on_policy()
             elif self.job.state in (JobState.SWITCHING, JobState.WAITING):
@@ -311,11 +313,20 @@ class JobRunner(Recovering):
         self.attempt = Attempt(instances)
         if self.kept is not None:
             self.kept.adopted()
-        if require_all and (missing or not instances):
+        # A rank with neither a node nor a lease: the job was rebuilt from its nodes after its
+        # ledger died (`control.rebuild`), and that rank's node had ended before.
+        held = {i.rank for i in instances} | {lease.rank for lease in missing}
+        absent = [rank for rank in range(self.spec.resources.nodes) if rank not in held]
+        if require_all and (missing or absent or not instances):
+            if instances and not missing:
+                # Only ranks without a node: connect to those that run, so that they may stay
+                # (with their checkpoint files) while the absent ranks are replaced.
+                self.journal.last_step = self.job.step
+                self.attempt = self.launcher.adopt(instances)
             ids = tuple(lease.instance_id for lease in missing)
             taken = self.provider.preempted(list(ids)) if ids else set()
             return Interruption(
-                tuple(lease.rank for lease in missing), ids,
+                (*(lease.rank for lease in missing), *absent), ids,
                 "preempted" if taken else "lost",
                 "found gone when a new controller took the job over", utcnow(),
             )  # fmt: skip

@@ -54,6 +54,25 @@ class Salvage:
         if interruption.cause == "notice" and attempt.watch is not None:
             with contextlib.suppress(OrchError):
                 attempt.watch.catch_up()
+        self._salvaged(started)
+
+    def adopted(self, attempt: Attempt, interruption: Interruption) -> None:
+        """A new controller connected to the nodes of a job that still run and found other
+        ranks gone (a job rebuilt from its nodes: `control.rebuild`). Their agents only just
+        started and their run waits on the lost peers: stop it (the trainers get SIGTERM and
+        `stop_grace`), then collect what the agents stage of the checkpoints the nodes hold (at
+        most `pull_wait`), so that the restart resumes from them (SALVAGED)."""
+        p = self.parts
+        started = time.monotonic()
+        try:
+            attempt.stop_trainers(p.layout, p.options.stop_grace)
+            p.keeper.finish(skip=set(interruption.ranks), wait_s=self.pull_wait())
+        except OrchError as exc:
+            p.journal.event("WARNING", f"salvage pull failed: {exc}")
+        self._salvaged(started)
+
+    def _salvaged(self, started: float) -> None:
+        p = self.parts
         newest = p.keeper.newest()
         p.journal.event(
             "SALVAGED", f"newest checkpoint {newest.name if newest else 'none'}, "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from sqlmodel import Session, select
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
 from orchestrator.cluster.connections import Cluster
@@ -25,7 +26,7 @@ from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervisor import Decision
 from orchestrator.errors import CapacityError, RemoteError
 from orchestrator.job_state import FINAL_STATES, TRANSITIONS, JobState, may_follow
-from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
+from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
 from orchestrator.node import launch
 from orchestrator.providers.base import (
     CloudIdentity,
@@ -645,6 +646,34 @@ def test_an_adopted_job_whose_node_vanished_meanwhile_is_recovered(
     assert len(provider.requests) == 2
     preempted = [e for e in ledger.events(JOB_ID) if e.kind == "PREEMPTED"]
     assert len(preempted) == 1 and preempted[0].message.startswith("preempted: ")
+    assert ledger.get_job(JOB_ID).recoveries == 1
+    assert_all_leases_closed(ledger, provider)
+
+
+def test_an_adopted_job_missing_a_rank_without_a_lease_replaces_that_rank(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> None:
+    """A job rebuilt from its nodes after its ledger died (`control.rebuild`) has no lease for a
+    rank whose node ended before: the new controller must not run on one node of two."""
+    killed = runner(tmp_path, ledger, provider, scripted())
+    killed._bring_up()
+    gone = FakeAttempt.opened[0].instances[1].instance_id
+    provider.take(gone)
+    with Session(ledger.engine) as session:  # the rebuilt ledger never knew that node
+        for row in session.exec(select(Lease).where(Lease.instance_id == gone)):
+            session.delete(row)
+        session.commit()
+
+    adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
+    outcome = adopting.run()
+
+    assert outcome.state is JobState.SUCCEEDED
+    assert len(provider.requests) == 2
+    assert provider.requests[1].node_ranks == (1,)  # node 0 stayed: only rank 1 launched
+    adopted = FakeAttempt.opened[1]
+    assert adopted.stops and "SALVAGED" in kinds(ledger)  # what node 0 holds was collected
+    lost = [e for e in ledger.events(JOB_ID) if e.kind == "PREEMPTED"]
+    assert len(lost) == 1 and "node 1" in lost[0].message, lost
     assert ledger.get_job(JOB_ID).recoveries == 1
     assert_all_leases_closed(ledger, provider)
 
