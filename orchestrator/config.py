@@ -52,6 +52,10 @@ class LocalSettings(BaseModel):
     # where the nodes' records, disks and network state live; None: ORCH_HOME/local. Several
     # ORCH_HOMEs naming one root share one local "cloud", as machines share an AWS account
     root: Path | None = None
+    # the venv whose bin/ is first on local nodes' PATH (torchrun, python); None: the
+    # controller's own. A loopback controller host gets the laptop's, so that the nodes it
+    # launches keep their software when the host is gone, as a cloud node keeps its image's
+    node_venv: Path | None = None
 
     @property
     def spot_price(self) -> Decimal:
@@ -374,6 +378,7 @@ _ENV_OVERRIDES = {
     "ORCH_CONTROLLER_LEASE": ("ledger", "controller_lease"),
     "ORCH_LEASE_RENEWAL": ("ledger", "lease_renewal"),
     "ORCH_LOCAL_ROOT": ("local", "root"),
+    "ORCH_LOCAL_NODE_VENV": ("local", "node_venv"),
     "ORCH_BUDGET_MONTHLY_USD": ("budget", "monthly_usd"),
     "ORCH_BUDGET_USER_MONTHLY_USD": ("budget", "user_monthly_usd"),
 }

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shlex
+import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -61,9 +62,15 @@ DEFAULT_TICK_S = 15.0
 def host_environment(environ: Mapping[str, str], local_root: Path | None = None) -> dict[str, str]:
     """The laptop's ORCH_* settings that the host's orch gets too (not the laptop's paths),
     and local nodes of the host's jobs on the host's own loopback. `local_root`: where the
-    host's local nodes are kept, when they are to be the laptop's peers (see `launch`)."""
+    host's local nodes are kept, when they are to be the laptop's peers (see `launch`); they
+    then run this machine's venv too (`local.node_venv`), which outlives the host."""
     passed = {k: v for k, v in environ.items() if k.startswith("ORCH_") and k not in NOT_PASSED_ON}
-    shared = {"ORCH_LOCAL_ROOT": str(local_root)} if local_root is not None else {}
+    shared = (
+        {"ORCH_LOCAL_ROOT": str(local_root),
+         "ORCH_LOCAL_NODE_VENV": environ.get("ORCH_LOCAL_NODE_VENV", sys.prefix)}
+        if local_root is not None
+        else {}
+    )  # fmt: skip
     return {**passed, **shared, "ORCH_LOCAL_NETWORK": "loopback"}
 
 

@@ -489,7 +489,7 @@ class LocalProvider:
         its sshd, and return sshd's pid; billing starts now."""
         node_dir = self.store.node_dir(rec.instance_id)
         config, log = Path(self._config_path(rec.instance_id)), node_dir / "sshd.log"
-        venv_bin = Path(sys.prefix) / "bin"
+        venv_bin = self._node_venv_bin()
         config.write_text(
             net.sshd_config_text(
                 SshdConfig(
@@ -577,9 +577,13 @@ class LocalProvider:
                 home=rec.home,
             )
         )
-        path = net.node_path(rec.home, Path(sys.prefix) / "bin")
+        path = net.node_path(rec.home, self._node_venv_bin())
         inside = f"{rec.home}/{layout.root}"
         return local_boot_command(rec.home, f"{inside}/guard.py", f"{inside}/terms.json", path)
+
+    def _node_venv_bin(self) -> Path:
+        """The bin/ of the venv local nodes run (`local.node_venv`, else this process's)."""
+        return (self.settings.local.node_venv or Path(sys.prefix)) / "bin"
 
     def _restart_on_new_port(self, rec: NodeRecord, sshd: str) -> int:
         """Loopback: another program took the node's port before sshd bound it; take another."""
