@@ -159,7 +159,11 @@ def up(
     # half-way left (`down` removes the kits).
     jobs = replaced["jobs"] if replaced is not None else handover.kept_jobs(settings.home)
     if replaced is not None or jobs:
-        document = {**document, "replaced": replaced, **hand_over_kept(settings, jobs)}
+        console = make_console(stderr=True)
+        handed = hand_over_kept(
+            settings, jobs, say=lambda line: console.print(line, highlight=False, markup=False)
+        )
+        document = {**document, "replaced": replaced, **handed}
         _say_hand_over(document)
     _show(document, json_out)
 
@@ -188,7 +192,12 @@ def _restart_or_refuse(settings: Settings, record: HostRecord) -> dict[str, Any]
 def _say_hand_over(document: dict[str, Any]) -> None:
     console = make_console(stderr=True)
     for job_id in document["handed_over"]:
-        console.print(f"job {job_id}: handed over to the new host", highlight=False, markup=False)
+        how = " (rebuilt from its running nodes)" if job_id in document["rebuilt"] else ""
+        console.print(
+            f"job {job_id}: handed over to the new host{how}", highlight=False, markup=False
+        )
+    for note in document["notes"]:
+        console.print(note, highlight=False, markup=False)
     for job_id, why in document["lost"].items():
         console.print(f"job {job_id}: not handed over: {why}", highlight=False, markup=False)
 
@@ -231,6 +240,38 @@ def down(
     done = host_down(settings, force=force)
     close_lease(settings, done.get("terminated"), done.get("billing_stopped_at"))
     _show(done, json_out)
+
+
+@app.command(hidden=True)
+def rebuild(
+    job_ids: Annotated[list[str], typer.Argument(help="ids of the jobs handed over")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Run on a new controller host by `orch controller up`: write each handed-over job its
+    ledger does not know into it, from the job's kit and its running nodes
+    (`control.rebuild`). Prints {"jobs": {id: {"status", "detail"}}}."""
+    from orchestrator.cli.context import open_ledger
+    from orchestrator.control.rebuild import rebuild as rebuild_job
+    from orchestrator.providers import get_provider
+
+    settings = load_settings()
+    ledger = open_ledger(settings)
+    providers: dict[str, Any] = {}
+
+    def provider_named(name: str) -> Any:
+        if name not in providers:
+            providers[name] = get_provider(name, settings)
+        return providers[name]
+
+    done = {job_id: rebuild_job(settings, ledger, job_id, provider_named) for job_id in job_ids}
+    document = {"jobs": {j: {"status": r.status, "detail": r.detail} for j, r in done.items()}}
+    if json_out:
+        _print_json(document)
+        return
+    console = make_console()
+    for job_id, result in done.items():
+        console.print(f"job {job_id}: {result.status}: {result.detail}", highlight=False,
+                      markup=False)  # fmt: skip
 
 
 # --- routing of jobs that live on the host ----------------------------------------------------

@@ -8,31 +8,49 @@ submitted there, into `ORCH_HOME/controller-host/kits/<id>/` (0700 folders, 0600
 care the host gives them); `push` puts them into a new host's ORCH_HOME. Both move the files as
 a tar stream over SSH's stdout and stdin, never through any command line.
 
-The ledger rows are not in the kit: a new host sees them only when the ledger outlives the host
-(`ledger.url`, the team database). Then the job's controller lease decides who drives it: once
-the dead host's lease has expired, the new host's orch adopts the job on its existing nodes.
+Beside the kit, this ORCH_HOME keeps the job's submission (`submission.json`, never sent): where
+its workdir and data sources are here and which folder of the host holds their copy, so that a
+new host gets them again (`resend`) and the record points to its own copy (`move_record`).
+
+The ledger rows are not in the kit. With a ledger that outlives the host (`ledger.url`, the team
+database) the job's controller lease decides who drives it: once the dead host's lease has
+expired, the new host's orch adopts the job on its existing nodes. Without one, the new host
+rebuilds the job's rows from the kit and the job's running nodes (`control.rebuild`).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import shlex
 import shutil
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestrator.errors import ControllerHostError
 from orchestrator.host.record import host_dir
 from orchestrator.host.session import HostSession
+from orchestrator.host.submission import moved_record
 
 # The names `control.liveness` gives a job's record and secrets file, and `remote.keys` its key.
 JOB_RECORD, JOB_SECRETS = "job.json", "env.json"
 KEY_FILES = ("id_ed25519", "id_ed25519.pub")
 KEYS_WAIT_S = 30.0  # how long `fetch` waits for the host's controller to make the job's key
+SUBMISSION = "submission.json"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Where a remote job's files are: here (absolute paths) and on the host (`folder`)."""
+
+    folder: str  # the host's submission folder: work/ and data/<i> in it
+    workdir: str  # the workdir on this machine
+    data: list[str]  # the data sources on this machine, in the spec's order
 
 
 def kit_dir(home: Path, job_id: str) -> Path:
@@ -92,6 +110,69 @@ def push(session: HostSession, home: Path, job_ids: Iterable[str]) -> list[str]:
             stdin=base64.b64encode(buffer.getvalue()).decode() + "\n",
         )
     return sent
+
+
+def save_submission(home: Path, job_id: str, submission: Submission) -> None:
+    """Keep where the job's files are (see `Submission`) beside its kit."""
+    folder = kit_dir(home, job_id)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / SUBMISSION
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(submission)))
+    os.replace(tmp, path)
+
+
+def load_submission(home: Path, job_id: str) -> Submission | None:
+    """The job's `Submission`; None when this ORCH_HOME kept none (or it is unreadable)."""
+    try:
+        document = json.loads((kit_dir(home, job_id) / SUBMISSION).read_text())
+        return Submission(str(document["folder"]), str(document["workdir"]),
+                          [str(p) for p in document["data"]])  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resend(
+    session: HostSession, home: Path, job_id: str, say: Callable[[str], None] = lambda _: None
+) -> str | None:
+    """Send the job's workdir and data sources from this machine to the host of `session`
+    (under a submission folder of its own, named as on the old host) and point the kit's
+    record there; a replacement node syncs them from that copy. Returns why it could not
+    (no submission kept, or a source gone from this machine), None once done. `say` gets a
+    line before each transfer."""
+    submission = load_submission(home, job_id)
+    if submission is None:
+        return "this ORCH_HOME kept no record of where its workdir is"
+    sources = [Path(submission.workdir), *(Path(p) for p in submission.data)]
+    gone = [str(p) for p in sources if not p.exists()]
+    if gone:
+        return f"its files are gone from this machine: {', '.join(gone)}"
+    folder = session.layout.submission(Path(submission.folder).name)
+    say(f"job {job_id}: sending its workdir {submission.workdir} to the new host")
+    session.push(Path(submission.workdir), f"{folder}/work", workdir=True)
+    for i, source in enumerate(submission.data):
+        say(f"job {job_id}: sending its data {source} to the new host")
+        session.push(Path(source), f"{folder}/data/{i}")
+    move_record(home, job_id, folder)
+    return None
+
+
+def move_record(home: Path, job_id: str, folder: str) -> None:
+    """Point the kit's record (and the kept submission) at the host's submission `folder`."""
+    submission = load_submission(home, job_id)
+    if submission is None or submission.folder == folder:
+        return
+    path = kit_dir(home, job_id) / f"jobs/{job_id}/{JOB_RECORD}"
+    if path.is_file():
+        record = moved_record(json.loads(path.read_text()), submission.folder, folder)
+        written = path.stat()  # its time is the job's submit time to a rebuilding host
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle, indent=2)
+        os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
+        os.replace(tmp, path)
+    save_submission(home, job_id, Submission(folder, submission.workdir, submission.data))
 
 
 def kept_jobs(home: Path) -> list[str]:

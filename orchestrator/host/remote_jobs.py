@@ -52,9 +52,12 @@ def submit(
         folder = session.layout.submission(tokens.token_hex(6))
         workdir = (base / str(spec.get("workdir", "."))).resolve()
         session.push(workdir, f"{folder}/work", workdir=True)
+        data: list[str] = []
         for i, item in enumerate(spec.get("data") or []):
             source = Path(str(item["src"])).expanduser()
-            session.push(source if source.is_absolute() else base / source, f"{folder}/data/{i}")
+            source = source if source.is_absolute() else base / source
+            session.push(source, f"{folder}/data/{i}")
+            data.append(str(source.resolve()))
         with tempfile.TemporaryDirectory(prefix="orch-remote-") as scratch:
             moved = Path(scratch) / "job.yaml"
             moved.write_text(yaml.safe_dump(host_spec(spec, folder), sort_keys=False))
@@ -70,6 +73,9 @@ def submit(
             return "", result
         job_id = _job_id(result.stdout)
         records.add_job(settings.home, job_id)
+        handover.save_submission(
+            settings.home, job_id, handover.Submission(folder, str(workdir), data)
+        )
         handover.fetch(session, settings.home, job_id)
     finally:
         session.close()

@@ -6,17 +6,19 @@ over to the new one.
 - `retire` ends what is left of a dead host: a launched one's node is terminated through its
   provider (its billing stops then, if it had not already); an adopted machine is only
   forgotten, since orch did not start it.
-- `hand_over` gives the new host the kits of the dead host's jobs (`handover`) and asks its orch
-  for its jobs, which also adopts those whose controller lease expired. A job's ledger rows
-  reach the new host only through a ledger that outlived the old one (`ledger.url`); a job the
-  new host's ledger does not know is reported `lost`, and its nodes end when their guards'
-  budget lease runs out.
+- `hand_over` gives the new host the dead host's jobs: their files again, their kits
+  (`handover`), and, when the new host's ledger does not know a job (the dead host's ledger
+  died with it; no `ledger.url`), the job's rows rebuilt from the kit and its running nodes
+  (`control.rebuild`). Its orch then adopts each job on its nodes. A job that cannot be
+  driven (no kit, or no node left running) is reported `lost`; its nodes, if any, end when
+  their guards' budget lease runs out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,51 +115,93 @@ def retire_dead(settings: Settings, record: HostRecord, health: Health) -> dict[
     return done
 
 
-def hand_over_kept(settings: Settings, job_ids: list[str]) -> dict[str, Any]:
+def hand_over_kept(
+    settings: Settings, job_ids: list[str], say: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Hand `job_ids` over to this ORCH_HOME's (new) host: they are remembered as its jobs,
-    so that `orch status|logs|cancel JOB` ask it, and `hand_over` gives it their kits."""
+    so that `orch status|logs|cancel JOB` ask it, and `hand_over` gives it their kits and
+    files. `say` gets a line for each step that takes time."""
     record = records.require(settings.home)
     jobs = list(dict.fromkeys([*record.jobs, *job_ids]))
     records.save(settings.home, dataclasses.replace(record, jobs=jobs))
     session = HostSession(settings.home, record)
     try:
-        return hand_over(session, settings.home, job_ids)
+        return hand_over(session, settings.home, job_ids, say)
     finally:
         session.close()
 
 
-def hand_over(session: HostSession, home: Path, job_ids: list[str]) -> dict[str, Any]:
-    """Give the new host of `session` the kits of `job_ids` and let its orch adopt them.
+def hand_over(
+    session: HostSession,
+    home: Path,
+    job_ids: list[str],
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Give the new host of `session` what driving `job_ids` takes, and let its orch adopt them.
+
+    For each job: its workdir and data sources, sent again from this machine (`handover.resend`),
+    and its kit; then the host writes into its ledger each job it does not know, from the kit
+    and the job's running nodes (`orch controller rebuild`, `control.rebuild`): without a team
+    ledger, the dead host's ledger died with it. The next listing there gives each such job a
+    controller, which adopts it on its nodes.
 
     Returns `handed_over` (unfinished jobs its ledger shows: it drives them, or will once the
-    dead host's controller lease has expired), `ended` (jobs its ledger shows finished),
-    `lost` ({id: why}: jobs it cannot drive) and `notes` (what its orch said about them)."""
+    dead host's controller lease has expired), `rebuilt` (those of them rebuilt from their
+    nodes), `ended` (jobs its ledger shows finished), `lost` ({id: why}: jobs it cannot drive)
+    and `notes` (what its orch said about them, and files that could not be sent again)."""
+    notes: list[str] = []
+    for job_id in job_ids:
+        if handover.kit_dir(home, job_id).is_dir():
+            why = handover.resend(session, home, job_id, say)
+            if why is not None:
+                notes.append(f"job {job_id}: a replacement node cannot get its files: {why}")
     sent = set(handover.push(session, home, job_ids))
+    rebuilt: dict[str, dict[str, str]] = {}
+    if sent:
+        say(f"rebuilding {len(sent)} job(s) from their running nodes on the new host")
+        answer = session.run(
+            orch_command(session.layout, ["controller", "rebuild", "--json", *sorted(sent)]),
+            check=False,
+        )
+        try:
+            rebuilt = dict(json.loads(answer.stdout)["jobs"])
+        except (ValueError, KeyError, TypeError):
+            notes.append(f"the new host could not rebuild jobs: {answer.stderr.strip()[-500:]}")
     listing = session.run(orch_command(session.layout, ["status", "--json"]), check=False)
     try:
         jobs = {str(j["id"]): str(j["state"]) for j in json.loads(listing.stdout)["jobs"]}
     except (ValueError, KeyError, TypeError):
         jobs = {}
-    report: dict[str, Any] = {"handed_over": [], "ended": [], "lost": {}, "notes": []}
+    report: dict[str, Any] = {"handed_over": [], "rebuilt": [], "ended": [], "lost": {},
+                              "notes": notes}  # fmt: skip
     for job_id in job_ids:
         state = jobs.get(job_id)
+        result = rebuilt.get(job_id, {})
         if state is None:
-            report["lost"][job_id] = (
-                "the new host's ledger does not know it: the dead host's ledger died with it "
-                "(set ledger.url, a team database, so that jobs outlive their host)"
-            )
+            report["lost"][job_id] = _why_unknown(result, sent=job_id in sent)
         elif _final(state):
             report["ended"].append(job_id)
         elif job_id not in sent:
             report["lost"][job_id] = "this ORCH_HOME kept no hand-over kit of it"
         else:
             report["handed_over"].append(job_id)
-    report["notes"] = [
+            if result.get("status") == "rebuilt":
+                report["rebuilt"].append(job_id)
+    notes += [
         line.strip()
         for line in listing.stderr.splitlines()
         if any(job_id in line for job_id in job_ids)
     ]
     return report
+
+
+def _why_unknown(result: dict[str, str], *, sent: bool) -> str:
+    """Why the new host's ledger does not know a handed-over job."""
+    if result.get("status") == "lost":
+        return result.get("detail") or "it could not be rebuilt from its nodes"
+    if not sent:
+        return "this ORCH_HOME kept no hand-over kit of it"
+    return "the new host's ledger does not know it"
 
 
 def _final(state: str) -> bool:

@@ -80,3 +80,17 @@ def host_spec(spec: dict[str, Any], submission: str) -> dict[str, Any]:
     if not moved["data"]:
         moved.pop("data")
     return moved
+
+
+def moved_record(document: Any, old_folder: str, new_folder: str) -> Any:
+    """A job record (`job.json`) with every path under the host's submission folder
+    `old_folder` moved under `new_folder` (the same submission on a new host)."""
+    if isinstance(document, dict):
+        return {key: moved_record(value, old_folder, new_folder) for key, value in document.items()}
+    if isinstance(document, list):
+        return [moved_record(value, old_folder, new_folder) for value in document]
+    if isinstance(document, str) and (
+        document == old_folder or document.startswith(old_folder.rstrip("/") + "/")
+    ):
+        return new_folder.rstrip("/") + document[len(old_folder.rstrip("/")) :]
+    return document

@@ -8,7 +8,9 @@ import base64
 import dataclasses
 import io
 import json
+import os
 import stat
+import sys
 import tarfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,13 +77,30 @@ def test_a_kit_with_a_path_out_of_its_folder_is_refused(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("escaped"))
 
 
-def test_a_loopback_host_keeps_its_nodes_where_this_machine_does() -> None:
+def test_a_loopback_host_keeps_its_nodes_and_their_software_where_this_machine_does() -> None:
     environ = {"ORCH_HOME": "/laptop", "ORCH_LOCAL_ROOT": "/r", "ORCH_WATCH_INTERVAL": "1"}
     assert host_environment(environ, Path("/cloud")) == {
         "ORCH_WATCH_INTERVAL": "1",
         "ORCH_LOCAL_ROOT": "/cloud",
+        "ORCH_LOCAL_NODE_VENV": sys.prefix,  # not the host's venv, which dies with it
         "ORCH_LOCAL_NETWORK": "loopback",
     }
+    assert (
+        host_environment({"ORCH_LOCAL_NODE_VENV": "/v"}, Path("/cloud"))["ORCH_LOCAL_NODE_VENV"]
+        == "/v"
+    )
+    assert "ORCH_LOCAL_NODE_VENV" not in host_environment({})  # the host's own nodes
+
+
+def test_local_nodes_run_the_venv_the_settings_name(tmp_path: Path) -> None:
+    from orchestrator.providers.local.provider import LocalProvider
+
+    default = LocalProvider(load_settings({"ORCH_HOME": str(tmp_path)}))
+    assert default._node_venv_bin() == Path(sys.prefix) / "bin"
+    named = LocalProvider(
+        load_settings({"ORCH_HOME": str(tmp_path), "ORCH_LOCAL_NODE_VENV": "/opt/venv"})
+    )
+    assert named._node_venv_bin() == Path("/opt/venv/bin")
 
 
 def test_a_launched_host_whose_node_is_gone_is_dead_and_retired(tmp_path: Path) -> None:
@@ -111,3 +130,37 @@ def test_a_dead_host_is_forgotten_before_a_new_one_comes_up(tmp_path: Path) -> N
     assert done["jobs"] == [JOB] and done["terminated"] == IID
     assert "is gone" in done["reason"]
     assert records.load(tmp_path) is None
+
+
+def test_a_moved_kit_record_points_at_the_new_hosts_copy_and_keeps_its_time(
+    tmp_path: Path,
+) -> None:
+    old, new = "/old/.orch-host/submissions/ab12", "/new/.orch-host/submissions/ab12"
+    record = {
+        "spec": {"workdir": f"{old}/work"}, "source": f"{old}/job.yaml",
+        "workdir": f"{old}/work", "base_dir": old, "data_sources": [f"{old}/data/0"],
+    }  # fmt: skip
+    handover._unpack(_packed({f"jobs/{JOB}/job.json": json.dumps(record)}),
+                     handover.kit_dir(tmp_path, JOB))  # fmt: skip
+    path = handover.kit_dir(tmp_path, JOB) / f"jobs/{JOB}/job.json"
+    submitted = datetime(2026, 12, 5, 22, 0, tzinfo=UTC).timestamp()
+    os.utime(path, (submitted, submitted))
+    assert handover.load_submission(tmp_path, JOB) is None
+    handover.move_record(tmp_path, JOB, new)  # no submission kept: nothing to move
+    assert json.loads(path.read_text()) == record
+
+    kept = handover.Submission(old, "/laptop/work", ["/laptop/data.bin"])
+    handover.save_submission(tmp_path, JOB, kept)
+    assert handover.load_submission(tmp_path, JOB) == kept
+    handover.move_record(tmp_path, JOB, new)
+
+    moved = json.loads(path.read_text())
+    assert moved["workdir"] == f"{new}/work" and moved["data_sources"] == [f"{new}/data/0"]
+    assert moved["spec"]["workdir"] == f"{new}/work" and moved["base_dir"] == new
+    assert path.stat().st_mtime == submitted  # a rebuilding host reads the submit time here
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert handover.load_submission(tmp_path, JOB) == dataclasses.replace(kept, folder=new)
+    assert handover.kit_files(JOB) == [
+        f"jobs/{JOB}/job.json", f"jobs/{JOB}/env.json",
+        f"keys/{JOB}/id_ed25519", f"keys/{JOB}/id_ed25519.pub",
+    ]  # the submission is never sent to a host  # fmt: skip

@@ -10,7 +10,13 @@ import pytest
 from orchestrator.errors import SpecError
 from orchestrator.host.listing import merged_jobs, merged_total
 from orchestrator.host.remote_jobs import two_hop_forwards
-from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.host.submission import (
+    host_spec,
+    moved_record,
+    secrets_file_text,
+    spec_secrets,
+    split_args,
+)
 from orchestrator.remote.shell import parse_forward
 
 
@@ -84,3 +90,26 @@ def test_lists_here_add_the_hosts_rows_of_jobs_submitted_from_here() -> None:
     assert rows == [{"id": "a", "spend_usd": 1.25},
                     {"id": "b", "spend_usd": 0.1, "controller_host": "root@10.0.0.5"}]  # fmt: skip
     assert merged_total(1.25, remote, ["b"]) == 1.35  # exact decimals, a number at the edge
+
+
+def test_a_record_moved_to_a_new_hosts_folder_points_only_its_own_paths_there() -> None:
+    old, new = "/x/.orch-host/submissions/ab12", "/y/.orch-host/submissions/ab12"
+    record = {
+        "spec": {"workdir": f"{old}/work", "data": [{"src": f"{old}/data/0", "dst": "/data"}],
+                 "run": "python train.py"},
+        "source": f"{old}/job.yaml",
+        "workdir": f"{old}/work",
+        "data_sources": [f"{old}/data/0"],
+        "base_dir": old,
+    }  # fmt: skip
+    moved = moved_record(record, old, new)
+    assert moved == {
+        "spec": {"workdir": f"{new}/work", "data": [{"src": f"{new}/data/0", "dst": "/data"}],
+                 "run": "python train.py"},
+        "source": f"{new}/job.yaml",
+        "workdir": f"{new}/work",
+        "data_sources": [f"{new}/data/0"],
+        "base_dir": new,
+    }  # fmt: skip
+    # A sibling folder that only starts with the same characters is not the submission's.
+    assert moved_record({"w": f"{old}0/work"}, old, new) == {"w": f"{old}0/work"}
