@@ -1,8 +1,10 @@
 """`orch controller up --provider aws` on `orch sandbox aws`: the host is an EC2 instance of
 the sandbox with the controller host's instance profile; a job submitted with `--remote` is
 launched by the host's orch through the sandbox's EC2 with the credentials the host's metadata
-endpoint serves (the laptop's keys never reach it), and succeeds; `orch controller down`
-terminates the host and closes its bill line, and nothing is left."""
+endpoint serves (the laptop's keys never reach it). The host is then terminated mid-job, its
+own SQLite ledger with it: `orch controller up` launches a new host, which rebuilds the job from
+the laptop's kit and the nodes' EC2 tags and adopts it on the same two nodes; it succeeds.
+`orch controller down` terminates the new host and closes its bill line, and nothing is left."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.e2e
 
 PROFILE = "orch-controller"
+STEPS = 24
 # The laptop's own AWS credentials: any value does for the sandbox, and none may reach the host.
 LAPTOP_KEYS = {
     "AWS_ACCESS_KEY_ID": "AKIALAPTOP7Q2W",
@@ -117,7 +120,7 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     counter_workdir(tmp_path)
     spec.write_text(
         "name: host-aws\nworkdir: work\nresources: {nodes: 2, gpus_per_node: 1}\n"
-        f"run: {counter_run(3, step_s=0.2)}\n"
+        f"run: {counter_run(STEPS, step_s=0.5)}\n"
     )
     submitted = run_orch(
         ["submit", str(spec), "--remote", "--provider", "aws", "--no-spot", "--yes"],
@@ -128,21 +131,15 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
 
     seen: list[str] = []
 
-    def finished() -> dict | None:
+    def job_now() -> dict:
         for value in LAPTOP_KEYS.values():
             seen.extend(cmdlines_with(value))
         result = run_orch(["status", job_id, "--json"], env, timeout=60)
         assert result.returncode == 0, result.stderr
-        job = json.loads(result.stdout)
-        return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+        return json.loads(result.stdout)
 
-    job = wait_until(finished, f"{job_id} ends on the host", timeout=150, interval=1)
-    assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
-    assert job["provider"] == "aws" and job["step"] == 3
-    nodes = [i for r in ec2.describe_instances(
-        Filters=[{"Name": "tag:orch-job", "Values": [job_id]}])["Reservations"]
-        for i in r["Instances"]]  # fmt: skip
-    assert len(nodes) == 2 and all(n["State"]["Name"] == "terminated" for n in nodes), nodes
+    wait_until(lambda: (job_now()["step"] or 0) >= 2, f"{job_id} trains on the host", 150,
+               interval=1)  # fmt: skip
 
     # No laptop secret in the host's env file, its logs and ledger, or any process's argv.
     disk = sandbox.state_dir / "hosts" / host_id / "disk"
@@ -154,7 +151,44 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
         data = path.read_bytes()
         for value in LAPTOP_KEYS.values():
             assert value.encode() not in data, f"{value} is in the host's {path}"
+
+    def job_nodes() -> list[dict]:
+        found = ec2.describe_instances(Filters=[{"Name": "tag:orch-job", "Values": [job_id]}])
+        return [i for r in found["Reservations"] for i in r["Instances"]]
+
+    nodes = {n["InstanceId"] for n in job_nodes()}
+    assert len(nodes) == 2, nodes
+
+    # The host dies mid-job, its own ledger with it; the next `up` replaces it.
+    ec2.terminate_instances(InstanceIds=[host_id])
+    again = run_orch(
+        ["controller", "up", "--provider", "aws", "--instance-type", host_type,
+         "--autostop", "0", "--json"],
+        env, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr + sandbox.output[-3000:]
+    replaced = json.loads(again.stdout)
+    assert replaced["replaced"]["terminated"] == host_id, replaced
+    assert replaced["rebuilt"] == [job_id] and replaced["lost"] == {}, replaced
+    new_host = replaced["instance_id"]
+    assert new_host != host_id
+
+    def finished() -> dict | None:
+        job = job_now()
+        return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    job = wait_until(finished, f"{job_id} ends on the new host", timeout=180, interval=1)
+    assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
+    assert job["provider"] == "aws" and job["step"] == STEPS and job["recoveries"] == 0, job
+    kinds = [event["kind"] for event in job["events"]]
+    assert kinds[:2] == ["REBUILT", "ADOPTED"], kinds
+    # The same two nodes, rebuilt from their tags: no second cluster, none left running.
+    assert {lease["instance_id"] for lease in job["leases"]} == nodes, job["leases"]
+    ended = job_nodes()
+    assert {n["InstanceId"] for n in ended} == nodes, ended
+    assert all(n["State"]["Name"] == "terminated" for n in ended), ended
     assert seen == [], "a laptop secret appeared in a process's arguments"
+    host_id = new_host
 
     down = run_orch(["controller", "down", "--json"], env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -169,5 +203,8 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
         (lease,) = db.exec(select(HostLease).where(HostLease.instance_id == host_id)).all()
     assert lease.provider == "aws" and lease.ended_at is not None
     assert lease.price_per_hour == Decimal(on_demand[0]["on_demand"])
+    with Session(make_engine(home / "orch.db")) as db:
+        hosts = db.exec(select(HostLease)).all()
+    assert len(hosts) == 2 and all(h.ended_at is not None for h in hosts), hosts
     assert client.status()["hosts"] == []
     assert not sandbox_namespaces()

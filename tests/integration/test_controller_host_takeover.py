@@ -19,102 +19,57 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_settings
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.local.host import pids_with_marker
-from orchestrator.providers.local.provider import LocalProvider
-from tests.support.helpers import (
-    counter_run,
-    counter_workdir,
-    fast_env,
-    processes_with_marker,
-    run_orch,
-)
-from tests.support.waiting import wait_until
+from tests.support.controller_host import Laptop, loopback_laptop
+from tests.support.helpers import processes_with_marker
 
 
 @dataclass
-class Laptop:
-    env: dict[str, str]
-    ledger: Ledger
-    provider: LocalProvider
-
-    def orch(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
-        done = run_orch(list(args), self.env, timeout=timeout)
-        return done.returncode, done.stdout, done.stderr
-
-    def job(self, job_id: str) -> dict:
-        code, out, err = self.orch("status", job_id, "--json", timeout=60)
-        assert code == 0, err
-        return json.loads(out)
+class TeamLaptop:
+    laptop: Laptop
+    ledger: Ledger  # the team database both hosts use
 
 
 @pytest.fixture
-def laptop(tmp_path: Path) -> Iterator[Laptop]:
-    env = fast_env(
-        tmp_path / "orch",
-        ORCH_HOST_TICK="1",
-        ORCH_LOCAL_NETWORK="loopback",
-        ORCH_DATABASE_URL=f"sqlite:///{tmp_path / 'team.db'}",
-        ORCH_CONTROLLER_LEASE="3",
-        ORCH_LEASE_RENEWAL="1",
-    )
-    engine = make_engine(env["ORCH_DATABASE_URL"])
-    provider = LocalProvider(load_settings(env))
-    try:
-        yield Laptop(env, Ledger(engine), provider)
-    finally:
-        run_orch(["controller", "down", "--force"], env, timeout=120)
-        left = provider.list_owned()
-        provider.terminate([i.instance_id for i in left])  # whatever the test left running
-        engine.dispose()
+def team(tmp_path: Path) -> Iterator[TeamLaptop]:
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    with loopback_laptop(
+        tmp_path, ORCH_DATABASE_URL=url, ORCH_CONTROLLER_LEASE="3", ORCH_LEASE_RENEWAL="1"
+    ) as laptop:
+        engine = make_engine(url)
+        try:
+            yield TeamLaptop(laptop, Ledger(engine))
+        finally:
+            engine.dispose()
 
 
 def test_a_killed_host_is_replaced_and_the_new_host_adopts_its_job(
-    tmp_path: Path, laptop: Laptop
+    tmp_path: Path, team: TeamLaptop
 ) -> None:
-    code, out, err = laptop.orch("controller", "up", "--provider", "local", "--autostop", "0",
-                                 "--json")  # fmt: skip
-    assert code == 0, out + err
-    old_host = json.loads(out)["instance_id"]
-
-    counter_workdir(tmp_path)
-    spec = tmp_path / "job.yaml"
-    spec.write_text(
-        "name: outlives-its-host\nworkdir: work\nresources: {nodes: 1, gpus_per_node: 1}\n"
-        f"run: {counter_run(50, step_s=0.5)}\n"
-    )
-    code, out, err = laptop.orch("submit", str(spec), "--remote")
-    assert code == 0, out + err
-    job_id = out.strip().splitlines()[-1]
-    wait_until(
-        lambda: (laptop.job(job_id)["step"] or 0) >= 2, f"{job_id} to train", 60, interval=0.5
-    )
-    nodes = [lease.instance_id for lease in laptop.ledger.leases(job_id)]
+    laptop = team.laptop
+    old_host = laptop.host_up("--provider", "local")["instance_id"]
+    job_id = laptop.submit_counter(tmp_path, "outlives-its-host", nodes=1, steps=50)
+    nodes = [lease.instance_id for lease in team.ledger.leases(job_id)]
     assert len(nodes) == 1, nodes
 
     killed = laptop.provider.terminate([old_host])  # the host dies, its ORCH_HOME with it
     assert pids_with_marker(old_host) == set(), "the host lives on"
     assert processes_with_marker(nodes[0]), "the job's node went with the host"
 
-    code, out, err = laptop.orch("controller", "up", "--autostop", "0", "--json")
-    assert code == 0, out + err
-    assert "is dead: its node" in err, err
-    document = json.loads(out)
+    document = laptop.host_up()
+    assert "is dead: its node" in document["stderr"], document
     new_host = document["instance_id"]
     assert new_host != old_host and document["replaced"]["terminated"] == old_host, document
     assert document["handed_over"] == [job_id] and document["lost"] == {}, document
+    assert document["rebuilt"] == [], document  # the team database kept its rows
 
-    def ended() -> dict | None:
-        job = laptop.job(job_id)
-        return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
-
-    job = wait_until(ended, f"{job_id} to end on the new host", 90, interval=1)
+    job = laptop.wait_end(job_id, 90)
     assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
     assert job["step"] == 50 and job["recoveries"] == 0, job
-    assert [lease.instance_id for lease in laptop.ledger.leases(job_id)] == nodes  # one cluster
-    assert laptop.ledger.leases(job_id, open_only=True) == []
-    kinds = [event.kind for event in laptop.ledger.events(job_id)]
+    assert [lease.instance_id for lease in team.ledger.leases(job_id)] == nodes  # one cluster
+    assert team.ledger.leases(job_id, open_only=True) == []
+    kinds = [event.kind for event in team.ledger.events(job_id)]
     assert "LEASE_TAKEN_OVER" in kinds, kinds
 
     code, out, err = laptop.orch("controller", "down", "--json")

@@ -1,7 +1,9 @@
-"""Shared parts of the controller-host tests: a local node to adopt, and process look-ups."""
+"""Shared parts of the controller-host tests: a local node to adopt, a laptop whose hosts are
+loopback local nodes, and process look-ups."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +13,14 @@ from pathlib import Path
 from orchestrator.config import load_settings
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
-from tests.support.helpers import fast_env, processes_with_marker
+from tests.support.helpers import (
+    counter_run,
+    counter_workdir,
+    fast_env,
+    processes_with_marker,
+    run_orch,
+)
+from tests.support.waiting import wait_until
 
 
 @dataclass(frozen=True)
@@ -82,3 +91,68 @@ def node_cmdlines(instance_id: str, needle: str) -> list[str]:
         if needle.encode() in line:
             found.append(line.replace(b"\0", b" ").decode(errors="replace"))
     return found
+
+
+@dataclass
+class Laptop:
+    """The user's side of a controller-host test: its environment and the local "cloud" (the
+    provider of its local root, where a loopback host and its jobs' nodes are peers)."""
+
+    env: dict[str, str]
+    provider: LocalProvider
+
+    def orch(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
+        done = run_orch(list(args), self.env, timeout=timeout)
+        return done.returncode, done.stdout, done.stderr
+
+    def job(self, job_id: str) -> dict:
+        code, out, err = self.orch("status", job_id, "--json", timeout=60)
+        assert code == 0, err
+        return json.loads(out)
+
+    def host_up(self, *flags: str) -> dict:
+        """`orch controller up --autostop 0 --json FLAGS`; its document."""
+        code, out, err = self.orch("controller", "up", "--autostop", "0", "--json", *flags,
+                                   timeout=300)  # fmt: skip
+        assert code == 0, out + err
+        return {**json.loads(out), "stderr": err}
+
+    def submit_counter(self, directory: Path, name: str, nodes: int, steps: int) -> str:
+        """Submit a step-counter job of `nodes` nodes with `--remote`; returns its id once it
+        trains (step 2)."""
+        counter_workdir(directory)
+        spec = directory / "job.yaml"
+        spec.write_text(
+            f"name: {name}\nworkdir: work\nresources: {{nodes: {nodes}, gpus_per_node: 1}}\n"
+            f"run: {counter_run(steps, step_s=0.5)}\n"
+        )
+        code, out, err = self.orch("submit", str(spec), "--remote")
+        assert code == 0, out + err
+        job_id = out.strip().splitlines()[-1]
+        wait_until(
+            lambda: (self.job(job_id)["step"] or 0) >= 2, f"{job_id} to train", 90, interval=0.5
+        )
+        return job_id
+
+    def wait_end(self, job_id: str, timeout: float) -> dict:
+        def ended() -> dict | None:
+            job = self.job(job_id)
+            return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+        return wait_until(ended, f"{job_id} to end", timeout, interval=1)
+
+
+@contextmanager
+def loopback_laptop(directory: Path, **extra: str) -> Iterator[Laptop]:
+    """A laptop (ORCH_HOME `directory/orch`) whose launched local hosts run in loopback mode,
+    so that their jobs' nodes outlive them; on exit its host is taken down and whatever the
+    test left running in its local root is ended."""
+    env = fast_env(directory / "orch", ORCH_HOST_TICK="1", ORCH_LOCAL_NETWORK="loopback",
+                   **extra)  # fmt: skip
+    provider = LocalProvider(load_settings(env))
+    try:
+        yield Laptop(env, provider)
+    finally:
+        run_orch(["controller", "down", "--force"], env, timeout=120)
+        left = provider.list_owned()
+        provider.terminate([i.instance_id for i in left])
