@@ -3,8 +3,9 @@ by its supervisor (`layout.supervisor_script`), which starts it again if it dies
 
 Every `tick_s` it asks the host's orch for its jobs (`orch status --json`, which also gives a
 new controller to any unfinished job whose controller died) and writes its heartbeat to
-`state.json`. Its jobs are those whose record is in the host's ORCH_HOME (`own`). Once it has
-driven no unfinished job for `autostop_s` it stops: it sets the stop flag (so the supervisor
+`state.json`. Its jobs are those whose record is in the host's ORCH_HOME (`own`); while `up`
+hands a dead host's jobs over (`handing_over`) it counts as busy too. Once it has driven no
+unfinished job for `autostop_s` it stops: it sets the stop flag (so the supervisor
 does not restart it), runs the host's poweroff command when the host was launched by orch
 (billing stops when the machine is gone), and exits 0. SIGTERM (from
 `orch controller down`) ends it at once with exit 0.
@@ -28,6 +29,8 @@ from typing import Any
 
 from orchestrator.host.autostop import IdleClock, unfinished
 from orchestrator.host.layout import HostLayout
+
+HANDOVER_MAX_S = 1800.0  # a hand-over flag older than this is one that died half-way
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
@@ -58,6 +61,16 @@ def own(job_ids: list[str], home: Path) -> list[str]:
     return [job_id for job_id in job_ids if (home / "jobs" / job_id / "job.json").is_file()]
 
 
+def handing_over(flag: Path, now: float) -> bool:
+    """Whether a hand-over of a dead host's jobs is under way (`HostLayout.handover_flag`,
+    touched less than `HANDOVER_MAX_S` ago: one that died half-way keeps the host up no
+    longer)."""
+    try:
+        return now - flag.stat().st_mtime < HANDOVER_MAX_S
+    except OSError:
+        return False
+
+
 def _log(message: str) -> None:
     sys.stdout.write(f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {message}\n")
     sys.stdout.flush()
@@ -79,7 +92,7 @@ def run(root: Path) -> int:
         now = time.time()
         if jobs is not None:
             known = own(unfinished(jobs), Path(layout.home))
-            clock = clock.tick(now, len(known))
+            clock = clock.tick(now, len(known) + handing_over(Path(layout.handover_flag), now))
         remaining = clock.remaining(now)
         stopping = clock.should_stop(now)
         _write_json(

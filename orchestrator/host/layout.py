@@ -101,6 +101,12 @@ class HostLayout:
     def stop_flag(self) -> str:
         return self.path("stop")
 
+    @property
+    def handover_flag(self) -> str:
+        """Present while `orch controller up` hands a dead host's jobs over (the daemon is
+        not idle then: the jobs reach its ledger only at the end)."""
+        return self.path("handing-over")
+
     def submission(self, token: str) -> str:
         return self.path(f"submissions/{token}")
 

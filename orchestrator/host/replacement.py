@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -149,6 +150,17 @@ def hand_over(
     dead host's controller lease has expired), `rebuilt` (those of them rebuilt from their
     nodes), `ended` (jobs its ledger shows finished), `lost` ({id: why}: jobs it cannot drive)
     and `notes` (what its orch said about them, and files that could not be sent again)."""
+    flag = shlex.quote(session.layout.handover_flag)
+    session.run(f"touch {flag}")  # the host is not idle meanwhile: no autostop mid-way
+    try:
+        return _hand_over(session, home, job_ids, say)
+    finally:
+        session.run(f"rm -f {flag}", check=False)
+
+
+def _hand_over(
+    session: HostSession, home: Path, job_ids: list[str], say: Callable[[str], None]
+) -> dict[str, Any]:
     notes: list[str] = []
     for job_id in job_ids:
         if handover.kit_dir(home, job_id).is_dir():

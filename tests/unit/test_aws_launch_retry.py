@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
-from orchestrator.providers.aws.launch import CAPACITY_CODES, launch_backoff_s, launch_retryable
+from orchestrator.providers.aws.launch import (
+    CAPACITY_CODES,
+    launch_backoff_s,
+    launch_retryable,
+    transition_time,
+)
 
 
 @pytest.mark.parametrize("code", sorted(CAPACITY_CODES))
@@ -35,3 +42,10 @@ def test_backoff_doubles_is_capped_and_jittered() -> None:
     assert [launch_backoff_s(n, 1.0) for n in range(1, 8)] == [1, 2, 4, 8, 16, 20, 20]
     assert launch_backoff_s(3, 0.5) == 2.0
     assert launch_backoff_s(1, 0.0) == 0.0
+
+
+def test_the_time_of_a_state_transition_is_read_as_ec2_and_moto_write_it() -> None:
+    at = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
+    assert transition_time("User initiated (2026-12-02 04:00:00 GMT)") == at
+    assert transition_time("User initiated (2026-12-02 04:00:00 UTC)") == at
+    assert transition_time("Client.InstanceInitiatedShutdown: Instance initiated shutdown") is None

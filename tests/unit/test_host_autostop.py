@@ -3,12 +3,13 @@ stops (`IdleClock`, a pure value: every step is a new clock)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from orchestrator.host.autostop import IdleClock, unfinished
-from orchestrator.host.daemon import own
+from orchestrator.host.daemon import HANDOVER_MAX_S, handing_over, own
 from orchestrator.job_state import FINAL_STATES, JobState
 
 
@@ -73,3 +74,16 @@ def test_the_host_drives_only_the_jobs_whose_record_it_holds(tmp_path: Path) -> 
     (tmp_path / "jobs" / "j-mine").mkdir(parents=True)
     (tmp_path / "jobs" / "j-mine" / "job.json").write_text("{}")
     assert own(["j-mine", "j-teammate"], tmp_path) == ["j-mine"]
+
+
+def test_a_hand_over_under_way_keeps_the_host_busy_until_it_ends_or_grows_stale(
+    tmp_path: Path,
+) -> None:
+    flag = tmp_path / "handing-over"
+    assert not handing_over(flag, 1000.0)
+    flag.touch()
+    os.utime(flag, (1000.0, 1000.0))
+    assert handing_over(flag, 1000.0 + 60)
+    assert not handing_over(flag, 1000.0 + HANDOVER_MAX_S)  # a hand-over that died half-way
+    clock = IdleClock(3.0, None).tick(1060.0, 0 + handing_over(flag, 1060.0))
+    assert clock.remaining(1100.0) is None  # busy: the idle time has not started

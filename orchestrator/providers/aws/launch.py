@@ -372,12 +372,12 @@ def read_tf_outputs(path: Path) -> TerraformOutputs:
     )
 
 
-_TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) GMT\)")
+_TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
 
 
 def transition_time(reason: str) -> datetime | None:
     """The UTC time in an EC2 `StateTransitionReason` ("User initiated (2026-12-02 04:00:00
-    GMT)"), or None when it states none."""
+    GMT)"; "... UTC)" from moto, which the sandbox runs), or None when it states none."""
     found = _TRANSITION_TIME.search(reason)
     if found is None:
         return None
