@@ -4,7 +4,8 @@ launched by the host's orch through the sandbox's EC2 with the credentials the h
 endpoint serves (the laptop's keys never reach it). The host is then terminated mid-job, its
 own SQLite ledger with it: `orch controller up` launches a new host, which rebuilds the job from
 the laptop's kit and the nodes' EC2 tags and adopts it on the same two nodes; it succeeds.
-`orch controller down` terminates the new host and closes its bill line, and nothing is left."""
+With no job left, the new host shuts itself down after its autostop (EC2 ends it), both host
+lines of the bill are closed, and nothing is left."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 PROFILE = "orch-controller"
 STEPS = 24
+AUTOSTOP_S = 5
 # The laptop's own AWS credentials: any value does for the sandbox, and none may reach the host.
 LAPTOP_KEYS = {
     "AWS_ACCESS_KEY_ID": "AKIALAPTOP7Q2W",
@@ -159,11 +161,12 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     nodes = {n["InstanceId"] for n in job_nodes()}
     assert len(nodes) == 2, nodes
 
-    # The host dies mid-job, its own ledger with it; the next `up` replaces it.
+    # The host dies mid-job, its own ledger with it; the next `up` replaces it, with an
+    # autostop shorter than the hand-over may take (the host is busy while it lasts).
     ec2.terminate_instances(InstanceIds=[host_id])
     again = run_orch(
         ["controller", "up", "--provider", "aws", "--instance-type", host_type,
-         "--autostop", "0", "--json"],
+         "--autostop", f"{AUTOSTOP_S}s", "--json"],
         env, timeout=300,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr + sandbox.output[-3000:]
@@ -190,12 +193,21 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     assert seen == [], "a laptop secret appeared in a process's arguments"
     host_id = new_host
 
+    # Once it has no job to drive, the new host shuts itself down: EC2 ends it.
+    def self_ended() -> dict | None:
+        (found,) = ec2.describe_instances(InstanceIds=[host_id])["Reservations"][0]["Instances"]
+        return found if found["State"]["Name"] in ("shutting-down", "terminated") else None
+
+    ended_host = wait_until(self_ended, "the idle host to end itself", AUTOSTOP_S + 60,
+                            interval=1)  # fmt: skip
+    assert ended_host["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown", ended_host
+    status = run_orch(["controller", "status", "--json"], env, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["billing_stopped_at"], status.stdout
     down = run_orch(["controller", "down", "--json"], env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     done = json.loads(down.stdout)
     assert done["terminated"] == host_id and done["billing_stopped_at"]
-    state = ec2.describe_instances(InstanceIds=[host_id])["Reservations"][0]["Instances"][0]
-    assert state["State"]["Name"] in ("shutting-down", "terminated")
 
     from sqlmodel import Session, select
 
