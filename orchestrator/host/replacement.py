@@ -164,7 +164,10 @@ def _hand_over(
     notes: list[str] = []
     for job_id in job_ids:
         if handover.kit_dir(home, job_id).is_dir():
-            why = handover.resend(session, home, job_id, say)
+            try:
+                why = handover.resend(session, home, job_id, say)
+            except OrchError as exc:  # the job is handed over all the same
+                why = f"sending them failed: {exc.message}"
             if why is not None:
                 notes.append(f"job {job_id}: a replacement node cannot get its files: {why}")
     sent = set(handover.push(session, home, job_ids))

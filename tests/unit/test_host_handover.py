@@ -14,6 +14,7 @@ import sys
 import tarfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -164,3 +165,19 @@ def test_a_moved_kit_record_points_at_the_new_hosts_copy_and_keeps_its_time(
         f"jobs/{JOB}/job.json", f"jobs/{JOB}/env.json",
         f"keys/{JOB}/id_ed25519", f"keys/{JOB}/id_ed25519.pub",
     ]  # the submission is never sent to a host  # fmt: skip
+
+
+def test_files_gone_from_this_machine_are_said_and_nothing_is_sent(tmp_path: Path) -> None:
+    no_host = cast(Any, None)  # nothing may be sent: any use of the session would fail
+    assert handover.resend(no_host, tmp_path, JOB) == (
+        "this ORCH_HOME kept no record of where its workdir is"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    gone = tmp_path / "data.bin"
+    handover.save_submission(
+        tmp_path, JOB, handover.Submission("/h/submissions/ab12", str(work), [str(gone)])
+    )
+    assert handover.resend(no_host, tmp_path, JOB) == (
+        f"its files are gone from this machine: {gone}"
+    )
