@@ -5,27 +5,42 @@ reads one small file more and imports nothing else."""
 from __future__ import annotations
 
 import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 
 def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | None:
     """The host's `orch COMMAND --json` document's jobs, the ids submitted from here and the
     host's address, for `orch status` and `orch cost` to list the jobs that live there; None
-    without a host or such jobs. A host that does not answer is said on stderr (its jobs are
-    then missing from the list, never silently)."""
-    from orchestrator.cli.context import orch_home
-    from orchestrator.host.record import load
+    without a host or such jobs.
 
-    record = load(orch_home())  # one small file: a command without a host pays no more
+    The host's last answer is kept (`controller-host/listing-COMMAND.json`). When it shows
+    every such job finished, it is the answer, and the host is not asked: a host that powered
+    itself off after its last job costs no SSH timeout. A host that does not answer is said
+    on stderr, and its last answer is shown, with its time; without one its jobs are missing
+    from the list, never silently."""
+    from orchestrator.cli.context import orch_home
+    from orchestrator.host.record import host_dir, load
+
+    home = orch_home()
+    record = load(home)  # one small file: a command without a host pays no more
     if record is None or not record.jobs:
         return None
+    from orchestrator.host.listing import all_final
+
+    where = f"{record.user}@{record.host}"
+    kept_path = host_dir(home) / f"listing-{command}.json"
+    kept = _kept(kept_path)
+    if kept is not None and all_final(kept["jobs"], record.jobs):
+        return kept["jobs"], record.jobs, where
     from orchestrator.cli.context import load_settings
     from orchestrator.cli.output import make_console
     from orchestrator.errors import OrchError
     from orchestrator.host.remote_jobs import ask
 
     settings = load_settings()
-    where = f"{record.user}@{record.host}"
     try:
         result = ask(settings, [command, "--json"], timeout=60)
         jobs = json.loads(result.stdout)["jobs"] if result.ok else None
@@ -34,12 +49,33 @@ def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | Non
         why = str(exc)
     else:
         why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
-    if jobs is None:
-        make_console(stderr=True).print(
-            f"[orch] the controller host {where} did not answer ({why}): its "
-            f"{len(record.jobs)} job(s) are not listed",
-            highlight=False,
-            markup=False,
-        )
+    if jobs is not None:
+        wanted = set(record.jobs)
+        _keep(kept_path, [row for row in jobs if row.get("id") in wanted])
+        return jobs, record.jobs, where
+    said = f"[orch] the controller host {where} did not answer ({why}): "
+    if kept is not None:
+        said += f"its {len(record.jobs)} job(s) as it listed them at {kept['at']}"
+    else:
+        said += f"its {len(record.jobs)} job(s) are not listed"
+    make_console(stderr=True).print(said, highlight=False, markup=False)
+    return None if kept is None else (kept["jobs"], record.jobs, where)
+
+
+def _kept(path: Path) -> dict[str, Any] | None:
+    try:
+        document = json.loads(path.read_text())
+        return {"at": str(document["at"]), "jobs": list(document["jobs"])}
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return jobs, record.jobs, where
+
+
+def _keep(path: Path, jobs: list[dict[str, Any]]) -> None:
+    """Keep the host's answer (written whole or not at all)."""
+    document = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "jobs": jobs}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(document))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import Decimal
 
+from orchestrator.job_state import JobState
+
 
 def merged_jobs(
     local: list[dict], remote: list[dict], ids: Sequence[str], where: str
@@ -31,3 +33,17 @@ def merged_total(local_total: float, remote: list[dict], ids: Sequence[str]) -> 
         if row.get("id") in wanted:
             total += Decimal(str(row.get("spend_usd") or 0))
     return float(total)
+
+
+def all_final(rows: list[dict], ids: Sequence[str]) -> bool:
+    """Whether `rows` (a host's answer kept from before) hold every job of `ids` in a final
+    state: a final row never changes, so the host need not be asked again. Pure."""
+    states = {row.get("id"): row.get("state") for row in rows}
+    return all(_final(states.get(job_id)) for job_id in ids)
+
+
+def _final(state: object) -> bool:
+    try:
+        return JobState(str(state)).is_final
+    except ValueError:
+        return False
