@@ -1,0 +1,155 @@
+"""`orch status` and `orch cost`: the list views of the ledger's jobs (and of those a controller
+host drives for this machine), and one job's detail. Without a job id they read the ledger's
+read-only view when they can: no SQLModel, no configuration models, no SSH without a host."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchestrator.cli.context import load_settings, open_ledger
+from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
+from orchestrator.cli.kept import kept_clusters
+from orchestrator.cli.output import make_console, print_json
+
+
+def status_command(
+    job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
+    json_out: JsonFlag = False,
+    watch: Annotated[bool, typer.Option("--watch", help="live view until the job ends")] = False,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval",
+            parser=duration,
+            metavar=DURATION_METAVAR,
+            help="time between --watch refreshes (2, 5s) [2s]",
+        ),
+    ] = None,
+) -> None:
+    """Show jobs, or one job with its leases, checkpoints and events (--watch: live).
+
+    Without JOB_ID: the newest 50 jobs and every older unfinished one, and how many older
+    finished jobs are not listed (`orch cost` lists every job)."""
+    if job_id is None and not watch and interval is None and _status_from_view(json_out):
+        return
+    from orchestrator.cli.console import job_detail
+    from orchestrator.ledger.measures import utcnow
+    from orchestrator.ledger.view import EngineView
+    from orchestrator.report.documents import job_document, status_list
+
+    settings = load_settings()
+    ledger = open_ledger(settings)
+    console = make_console()
+    if watch or interval is not None:
+        from orchestrator.cli.live import watch_command
+
+        watch_command(
+            settings, ledger, console, job_id, watch=watch, json_out=json_out, interval=interval
+        )
+        return
+    if job_id:
+        document = job_document(ledger, settings, ledger.get_job(job_id))
+        if json_out:
+            print_json(document)
+        else:
+            for renderable in job_detail(document):
+                console.print(renderable)
+        return
+    with EngineView(ledger.engine) as view:  # rows, not a model object per job
+        jobs, hidden = status_list(view, view.job_states(), settings.home, utcnow())
+    _print_status(jobs, kept_clusters(settings, ledger), hidden, json_out)
+
+
+def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out: bool) -> None:
+    """`orch status`'s list of jobs and kept clusters, and how many finished jobs it left
+    out (`status_list`)."""
+    jobs = _with_host_jobs(jobs, "status")
+    if json_out:
+        print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
+        return
+    from orchestrator.cli.console import clusters_table, jobs_table
+
+    console = make_console()
+    console.print(jobs_table(jobs))
+    if hidden:
+        console.print(
+            f"{hidden} older finished job(s) not listed: `orch status JOB` shows one, "
+            "`orch cost` lists every job",
+            highlight=False,
+            markup=False,
+        )
+    if clusters:
+        console.print(clusters_table(clusters))
+
+
+def _with_host_jobs(jobs: list[dict], command: str) -> list[dict]:
+    """`jobs` and, when a controller host drives jobs submitted from here, its rows of them."""
+    from orchestrator.cli.host_jobs import host_rows
+    from orchestrator.host.listing import merged_jobs
+
+    found = host_rows(command)
+    return jobs if found is None else merged_jobs(jobs, *found)
+
+
+def _status_from_view(json_out: bool) -> bool:
+    """`orch status` of all jobs, read through the ledger's read-only view: the same documents
+    without SQLModel or the configuration's models. False, with nothing printed, when the view
+    does not apply (`ledger_view`) or a kept cluster is past its autostop: only its provider
+    can say whether its guards ended it (`kept_clusters`)."""
+    from orchestrator.cli.context import ledger_view, orch_home
+    from orchestrator.ledger.measures import autostop_left, utcnow
+    from orchestrator.report.clusters import clusters_from
+    from orchestrator.report.documents import status_list
+
+    view = ledger_view()
+    if view is None:
+        return False
+    with view:
+        now = utcnow()
+        for cluster in view.clusters.all(up_only=True):
+            left = autostop_left(cluster, now)
+            if left is not None and left < 0:
+                return False
+        jobs, hidden = status_list(view, view.job_states(), orch_home(), now)
+        clusters = clusters_from(view, view.clusters, now, up_only=True)
+    _print_status(jobs, clusters, hidden, json_out)
+    return True
+
+
+def cost_command(
+    job_id: Annotated[str | None, typer.Option("--job", help="only this job")] = None,
+    all_jobs: Annotated[
+        bool, typer.Option("--all", help="a row for every job [the newest 50, and the rest summed]")
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """What jobs cost: node-seconds x the price recorded at launch. The table has a row for
+    each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
+    lists every job."""
+    from orchestrator.cli.context import ledger_view, orch_home
+    from orchestrator.cli.host_billing import settle_recorded
+    from orchestrator.cli.host_jobs import host_rows
+    from orchestrator.ledger.measures import utcnow
+    from orchestrator.report.documents import cost_from
+
+    settle_recorded(orch_home())  # a controller host that powered itself off stopped billing
+    view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
+    if view is None:  # another database, or a file to migrate first: rows, no model objects
+        from orchestrator.ledger.view import EngineView
+
+        view = EngineView(open_ledger(load_settings()).engine)
+    with view:
+        document = cost_from(view, view.clusters, utcnow(), job_id)
+    if job_id is None and (found := host_rows("cost")) is not None:
+        from orchestrator.host.listing import merged_jobs, merged_total
+
+        document["total_usd"] = merged_total(document["total_usd"], found[0], found[1])
+        document["jobs"] = merged_jobs(document["jobs"], *found)
+    if json_out:
+        print_json(document)
+    else:
+        from orchestrator.cli.console import COST_ROWS, cost_table
+
+        make_console().print(cost_table(document, limit=None if all_jobs else COST_ROWS))
