@@ -9,14 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from bench.figures import parse_team_scale
-from bench.team_scale import (
-    LIVE_JOBS,
-    growth,
-    per_node_pct,
-    row,
-    seed_rows,
-    state_sequence,
-)
+from bench.team_scale import growth, per_node_pct, row, state_sequence
+from bench.team_seed import LIVE_JOBS, seed_rows
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
