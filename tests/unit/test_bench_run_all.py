@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import run_all
+from bench import page_merge, run_all
 from bench.run_all import Benchmark, parse_controller_cpu, parse_idle_latency, report_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +103,8 @@ def test_summaries_of_the_real_benchmarks_are_read() -> None:
 
 
 def test_every_benchmark_module_is_run() -> None:
-    helpers = {"__init__", "common", "figures", "run_all"}  # bench/'s own parts
+    # bench/'s own parts, and the parts of single benchmarks
+    helpers = {"__init__", "common", "figures", "run_all", "page_merge", "team_seed"}
     modules = {p.stem for p in (REPO / "bench").glob("*.py")} - helpers
     assert {b.name for b in run_all.BENCHMARKS} == modules
 
@@ -201,11 +202,11 @@ def _page(date: str, figures: dict[str, float], note: str = "") -> str:
 
 def test_a_page_splits_into_parts_that_join_back_to_it() -> None:
     page = _page("2026-12-01", {"a": 2.0, "b": 3.0})
-    parts = run_all.split_page(page)
+    parts = page_merge.split_page(page)
     assert parts is not None
     assert list(parts.rows) == list(parts.sections) == ["a", "b"]
     assert parts.text(["a", "b"]) == page
-    assert run_all.split_page("# Benchmarks\n\nsomething else\n") is None
+    assert page_merge.split_page("# Benchmarks\n\nsomething else\n") is None
 
 
 def test_a_run_of_one_benchmark_replaces_its_rows_and_section_and_keeps_the_others() -> None:
@@ -213,9 +214,9 @@ def test_a_run_of_one_benchmark_replaces_its_rows_and_section_and_keeps_the_othe
     old = _page("2026-12-01", {"a": 2.0, "b": 3.0, "c": 4.0})
     old = old.replace("  c printed 4.0", "  c printed 4.0\n(a note written by hand)")
     new = _page("2026-12-06", {"b": 9.0, "d": 7.0}, note="Measured alone on 2026-12-06.")
-    merged = run_all.merge_pages(old, new, ["b", "d"], order)
+    merged = page_merge.merge_pages(old, new, ["b", "d"], order)
     assert merged is not None
-    parts = run_all.split_page(merged)
+    parts = page_merge.split_page(merged)
     assert parts is not None
     assert list(parts.rows) == list(parts.sections) == order  # d added in its place
     assert "| 9 s |" in parts.rows["b"][0] and "| 3 s |" not in merged
@@ -226,7 +227,7 @@ def test_a_run_of_one_benchmark_replaces_its_rows_and_section_and_keeps_the_othe
     assert "(a note written by hand)" in "\n".join(parts.sections["c"])  # kept as it was
     assert merged.startswith(old[: old.index("## Summary")])  # the header stays the old run's
     assert merged.endswith(old[old.index("## Reproduce") :])
-    assert run_all.merge_pages("not a page", new, ["b"], order) is None
+    assert page_merge.merge_pages("not a page", new, ["b"], order) is None
 
 
 def test_only_merges_into_the_page_on_disk(tmp_path: Path) -> None:
