@@ -156,10 +156,12 @@ def launch_host(
 
 def _wait_up(provider: AwsProvider, region: str, instance_id: str, host_key: str) -> Instance:
     deadline = time.monotonic() + provider.aws.ready_timeout_s
-    provider._wait(region, [instance_id], frozenset({"running"}), "running", deadline=deadline)
+    provider._launcher.wait(
+        region, [instance_id], frozenset({"running"}), "running", deadline=deadline
+    )
     (desc,) = provider._describe(region, [instance_id])
     node = host_instance(desc, region, ssh_user=provider.aws.ssh_user, host_key=host_key)
-    provider._wait_ssh(region, [node], deadline)
+    provider._launcher.wait_ssh(region, [node], deadline)
     return node
 
 

@@ -7,11 +7,11 @@ Lifecycle:
                       per node (each node has its own host key and rank tag), and wait until all
                       are `running` and then until each answers with an SSH banner on its
                       ssh_host:22 (EC2 says `running` before sshd listens), both within
-                      `aws.ready_timeout_s`. A capacity refusal (`aws_launch.CAPACITY_CODES`)
+                      `aws.ready_timeout_s`. A capacity refusal (`launch.CAPACITY_CODES`)
                       moves on to the next offer (the next zone, then the next type) at once,
                       after terminating the nodes that did start in the refused zone. Billing
                       of a node starts at its `LaunchTime` (`Instance.launched_at`); its price is
-                      the offer's price.
+                      the offer's price. The offers are tried by `launching.NodeLauncher`.
     list_owned(...)   instances tagged `orch-job` that are not shutting down or terminated, in
                       every region in use, whoever launched them: `Instance.ledger_id` (tag
                       `orch-ledger`) says which ledger's each is; `orch-owner` is a label.
@@ -23,35 +23,30 @@ Lifecycle:
     preempted(ids)    the ids EC2 reclaimed (state reason `Server.SpotInstanceTermination`): the
                       controller treats those as spot interruptions, not failures.
 
-Idempotency: each node's call carries a ClientToken derived from job, cluster, attempt, rank and
-offer, and the node is tagged with it; before launching, a live instance with that tag is adopted
-instead, so a retried launch (same request) never starts a node twice. Throttling
-(RequestLimitExceeded) and 5xx answers are retried by botocore's "standard" retry mode, with
-exponential backoff, at most `aws.max_api_attempts` tries per call; except RunInstances: EC2
-refuses capacity with HTTP 500, which botocore would retry for half a minute before orch could
-try the next zone, so its calls go through a client that makes one try, and the provider
-repeats throttled and other 5xx answers itself (same backoff and limit, looking for the node by
-its token before each repeat), while a capacity code moves on at once. After any failed launch
-the instances carrying one of its nodes' tokens are looked up and terminated before the error
-is raised: a call whose answer was lost on its last try started a node orch never heard of.
+Throttling (RequestLimitExceeded) and 5xx answers are retried by botocore's "standard" retry
+mode, with exponential backoff, at most `aws.max_api_attempts` tries per call; except
+RunInstances, whose calls make one try each and are repeated by `launching` (EC2 refuses
+capacity with HTTP 500 too, and a capacity refusal moves on to the next offer at once).
+Idempotency: each node's call carries a ClientToken, and the node is tagged with it; a live
+instance with that tag is adopted instead of launched, so a retried launch (same request) never
+starts a node twice; after any failed launch the instances carrying one of its nodes' tokens are
+terminated before the error is raised (see `launching`).
 
-Host keys are generated here and passed in user data; see `aws_launch`. The provider never
-connects to a node.
+Host keys are generated at launch and passed in user data; see the `launch` module. The
+provider never connects to a node.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
 from orchestrator.config import Settings
@@ -62,30 +57,18 @@ from orchestrator.errors import (
     OrchError,
     ProviderError,
 )
-from orchestrator.node.guard_protocol import AWS_POWEROFF
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
 from orchestrator.providers.aws.launch import (
-    CAPACITY_CODES,
     GONE_STATES,
     LIVE_STATES,
     SELF_SHUTDOWN_CODE,
     SPOT_RECLAIM_CODE,
     TAG_JOB,
-    TAG_TOKEN,
-    HostKey,
-    client_token,
-    error_code,
-    http_status,
     instance_from_description,
-    launch_backoff_s,
-    launch_retryable,
-    new_host_key,
-    node_tags,
-    run_instances_args,
     transition_time,
-    user_data,
 )
+from orchestrator.providers.aws.launching import NodeLauncher, Refused
 from orchestrator.providers.base import (
     CloudIdentity,
     Instance,
@@ -100,41 +83,18 @@ from orchestrator.providers.offers import (
     SpotPriceSource,
     cheapest_prices,
     collect_offers,
-    launch_order,
     zone_markets,
 )
 from orchestrator.providers.plan import DryRun, offer_plan, offers_dry_run
-from orchestrator.providers.ssh_banner import answers_ssh
 from orchestrator.spec.model import Budget
 from orchestrator.spec.placement import zone_region
 
 _CHUNK = 200  # ids per describe/terminate call
 
-# The dead-man switch's poweroff on hosts of a cloud running on this machine (see `_instance`).
-# A cloud on this machine (`orch sandbox aws`) gives its hosts a `shutdown` of their own at
-# this path, which ends the instance; a guard where there is none says it cannot power off.
-LOCAL_CLOUD_GUARD_POWEROFF = "/usr/local/sbin/shutdown -h now"
+# The dead-man switch's poweroff on hosts of a cloud running on this machine (see `_instance`):
+# they share its software, so their `shutdown` would stop this machine, not an instance. The
+# guard cloud-init arms on them powers off with `launching.LOCAL_CLOUD_GUARD_POWEROFF`.
 LOCAL_CLOUD_POWEROFF = "echo 'dead-man switch: hosts of a local cloud are not powered off' >&2"
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One offer tried by `launch`, and why it was refused."""
-
-    offer: Offer
-    code: str  # AWS error code, or "NoSubnet" / "NotRunning"
-    message: str
-
-    def line(self) -> str:
-        o = self.offer
-        return f"{o.instance_type} {o.market} in {o.zone} at ${o.price_per_hour}/h: {self.code}"
-
-
-class _Refused(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class AwsProvider:
@@ -159,13 +119,8 @@ class AwsProvider:
         self._catalog = catalog
         self._clients: dict[str, Any] = {}
         self._launch_clients: dict[str, Any] = {}
-        # per ClientToken: a repeated call must send the same parameters (EC2 refuses a token
-        # reused with others: IdempotentParameterMismatch), host key included
-        self._host_keys: dict[str, HostKey] = {}
-        self._user_data: dict[str, str] = {}  # by launch token
-        self._networks: dict[tuple[object, ...], aws_network.Network] = {}
         self._identity: CloudIdentity | None = None
-        self._sleep = sleep
+        self._launcher = NodeLauncher(self, sleep=sleep)
         self.spot_source = spot_source or SpotPriceSource(
             self.client, ttl_s=self.aws.spot_price_cache_s
         )
@@ -190,7 +145,7 @@ class AwsProvider:
 
     def launch_client(self, region: str) -> Any:
         """The EC2 client of `region` that RunInstances goes through: one try per call, so a
-        capacity refusal (HTTP 500) reaches the provider at once; see `_run_instances`."""
+        capacity refusal (HTTP 500) reaches the provider at once; see `launching`."""
         if region not in self._launch_clients:
             self._launch_clients[region] = boto3.client(
                 "ec2",
@@ -276,7 +231,7 @@ class AwsProvider:
         configured instance profile, and without one raises `ConfigError` before any launch.
         """
         if request.store:
-            self._instance_profile()
+            self._launcher.instance_profile()
         offers = self._request_offers(request)
         if not offers:
             raise CapacityError(
@@ -285,16 +240,7 @@ class AwsProvider:
                 f" in {', '.join(request.zones or self.request_regions(request))}",
                 hint="relax resources (accelerator, max_price_per_hour, spot) or add regions",
             )
-        tried: list[Attempt] = []
-        for offer in launch_order(offers, request):
-            try:
-                return self._launch_offer(request, offer)
-            except _Refused as refused:
-                tried.append(Attempt(offer, refused.code, refused.message))
-        raise CapacityError(
-            "no AWS capacity for the job; tried:\n    " + "\n    ".join(a.line() for a in tried),
-            hint="retry later, allow on-demand (spot: auto), or another accelerator or region",
-        )
+        return self._launcher.launch(request, offers)
 
     def terminate(self, instance_ids: list[str]) -> datetime:
         """Terminate the nodes and wait until EC2 acknowledges each (shutting-down/terminated).
@@ -319,7 +265,7 @@ class AwsProvider:
                         InstanceIds=chunk
                     ),
                 )
-            self._wait(region, live, GONE_STATES, "shutting-down")
+            self._launcher.wait(region, live, GONE_STATES, "shutting-down")
         ended_at = datetime.now(UTC)
         if unknown:
             missing = tuple(i for i in ids if i in unknown)
@@ -415,226 +361,6 @@ class AwsProvider:
         before a launch tries: `spot_available` is None where a spot offer fits."""
         return zone_markets(self._request_offers(request, spot="auto"))
 
-    # --- launch internals -----------------------------------------------------------------------
-
-    def _instance_profile(self) -> str:
-        """The instance profile that lets nodes write the job's checkpoint store."""
-        profile = self.aws.instance_profile or aws_network.tf_outputs(self.aws).instance_profile
-        if not profile:
-            raise ConfigError(
-                "the job has a checkpoint store, and its nodes need credentials to write it: "
-                "no instance profile is configured",
-                hint="apply infra/ with checkpoint_store set (its `instance_profile` output), "
-                "or set aws.instance_profile (ORCH_AWS_INSTANCE_PROFILE)",
-            )
-        return profile
-
-    def _network(self, region: str, request: LaunchRequest) -> aws_network.Network:
-        key = (region, request.public_key.strip(), request.image, request.ports)
-        if key not in self._networks:
-            self._networks[key] = self._api(
-                f"prepare the network in {region}",
-                lambda: aws_network.resolve_network(
-                    self.client(region),
-                    region,
-                    self.aws,
-                    request.public_key,
-                    image=request.image,
-                    ports=request.ports,
-                ),
-            )
-        return self._networks[key]
-
-    def _launch_offer(self, request: LaunchRequest, offer: Offer) -> list[Instance]:
-        """All nodes on `offer`, or `_Refused` (capacity) with none of them left running."""
-        network = self._network(offer.region, request)
-        image_gb, disk_gb = network.root_volume_gb, request.disk_size_gb
-        if disk_gb is not None and image_gb is not None and disk_gb < image_gb:
-            raise ConfigError(
-                f"resources.disk_size_gb is {disk_gb} GB, smaller than the {image_gb} GB root "
-                f"volume of image {network.image_id}",
-                hint=f"set resources.disk_size_gb to at least {image_gb}, or leave it out",
-            )
-        subnet = network.subnets.get(offer.zone)
-        if subnet is None:
-            raise _Refused("NoSubnet", f"no subnet configured in {offer.zone}")
-        ids: list[str] = []
-        try:
-            for rank in request.node_ranks:
-                ids.append(self._launch_node(request, rank, offer, network, subnet))
-            deadline = time.monotonic() + self.aws.ready_timeout_s
-            self._wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
-            by_id = {d["InstanceId"]: d for d in self._describe(offer.region, ids)}
-            nodes = [
-                n for n in (self._instance(by_id[i], offer.region) for i in ids) if n is not None
-            ]
-            if self.aws.wait_for_ssh:
-                self._wait_ssh(offer.region, nodes, deadline)
-            return nodes
-        except BaseException as exc:
-            tokens = [client_token(request, rank, offer) for rank in request.node_ranks]
-            try:
-                # A RunInstances whose answer was lost on its last try started a node whose id
-                # orch never heard: its token tag finds it.
-                ids = list(dict.fromkeys(ids + self._launched_with(offer.region, tokens)))
-                self.terminate(ids)
-            except Exception as cleanup:
-                exc.add_note(
-                    f"terminating the partial launch {ids or tokens} failed too: {cleanup}"
-                )
-            raise
-
-    def _launched_with(self, region: str, tokens: list[str]) -> list[str]:
-        """Ids of the live instances launched by calls with these ClientTokens (their tag)."""
-        if not tokens:
-            return []
-        found = self._describe_filtered(
-            region,
-            [
-                {"Name": f"tag:{TAG_TOKEN}", "Values": tokens},
-                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
-            ],
-        )
-        return [d["InstanceId"] for d in found]
-
-    def _launch_node(
-        self,
-        request: LaunchRequest,
-        rank: int,
-        offer: Offer,
-        network: aws_network.Network,
-        subnet: str,
-    ) -> str:
-        """Start one node (or find it started by an earlier try of the same request)."""
-        token = client_token(request, rank, offer)
-        tries = 0
-        while True:
-            adopted = self._describe_filtered(
-                offer.region,
-                [
-                    {"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
-                    {"Name": "instance-state-name", "Values": ["pending", "running"]},
-                ],
-            )
-            if adopted:  # a retried launch: that node already exists
-                return adopted[0]["InstanceId"]
-            tries += 1
-            launched = self._run_instances(request, rank, offer, network, subnet, token, tries)
-            if launched is not None:
-                return launched
-            self._sleep(launch_backoff_s(tries, random.random()))
-
-    def _run_instances(
-        self,
-        request: LaunchRequest,
-        rank: int,
-        offer: Offer,
-        network: aws_network.Network,
-        subnet: str,
-        token: str,
-        tries: int,
-    ) -> str | None:
-        """One RunInstances call: the new instance's id, or None when the call may be repeated
-        (throttled, a 5xx other than capacity, no answer) and `tries` < `aws.max_api_attempts`.
-        Capacity refusals raise `_Refused` at once; anything else `ProviderError`."""
-        if token not in self._host_keys:
-            self._host_keys[token] = new_host_key()
-            # The same text on every try: EC2 refuses a repeated token with other parameters.
-            self._user_data[token] = user_data(
-                request.public_key, self._host_keys[token], self._guard_terms(request, offer)
-            )
-        host_key = self._host_keys[token]
-        args = run_instances_args(
-            offer,
-            image_id=network.image_id,
-            subnet_id=subnet,
-            security_group_ids=network.security_group_ids,
-            key_name=network.key_name,
-            tags=node_tags(
-                request, rank, offer, owner=self.owner, host_key=host_key.public_line, token=token
-            ),
-            token=token,
-            user_data_text=self._user_data[token],
-            max_price=request.max_price_per_hour if offer.market == "spot" else None,
-            instance_profile=self._instance_profile() if request.store else None,
-            root_device_name=network.root_device_name,
-            # the image's own size unless the spec asks for more: the size its root mapping
-            # gives, which is what EC2 takes when none is sent (None: EC2's choice)
-            disk_size_gb=request.disk_size_gb or network.root_volume_gb,
-        )
-        repeat = tries < self.aws.max_api_attempts
-        try:
-            reply = self.launch_client(offer.region).run_instances(**args)
-        except ClientError as exc:
-            code = error_code(exc)
-            if code in CAPACITY_CODES:
-                raise _Refused(code, str(exc)) from exc
-            if repeat and launch_retryable(code, http_status(exc)):
-                return None
-            raise ProviderError(f"EC2 refused to launch {offer.instance_type}: {exc}") from exc
-        except (BotoConnectionError, HTTPClientError, ResponseParserError) as exc:
-            if repeat:  # the call may have gone through: the token lookup finds its node
-                return None
-            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
-        except BotoCoreError as exc:
-            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
-        return reply["Instances"][0]["InstanceId"]
-
-    def _wait(
-        self,
-        region: str,
-        ids: list[str],
-        wanted: frozenset[str],
-        label: str,
-        *,
-        deadline: float | None = None,
-    ) -> None:
-        """Poll until every id is in a `wanted` state. A node that is gone while waiting for
-        `running` is a refusal (e.g. spot capacity vanished); passing `deadline` (monotonic;
-        default `aws.ready_timeout_s` from now) is a `ProviderError`."""
-        if not ids:
-            return
-        if deadline is None:
-            deadline = time.monotonic() + self.aws.ready_timeout_s
-        while True:
-            states = {d["InstanceId"]: d["State"]["Name"] for d in self._describe(region, ids)}
-            if all(states.get(i) in wanted for i in ids):
-                return
-            if "running" in wanted and any(states.get(i, "terminated") in GONE_STATES for i in ids):
-                raise _Refused("NotRunning", f"nodes ended while starting: {states}")
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    f"EC2 nodes in {region} not {label} after {self.aws.ready_timeout_s:.0f} s:"
-                    f" {states}"
-                )
-            self._sleep(self.aws.poll_interval_s)
-
-    def _wait_ssh(self, region: str, nodes: list[Instance], deadline: float) -> None:
-        """Poll until every node's sshd sends its banner on ssh_host:ssh_port (a TCP connect
-        and one read, no SSH). A node gone meanwhile is a refusal; `deadline` passing is a
-        `ProviderError` that names the nodes still silent."""
-        silent = list(nodes)
-        while True:
-            silent = [n for n in silent if not answers_ssh(n.ssh_host, n.ssh_port)]
-            if not silent:
-                return
-            states = {
-                d["InstanceId"]: d["State"]["Name"]
-                for d in self._describe(region, [n.instance_id for n in silent])
-            }
-            if any(states.get(n.instance_id, "terminated") in GONE_STATES for n in silent):
-                raise _Refused("NotRunning", f"nodes ended before SSH answered: {states}")
-            if time.monotonic() > deadline:
-                waiting = ", ".join(f"{n.instance_id} at {n.ssh_host}:{n.ssh_port}" for n in silent)
-                raise ProviderError(
-                    f"EC2 nodes in {region} are running but their SSH did not answer within "
-                    f"{self.aws.ready_timeout_s:.0f} s: {waiting}",
-                    hint="port 22 must be reachable from this machine (security group, "
-                    "aws.ssh_cidr, a public IP or a route to the private one) and the image must "
-                    "start sshd; a slow image needs a larger aws.ready_timeout_s",
-                )
-            self._sleep(self.aws.poll_interval_s)
-
     # --- describe helpers -----------------------------------------------------------------------
 
     def _instance(self, desc: dict[str, Any], region: str) -> Instance | None:
@@ -649,17 +375,6 @@ class AwsProvider:
             # software: their `shutdown` would stop this machine, not an instance.
             instance = replace(instance, poweroff_command=LOCAL_CLOUD_POWEROFF)
         return instance
-
-    def _guard_terms(self, request: LaunchRequest, offer: Offer) -> str | None:
-        """The terms of the guard cloud-init arms on a node of this launch (None: no guard)."""
-        if request.guard is None:
-            return None
-        return request.guard.for_node(
-            now=datetime.now(UTC),
-            hourly_usd=offer.price_per_hour * request.count,
-            poweroff=LOCAL_CLOUD_GUARD_POWEROFF if self._local_cloud() else AWS_POWEROFF,
-            user=self.aws.ssh_user,
-        )
 
     def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
         """Nodes that shut themselves down (state reason `Client.InstanceInitiatedShutdown`:
@@ -705,7 +420,7 @@ class AwsProvider:
         """Run `call`, turning AWS failures (after botocore's retries) into `ProviderError`."""
         try:
             return call()
-        except (OrchError, _Refused):
+        except (OrchError, Refused):
             raise
         # ResponseParserError: an answer that is not EC2's (an HTML error page); botocore does
         # not count it among its own errors
