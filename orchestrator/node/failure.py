@@ -37,6 +37,12 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on s
 # torchrun's (glog) line as it sees a worker fail: `E1204 19:10:35.510000 PID file:line] failed
 # (exitcode: -6) local_rank: 1 ...`; month, day and time to the microsecond.
 _FAILED_AT = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*\] failed \(exitcode: ")
+# A rank's error when a peer it talks to went away (gloo's and NCCL's words for it).
+_PEER_LOSS = re.compile(
+    r"Connection (?:reset|closed) by peer|Broken pipe|remote process exited|"
+    r"Socket Timeout|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
 SIGABRT_EXIT = -6
 # What the C++ runtime prints as it aborts a process whose std::thread is still joinable: with
 # gloo, a rank ending through normal interpreter shutdown sometimes dies this way after its
@@ -147,16 +153,38 @@ def failed_at(log_text: str) -> str | None:
     return found
 
 
+def peer_lost(log_text: str) -> bool:
+    """Whether the failing rank of a node log failed only because a peer went away (its error
+    is a closed or reset connection, as gloo and NCCL report a rank that died)."""
+    failure = find_failure(log_text)
+    return failure is not None and bool(failure.error and _PEER_LOSS.search(failure.error))
+
+
+def _own_error(log_text: str) -> bool:
+    failure = find_failure(log_text)
+    return failure is not None and bool(failure.error and not _PEER_LOSS.search(failure.error))
+
+
 def cluster_failure(logs: Mapping[int, str], rank: int, exit_code: int | None) -> tuple[int, str]:
     """(node, reason) of a failed run, from every node's log (`logs`: node -> the end of its
     log): node `rank` exited with `exit_code`, but the node whose torchrun saw a worker fail
-    first holds the cause, so it is that node's report (node `rank`'s when no log says)."""
+    first holds the cause, so it is that node's report (node `rank`'s when no log says).
+
+    When that node's rank failed only because a peer went away (`peer_lost`), a node whose
+    rank failed of its own is the cause instead (the earliest seen, else the lowest): which
+    torchrun notices first is a race of milliseconds on a loaded machine, and the peer may
+    not even have printed its torchrun's report yet."""
     times = {node: at for node, text in logs.items() if (at := failed_at(text)) is not None}
     first = min(times, key=lambda node: (times[node], node)) if times else rank
+    if peer_lost(logs.get(first, "")):
+        own = [node for node, text in logs.items() if _own_error(text)]
+        if own:
+            first = min(own, key=lambda node: (times.get(node, "~"), node))
     exited = f"torchrun exited with code {exit_code}"
-    if first == rank or times.get(rank) == times[first]:
+    if first == rank or (first in times and times.get(rank) == times[first]):
         return rank, failure_report(rank, exited, logs.get(rank, ""))
-    what = f"a worker failed here first, at {times[first][5:]} (node {rank}: {exited})"
+    seen = f", at {times[first][5:]}" if first in times else ""
+    what = f"a worker failed here first{seen} (node {rank}: {exited})"
     return first, failure_report(first, what, logs[first])
 
 

@@ -21,6 +21,7 @@ from orchestrator.node.failure import (
     failure_report,
     find_failure,
     last_exception,
+    peer_lost,
 )
 from tests.support.helpers import REPO
 
@@ -145,6 +146,27 @@ def test_the_node_that_failed_first_gives_the_reason() -> None:
         1,
         failure_report(1, "torchrun exited with code 3", ""),
     )
+
+
+def test_a_node_that_only_lost_its_peer_never_hides_the_peers_own_error() -> None:
+    """On a loaded machine node 0's torchrun may see its rank fail (on a reset connection)
+    before node 1's torchrun sees the rank that raised, or before it printed so at all."""
+    early = DDP[0].replace("1204 19:10:37.466000", "1204 19:10:35.100000")
+    assert failed_at(early) == "1204 19:10:35.100000" < failed_at(DDP[1])  # type: ignore[operator]
+    assert peer_lost(early) and not peer_lost(DDP[1])
+    node, reason = cluster_failure({0: early, 1: DDP[1]}, 0, 1)
+    assert node == 1 and reason.splitlines()[0] == f"rank 3 (node 1): {BOOM}"
+    assert reason.splitlines()[1].startswith("node 1: a worker failed here first, at 19:10:35.51")
+    # Node 1's torchrun had not yet printed that its worker failed: its rank's error still wins.
+    unseen = "\n".join(line for line in DDP[1].splitlines() if failed_at(line) is None)
+    assert failed_at(unseen) is None
+    node, reason = cluster_failure({0: early, 1: unseen}, 0, 1)
+    assert node == 1 and reason.splitlines()[:2] == [
+        f"rank 3 (node 1): {BOOM}",
+        "node 1: a worker failed here first (node 0: torchrun exited with code 1)",
+    ]
+    # Every node lost a peer (the one that died left no error): the first seen, as before.
+    assert cluster_failure({0: early, 1: DDP[0]}, 1, 1)[0] == 0
 
 
 def test_an_abort_at_exit_is_named_with_a_hint() -> None:
