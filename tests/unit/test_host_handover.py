@@ -94,14 +94,12 @@ def test_a_loopback_host_keeps_its_nodes_and_their_software_where_this_machine_d
 
 
 def test_local_nodes_run_the_venv_the_settings_name(tmp_path: Path) -> None:
-    from orchestrator.providers.local.provider import LocalProvider
+    from orchestrator.providers.local.starting import node_venv_bin
 
-    default = LocalProvider(load_settings({"ORCH_HOME": str(tmp_path)}))
-    assert default._node_venv_bin() == Path(sys.prefix) / "bin"
-    named = LocalProvider(
-        load_settings({"ORCH_HOME": str(tmp_path), "ORCH_LOCAL_NODE_VENV": "/opt/venv"})
-    )
-    assert named._node_venv_bin() == Path("/opt/venv/bin")
+    default = load_settings({"ORCH_HOME": str(tmp_path)})
+    assert node_venv_bin(default) == Path(sys.prefix) / "bin"
+    named = load_settings({"ORCH_HOME": str(tmp_path), "ORCH_LOCAL_NODE_VENV": "/opt/venv"})
+    assert node_venv_bin(named) == Path("/opt/venv/bin")
 
 
 def test_a_launched_host_whose_node_is_gone_is_dead_and_retired(tmp_path: Path) -> None:

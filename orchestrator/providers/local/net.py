@@ -1,6 +1,7 @@
 """Pure builders for the local provider: node names, addresses, `ip` argv, sshd_config text.
 
-Nothing here touches the system; `local.provider` runs what these functions build.
+Nothing here touches the system; `local.provider` and `local.starting` run what these
+functions build.
 Keeping them pure lets the unit tests read like the spec of a local node:
 
 - a node `l-<10 hex>` lives in network namespace `orch-<id>`, attached to a host bridge by a veth

@@ -27,12 +27,9 @@ import contextlib
 import dataclasses
 import json
 import os
-import pwd
 import shutil
 import socket
 import subprocess
-import sys
-import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -41,7 +38,6 @@ from typing import TYPE_CHECKING
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
 from orchestrator.node import guard
-from orchestrator.node.guard_protocol import GuardLayout, guard_source, local_boot_command
 from orchestrator.providers.base import (
     CloudIdentity,
     Instance,
@@ -53,19 +49,18 @@ from orchestrator.providers.base import (
 from orchestrator.providers.local import net
 from orchestrator.providers.local import spot as local_spot
 from orchestrator.providers.local.host import (
-    answers_ssh,
     live_namespace_ips,
     netns_pids,
     orch_namespaces,
-    pid_alive,
     pid_runs,
     pids_with_marker,
     run_checked,
     sshd_pids_on_port,
     sweep,
 )
-from orchestrator.providers.local.net import SshdConfig, poweroff_command
-from orchestrator.providers.local.state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
+from orchestrator.providers.local.net import poweroff_command
+from orchestrator.providers.local.starting import NodeStarter, sshd_binary
+from orchestrator.providers.local.state import NodeRecord, NodeStore, file_lock
 from orchestrator.providers.traces import SpotTrace, TraceClock
 
 if TYPE_CHECKING:
@@ -73,13 +68,6 @@ if TYPE_CHECKING:
     from orchestrator.spec.model import Budget
 
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
-SFTP_SERVERS = (
-    "/usr/lib/openssh/sftp-server",
-    "/usr/libexec/openssh/sftp-server",
-    "/usr/libexec/sftp-server",
-    "/usr/lib/ssh/sftp-server",
-)
-PORT_RETRIES = 3  # loopback: restarts of an sshd whose port was taken meanwhile
 
 
 class LocalProvider:
@@ -88,6 +76,9 @@ class LocalProvider:
     Lifecycle: `launch` -> nodes reachable over SSH, billing started; `list_owned` -> the nodes
     whose records exist under ORCH_HOME/local (`Settings.local_root`); `terminate` -> every
     process of the nodes ended, their namespaces and disks removed, billing stopped.
+
+    `launch` picks the market, the network mode and each node's address or port; starting each
+    node (keys, guard, sshd, the wait for its banner) is `starting.NodeStarter`'s job.
     """
 
     name = "local"
@@ -96,6 +87,7 @@ class LocalProvider:
         self.settings = settings
         self.store = NodeStore(settings.local_root)
         self.ready_timeout = ready_timeout
+        self._starter = NodeStarter(settings, self.store, self._free_port)
 
     # --- Provider interface ---------------------------------------------------------------------
 
@@ -123,12 +115,12 @@ class LocalProvider:
         market = self._market(request)
         self._check_request(request, market)
         mode = self.network_mode()
-        sshd = self._sshd_binary()
+        sshd = sshd_binary()
         ids = [net.new_instance_id() for _ in range(request.count)]
         try:
             with self.store.making():  # until every node has its record (see reap_unrecorded)
                 records = [
-                    self._prepare_node(iid, request, rank, mode, market)
+                    self._starter.prepare(iid, request, rank, mode, market, self._price(market))
                     for rank, iid in zip(request.node_ranks, ids, strict=True)
                 ]
                 self._allocate(records)
@@ -137,8 +129,8 @@ class LocalProvider:
             hourly = self._price(market) * len(records)
             for rec in records:
                 local_spot.wait_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
-                self._start(rec, sshd, self._arm_guard(rec, request, hourly))
-            self._wait_ready(records, sshd)
+                self._starter.start(rec, sshd, self._starter.arm_guard(rec, request, hourly))
+            self._starter.wait_ready(records, sshd, self.ready_timeout)
         except BaseException as exc:
             try:
                 self._end(ids)
@@ -403,48 +395,6 @@ class LocalProvider:
                 hint="raise resources.max_price_per_hour or local.price_per_hour",
             )
 
-    def _sshd_binary(self) -> str:
-        found = "/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else shutil.which("sshd")
-        if not found:
-            raise ProviderError(
-                "the local provider needs OpenSSH's sshd", hint="install openssh-server"
-            )
-        return str(Path(found).absolute())
-
-    def _prepare_node(
-        self, iid: str, request: LaunchRequest, rank: int, mode: str, market: Market
-    ) -> NodeRecord:
-        """Create the node's directory, host key and authorized_keys; return its record."""
-        node_dir = self.store.create_dir(iid)
-        key_file = node_dir / "ssh_host_ed25519_key"
-        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", iid, "-f", str(key_file)])
-        (node_dir / "authorized_keys").write_text(request.public_key.strip() + "\n")
-        namespaced = mode == "namespace"
-        return NodeRecord(
-            instance_id=iid,
-            job_id=request.job_id,
-            cluster=request.cluster,
-            rank=rank,
-            mode=mode,
-            ip="" if namespaced else "127.0.0.1",
-            port=22 if namespaced else 0,
-            interface=net.NODE_INTERFACE if namespaced else "lo",
-            ssh_user=pwd.getpwuid(os.geteuid()).pw_name,
-            home=net.NODE_HOME if namespaced else str(node_dir / "disk"),
-            host_key=net.host_key_line(key_file.with_suffix(".pub").read_text()),
-            market=market,
-            instance_type=f"local-{request.gpus_per_node}x",
-            price_per_hour=str(self._price(market)),
-            launched_at=datetime.now(UTC).isoformat(),
-            tags={
-                "orch:job": request.job_id,
-                "orch:cluster": request.cluster,
-                "orch:rank": str(rank),
-                "orch:role": "master" if rank == 0 else "worker",
-                **({LEDGER_TAG: request.ledger_id} if request.ledger_id is not None else {}),
-            },
-        )
-
     def _allocate(self, records: list[NodeRecord]) -> None:
         """Give each node its address (and network) or port, and save its record, under lock."""
         with file_lock(self.store.root / "alloc.lock"):
@@ -484,130 +434,12 @@ class LocalProvider:
                 return port
         raise ProviderError("found no free port on 127.0.0.1 for a local node")
 
-    def _start(self, rec: NodeRecord, sshd: str, boot: str = "") -> int:
-        """Write the node's sshd_config, start `boot` (shell text, detached, in the node) and
-        its sshd, and return sshd's pid; billing starts now."""
-        node_dir = self.store.node_dir(rec.instance_id)
-        config, log = Path(self._config_path(rec.instance_id)), node_dir / "sshd.log"
-        venv_bin = self._node_venv_bin()
-        config.write_text(
-            net.sshd_config_text(
-                SshdConfig(
-                    listen=f"{rec.ip}:{rec.port}" if rec.mode == "loopback" else "0.0.0.0:22",
-                    host_key=node_dir / "ssh_host_ed25519_key",
-                    authorized_keys=node_dir / "authorized_keys",
-                    pid_file=node_dir / "sshd.pid",
-                    env=net.node_session_env(rec.instance_id, rec.home, venv_bin),
-                    sftp_server=next((p for p in SFTP_SERVERS if Path(p).exists()), None),
-                )
-            )
-        )
-        if os.geteuid() == 0:
-            # sshd started as root refuses to run without its privilege separation directory,
-            # which only a booted system (systemd's tmpfiles) would have made.
-            Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
-        if rec.mode == "namespace":
-            Path(net.NODE_HOME).mkdir(parents=True, exist_ok=True)
-            etc_dir = node_dir / "etc"
-            etc_dir.mkdir(exist_ok=True)
-            (etc_dir / "hosts").write_text(net.node_hosts_text(rec.ip, os.uname().nodename))
-            (etc_dir / "resolv.conf").write_text(net.NODE_RESOLV_CONF)
-            argv = net.namespaced_sshd_argv(
-                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir, boot
-            )
-        else:
-            argv = net.loopback_sshd_argv(sshd, config, log)
-        env = {"PATH": ":".join(net.SYSTEM_PATH), net.NODE_MARKER: rec.instance_id}
-        if boot and rec.mode != "namespace":
-            subprocess.run(
-                net.detached_argv(["sh", "-c", boot], node_dir / "boot.log"),
-                capture_output=True, env=env, cwd="/", check=False,
-            )  # fmt: skip
-        out = subprocess.run(
-            net.detached_argv(argv, log), capture_output=True, text=True, env=env, cwd="/",
-            check=False,
-        )  # fmt: skip
-        if out.returncode != 0 or not out.stdout.strip().isdigit():
-            raise ProviderError(f"could not start sshd of local node {rec.instance_id}: {out}")
-        rec.sshd_pid = int(out.stdout)
-        rec.launched_at = datetime.now(UTC).isoformat()
-        self.store.save(rec)
-        return rec.sshd_pid
-
-    def _wait_ready(self, records: list[NodeRecord], sshd: str) -> None:
-        """Return when every node's sshd sends its banner; raise if one dies or time runs out."""
-        deadline = time.monotonic() + self.ready_timeout
-        pending = {rec.instance_id: rec for rec in records}
-        restarts = dict.fromkeys(pending, 0)
-        while pending:
-            for iid, rec in list(pending.items()):
-                alive = pid_alive(rec.sshd_pid or 0)  # its command line changes as it execs
-                log = self._log_tail(iid)
-                if alive and "Server listening" in log and answers_ssh(rec.ip, rec.port):
-                    del pending[iid]
-                elif not alive:
-                    port_taken = rec.mode == "loopback" and "Address already in use" in log
-                    if not port_taken or restarts[iid] >= PORT_RETRIES:
-                        raise ProviderError(f"sshd of local node {iid} exited:\n{log}")
-                    restarts[iid] += 1
-                    self._restart_on_new_port(rec, sshd)
-            if pending and time.monotonic() > deadline:
-                iid = next(iter(pending))
-                raise ProviderError(
-                    f"sshd of local node {iid} did not answer within {self.ready_timeout:.0f} s:"
-                    f"\n{self._log_tail(iid)}"
-                )
-            if pending:
-                time.sleep(0.05)
-
-    def _arm_guard(self, rec: NodeRecord, request: LaunchRequest, hourly: Decimal) -> str:
-        """Put the job's guard and its terms on the node's disk; returns the node's boot
-        command that starts it ("" when the request has no guard)."""
-        if request.guard is None:
-            return ""
-        layout = GuardLayout(request.job_id)
-        disk = self.store.node_dir(rec.instance_id) / "disk"
-        (disk / layout.root).mkdir(parents=True, exist_ok=True)
-        (disk / layout.program).write_text(guard_source())
-        (disk / layout.terms).write_text(
-            request.guard.for_node(
-                now=datetime.now(UTC),
-                hourly_usd=hourly,
-                poweroff=self._poweroff(rec.instance_id),
-                home=rec.home,
-            )
-        )
-        path = net.node_path(rec.home, self._node_venv_bin())
-        inside = f"{rec.home}/{layout.root}"
-        return local_boot_command(rec.home, f"{inside}/guard.py", f"{inside}/terms.json", path)
-
-    def _node_venv_bin(self) -> Path:
-        """The bin/ of the venv local nodes run (`local.node_venv`, else this process's)."""
-        return (self.settings.local.node_venv or Path(sys.prefix)) / "bin"
-
-    def _restart_on_new_port(self, rec: NodeRecord, sshd: str) -> int:
-        """Loopback: another program took the node's port before sshd bound it; take another."""
-        with file_lock(self.store.root / "alloc.lock"):
-            rec.port = self._free_port()
-            self.store.save(rec)
-        return self._start(rec, sshd)
-
-    def _config_path(self, instance_id: str) -> str:
-        return str(self.store.node_dir(instance_id) / "sshd_config")
-
-    def _log_tail(self, instance_id: str, lines: int = 20) -> str:
-        try:
-            text = (self.store.node_dir(instance_id) / "sshd.log").read_text(errors="replace")
-        except OSError:
-            return "(no sshd log)"
-        return "\n".join(text.splitlines()[-lines:])
-
     # --- terminating ----------------------------------------------------------------------------
 
     def _kill_node(self, instance_id: str) -> bool:
         """SIGKILL every process of a node until none is left; False if some survive."""
         rec = self.store.load(instance_id)
-        config = self._config_path(instance_id)
+        config = self._starter.config_path(instance_id)
         namespaced = os.geteuid() == 0 and (rec is None or rec.mode == "namespace")
         sshd_pid = rec.sshd_pid if rec is not None and rec.sshd_pid else 0
         # The port identifies the node's sshd processes only while the node's own sshd holds
