@@ -3,9 +3,9 @@ nodes, while a compressed availability trace grants spot, takes it away, and gra
 
 The local provider follows the trace (`orch local spot --trace`: spot launches refused while
 it says 0) and `orch local chaos --follow-trace` takes the job's spot node back when it turns
-0. The controller must go on-demand while the trace keeps spot away, come back to spot when
-that pays, finish before the deadline, and cost what the simulator predicts for the same trace
-with the job's measured restart overhead and compute time.
+0. The controller must go on-demand while the trace keeps spot away, come back to spot once
+the trace gives it back, finish before the deadline, and cost what the simulator predicts for
+the same trace with the job's measured restart overhead and compute time.
 
 The simulator gets the job's compute time from the step times the job printed, and the
 mean of its measured restarts (each from what began it to its first progress line).
@@ -13,9 +13,10 @@ mean of its measured restarts (each from what began it to its first progress lin
 The work and the deadline are multiples of how long one start of a job takes on this machine
 now (launch, sync, torchrun, first progress), measured first with a short job: a loaded
 machine gets a longer scenario, not a different one. The trace is written as the run goes:
-spot is taken away once the job has made progress on it, and given back once the policy,
-on-demand, would take it even with slower restarts than it measured; the ticks in force are
-never rewritten, so the simulator replays exactly what the job lived through.
+spot is taken away once the job has made progress on it, and given back once the job made
+progress on on-demand (Uniform Progress takes spot back as soon as it is there, so an earlier
+return would leave the on-demand run no step); the ticks in force are never rewritten, so the
+simulator replays exactly what the job lived through.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ from orchestrator.node.progress import local_rank_line
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.local.spot import follow_trace
 from orchestrator.providers.traces import SpotTrace
-from orchestrator.spot.inputs import DriverState, Work, restart_durations
-from orchestrator.spot.policies import Decision, Running, get_policy
-from orchestrator.spot.restart_overhead import estimate_restart_overhead
+from orchestrator.spot.inputs import restart_durations
+from orchestrator.spot.policies import get_policy
 from orchestrator.spot.simulate import Prices, Scenario, simulate
 from tests.support.deadline_job import STEP_S, write_job
 from tests.support.helpers import (
@@ -102,10 +102,10 @@ class Plan:
     Uniform Progress is loose at first: spot while it lasts, then it waits for spot until the
     deadline is tight (work left = 0.7 x time left, `TIGHT_UNITS` units before the deadline);
     from there its line of progress is behind without spot, so it goes on-demand, gaining
-    0.3 s on the line per second. It comes back to spot only once ahead of where the line
-    will be two restarts later, after about 7 restarts' worth of on-demand; that leaves the
-    spot restart room to finish as long as a restart takes less than about 1.5 units, and the
-    safety net (time left < work left + 2 restarts) stays out of the way below about 1.9.
+    0.3 s on the line per second. It takes spot again as soon as spot is back (its rule 3),
+    which the test holds back until the on-demand run made one unit of progress
+    (`on_demand_steps`); the safety net (time left < work left + 2 restarts) stays out of the
+    way as long as a restart takes less than about 1.9 units.
     """
 
     start_s: float
@@ -117,6 +117,10 @@ class Plan:
     @property
     def spot_steps(self) -> int:  # progress on spot before the trace takes it away
         return round(1.5 * self.unit_s / STEP_S)
+
+    @property
+    def on_demand_steps(self) -> int:  # progress on on-demand before the trace gives spot back
+        return round(self.unit_s / STEP_S)
 
     @property
     def deadline_s(self) -> int:
@@ -169,24 +173,16 @@ def made_spot_progress(ledger: Ledger, job_id: str, steps: int) -> bool:
     return markets == {"spot"} and (job.step or 0) >= steps
 
 
-def would_come_back_to_spot(ledger: Ledger, job_id: str, plan: Plan) -> bool:
-    """Would Uniform Progress, on on-demand now, take spot even if restarts were 2 s longer?"""
+def made_on_demand_progress(ledger: Ledger, job_id: str, steps: int) -> bool:
+    """Has the job, on on-demand now, made `steps` steps since that run's first progress?"""
     job = still_running(ledger, job_id)
     markets = {lease.market for lease in ledger.leases(job_id, open_only=True)}
-    state = DriverState.from_json(job.policy_state)
-    if markets != {"on-demand"} or state.steps_per_s is None or state.total_steps is None:
+    if markets != {"on-demand"}:
         return False
-    events = [(event.kind, event.at) for event in ledger.events(job_id)]
-    overhead = estimate_restart_overhead(restart_durations(events), prior_s=plan.unit_s)
-    deadline = job.created_at + timedelta(seconds=plan.deadline_s)
-    inputs = Work(job.step or 0, state.total_steps, state.steps_per_s).inputs(
-        time_left_s=(deadline - datetime.now(UTC)).total_seconds(),
-        total_time_s=plan.deadline_s, restart_overhead_s=overhead + 2, spot_available=True,
-        running=Running.ON_DEMAND, spot_price=SPOT, on_demand_price=ON_DEMAND,
-        decision_interval_s=TICK_S,
-    )  # fmt: skip
-    decision, _ = get_policy("uniform-progress").decide(inputs, state.policy)
-    return decision is Decision.SPOT
+    events = ledger.events(job_id)
+    launched = [e.at for e in events if e.kind == "LAUNCHED" and "on-demand" in e.message]
+    first = [e for e in events if e.kind == "TRAINING" and launched and e.at > launched[-1]]
+    return bool(first) and (job.step or 0) >= (first[-1].step or 0) + steps
 
 
 # two minutes of a live market; `make test` keeps the live driver surviving its controller
@@ -229,8 +225,8 @@ def test_uniform_progress_goes_on_demand_without_spot_back_to_spot_and_meets_the
         )  # fmt: skip
         spot_gone = trace.from_next_tick(0)
         wait_until(
-            lambda: would_come_back_to_spot(ledger, job_id, plan), "on-demand far enough ahead",
-            timeout=plan.deadline_s,
+            lambda: made_on_demand_progress(ledger, job_id, plan.on_demand_steps),
+            "progress on on-demand", timeout=plan.deadline_s,
         )  # fmt: skip
         spot_back = trace.from_next_tick(1)
         job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=plan.deadline_s)
