@@ -130,17 +130,22 @@ def settle(ledger: Ledger, provider: Provider, cluster: KeptCluster) -> KeptClus
     for instance_id, end in ended.items():
         if end.at is not None:
             ledger.close_leases([instance_id], end.at)
-    clusters.down(cluster.id, at, _why_down(cluster, kinds, at))
+    clusters.down(cluster.id, at, why_down(cluster, kinds, at))
     return clusters.get(cluster.id)
 
 
-def _why_down(cluster: KeptCluster, kinds: set[str], at: datetime) -> str:
+# How much earlier than the ledger's reckoning a node's guard may end an idle node: it counts
+# from its own record of when the node went idle, and EC2 keeps the end to the second.
+GUARD_EARLY_S = 30.0
+
+
+def why_down(cluster: KeptCluster, kinds: set[str], at: datetime) -> str:
     """Why an idle cluster's nodes ended: their guards' word where the provider keeps it
     (local nodes), else, as on EC2, autostop when they ended once it was due."""
     if "autostop" in kinds:
         return "autostop: its guards ended the idle nodes"
     due = autostop_left(cluster, at)
-    if not kinds and due is not None and due <= 0:
+    if not kinds and due is not None and due <= GUARD_EARLY_S:
         return "autostop: its idle nodes ended once it was due"
     return "its nodes are gone"
 

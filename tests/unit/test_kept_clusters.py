@@ -16,11 +16,13 @@ import pytest
 
 from orchestrator.cli.kept import kept_request as _kept_request
 from orchestrator.control.kept import (
+    GUARD_EARLY_S,
     ClusterBusy,
     KeptRequest,
     check_cluster_name,
     join_cluster,
     setup_digest,
+    why_down,
 )
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
@@ -136,6 +138,23 @@ def test_autostop_counts_only_while_the_cluster_is_idle() -> None:
     assert autostop_left(held, at(1000)) is None
     never = idle.model_copy(update={"autostop_s": None})
     assert autostop_left(never, at(1000)) is None
+
+
+def test_an_idle_cluster_that_ended_about_when_due_is_said_autostopped() -> None:
+    """EC2 keeps no word of why a node shut itself down, only when (to the second). A guard
+    counts the idle time from its own record, so it may end the nodes a little before the
+    ledger's reckoning: that is still its autostop, not nodes gone for an unknown reason."""
+    from orchestrator.ledger.store import KeptCluster
+
+    idle = KeptCluster(
+        id="dev-1", name="dev", provider="aws", nodes=1, gpus_per_node=1, autostop_s=600.0,
+        created_at=T0, idle_since=at(0),
+    )  # fmt: skip
+    assert why_down(idle, set(), at(600)).startswith("autostop")
+    assert why_down(idle, set(), at(600 - GUARD_EARLY_S)).startswith("autostop")
+    assert why_down(idle, set(), at(300)) == "its nodes are gone"  # long before: a reclaim
+    assert why_down(idle, {"budget"}, at(700)) == "its nodes are gone"  # a guard said why
+    assert why_down(idle, {"autostop"}, at(10)).startswith("autostop: its guards")
 
 
 def test_a_lease_closes_at_its_start_when_the_cluster_ends_before_it() -> None:
