@@ -36,6 +36,7 @@ from orchestrator.remote.streams import CommandLines
 __all__ = ["CpuWatcher", "GpuWatcher", "NodeGpuState"]
 
 MAX_LINE = 64 * 1024  # a longer "line" is garbage and is dropped
+HANG_FLOOR_S = 10.0  # nvidia-smi silent this long (or 3 intervals, if longer) is hung
 
 
 class GpuWatcher:
@@ -83,7 +84,9 @@ class GpuWatcher:
         self.command = shlex.join(nvidia_smi_argv(interval_s))  # validates interval_s
         self.restart_every_s = restart_every_s
         self.stale_after_s = 3.0 * interval_s if stale_after_s is None else stale_after_s
-        self.hang_after_s = max(3.0 * interval_s, 10.0) if hang_after_s is None else hang_after_s
+        self.hang_after_s = (
+            max(3.0 * interval_s, HANG_FLOOR_S) if hang_after_s is None else hang_after_s
+        )
         self.join_timeout_s = join_timeout_s
         self._now = now
         self._lock = threading.Lock()

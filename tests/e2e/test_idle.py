@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cluster.gpu_watch import HANG_FLOOR_S
 from tests.support.helpers import (
     REPO,
     assert_nothing_left,
@@ -107,7 +108,8 @@ def test_a_hanging_nvidia_smi_never_stops_the_job(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     job_id = run_orch(["submit", str(spec), "--detach"], env, timeout=60).stdout.split()[-1]
     wait_for_state(job_id, env, {"RUNNING"})
-    time.sleep(IDLE_TIMEOUT + 4 * WATCH)
+    # nvidia-smi is taken for hung once silent for HANG_FLOOR_S; then past the idle timeout
+    time.sleep(HANG_FLOOR_S + IDLE_TIMEOUT + 4 * WATCH)
     job = job_json(job_id, env)
     assert job["state"] == "RUNNING"  # unknown readings never count as idle
     assert job["gpus"] and not any(g["known"] for g in job["gpus"]), job["gpus"]
