@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.crash_trials import PHASES, plan_trials, run_trials, table
+from tests.support.crash_trials import PHASES, assert_trials, plan_trials, run_trials, table
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +27,7 @@ def run_and_report(phases: tuple[str, ...], count: int, seed: int, base: Path) -
     report = table(results)
     print(f"\n{report}")
     assert [r.plan.phase for r in results] == [phases[i % len(phases)] for i in range(count)]
-    assert all(r.ok for r in results), f"\n{report}"
+    assert_trials(results, phases, report)
 
 
 def test_kills_while_recovering_and_tearing_down_leave_nothing_behind(tmp_path: Path) -> None:

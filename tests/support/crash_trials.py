@@ -38,9 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config import Settings, load_settings
 from orchestrator.control.supervision import controller_running
@@ -415,3 +416,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def assert_trials(results: Sequence[Any], phases: Sequence[str], report: str) -> None:
+    """No trial left anything behind, and a kill landed in every phase of `phases`. A trial
+    that missed its phase (the kill came as the job had just left it: a phase of a fraction of
+    a second on a quick machine) still counts for its leaks; the phase counts as covered when
+    another trial aimed at it hit it. With one trial per phase, each must hit."""
+    assert not any(result.problems for result in results), f"\n{report}"
+    hit = {result.plan.phase for result in results if result.hit_phase}
+    missed = [phase for phase in phases if phase not in hit]
+    assert not missed, f"no kill landed in {', '.join(missed)}:\n{report}"

@@ -143,8 +143,13 @@ class TrialResult:
     seconds: float = 0.0
 
     @property
+    def hit_phase(self) -> bool:
+        """The kill landed in the phase the trial aimed at."""
+        return self.killed_in != "-" and "missed" not in self.killed_in
+
+    @property
     def ok(self) -> bool:
-        return self.killed_in != "-" and "missed" not in self.killed_in and not self.problems
+        return self.hit_phase and not self.problems
 
     def row(self) -> str:
         outcome = f"{self.final_state} step {self.step} rec {self.recoveries}"
