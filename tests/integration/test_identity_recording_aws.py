@@ -22,7 +22,7 @@ from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import CloudIdentity
 from orchestrator.spec.loading import load_job
 from tests.integration.test_ownership_aws import REGION, settings_for, states
-from tests.unit.test_runner import FAST, FakeKeeper, open_fake, scripted
+from tests.support.runner_fakes import FAST, FakeKeeper, open_fake, scripted
 
 pytestmark = pytest.mark.timeout(120)
 

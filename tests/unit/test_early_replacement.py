@@ -1,5 +1,5 @@
 """A noticed node's replacement is launched at the notice, beside the salvage, on the runner's
-fakes (tests/unit/test_runner.py: a real SQLite ledger, a fake provider, attempts without SSH);
+fakes (tests/support/runner_fakes.py: a real SQLite ledger, a fake provider, attempts without SSH);
 and a new controller that finds two nodes for one rank keeps the one the run started on."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervisor import Decision
 from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
-from orchestrator.ledger.store import Ledger, make_engine, utcnow
+from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers.base import LaunchRequest
-from tests.unit.test_runner import (
+from tests.support.runner_fakes import (
     FakeAttempt,
     FakeKeeper,
     FakeProvider,
@@ -45,11 +45,6 @@ NOTICE_OPTIONS = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_ret
 @pytest.fixture(autouse=True)
 def _fresh_attempts() -> None:
     FakeAttempt.opened = []
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(make_engine(tmp_path / "orch.db"))
 
 
 @pytest.fixture
