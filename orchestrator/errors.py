@@ -93,6 +93,11 @@ class StreamStalled(NodeUnreachable):
     cut off without the connection noticing yet)."""
 
 
+class OutputTooLarge(RemoteError):
+    """A command on a node printed more than its caller reads (`NodeConnection.run`'s
+    `max_output`): reading stopped there and the command was ended; `result` is cut."""
+
+
 class HostKeyMismatch(RemoteError):
     """A node presented a host key other than the one its provider reported: refused."""
 

@@ -3,6 +3,8 @@
 `NodeConnection` does no I/O when built; it connects on first use and keeps the connection
 open for every later command (a new connection costs ~0.4 s, a command on an open one ~0.09 s).
 `run` waits for a command; `stream` hands over the lines of a long-running one as they come.
+Both hold a bounded amount of what the node prints: `run` reads at most `max_output` bytes
+(then ends the command and says its result was cut), `stream` cuts lines at `max_line`.
 A host presenting any key other than the one its provider reported is refused
 (`HostKeyMismatch`); a host that does not answer raises `NodeUnreachable`.
 """
@@ -14,32 +16,45 @@ import shlex
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import paramiko
 from fabric import Config, Connection
 
-from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
+from orchestrator.errors import HostKeyMismatch, NodeUnreachable, OutputTooLarge, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
+from orchestrator.remote.lines import DEFAULT_MAX_LINE, scrub
 from orchestrator.remote.streams import CommandLines
+
+DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024  # bytes of stdout (and of stderr) `run` keeps by default
 
 
 @dataclass(frozen=True)
 class CommandResult:
-    """What a remote command did."""
+    """What a remote command did. `stdout` and `stderr` are decoded as UTF-8 (undecodable
+    bytes replaced); `stdout_bytes` is stdout as the node sent it.
+
+    `cut`: the command printed more than `run`'s `max_output` on stdout or stderr, so reading
+    stopped there and the channel was closed (the command ended with it): each holds only its
+    first `max_output` bytes, and `exited` is -1 since no exit status was waited for."""
 
     command: str
     exited: int
     stdout: str
     stderr: str
+    cut: bool = False
+    stdout_bytes: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.exited == 0
 
-    def tail(self, lines: int = 20) -> str:
-        text = (self.stdout + ("\n" + self.stderr if self.stderr.strip() else "")).rstrip()
-        return "\n".join(text.splitlines()[-lines:])
+    def tail(self, lines: int = 20, max_chars: int = 4000) -> str:
+        """The last `lines` lines of stdout then stderr, and at most their last `max_chars`
+        characters, for a message: control characters (but tab and newline) replaced."""
+        err = "\n" + self.stderr[-max_chars:] if self.stderr.strip() else ""
+        text = (self.stdout[-max_chars:] + err).rstrip()
+        return scrub("\n".join(text.splitlines()[-lines:])[-max_chars:])
 
 
 def shell_command(argv: Sequence[str]) -> str:
@@ -150,17 +165,24 @@ class NodeConnection:
         timeout: float | None = None,
         check: bool = True,
         stdin: str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> CommandResult:
         """Run `command` (a shell string, or an argv that gets quoted) and wait for it.
 
+        At most `max_output` bytes of its stdout, and as many of its stderr, are read (16 MiB
+        by default; a caller that expects more passes more): past that, reading stops, the
+        command is ended and the result is `cut` (see `CommandResult`), so a node printing
+        without end costs a bounded buffer and no wait for the timeout.
+
         Raises `RemoteError` (carrying the result) on a non-zero exit when `check` is true,
+        `OutputTooLarge` (a `RemoteError`) for a cut result when `check` is true,
         `NodeUnreachable` when the host cannot be reached or the command outlives `timeout`.
         """
         text = command if isinstance(command, str) else shell_command(command)
         limit = self.command_timeout if timeout is None else timeout
         transport = self.transport
         try:
-            exited, stdout, stderr = _exec(transport, text, stdin, limit)
+            exited, out, err, cut = _exec(transport, text, stdin, limit, max_output)
         except TimeoutError as exc:
             raise NodeUnreachable(
                 f"{self.address.name}: command did not finish within {limit:.0f} s",
@@ -169,7 +191,17 @@ class NodeConnection:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             self.close()
             raise self._unreachable(exc) from exc
-        result = CommandResult(text, exited, stdout, stderr)
+        result = CommandResult(
+            text, exited, out.decode(errors="replace"), err.decode(errors="replace"), cut, out
+        )
+        if check and cut:
+            raise OutputTooLarge(
+                f"{self.address.name}: the command printed more than {max_output} bytes; "
+                "reading stopped there and the command was ended",
+                hint="the node printed far more than this command should; look at what it "
+                "runs there (`orch ssh`)",
+                result=result,
+            )
         if check and not result.ok:
             raise RemoteError(
                 f"{self.address.name}: command exited {result.exited}:\n{result.tail(10)}",
@@ -183,12 +215,14 @@ class NodeConnection:
         *,
         pty: bool = False,
         idle_timeout_s: float | None = None,
-        max_line: int | None = None,
+        max_line: int = DEFAULT_MAX_LINE,
         open_timeout: float = 10.0,
     ) -> CommandLines:
         """Start `command` (a shell string, or an argv that gets quoted) on a new channel of
         the open connection (connecting if needed) and return its lines as they come; see
-        `CommandLines` for the iteration, `close()` and the errors it raises.
+        `CommandLines` for the iteration, `close()` and the errors it raises; a line longer
+        than `max_line` bytes is cut, so the stream holds a bounded buffer whatever the node
+        prints.
 
         `pty`: ask for a pseudo-terminal (so closing the stream hangs up even a stuck command;
         its stderr then comes with its stdout); a server that refuses one gets a plain channel,
@@ -233,30 +267,37 @@ class NodeConnection:
 
 
 def _exec(
-    transport: paramiko.Transport, command: str, stdin: str | None, timeout: float
-) -> tuple[int, str, str]:
-    """Run one command on a new channel of an open transport; (exit code, stdout, stderr).
+    transport: paramiko.Transport,
+    command: str,
+    stdin: str | None,
+    timeout: float,
+    max_output: int,
+) -> tuple[int, bytes, bytes, bool]:
+    """Run one command on a new channel of an open transport: (exit code, stdout, stderr,
+    cut).
 
-    stdin, when given, is sent whole and then closed (EOF), so `cat > file` works.
-    Raises TimeoutError when the command has not finished after `timeout` seconds.
+    stdin, when given, is sent whole and then closed (EOF), so `cat > file` works. Once stdout
+    or stderr passes `max_output` bytes, reading stops and the channel is closed (which ends
+    the command): each keeps its first `max_output` bytes, `cut` is True and the exit code is
+    -1 (unknown). Raises TimeoutError when the command has not finished after `timeout`
+    seconds.
     """
     deadline = time.monotonic() + timeout
     channel = transport.open_session(timeout=timeout)
+    out, err = _Capped(max_output), _Capped(max_output)
     try:
         channel.settimeout(0.2)
         channel.exec_command(command)
         if stdin is not None:
             channel.sendall(stdin.encode())
         channel.shutdown_write()
-        out: list[bytes] = []
-        err: list[bytes] = []
-        while True:
+        while not (out.full or err.full):
             progressed = False
             if channel.recv_ready():
-                out.append(channel.recv(65536))
+                out.add(channel.recv(65536))
                 progressed = True
             if channel.recv_stderr_ready():
-                err.append(channel.recv_stderr(65536))
+                err.add(channel.recv_stderr(65536))
                 progressed = True
             if (
                 channel.exit_status_ready()
@@ -269,7 +310,30 @@ def _exec(
             if not progressed:
                 # Wake on data or exit; `status_event` is set when the exit status arrives.
                 channel.status_event.wait(0.01)
-        code = channel.recv_exit_status()
+        cut = out.full or err.full
+        code = -1 if cut else channel.recv_exit_status()
     finally:
         channel.close()
-    return code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")
+    return code, out.join(), err.join(), cut
+
+
+class _Capped:
+    """The first `cap` bytes of a stream, kept as the pieces that came (joined once, so the
+    bytes are held at most twice); `full` once more than `cap` came."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.size = 0
+        self.full = False
+        self._pieces: list[bytes] = []
+
+    def add(self, piece: bytes) -> None:
+        room = self.cap - self.size
+        if len(piece) > room:
+            piece, self.full = piece[:room], True
+        self._pieces.append(piece)
+        self.size += len(piece)
+
+    def join(self) -> bytes:
+        data, self._pieces = b"".join(self._pieces), []
+        return data

@@ -17,23 +17,26 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from orchestrator.errors import NodeUnreachable, OrchError, StreamStalled
+from orchestrator.remote.lines import DEFAULT_MAX_LINE, LineSplitter
 
 if TYPE_CHECKING:
     from orchestrator.remote.ssh import NodeConnection
 
 _POLL_S = 0.25  # how often a reader wakes to see whether it must stop
-_CUT_LINE = 200  # bytes kept of a line longer than a stream's `max_line`
 
 
 class CommandLines:
     """The lines one command prints on its node, as it prints them. Iterate once; `close()`.
 
-    Contract of the iteration (from one thread):
-    - each line is its bytes up to a newline, decoded as UTF-8 (undecodable bytes replaced),
-      without the newline; a last line without one is handed over when the command ends;
-    - a line longer than `max_line` bytes (if set) is handed over as its first 200 bytes as soon
-      as it is known to be too long; the rest of it, up to its newline, is dropped (however the
-      bytes arrived: in one read or many);
+    Contract of the iteration (from one thread), that of `remote.lines.LineSplitter`:
+    - each line is its bytes up to a newline, without it, as `lines.printable` text (UTF-8;
+      undecodable bytes and control characters but tab replaced by U+FFFD; a trailing carriage
+      return dropped); a last line without a newline is handed over when the command ends;
+    - a line longer than `max_line` bytes (64 KiB by default) is handed over as its first 200
+      bytes and a marker (`lines.CUT_MARK`) as soon as it is known to be too long; the rest of
+      it, up to its newline, is dropped (however the bytes arrived: in one read or many). So a
+      stream holds at most `max_line` bytes of a line whatever the node prints, and reads in
+      time linear in the bytes;
     - iteration ends when the command's output ends (it exited, or the node closed the
       channel; `exit_status()` then tells how) or once `close()` was called, from any thread;
     - `StreamStalled` when the command printed nothing for `idle_timeout_s` (if set), and
@@ -51,7 +54,7 @@ class CommandLines:
         *,
         name: str,
         idle_timeout_s: float | None = None,
-        max_line: int | None = None,
+        max_line: int = DEFAULT_MAX_LINE,
     ) -> None:
         self.name = name
         self.idle_timeout_s = idle_timeout_s
@@ -103,8 +106,7 @@ class CommandLines:
             channel.settimeout(_POLL_S)
         except OSError:  # a channel closed already
             return
-        pending = b""
-        dropping = False  # inside a too-long line that was handed over already
+        splitter = LineSplitter(self.max_line)
         last_output = time.monotonic()
         while not self._closed.is_set():
             try:
@@ -135,23 +137,13 @@ class CommandLines:
                     )
                 break
             last_output = time.monotonic()
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            if dropping and lines:  # its newline came: the first of these is its tail
-                lines, dropping = lines[1:], False
-            if dropping:
-                pending = b""
-            if self.max_line is not None:
-                lines = [line[:_CUT_LINE] if len(line) > self.max_line else line for line in lines]
-                if len(pending) > self.max_line:
-                    lines.append(pending[:_CUT_LINE])
-                    pending, dropping = b"", True
-            for raw in lines:
-                yield raw.decode("utf-8", errors="replace")
+            for line in splitter.feed(data):
+                yield line.text
                 if self._closed.is_set():
                     return
-        if pending and not self._closed.is_set():
-            yield pending.decode("utf-8", errors="replace")
+        if not self._closed.is_set():
+            for line in splitter.flush():
+                yield line.text
 
 
 class LineStream:

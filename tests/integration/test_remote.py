@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import time
+import tracemalloc
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cluster.connections import Cluster
-from orchestrator.errors import HostKeyMismatch, NodeUnreachable, RemoteError
+from orchestrator.errors import HostKeyMismatch, NodeUnreachable, OutputTooLarge, RemoteError
 from orchestrator.remote.keys import ensure_identity
-from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.ssh import DEFAULT_MAX_OUTPUT, NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from tests.support.helpers import loopback_cluster
 
@@ -53,6 +56,46 @@ def test_stdin_reaches_the_command_and_failures_carry_the_result(cluster: Cluste
 def test_a_command_past_its_timeout_is_reported(cluster: Cluster) -> None:
     with pytest.raises(NodeUnreachable, match="did not finish"):
         cluster.head.run("sleep 5", timeout=0.5)
+
+
+def test_a_gigabyte_of_output_is_cut_at_the_cap_in_bounded_memory_and_time(
+    cluster: Cluster,
+) -> None:
+    """A node answering a command with 1 GiB: `run` keeps the first `DEFAULT_MAX_OUTPUT` bytes
+    (16 MiB), then stops reading, ends the command and says the result was cut, long before
+    its timeout. Bound: the controller's Python heap peaks below 3 x the cap (the bytes held
+    twice while they are joined or decoded, and the transport's window)."""
+    head = cluster.head
+    head.run("true")  # connected before measuring
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        result = head.run("head -c 1G /dev/zero; echo never-read >&2", check=False, timeout=120)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    elapsed = time.monotonic() - started
+    assert result.cut and result.exited == -1 and not result.ok
+    assert result.stdout_bytes == b"\0" * DEFAULT_MAX_OUTPUT and result.stderr == ""
+    assert peak < 3 * DEFAULT_MAX_OUTPUT, f"peak {peak / 2**20:.0f} MiB"
+    assert elapsed < 60, f"{elapsed:.0f} s"
+
+
+def test_a_cut_command_is_ended_and_checked_runs_raise_output_too_large(cluster: Cluster) -> None:
+    head = cluster.head
+    marker = f"yes-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(OutputTooLarge, match="printed more than 1000 bytes") as info:
+        head.run(f"exec -a {marker} yes", max_output=1000)
+    assert isinstance(info.value, RemoteError)
+    cut = info.value.result  # type: ignore[attr-defined]
+    assert cut.cut and cut.stdout == "y\n" * 500
+    deadline = time.monotonic() + 10  # closing the channel ended it on the node
+    while head.run(f"pgrep -f '[{marker[0]}]{marker[1:]}'", check=False).ok:
+        assert time.monotonic() < deadline, "the command outlived its cut"
+        time.sleep(0.1)
+    exact = head.run("head -c 1000 /dev/zero | tr '\\0' x", max_output=1000)
+    assert not exact.cut and exact.ok and exact.stdout == "x" * 1000  # the cap itself fits
+    assert head.run("yes | head -c 4000 >&2", check=False, max_output=1000).cut  # stderr too
 
 
 def test_a_changed_host_key_is_refused(cluster: Cluster) -> None:

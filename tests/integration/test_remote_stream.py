@@ -6,6 +6,7 @@ import dataclasses
 import socket
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -13,6 +14,7 @@ import pytest
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import NodeUnreachable, OrchError, StreamStalled
+from orchestrator.remote.lines import CUT_MARK, DEFAULT_MAX_LINE
 from orchestrator.remote.ssh import NodeConnection
 from tests.support.helpers import loopback_cluster
 
@@ -81,7 +83,29 @@ def test_a_silent_command_stalls_and_a_long_line_is_cut(node: NodeConnection) ->
     assert wait_until(lambda: not running(node, marker), 5)
 
     cut = list(node.stream("head -c 5000 /dev/zero | tr '\\0' x; echo; echo after", max_line=1000))
-    assert cut == ["x" * 200, "after"]
+    assert cut == ["x" * 200 + CUT_MARK.format(max_line=1000), "after"]
+
+
+def test_an_endless_line_costs_a_bounded_buffer_and_linear_time(node: NodeConnection) -> None:
+    """256 MiB of NULs without a newline, then a line, over the real connection: the stream
+    (with its default line cap) hands over the cut line and the next one, never holding more
+    than the cap. Bound: the controller's Python heap (the transport's buffers included)
+    peaks below 8 MiB; the old reader held the whole line and copied it at every read."""
+    node.run("true")
+    got: list[str] = []
+    lines = node.stream("head -c 256M /dev/zero; echo; echo after")
+    tracemalloc.start()
+    try:
+        reader = threading.Thread(target=lambda: got.extend(lines))
+        reader.start()
+        reader.join(120)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        lines.close()
+    assert not reader.is_alive(), "256 MiB took more than 120 s to read"
+    assert got == ["\ufffd" * 200 + CUT_MARK.format(max_line=DEFAULT_MAX_LINE), "after"]
+    assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
 def test_a_lost_connection_is_the_remote_layer_s_error(node: NodeConnection) -> None:
