@@ -45,6 +45,9 @@ from orchestrator.node.launch import home_expr
 from orchestrator.remote.sync import pull_argv, run_rsync
 
 MIRROR_MODES = ("all", "latest", "none")
+# A node's manifest longer than this is not read (one of a checkpoint of many thousand files
+# is a few MB); the node's checkpoints wait until it is back under it.
+MANIFEST_MAX_BYTES = 32 * 1024 * 1024
 
 STAT_OBJECTS = (
     "import os, sys\n"
@@ -91,22 +94,34 @@ class CheckpointCollector:
         self.layout = layout
         self.mode = mode
         self.timeout_s = timeout_s
+        self.oversized: set[int] = set()  # ranks whose manifest was past the cap at the last read
         self._lock = threading.Lock()
 
     def read(self, skip: Collection[int] = ()) -> dict[int, AgentReport]:
-        """Every answering node's agent report, by rank; nodes in `skip` are not asked."""
+        """Every answering node's agent report, by rank; nodes in `skip` are not asked. A
+        manifest longer than `MANIFEST_MAX_BYTES` is not read: its node reports no manifest
+        this time, and is in `oversized`."""
 
         def one(rank: int, connection) -> AgentReport | None:  # noqa: ANN001 - NodeConnection
             if rank in skip:
                 return None
             sent = time.time_ns()
             try:
-                output = connection.run(read_command(self.layout), timeout=30, check=False).stdout
+                result = connection.run(
+                    read_command(self.layout), timeout=30, check=False,
+                    max_output=MANIFEST_MAX_BYTES,
+                )  # fmt: skip
             except NodeUnreachable:
                 return None
+            output = result.stdout
+            if result.cut:  # a manifest past the cap is not read: the state line alone
+                output = output[: output.find("\n") + 1]
+                oversized.add(rank)
             return parse_report(output, rank, sent, time.time_ns())
 
+        oversized: set[int] = set()
         reports = self.cluster.map(one)
+        self.oversized = oversized
         return {rank: report for rank, report in enumerate(reports) if report is not None}
 
     def collect(

@@ -30,7 +30,11 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from orchestrator.cluster.checkpoints.collector import CheckpointCollector, Collected
+from orchestrator.cluster.checkpoints.collector import (
+    MANIFEST_MAX_BYTES,
+    CheckpointCollector,
+    Collected,
+)
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
 from orchestrator.cluster.checkpoints.store import (
@@ -75,6 +79,12 @@ class KeeperOptions:
     failure_min: int = 5  # ... once there were at least this many
     transfer_timeout_s: float = 3600.0  # one node's transfer, at most
     restore_timeout_s: float = 3600.0  # every node's download from the store, at most
+
+
+OVERSIZED_MANIFEST = (
+    f"its manifest is longer than {MANIFEST_MAX_BYTES // 2**20} MiB and was not read; this "
+    "node's checkpoints wait until it is shorter"
+)
 
 
 @dataclass(frozen=True)
@@ -391,12 +401,14 @@ class CheckpointKeeper:
         return collected
 
     def _note_problems(self, reports: dict[int, AgentReport]) -> None:
+        found = [(rank, OVERSIZED_MANIFEST) for rank in sorted(self.collector.oversized)]
         for rank, report in sorted(reports.items()):
-            for problem in report.manifest.problems if report.manifest else ():
-                text = f"node {rank}: checkpoint agent: {problem}"
-                if text not in self._problems_seen:
-                    self._problems_seen.add(text)
-                    self.ledger.add_event(self.job_id, "WARNING", text)
+            found += [(rank, p) for p in (report.manifest.problems if report.manifest else ())]
+        for rank, problem in found:
+            text = f"node {rank}: checkpoint agent: {problem}"
+            if text not in self._problems_seen:
+                self._problems_seen.add(text)
+                self.ledger.add_event(self.job_id, "WARNING", text)
 
 
 def _finished(report: AgentReport) -> bool:
