@@ -35,7 +35,8 @@ from orchestrator.remote.streams import CommandLines
 
 __all__ = ["CpuWatcher", "GpuWatcher", "NodeGpuState"]
 
-MAX_LINE = 64 * 1024  # a longer "line" is garbage and is dropped
+MAX_LINE = 64 * 1024  # a longer "line" is garbage and is cut
+CPU_MAX_OUTPUT = 64 * 1024  # a CPU reading is a line of numbers: more is garbage, not read
 HANG_FLOOR_S = 10.0  # nvidia-smi silent this long (or 3 intervals, if longer) is hung
 
 
@@ -280,7 +281,9 @@ class CpuWatcher:
     def read(self) -> CpuReading | None:
         """One raw reading of the session's CPU time; None (and `error` set) on failure."""
         try:
-            result = self.connection.run(self.command, timeout=self.timeout_s, check=False)
+            result = self.connection.run(
+                self.command, timeout=self.timeout_s, check=False, max_output=CPU_MAX_OUTPUT
+            )
         except OrchError as exc:
             self.error = f"could not read CPU use: {exc.message}"
             return None

@@ -150,17 +150,21 @@ def log_parts(path: Path) -> list[Path]:
     return [*parts, path] if path.exists() else parts
 
 
-def read_from(path: Path, offset: int) -> tuple[int, bytes]:
-    """The log's bytes from stream position `offset` on, as far as the kept files reach:
-    returns (the position of the first byte returned, the bytes). Bytes before the oldest
-    kept file are gone; reading starts at that file then."""
+def read_from(path: Path, offset: int, limit: int | None = None) -> tuple[int, bytes]:
+    """The log's bytes from stream position `offset` on, as far as the kept files reach, and
+    at most `limit` of them (None: all): returns (the position of the first byte returned, the
+    bytes). Bytes before the oldest kept file are gone; reading starts at that file then. Only
+    the bytes returned are read."""
     parts = log_parts(path)
     position, chunks = _kept_start(path, parts), []
     first = max(offset, position)
+    left = -1 if limit is None else limit
     for part in parts:
-        data = part.read_bytes()
-        end = position + len(data)
-        if end > first:
-            chunks.append(data[max(0, first - position) :])
+        end = position + part.stat().st_size
+        if end > first and left != 0:
+            with part.open("rb") as handle:
+                handle.seek(max(0, first - position))
+                chunks.append(handle.read(left))
+            left = left if left < 0 else left - len(chunks[-1])
         position = end
     return first, b"".join(chunks)

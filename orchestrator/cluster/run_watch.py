@@ -7,6 +7,11 @@ rank 0's progress, and returns the verdict; `RunWatch.peek()` pulls rank 0's log
 person waiting on a run's first lines between two ticks. A node that fails `lost_after` probes
 in a row is lost (`NodeLost`): one missed probe is not enough.
 
+What a node prints is mirrored byte for byte (the offsets count the node's bytes, whatever
+its encoding), and read in bounded pieces: a probe returns at most `launch.PROBE_LOG_LIMIT`
+bytes of log, and rank 0's lines are cut at `remote.lines.DEFAULT_MAX_LINE`, so a run that
+prints a line without end costs the controller a bounded buffer and is still watched.
+
 A check never waits longer than `probe_timeout` for a node: a node that has not answered by
 then missed the check, and its probe may go on (a dead link can hold a command or a reconnect
 for much longer) while later checks count as missed, without a second probe to that node. So a
@@ -28,17 +33,31 @@ from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import NodeLost, NodeUnreachable
 from orchestrator.node import launch
 from orchestrator.node.progress import (
-    LineBuffer,
     Metrics,
     describe_event,
     local_rank_line,
     parse_metrics,
 )
-from orchestrator.remote.ssh import NodeConnection
+from orchestrator.remote.lines import Line, LineSplitter
+from orchestrator.remote.ssh import CommandResult, NodeConnection
 
 UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
 PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
 PEEK_TIMEOUT = 5.0  # a peek gives up sooner: it is only early news, the next tick reads it all
+# A probe prints one status line, then at most PROBE_LOG_LIMIT bytes of log: more is garbage.
+PROBE_MAX_OUTPUT = launch.PROBE_LOG_LIMIT + 64 * 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One node's answer to a probe: the parsed probe, and its new log bytes as the node holds
+    them (the log is mirrored byte for byte, whatever encoding the run prints in)."""
+
+    probe: launch.NodeProbe
+    log: bytes = b""
+
+
+NO_ANSWER = Answer(UNANSWERED)
 
 
 @dataclass(frozen=True)
@@ -109,19 +128,21 @@ class RunWatch:
         ]
         self.misses = [0] * count
         self.progress_seen = False  # a progress line of rank 0 was read (and reported)
-        self._rank0 = LineBuffer()
+        self._rank0 = LineSplitter()  # rank 0's lines: a line that never ends is cut
         # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
         self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
-        self._pending: list[Future[launch.NodeProbe] | None] = [None] * count
+        self._pending: list[Future[Answer] | None] = [None] * count
 
     def tick(self) -> Verdict:
-        probes = self._probe_all()
+        answers = self._probe_all()
+        probes = [answer.probe for answer in answers]
         read_at = time.monotonic()
-        for rank, probe in enumerate(probes):
-            if probe.new_log:
-                self._append(rank, probe.new_log)
+        for rank, answer in enumerate(answers):
+            if answer.log:
+                self._append(rank, answer.log)
                 if rank == 0:
-                    self._show(self._rank0.feed(probe.new_log), read_at)
+                    self._show(self._rank0.feed(answer.log), read_at)
+            probe = answer.probe
             lost = probe.state in ("unreachable", "vanished", "not-started")
             self.misses[rank] = self.misses[rank] + 1 if lost else 0
             if self.misses[rank] >= self.lost_after:
@@ -151,27 +172,29 @@ class RunWatch:
         command = peek_command(self.layout, self.offsets[0])
         timeout = min(self.probe_timeout, PEEK_TIMEOUT)
         try:
-            text = connection.run(command, timeout=timeout, check=False).stdout
+            result = connection.run(
+                command, timeout=timeout, check=False, max_output=launch.PROBE_LOG_LIMIT
+            )
         except NodeUnreachable:
             return
-        if text:
-            self._append(0, text)
-            self._show(self._rank0.feed(text), time.monotonic())
+        if result.stdout_bytes:
+            self._append(0, result.stdout_bytes)
+            self._show(self._rank0.feed(result.stdout_bytes), time.monotonic())
 
     def catch_up(self, *, skip: Collection[int] = ()) -> None:
         """Copy the log bytes the nodes printed since the last tick; nodes that do not
         answer, and the ranks in `skip`, are skipped. For the end of a run, when no verdict
         is wanted any more."""
         for _ in range(16):  # a probe returns at most 1 MiB of log
-            probes = self._probe_all(skip=skip)
-            for rank, probe in enumerate(probes):
-                if probe.new_log:
-                    self._append(rank, probe.new_log)
-            if all(len(p.new_log) < launch.PROBE_LOG_LIMIT for p in probes):
+            answers = self._probe_all(skip=skip)
+            for rank, answer in enumerate(answers):
+                if answer.log:
+                    self._append(rank, answer.log)
+            if all(len(answer.log) < launch.PROBE_LOG_LIMIT for answer in answers):
                 return
 
-    def _probe_all(self, *, skip: Collection[int] = ()) -> list[launch.NodeProbe]:
-        """One answer per node, by rank, within `probe_timeout`; `UNANSWERED` for a node whose
+    def _probe_all(self, *, skip: Collection[int] = ()) -> list[Answer]:
+        """One answer per node, by rank, within `probe_timeout`; `NO_ANSWER` for a node whose
         probe (started now, or still running from an earlier check) has not answered by then,
         and at once for the ranks in `skip` (nodes found gone: asking would cost a timeout).
 
@@ -184,24 +207,23 @@ class RunWatch:
                 self._pending[rank] = self._pool.submit(self._probe, rank, connection)
         asked = [f for r, f in enumerate(self._pending) if f is not None and r not in skipped]
         wait(asked, timeout=self.probe_timeout)
-        probes: list[launch.NodeProbe] = []
+        answers: list[Answer] = []
         error: BaseException | None = None
         for rank, future in enumerate(self._pending):
             if rank in skipped or future is None or not future.done():
-                probes.append(UNANSWERED)
+                answers.append(NO_ANSWER)
                 continue
             self._pending[rank] = None
             try:
-                probes.append(future.result())
+                answers.append(future.result())
             except BaseException as exc:  # noqa: BLE001 - raised below, after the others
-                probes.append(UNANSWERED)
+                answers.append(NO_ANSWER)
                 error = error or exc
         if error is not None:
             raise error
-        return probes
+        return answers
 
-    def _append(self, rank: int, text: str) -> None:
-        data = text.encode()
+    def _append(self, rank: int, data: bytes) -> None:
         log_files.append(
             self.paths[rank],
             data,
@@ -228,17 +250,19 @@ class RunWatch:
             start = size
         return max(0, size - start)
 
-    def _probe(self, rank: int, connection: NodeConnection) -> launch.NodeProbe:
+    def _probe(self, rank: int, connection: NodeConnection) -> Answer:
         command = launch.probe_command(self.layout, self.offsets[rank])
         try:
-            result = connection.run(command, timeout=PROBE_COMMAND_TIMEOUT, check=False)
+            result = connection.run(
+                command, timeout=PROBE_COMMAND_TIMEOUT, check=False, max_output=PROBE_MAX_OUTPUT
+            )
         except NodeUnreachable:
-            return launch.NodeProbe("unreachable", None, 0, "")
-        return launch.parse_probe(result.stdout)
+            return NO_ANSWER
+        return probe_answer(result)
 
-    def _show(self, lines: list[str], read_at: float) -> None:
+    def _show(self, lines: list[Line], read_at: float) -> None:
         for line in lines:
-            local_rank, text = local_rank_line(line)
+            local_rank, text = local_rank_line(line.text)
             if local_rank is None:
                 if text.startswith("[orch]"):
                     self.on_line(text)
@@ -254,3 +278,12 @@ class RunWatch:
             else:
                 self.progress_seen = True
                 self.on_metrics(metrics, read_at)
+
+
+def probe_answer(result: CommandResult) -> Answer:
+    """A probe's result as an answer. Output past `PROBE_MAX_OUTPUT` (a status line no run
+    writes) reads as an unreadable probe: `vanished`, which the next checks confirm or not."""
+    if result.cut:
+        return Answer(launch.parse_probe(""))
+    probe = launch.parse_probe(result.stdout)
+    return Answer(probe, result.stdout_bytes.partition(b"\n")[2] if probe.new_log else b"")

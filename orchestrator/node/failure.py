@@ -44,6 +44,9 @@ _PEER_LOSS = re.compile(
     re.IGNORECASE,
 )
 SIGABRT_EXIT = -6
+# Control characters (but tab and newline) a node log may hold: a report reaches the terminal
+# and the ledger, which get neither a node's escape sequences nor a NUL (as `remote.lines`).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # What the C++ runtime prints as it aborts a process whose std::thread is still joinable: with
 # gloo, a rank ending through normal interpreter shutdown sometimes dies this way after its
 # last line of Python has run.
@@ -191,7 +194,8 @@ def cluster_failure(logs: Mapping[int, str], rank: int, exit_code: int | None) -
 def failure_report(node: int, what: str, log_text: str) -> str:
     """The reason a run failed on node `node`: the failing rank's own exception line first
     (when the log holds one), then `what` happened (e.g. "torchrun exited with code 1"),
-    that rank's traceback, and the last `TAIL_LINES` lines of the node log."""
+    that rank's traceback, and the last `TAIL_LINES` lines of the node log. Control characters
+    (but tab and newline) are replaced by U+FFFD."""
     tail = "\n".join(log_text.rstrip().splitlines()[-TAIL_LINES:])
     failure = find_failure(log_text)
     parts: list[str] = []
@@ -206,7 +210,7 @@ def failure_report(node: int, what: str, log_text: str) -> str:
         parts.extend(failure.traceback)
     parts.append(f"--- last lines of node {node}'s log ---")
     parts.append(tail)
-    return "\n".join(parts)
+    return _CONTROL.sub("\ufffd", "\n".join(parts))
 
 
 def _who(node: int, failure: Failure) -> str:

@@ -16,22 +16,6 @@ from dataclasses import dataclass
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 
 
-class LineBuffer:
-    """Turns a stream of text chunks into complete lines, holding back a trailing partial line."""
-
-    def __init__(self) -> None:
-        self._partial = ""
-
-    def feed(self, chunk: str) -> list[str]:
-        text = self._partial + chunk
-        *lines, self._partial = text.split("\n")
-        return lines
-
-    def flush(self) -> list[str]:
-        rest, self._partial = self._partial, ""
-        return [rest] if rest else []
-
-
 def local_rank_line(line: str) -> tuple[int | None, str]:
     """Split a node-log line into (local rank, text); lines of torchrun itself give None."""
     match = _RANK_PREFIX.match(line)

@@ -183,3 +183,14 @@ def test_an_abort_at_exit_is_named_with_a_hint() -> None:
     other = log.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)", 1)
     other = other.replace("exitcode  : -6 (pid: 14972)  (SIGABRT)", "exitcode  : 1 (pid: 1)")
     assert EXIT_ABORT_HINT not in failure_report(0, "torchrun exited with code 1", other)
+
+
+def test_a_report_carries_no_control_character_of_the_node_log() -> None:
+    """A report reaches the terminal and the ledger (PostgreSQL refuses NUL): a node's escape
+    sequences and NULs become U+FFFD, the rest of the report is as before."""
+    log = SAMPLE.replace("ValueError: boom", "ValueError: \x1b[2J\x00boom\x07")
+    report = failure_report(0, WHAT, log)
+    error = "rank 1 (node 0): ValueError: \ufffd[2J\ufffdboom\ufffd: bad batch shape [3, 224]"
+    assert report.splitlines()[0] == error
+    assert not any(c in report for c in "\x00\x07\x1b\r")
+    assert report.replace("\ufffd[2J\ufffdboom\ufffd", "boom") == failure_report(0, WHAT, SAMPLE)

@@ -1,12 +1,16 @@
-"""The cap and rotation of mirrored node logs: the pure decision, and files on a real disk."""
+"""The cap and rotation of mirrored node logs: the pure decision, and files on a real disk;
+reading them back in bounded pieces."""
 
 from __future__ import annotations
 
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchestrator.cluster import log_files
+from orchestrator.cluster.log_lines import READ_CHUNK, LogReader
 from orchestrator.config import load_settings
+from orchestrator.remote.lines import CUT_KEEP, CUT_MARK, DEFAULT_MAX_LINE
 
 
 def test_a_log_rotates_only_when_it_holds_something_and_would_pass_the_cap() -> None:
@@ -74,3 +78,45 @@ def test_each_pull_records_its_time_and_rotation_forgets_what_no_file_keeps(
     assert log_files.time_at(times, 0) is None
     log_files.append(log, b"no time\n", max_bytes=0, keep=2)  # a pull without a time
     assert len(log_files.pull_times(log)) == 3
+
+
+def test_a_bounded_read_returns_only_what_it_asks_for_across_parts(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    chunks = [f"chunk {n}\n".encode() * 3 for n in range(6)]  # 24 bytes each
+    for chunk in chunks:
+        log_files.append(log, chunk, max_bytes=40, keep=2)
+    whole = b"".join(chunks[3:])
+    assert log_files.read_from(log, 0, 30) == (3 * 24, whole[:30])  # two files, 30 bytes
+    assert log_files.read_from(log, 3 * 24 + 30, 1000) == (3 * 24 + 30, whole[30:])
+    assert log_files.read_from(log, 3 * 24 + 7, 0) == (3 * 24 + 7, b"")
+
+
+def test_a_line_that_never_ends_is_read_once_cut_and_in_bounded_memory(tmp_path: Path) -> None:
+    """A node log holding 64 MiB without a newline: `orch logs -f` shows it once, cut, while it
+    is still being written, holds no more of it than the line cap, and goes on with the next
+    lines; progress-bar redraws after a carriage return are lines of their own; the node's
+    control characters never reach the terminal."""
+    log = tmp_path / "node-0.log"
+    with log.open("wb") as handle:
+        handle.write(b"[default0]:start\n[default0]:")
+        for _ in range(64):
+            handle.write(b"z" * 1024 * 1024)
+    reader = LogReader(log, node=0, gpus_per_node=1)
+    tracemalloc.start()
+    try:
+        first = reader.read(final=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [line.text for line in first] == [
+        "start",
+        "z" * (CUT_KEEP - len("[default0]:")) + CUT_MARK.format(max_line=DEFAULT_MAX_LINE),
+    ]
+    assert peak < 3 * READ_CHUNK + 2 * DEFAULT_MAX_LINE, f"peak {peak} bytes"
+    assert reader.read(final=False) == []  # neither shown again nor re-read
+    with log.open("ab") as handle:
+        handle.write(b"zz\n[default0]: 10%\r[default0]: 20%\r\n[default0]:\x1b[2Jbye\x00")
+    assert [line.text for line in reader.read(final=False)] == [" 10%", " 20%"]
+    assert [(line.rank, line.text) for line in reader.read(final=True)] == [
+        (0, "\ufffd[2Jbye\ufffd")
+    ]

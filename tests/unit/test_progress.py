@@ -1,20 +1,11 @@
 from __future__ import annotations
 
 from orchestrator.node.progress import (
-    LineBuffer,
     describe_event,
     local_rank_line,
     parse_metrics,
     rank_lines,
 )
-
-
-def test_line_buffer_holds_partial_lines() -> None:
-    buffer = LineBuffer()
-    assert buffer.feed("a\nb") == ["a"]
-    assert buffer.feed("c\nd\n") == ["bc", "d"]
-    assert buffer.feed("tail") == []
-    assert buffer.flush() == ["tail"]
 
 
 def test_rank_prefix() -> None:

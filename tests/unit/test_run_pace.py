@@ -35,15 +35,15 @@ class FakeNode:
     def is_alive(self) -> bool:
         return self.alive
 
-    def run(self, command: str, *, timeout: float, check: bool) -> Any:
+    def run(self, command: str, *, timeout: float, check: bool, max_output: int) -> Any:
         self.commands.append(command)
         if self.down:
             raise NodeUnreachable("node: command did not finish within 5 s")
         offset = int(command.split("tail -c +", 1)[1].split()[0]) - 1
-        new = self.log.encode()[offset:].decode()
-        if launch.PROBE_MARK not in command:
-            return SimpleNamespace(stdout=new)
-        return SimpleNamespace(stdout=f"{launch.PROBE_MARK} running {len(self.log)}\n{new}")
+        new = self.log.encode()[offset:]
+        if launch.PROBE_MARK in command:
+            new = f"{launch.PROBE_MARK} running {len(self.log)}\n".encode() + new
+        return SimpleNamespace(stdout=new.decode(), stdout_bytes=new, cut=False)
 
 
 def watch_of(nodes: list[FakeNode], tmp_path: Path) -> tuple[RunWatch, list[Metrics], list[str]]:
