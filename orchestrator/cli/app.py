@@ -341,10 +341,24 @@ def wait(
 
 
 @app.command()
-def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
-    """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down."""
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="a job another machine drives: take its lease and end its nodes from here, "
+            "skipping that machine's controller (no SIGTERM to the trainers, no checkpoint "
+            "pulled)",
+        ),
+    ] = False,
+) -> None:
+    """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down. A
+    job another machine drives is cancelled by that machine's controller, asked through the
+    ledger."""
     from orchestrator.control.cancel import CancelRoute
     from orchestrator.control.cancel import cancel as cancel_job
+    from orchestrator.ledger.store import ControllerLease
 
     settings = load_settings()
     console = make_console()
@@ -352,13 +366,32 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     def signalled(pid: int) -> None:
         console.print(f"cancelling {job_id}: its controller stops the trainers and the nodes")
 
-    result = cancel_job(settings, open_ledger(settings), job_id, on_signalled=signalled)
+    def asked(lease: ControllerLease) -> None:
+        console.print(
+            f"cancelling {job_id}: asked its controller on machine {lease.machine} through the "
+            "ledger; it stops the trainers and the nodes",
+            highlight=False,
+        )
+
+    def forced(lease: ControllerLease) -> None:
+        make_console(stderr=True).print(
+            f"warning: --force: took the lease of {job_id} from its controller on machine "
+            f"{lease.machine}, which stops at its next renewal; its trainers get no SIGTERM "
+            "and no checkpoint is pulled",
+            highlight=False,
+        )
+
+    result = cancel_job(
+        settings, open_ledger(settings), job_id, force=force, on_signalled=signalled,
+        on_asked=asked, on_forced=forced,
+    )  # fmt: skip
     if result.route is CancelRoute.ALREADY_ENDED:
         console.print(f"job {job_id} already ended: {result.state}")
-    elif result.route is CancelRoute.CONTROLLER:
+    elif result.route in (CancelRoute.CONTROLLER, CancelRoute.ASKED):
         console.print(f"job {job_id}: {result.state.value}")
     else:
-        console.print(f"job {job_id}: CANCELLED ({len(result.terminated)} node(s) terminated)")
+        how = " by force" if result.route is CancelRoute.FORCED else ""
+        console.print(f"job {job_id}: CANCELLED{how} ({len(result.terminated)} node(s) terminated)")
 
 
 app.command(name="cost")(cost_command)

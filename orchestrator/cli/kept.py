@@ -47,21 +47,21 @@ def kept_request(
 
 
 def kept_clusters(settings: Settings, ledger: Ledger) -> list[dict]:
-    """The UP kept clusters; one whose autostop is due is first asked of its provider (its
-    guards may have ended it), so its bill stops where its nodes did."""
+    """The UP kept clusters; one of this machine's whose autostop is due is first asked of
+    its provider (its guards may have ended it), so its bill stops where its nodes did."""
     from orchestrator.ledger.clusters import Clusters
 
     clusters = Clusters(ledger).all(up_only=True)
     if not clusters:
         return []
-    from orchestrator.control.kept import settle
+    from orchestrator.control.kept import cluster_scope, is_mine, settle
     from orchestrator.ledger.clusters import autostop_left
     from orchestrator.ledger.store import utcnow
     from orchestrator.providers import get_provider
     from orchestrator.report.clusters import clusters_document
 
-    now = utcnow()
-    for cluster in clusters:
+    now, scope = utcnow(), cluster_scope(settings)
+    for cluster in (c for c in clusters if is_mine(c, scope)):  # others': their owner's
         left = autostop_left(cluster, now)
         if left is not None and left < 0:
             with contextlib.suppress(OrchError):

@@ -29,7 +29,7 @@ from orchestrator.control.liveness import JOB_RECORD, JOB_SECRETS, controller_lo
 from orchestrator.control.machine_id import machine_id, machine_of
 from orchestrator.job_state import JobState
 from orchestrator.ledger.controller_leases import ControllerLeases
-from orchestrator.ledger.store import Job, Ledger, utcnow
+from orchestrator.ledger.store import Job, Ledger
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,17 @@ def plan_adoption(
     settings: Settings, ledger: Ledger, jobs: Iterable[Job], *, now: datetime | None = None
 ) -> Adoption:
     """Sort the unfinished ones of `jobs` as the module docstring says; final jobs are left
-    out. `now`: the time leases are judged at (UTC)."""
+    out. `now`: the time leases are judged at (UTC); by default the ledger's clock, the one
+    every machine judges leases by (`ledger.clock`)."""
     unfinished = [job for job in jobs if not JobState(job.state).is_final]
     adoption = Adoption()
     if not settings.ledger.shared:
         adoption.revive = [j.id for j in unfinished if controller_lost(settings.job_dir(j.id))]
         return adoption
-    now = now or utcnow()
-    leases = ControllerLeases(ledger).all() if unfinished else {}
+    if not unfinished:
+        return adoption
+    now = now or ControllerLeases(ledger).now()  # before the leases: never judged too late
+    leases = ControllerLeases(ledger).all()
     me = machine_id(settings.home)
     starting = timedelta(seconds=settings.ledger.controller_lease)
     for job in unfinished:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
 from orchestrator.control.adoption import plan_adoption
-from orchestrator.control.kept import KeptRequest, join_cluster
+from orchestrator.control.kept import KeptRequest, cluster_scope, is_mine, join_cluster
 from orchestrator.control.lease_keeper import LeaseKeeper, keep_lease
 from orchestrator.control.notify import notify_end, save_notify
 from orchestrator.control.ownership import Partition, partition
@@ -32,11 +32,11 @@ from orchestrator.control.supervision import (
     wait_for_controller,
 )
 from orchestrator.control.team_caps import SubmitBudget, TeamCaps
-from orchestrator.errors import SpecError, UnknownJob
+from orchestrator.errors import OrchError, SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.admission import admission_lock
 from orchestrator.ledger.clusters import Clusters
-from orchestrator.ledger.store import Job, Ledger, utcnow
+from orchestrator.ledger.store import ControllerLease, Job, KeptCluster, Ledger, utcnow
 from orchestrator.providers import get_provider
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.providers.plan import DryRun, LaunchPlan
@@ -173,7 +173,7 @@ def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit
     with _admission(settings, ledger, prepared) as admitted:
         register_job(
             settings, ledger, prepared.loaded, prepared.provider.name, job_id,
-            cluster_id=_cluster_of(ledger, prepared),
+            cluster_id=_cluster_of(settings, ledger, prepared),
         )  # fmt: skip
         _reserve(settings, ledger, admitted, job_id)
     if prepared.notify:
@@ -242,7 +242,7 @@ def submit_foreground(
         with _admission(settings, ledger, prepared) as admitted:
             job = register_job(
                 settings, ledger, prepared.loaded, prepared.provider.name, job_id,
-                cluster_id=_cluster_of(ledger, prepared),
+                cluster_id=_cluster_of(settings, ledger, prepared),
             )  # fmt: skip
             _reserve(settings, ledger, admitted, job_id)
         lease = keep_lease(settings, ledger, job_id)
@@ -254,14 +254,15 @@ def submit_foreground(
     return ForegroundJob(settings, ledger, prepared, job, lock, lease)
 
 
-def _cluster_of(ledger: Ledger, prepared: PreparedSubmit) -> str | None:
-    """The id of the kept cluster the job runs on (recorded now when new); None: its own."""
+def _cluster_of(settings: Settings, ledger: Ledger, prepared: PreparedSubmit) -> str | None:
+    """The id of this machine's kept cluster the job runs on (recorded now when new); None:
+    nodes of its own."""
     if prepared.cluster is None:
         return None
     resources = prepared.loaded.spec.resources
     return join_cluster(
         ledger, prepared.cluster, provider=prepared.provider.name, nodes=resources.nodes,
-        gpus_per_node=resources.gpus_per_node,
+        gpus_per_node=resources.gpus_per_node, machine=cluster_scope(settings),
     ).id  # fmt: skip
 
 
@@ -278,6 +279,15 @@ class NodesEnded:
 
 
 @dataclass(frozen=True)
+class LeftAlone:
+    """A kept cluster of another machine (on a shared ledger) that `down` did not end."""
+
+    name: str
+    cluster_id: str
+    machine: str | None  # the machine that owns it; None: made before clusters recorded it
+
+
+@dataclass(frozen=True)
 class DownResult:
     ended: tuple[NodesEnded, ...]  # per job, in the order they were ended
     not_ours: tuple[str, ...]  # ids of other ledgers' nodes that matched: never touched
@@ -285,6 +295,8 @@ class DownResult:
     # on a shared ledger: unfinished jobs another machine drives, or must revive (it holds
     # their keys); their nodes were left alone
     elsewhere: tuple[str, ...] = ()
+    left_alone: tuple[LeftAlone, ...] = ()  # other machines' kept clusters: left alone
+    forced: tuple[str, ...] = ()  # `force`: jobs whose lease was taken from another machine
 
     @property
     def nodes(self) -> int:
@@ -296,17 +308,27 @@ def down(
     ledger: Ledger,
     cluster: str | None,
     *,
+    force: bool = False,
     on_ended: Callable[[NodesEnded], None] | None = None,
+    on_forced: Callable[[ControllerLease], None] | None = None,
 ) -> DownResult:
-    """Terminate the nodes of cluster `cluster` (None: every cluster) that belong to this
-    ledger, whatever their job is doing, on every provider in use. Each job's nodes are ended
-    together (`end_nodes`: billing stops at the provider's acknowledgement, leases closed);
-    `on_ended` hears of each group as soon as it is gone, so that what was ended is known
-    even when a later group fails. A job left unfinished with no live controller is recorded
-    CANCELLED (exit 130, "orch down"); one with a live controller is left to it, which finds
-    its nodes gone. Nodes of other ledgers are returned in `not_ours`, never ended. On a shared
-    ledger the nodes of an unfinished job that another machine drives, or that only another
-    machine can drive (`control.adoption`), are never ended from here: `elsewhere` lists them.
+    """Terminate the nodes of cluster `cluster` (a kept cluster's name or id, or a job id;
+    None: every cluster) that belong to this ledger, whatever their job is doing, on every
+    provider in use. Each job's nodes are ended together (`end_nodes`: billing stops at the
+    provider's acknowledgement, leases closed); `on_ended` hears of each group as soon as it
+    is gone, so that what was ended is known even when a later group fails. A job left
+    unfinished with no live controller is recorded CANCELLED (exit 130, "orch down"); one
+    with a live controller here is left to it, which finds its nodes gone. Nodes of other
+    ledgers are returned in `not_ours`, never ended.
+
+    On a shared ledger a member ends only what it drives or owns: the nodes of an unfinished
+    job that another machine drives, or that only another machine can drive
+    (`control.adoption`), are never ended from here (`elsewhere` lists them, and a kept
+    cluster such a job runs on stays UP); nor another machine's kept clusters (`left_alone`:
+    names are each machine's own, `cluster` names this machine's first). With `force` all of
+    them are ended too: the lease of each such job is taken from its controller (`on_forced`
+    hears it) and `down` waits for that controller to stop first (it does at its next
+    renewal), so that it does not replace the nodes; no checkpoint is pulled (`forced`).
     """
     ended: list[NodesEnded] = []
     others: list[str] = []
@@ -315,41 +337,115 @@ def down(
         if settings.ledger.shared
         else set()
     )
+    targets, left = _kept_targets(settings, ledger, cluster, force=force)
+    left_ids = {c.id for c in left}
+    matches: set[str] | None = None  # the nodes' cluster tags to end; None: every node
+    if cluster is not None:  # a kept cluster's nodes carry its id as their cluster
+        matches = {c.id for c in targets} if targets or left else {cluster}
     elsewhere: set[str] = set()
-    kept = Clusters(ledger).up(cluster) if cluster is not None else None
-    if kept is not None:
-        cluster = kept.id  # a kept cluster's nodes carry its id as their cluster
-    for provider in providers_in_use(settings, ledger):
-        wanted = [i for i in provider.list_owned() if cluster is None or i.cluster == cluster]
-        found = ledger_partition(ledger, wanted)
-        others += [i.instance_id for i in found.others]
-        by_job: dict[str, list[str]] = {}
-        for instance in found.ours:
-            by_job.setdefault(instance.job_id, []).append(instance.instance_id)
-        for job_id, ids in by_job.items():
-            if job_id in hands_off:
-                elsewhere.add(job_id)
-                continue
-            end_nodes(ledger, provider, job_id, ids, home=settings.home)
-            with contextlib.suppress(UnknownJob):
-                job = ledger.get_job(job_id)
-                if not JobState(job.state).is_final and not controller_running(settings, job_id):
-                    ledger.update_job(
-                        job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down",
-                        ended_at=utcnow(),
-                    )  # fmt: skip
-            group = NodesEnded(job_id, provider.name, tuple(ids))
-            ended.append(group)
-            if on_ended is not None:
-                on_ended(group)
-    downed = [kept] if kept is not None else []
-    if cluster is None:
-        downed = Clusters(ledger).all(up_only=True)
-    for up in downed:  # their nodes may have ended on their own already
-        Clusters(ledger).down(up.id, utcnow(), "orch down")
+    keepers: list[LeaseKeeper] = []
+    try:
+        for provider in providers_in_use(settings, ledger):
+            wanted = [
+                i
+                for i in provider.list_owned()
+                if i.job_id not in left_ids and (matches is None or i.cluster in matches)
+            ]
+            found = ledger_partition(ledger, wanted)
+            others += [i.instance_id for i in found.others]
+            by_job: dict[str, list[str]] = {}
+            for instance in found.ours:
+                by_job.setdefault(instance.job_id, []).append(instance.instance_id)
+            for owner, ids in by_job.items():
+                theirs = sorted(_jobs_of(ledger, owner) & hands_off)
+                if theirs and not force:
+                    elsewhere.update(theirs)
+                    continue
+                for job_id in theirs:  # force: their controllers stop before the nodes end
+                    keepers.append(_seize(settings, ledger, job_id, on_forced))
+                end_nodes(ledger, provider, owner, ids, home=settings.home)
+                for job_id in {owner, *theirs}:
+                    _cancelled_by_down(settings, ledger, job_id)
+                group = NodesEnded(owner, provider.name, tuple(ids))
+                ended.append(group)
+                if on_ended is not None:
+                    on_ended(group)
+        # a cluster a job of another machine runs on stays up, whether its nodes showed or not
+        busy = {c.id: _jobs_of(ledger, c.id) & hands_off for c in targets} if not force else {}
+        elsewhere.update(*busy.values())
+        downed = [c for c in targets if not busy.get(c.id)]
+        for up in downed:  # their nodes may have ended on their own already
+            Clusters(ledger).down(up.id, utcnow(), "orch down")
+    finally:
+        for keeper in keepers:
+            keeper.stop()
     return DownResult(
-        tuple(ended), tuple(others), tuple(up.name for up in downed), tuple(sorted(elsewhere))
-    )
+        tuple(ended), tuple(others), tuple(up.name for up in downed), tuple(sorted(elsewhere)),
+        tuple(LeftAlone(c.name, c.id, c.machine) for c in left),
+        tuple(keeper.job_id for keeper in keepers),
+    )  # fmt: skip
+
+
+def _kept_targets(
+    settings: Settings, ledger: Ledger, cluster: str | None, *, force: bool
+) -> tuple[list[KeptCluster], list[KeptCluster]]:
+    """(the UP kept clusters `down` ends, the other machines' ones it leaves alone) for
+    `cluster` (a name or id; None: all). A name means this machine's cluster of that name
+    when there is one (`kept.cluster_scope`)."""
+    scope = cluster_scope(settings)
+    candidates = Clusters(ledger).all(up_only=True)
+    if cluster is not None:
+        candidates = [c for c in candidates if cluster in (c.name, c.id)]
+    mine = [c for c in candidates if is_mine(c, scope)]
+    theirs = [c for c in candidates if not is_mine(c, scope)]
+    if cluster is not None and mine:
+        return mine, []
+    if not force:
+        return mine, theirs
+    if cluster is not None and len(theirs) > 1 and all(c.id != cluster for c in theirs):
+        raise SpecError(
+            f"{len(theirs)} kept clusters are called {cluster}: "
+            + ", ".join(f"{c.id} (machine {c.machine})" for c in theirs),
+            hint="give the id of the one to end: `orch down ID --force`",
+        )
+    return mine + theirs, []
+
+
+def _jobs_of(ledger: Ledger, owner: str) -> set[str]:
+    """The unfinished jobs whose nodes carry the owner id `owner`: the job of that id, or
+    the jobs on the kept cluster of that id."""
+    on_cluster = Clusters(ledger).jobs(owner)
+    return {owner} | {job.id for job in on_cluster if not JobState(job.state).is_final}
+
+
+def _seize(
+    settings: Settings,
+    ledger: Ledger,
+    job_id: str,
+    on_forced: Callable[[ControllerLease], None] | None,
+) -> LeaseKeeper:
+    """Take job `job_id`'s lease by force and wait for its controller elsewhere to stop."""
+    keeper = LeaseKeeper(settings, ledger, job_id, on_cancel=lambda asker: None)
+    claim = keeper.hold(force=True, on_forced=on_forced)
+    if not claim.taken:  # a racing forced take: the other one ends it
+        raise OrchError(
+            f"the lease of {job_id} was taken by {claim.lease.holder if claim.lease else '?'} "
+            "as down took it",
+            hint="run `orch down` again",
+        )
+    return keeper
+
+
+def _cancelled_by_down(settings: Settings, ledger: Ledger, job_id: str) -> None:
+    """Record job `job_id` CANCELLED ("orch down") when it is unfinished and no controller
+    of this machine drives it."""
+    with contextlib.suppress(UnknownJob):
+        job = ledger.get_job(job_id)
+        if not JobState(job.state).is_final and not controller_running(settings, job_id):
+            ledger.update_job(
+                job_id, state=JobState.CANCELLED, exit_code=130, reason="orch down",
+                ended_at=utcnow(),
+            )  # fmt: skip
 
 
 def cluster_not_found(cluster: str) -> SpecError:

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.control.machine_id import machine_id
 from orchestrator.control.supervision import try_lock
 from orchestrator.errors import OrchError, SpecError
 from orchestrator.ledger.clusters import UP, Clusters, autostop_left, holder
@@ -35,6 +36,19 @@ class ClusterBusy(OrchError):
     """A `--no-wait` submit found its cluster held by another job."""
 
     exit_code = 3
+
+
+def cluster_scope(settings: Settings) -> str | None:
+    """The machine whose kept clusters a name means from this ORCH_HOME, and the owner a new
+    cluster records: this ORCH_HOME's machine id on a shared ledger, where names are each
+    machine's own; None on a ledger of this ORCH_HOME's own (every cluster is its)."""
+    return machine_id(settings.home) if settings.ledger.shared else None
+
+
+def is_mine(cluster: KeptCluster, scope: str | None) -> bool:
+    """Whether `cluster` is this ORCH_HOME's to end and settle, `scope` being its
+    `cluster_scope` (None: a ledger of its own, where every cluster is)."""
+    return scope is None or cluster.machine == scope
 
 
 def check_cluster_name(name: str) -> str:
@@ -160,19 +174,27 @@ class KeptRequest:
 
 
 def join_cluster(
-    ledger: Ledger, request: KeptRequest, *, provider: str, nodes: int, gpus_per_node: int
+    ledger: Ledger,
+    request: KeptRequest,
+    *,
+    provider: str,
+    nodes: int,
+    gpus_per_node: int,
+    machine: str | None = None,
 ) -> KeptCluster:
-    """The UP cluster `request.name` a new job runs on, recorded first when there is none.
+    """The UP cluster `request.name` of `machine` (`cluster_scope`) a new job runs on,
+    recorded first (owned by `machine`) when it has none; another machine's cluster of that
+    name is never joined.
 
     Raises `SpecError` when the cluster is of another shape than the job (provider, nodes,
     GPUs per node), and `ClusterBusy` with `--no-wait` while another job runs on it. The
     cluster's autostop is the latest submit's."""
     clusters = Clusters(ledger)
-    cluster = clusters.up(request.name)
+    cluster = clusters.up(request.name, machine=machine)
     if cluster is None:
         return clusters.create(
             request.name, provider=provider, nodes=nodes, gpus_per_node=gpus_per_node,
-            autostop_s=request.autostop_s, now=utcnow(),
+            autostop_s=request.autostop_s, now=utcnow(), machine=machine,
         )  # fmt: skip
     theirs = (cluster.provider, cluster.nodes, cluster.gpus_per_node)
     if theirs != (provider, nodes, gpus_per_node):

@@ -11,21 +11,31 @@ checks run only while training is watched), and `stop` releases it when the cont
 done with the job.
 
 A renewal that finds the lease another holder's (it let the lease expire and someone took
-it over), or that cannot reach the ledger until the lease is about to expire, means another
-controller may be driving the job: the keeper writes a LEASE_LOST event and ends this process
-on the spot (`os._exit`), as if it were killed, so that nothing more happens to the job's
-nodes from here. That is safe by design: a killed controller leaves the nodes running and the
-ledger consistent, for the one that holds the lease.
+it over, or `orch cancel --force` took it), or that cannot reach the ledger until the lease is
+about to expire, means another controller may be driving the job: the keeper writes a
+LEASE_LOST event and ends this process on the spot (`os._exit`), as if it were killed, so that
+nothing more happens to the job's nodes from here. That is safe by design: a killed controller
+leaves the nodes running and the ledger consistent, for the one that holds the lease.
+
+Leases are judged by the ledger's clock (`ledger.clock`), never this machine's; how long this
+process may go on without a renewal is measured on its own monotonic clock from the moment it
+asked for the last one that succeeded.
+
+A renewal also reads any cancel another machine asked through the ledger (`orch cancel` of a
+job this controller drives): the keeper writes a CANCELLING event and cancels the job as a
+local `orch cancel` would (SIGTERM to this process: the trainers checkpoint, the checkpoint is
+pulled, the nodes end, CANCELLED).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -33,13 +43,16 @@ from orchestrator.config import Settings
 from orchestrator.control.machine_id import holder_id, machine_id
 from orchestrator.errors import OrchError
 from orchestrator.ledger.controller_leases import ControllerLeases, LeaseClaim
-from orchestrator.ledger.store import Ledger, utcnow
+from orchestrator.ledger.store import ControllerLease, Ledger
 
 LEASE_LOST = "LEASE_LOST"  # the event a controller writes when it stops for a lost lease
 LEASE_TAKEN_OVER = "LEASE_TAKEN_OVER"  # the event of a controller adopting an expired lease
+LEASE_FORCED = "LEASE_FORCED"  # the event of a lease taken from a live holder (`--force`)
+CANCELLING = "CANCELLING"  # the event of a controller taking up a cancel asked of it
 LOST_EXIT_CODE = 1  # the exit status of a controller that stopped for a lost lease
 
 OnLost = Callable[[str], None]  # called with why; the default ends the process
+OnCancel = Callable[[str], None]  # called with who asked; the default is SIGTERM to itself
 
 
 class LeaseKeeper:
@@ -53,7 +66,8 @@ class LeaseKeeper:
         job_id: str,
         *,
         on_lost: OnLost | None = None,
-        clock: Callable[[], datetime] = utcnow,
+        on_cancel: OnCancel | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
         self.job_id = job_id
@@ -63,31 +77,73 @@ class LeaseKeeper:
         self.every_s = settings.ledger.lease_renewal
         self.leases = ControllerLeases(ledger)
         self._on_lost = on_lost or self._stop_process
-        self._clock = clock
-        self._expires: datetime | None = None
+        self._on_cancel = on_cancel or self._cancel_process
+        self._monotonic = monotonic
+        self._expires: float | None = None  # on `monotonic`: when the lease runs out here
+        self._cancel_taken = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def take(self) -> LeaseClaim:
+    def take(self, *, force: bool = False) -> LeaseClaim:
         """Take the lease (the caller holds the job's controller lock here); the claim says
         whether it is ours, else whose it is. A lease taken over from another holder is
-        written as a LEASE_TAKEN_OVER event."""
-        now = self._clock()
+        written as a LEASE_TAKEN_OVER event. With `force`, a live lease of another machine is
+        taken too (LEASE_FORCED): its holder stops at its next renewal (`wait_stopped`)."""
+        asked = self._monotonic()
         claim = self.leases.take(
-            self.job_id, self.holder, self.machine, now=now, length_s=self.length_s,
-            dead_on_this_machine=True,
+            self.job_id, self.holder, self.machine, length_s=self.length_s,
+            dead_on_this_machine=True, force=force,
         )  # fmt: skip
         if claim.taken:
-            self._expires = now + timedelta(seconds=self.length_s)
+            self._expires = asked + self.length_s
             if claim.previous is not None:
-                previous = claim.previous
-                self.ledger.add_event(
-                    self.job_id, LEASE_TAKEN_OVER,
-                    f"controller {self.holder} took over the lease of {previous.holder} "
-                    f"(machine {previous.machine}), which was not renewed after "
-                    f"{previous.renewed_at.isoformat(timespec='seconds')}",
-                )  # fmt: skip
+                self._taken_over(claim)
         return claim
+
+    def _taken_over(self, claim: LeaseClaim) -> None:
+        previous = claim.previous
+        if previous is None:
+            return
+        if claim.forced_from(self.machine) is not None:
+            kind, how = LEASE_FORCED, "by force (--force) while its holder still renewed it"
+        else:  # expired, or a process of this machine's that no longer holds the job's lock
+            last = previous.renewed_at.isoformat(timespec="seconds")
+            kind, how = LEASE_TAKEN_OVER, f"which was not renewed after {last}"
+        self.ledger.add_event(
+            self.job_id, kind,
+            f"controller {self.holder} took over the lease of {previous.holder} "
+            f"(machine {previous.machine}), {how}",
+        )  # fmt: skip
+
+    def hold(
+        self, *, force: bool = False, on_forced: Callable[[ControllerLease], None] | None = None
+    ) -> LeaseClaim:
+        """`take` (with `force`) and, once taken, keep the lease renewed (`start`); a lease
+        taken from a live holder elsewhere is told to `on_forced` and waited out
+        (`wait_stopped`), so the caller drives the job alone when this returns. The claim
+        says whether the lease is ours, else whose it is."""
+        claim = self.take(force=force)
+        if not claim.taken:
+            return claim
+        self.start()
+        forced_from = claim.forced_from(self.machine)
+        if forced_from is not None:
+            if on_forced is not None:
+                on_forced(forced_from)
+            self.wait_stopped(forced_from)
+        return claim
+
+    def wait_stopped(self, previous: ControllerLease, *, poll_s: float = 0.5) -> None:
+        """Return once the holder of the lease `previous` (taken from it by `take(force=
+        True)`) has stopped driving the job: it wrote LEASE_LOST at its next renewal, or
+        that lease would have run out (the ledger's clock), after which it stops by itself."""
+        while self.leases.now() < previous.expires_at:
+            if any(
+                event.kind == LEASE_LOST and previous.holder in event.message
+                for event in self.ledger.events(self.job_id)
+            ):
+                return
+            time.sleep(poll_s)
 
     def start(self) -> None:
         """Renew the lease every `every_s` seconds on a daemon thread until `stop`."""
@@ -109,22 +165,35 @@ class LeaseKeeper:
 
     def renew(self) -> bool:
         """Renew once; True while the lease is ours. On a loss, `on_lost` is called (by
-        default the process ends there) and False returned."""
-        now = self._clock()
+        default the process ends there) and False returned. A cancel asked of the lease is
+        taken up once (`on_cancel`)."""
+        asked = self._monotonic()
         try:
-            held = self.leases.renew(self.job_id, self.holder, now=now, length_s=self.length_s)
+            held = self.leases.renew(self.job_id, self.holder, length_s=self.length_s)
         except (SQLAlchemyError, OrchError) as exc:
-            if self._expires is not None and now + timedelta(seconds=self.every_s) < self._expires:
+            if self._expires is not None and asked + self.every_s < self._expires:
                 return True  # try again next turn, while the lease still runs
             self._lost(f"the ledger did not answer its renewals before its lease expired ({exc})")
             return False
-        if held:
-            self._expires = now + timedelta(seconds=self.length_s)
+        if held is not None:
+            self._expires = asked + self.length_s
+            if held.cancel_by is not None and not self._cancel_taken:
+                self._take_cancel(held)
             return True
         current = self.leases.get(self.job_id)
         taker = f"{current.holder} (machine {current.machine})" if current else "nobody"
         self._lost(f"its lease expired and is now held by {taker}")
         return False
+
+    def _take_cancel(self, lease: ControllerLease) -> None:
+        self._cancel_taken = True
+        when = lease.cancel_at.isoformat(timespec="seconds") if lease.cancel_at else "?"
+        asker = f"{lease.cancel_by}, asked through the ledger at {when}"
+        with contextlib.suppress(SQLAlchemyError, OrchError):
+            self.ledger.add_event(
+                self.job_id, CANCELLING, f"controller {self.holder} cancels the job for {asker}"
+            )
+        self._on_cancel(asker)
 
     def _renew_loop(self) -> None:
         while not self._stopping.wait(self.every_s):
@@ -140,6 +209,12 @@ class LeaseKeeper:
             self.ledger.add_event(self.job_id, LEASE_LOST, message)
         self._expires = None
         self._on_lost(message)
+
+    @staticmethod
+    def _cancel_process(asker: str) -> None:
+        """Cancel the job as a local `orch cancel` does: SIGTERM to this controller."""
+        print(f"orch: cancelled by {asker}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @staticmethod
     def _stop_process(message: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from orchestrator.cluster.connections import host_address
 from orchestrator.config import Settings
 from orchestrator.control.cancel import check_job_identity
+from orchestrator.control.kept import cluster_scope
 from orchestrator.errors import SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import Clusters
@@ -66,10 +67,11 @@ def forwards(texts: list[str]) -> list[Forward]:
     return [parse_forward(text) for text in texts]
 
 
-def _job_of(ledger: Ledger, name: str) -> tuple[str, str, str]:
-    """(job id, cluster tag, the nodes' owner id) for a kept cluster's name, a cluster name
-    or a job id with open leases in this ledger."""
-    kept = Clusters(ledger).up(name)
+def _job_of(ledger: Ledger, name: str, machine: str | None) -> tuple[str, str, str]:
+    """(job id, cluster tag, the nodes' owner id) for a kept cluster's name (among the
+    clusters of `machine`: `kept.cluster_scope`), a cluster name or a job id with open leases
+    in this ledger."""
+    kept = Clusters(ledger).up(name, machine=machine)
     if kept is not None:
         jobs = Clusters(ledger).jobs(kept.id)
         if jobs:
@@ -102,7 +104,8 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
     """The live nodes of cluster or job `name`, asked of its provider now (a node replaced
     after a spot interruption is the new one). Raises SpecError when nothing of that name
     runs, IdentityMismatch when the job was launched as another cloud identity."""
-    job_id, cluster, owner = _job_of(ledger, name)
+    scope = cluster_scope(settings)
+    job_id, cluster, owner = _job_of(ledger, name, scope)
     job = ledger.get_job(job_id)
     provider = get_provider(job.provider, settings)
     check_job_identity(ledger, job_id, provider)
@@ -123,5 +126,5 @@ def cluster_access(settings: Settings, ledger: Ledger, name: str) -> ClusterAcce
     nodes = tuple(host_address(i) for i in live)
     known_hosts = identity.private_key.parent / SHELL_KNOWN_HOSTS
     write_known_hosts(known_hosts, list(nodes))
-    shown = name if Clusters(ledger).up(name) is not None else cluster
+    shown = name if Clusters(ledger).up(name, machine=scope) is not None else cluster
     return ClusterAccess(shown, job_id, nodes, identity, known_hosts)

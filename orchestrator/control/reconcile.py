@@ -10,7 +10,8 @@ no lease here, are reported as not ours and never touched.
 A shared ledger (`LedgerSettings.shared`) has one ledger id for every machine that uses it,
 so "ours" says nothing about which machine drives a job: the nodes of an unfinished job that
 another machine's controller drives, or that only another machine can drive
-(`control.adoption`), are never ended from here, only reported.
+(`control.adoption`), are never ended from here, only reported; and another machine's kept
+clusters are never settled (recorded DOWN when this machine sees none of their nodes) or ended.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.control.adoption import Stranded, plan_adoption
-from orchestrator.control.kept import settle
+from orchestrator.control.kept import cluster_scope, is_mine, settle
 from orchestrator.control.ownership import partition
 from orchestrator.control.supervision import controller_running, revive
 from orchestrator.control.unrecorded import (
@@ -182,9 +183,10 @@ def reconcile(
     hands_off = adoption.hands_off
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
-    kept = Clusters(ledger).all(up_only=True)
+    scope = cluster_scope(settings)
+    kept = [c for c in Clusters(ledger).all(up_only=True) if is_mine(c, scope)]
     for provider in providers:
-        if not dry_run:
+        if not dry_run:  # another machine's cluster is its to settle: it sees its nodes
             for cluster in kept:
                 if cluster.provider == provider.name:
                     settle(ledger, provider, cluster)

@@ -4,6 +4,10 @@ A kept cluster's nodes bill every second of their life. While a job holds the cl
 nodes' seconds are that job's leases (`Lease`); between jobs they are the cluster's own idle
 leases (`IdleLease`). `hold` and `release` move the bill from one to the other at one instant,
 so no second is billed twice or lost. Ending a node (`Ledger.close_leases`) closes both kinds.
+
+Each cluster records the machine that made it (`KeptCluster.machine`, its owner). On a shared
+ledger names are that machine's: two machines may each have an UP cluster `dev`, and a name
+is looked up among one machine's clusters (`up(name, machine=...)`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ class Clusters:
         self.ledger = ledger
         self.engine = ledger.engine
 
-    def up(self, name: str) -> KeptCluster | None:
-        """The cluster called `name` that is UP, if any."""
+    def up(self, name: str, *, machine: str | None = None) -> KeptCluster | None:
+        """The cluster called `name` that is UP, if any; with `machine`, only among the
+        clusters of that machine (names on a shared ledger); without, any machine's."""
         with Session(self.engine) as session:
             query = select(KeptCluster).where(KeptCluster.name == name, KeptCluster.state == UP)
-            return session.exec(query).first()
+            if machine is not None:
+                query = query.where(KeptCluster.machine == machine)
+            return session.exec(query.order_by(KeptCluster.created_at)).first()  # type: ignore[arg-type]
 
     def get(self, cluster_id: str) -> KeptCluster:
         with Session(self.engine) as session:
@@ -60,11 +67,13 @@ class Clusters:
         gpus_per_node: int,
         autostop_s: float | None,
         now: datetime,
+        machine: str | None = None,
     ) -> KeptCluster:
-        """Record a new cluster UP (before its nodes launch: intent first)."""
+        """Record a new cluster UP (before its nodes launch: intent first), owned by
+        `machine` (the machine id of the ORCH_HOME making it)."""
         cluster = KeptCluster(
             id=new_cluster_id(name), name=name, provider=provider, nodes=nodes,
-            gpus_per_node=gpus_per_node, autostop_s=autostop_s, created_at=now,
+            gpus_per_node=gpus_per_node, autostop_s=autostop_s, created_at=now, machine=machine,
         )  # fmt: skip
         with Session(self.engine, expire_on_commit=False) as session:
             session.add(cluster)

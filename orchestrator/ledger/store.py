@@ -87,7 +87,7 @@ class KeptCluster(SQLModel, table=True):
     __tablename__ = "kept_cluster"
 
     id: str = Field(primary_key=True)  # e.g. "dev-3f9c1a": the nodes' owner id
-    name: str = Field(index=True)  # what the user calls it; one UP cluster per name
+    name: str = Field(index=True)  # what the user calls it; one UP cluster per name and machine
     provider: str
     state: str = "UP"  # UP | DOWN
     nodes: int
@@ -98,6 +98,11 @@ class KeptCluster(SQLModel, table=True):
     job_id: str | None = None  # the job that holds it now; None while idle
     idle_since: datetime | None = Field(default=None, sa_column=_utc_column())
     reason: str | None = None  # why it went DOWN
+    # The machine id of the ORCH_HOME that made it (`control.machine_id`), its owner: on a
+    # shared ledger only that machine ends it or runs jobs on it by name. None: made on a
+    # ledger of one ORCH_HOME's own, or before clusters recorded it (on a shared ledger then
+    # no machine's: `orch down NAME --force` ends it).
+    machine: str | None = Field(default=None, index=True)
 
 
 class IdleLease(SQLModel, table=True):
@@ -162,6 +167,13 @@ class ControllerLease(SQLModel, table=True):
     machine: str  # the holder's machine id (ORCH_HOME's), to tell its own leases from others'
     renewed_at: datetime = Field(sa_column=_utc_column(nullable=False))
     expires_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    # When this holder took it (None: taken before this was recorded); times are the ledger's
+    # clock (`ledger.clock`)
+    taken_at: datetime | None = Field(default=None, sa_column=_utc_column())
+    # A cancel asked through the ledger by another machine: who asked ("machine:pid") and
+    # when. The holder sees it when it renews and cancels the job (`control.lease_keeper`).
+    cancel_by: str | None = None
+    cancel_at: datetime | None = Field(default=None, sa_column=_utc_column())
 
 
 class HostLease(SQLModel, table=True):

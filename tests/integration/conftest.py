@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: a moto EC2 server on 127.0.0.1 for the AWS provider.
+"""Fixtures of the integration tests: a moto EC2 server on 127.0.0.1 for the AWS provider,
+and two machines on one shared ledger (`shared`, `tests.support.shared_homes`).
 
 One `ThreadedMotoServer` per session (it starts in well under a second); each test that asks
 for `moto_endpoint` gets it reset (`POST /moto-api/reset`) and fake credentials set in its own
@@ -10,8 +11,11 @@ from __future__ import annotations
 import socket
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from tests.support.shared_homes import Shared, shared_homes
 
 
 def _free_port() -> int:
@@ -49,3 +53,15 @@ def moto_endpoint(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
     return moto_server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shared]:
+    """Two homes on one ledger (a `sqlite:///` URL, then a PostgreSQL database) and one local
+    root; every node and controller gone after."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shared.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    with shared_homes(url, tmp_path) as homes:
+        yield homes
