@@ -73,16 +73,31 @@ def up(
             help="stop after this long with no job to drive (0: never) [10m]",
         ),
     ] = 600.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="replace the host even when only SSH says it is dead (its provider reports "
+            "it running, or it is adopted)",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Set up the controller host: adopt a machine (--host) or launch one (--provider local|aws),
     install this orch there and start its supervised daemon. When this ORCH_HOME's host is
     dead, end what is left of it and hand its jobs over to the new one (by default a host of
-    the same kind: a launched one is launched again)."""
+    the same kind: a launched one is launched again). A host that does not answer over SSH
+    but that its provider reports running is left alone, with why SSH failed, unless --force."""
     from orchestrator.cli import host_billing
     from orchestrator.host import handover, lifecycle
     from orchestrator.host.record import load
-    from orchestrator.host.replacement import hand_over_kept, probe, retire_dead
+    from orchestrator.host.replacement import (
+        hand_over_kept,
+        probe,
+        refusal,
+        retire_dead,
+        what_ends,
+    )
 
     if host is not None and provider is not None:
         raise SpecError("give one of --host user@addr and --provider local, not both")
@@ -97,6 +112,15 @@ def up(
         if health.alive:
             _show(_restart_or_refuse(settings, record), json_out)
             return
+        if health.unconfirmed and not force:
+            raise refusal(record, health)
+        if health.unconfirmed:
+            make_console(stderr=True).print(
+                f"--force: replacing the controller host {record.user}@{record.host}:"
+                f"{record.port} ({health.reason}): {what_ends(record)}",
+                highlight=False,
+                markup=False,
+            )
         if host is None and provider is None:
             if record.kind != "launched":
                 raise SpecError(

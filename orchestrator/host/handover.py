@@ -6,7 +6,9 @@ the job's record and secrets file (`jobs/<id>/job.json`, `env.json`) and its nod
 (`keys/<id>/id_ed25519` and `.pub`). `fetch` copies them from the host right after the job is
 submitted there, into `ORCH_HOME/controller-host/kits/<id>/` (0700 folders, 0600 files, the same
 care the host gives them); `push` puts them into a new host's ORCH_HOME. Both move the files as
-a tar stream over SSH's stdout and stdin, never through any command line.
+a tar stream over SSH's stdout and stdin, never through any command line. What the host sends
+is data: the job id must have the job-id shape (`kit_dir`), and only the kit's named files are
+taken from its tar, bounded, as regular files (`kit_archive`).
 
 Beside the kit, this ORCH_HOME keeps the job's submission (`submission.json`, never sent): where
 its workdir and data sources are here and which folder of the host holds their copy, so that a
@@ -32,10 +34,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.errors import ControllerHostError
-from orchestrator.host.record import host_dir
+from orchestrator.host import kit_archive
+from orchestrator.host.record import checked_job_id, host_dir
 from orchestrator.host.session import HostSession
 from orchestrator.host.submission import moved_record
+from orchestrator.spec.ids import is_job_id
 
 # The names `control.liveness` gives a job's record and secrets file, and `remote.keys` its key.
 JOB_RECORD, JOB_SECRETS = "job.json", "env.json"
@@ -54,8 +57,9 @@ class Submission:
 
 
 def kit_dir(home: Path, job_id: str) -> Path:
-    """Where this ORCH_HOME keeps the kit of `job_id`."""
-    return host_dir(home) / "kits" / job_id
+    """Where this ORCH_HOME keeps the kit of `job_id`; raises `ControllerHostError` for an id
+    that is not of the job-id shape (`record.checked_job_id`), so no id names another folder."""
+    return host_dir(home) / "kits" / checked_job_id(job_id, "the name of a hand-over kit")
 
 
 def kit_files(job_id: str) -> list[str]:
@@ -76,6 +80,7 @@ def fetch(session: HostSession, home: Path, job_id: str, *, wait_s: float = KEYS
     complete. The job's key is made by its controller just before it launches nodes, so this
     waits up to `wait_s` for it; a kit without it is kept all the same (a job that never
     launched a node needs no key)."""
+    folder = kit_dir(home, job_id)  # checks the id before it reaches any command or path
     host_home = session.layout.home
     key = shlex.quote(f"{host_home}/keys/{job_id}/{KEY_FILES[0]}")
     deadline = time.monotonic() + wait_s
@@ -86,7 +91,7 @@ def fetch(session: HostSession, home: Path, job_id: str, *, wait_s: float = KEYS
         f"cd {shlex.quote(host_home)} && for f in {names}; do [ -f $f ] && echo $f; done "
         "| tar czf - -T - | base64 -w0"
     ).stdout
-    _unpack(packed, kit_dir(home, job_id))
+    kit_archive.unpack(packed, folder, kit_files(job_id))
     return complete(home, job_id)
 
 
@@ -106,20 +111,16 @@ def push(session: HostSession, home: Path, job_ids: Iterable[str]) -> list[str]:
     if sent:
         session.run(
             f"umask 077 && mkdir -p {shlex.quote(session.layout.home)} && "
-            f"base64 -d | tar xzf - -C {shlex.quote(session.layout.home)}",
+            f"base64 -d | tar xzf - --no-same-owner -C {shlex.quote(session.layout.home)}",
             stdin=base64.b64encode(buffer.getvalue()).decode() + "\n",
         )
     return sent
 
 
 def save_submission(home: Path, job_id: str, submission: Submission) -> None:
-    """Keep where the job's files are (see `Submission`) beside its kit."""
-    folder = kit_dir(home, job_id)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / SUBMISSION
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(submission)))
-    os.replace(tmp, path)
+    """Keep where the job's files are (see `Submission`) beside its kit (0600)."""
+    document = json.dumps(asdict(submission)).encode()
+    kit_archive.write_private(kit_dir(home, job_id), {SUBMISSION: document})
 
 
 def load_submission(home: Path, job_id: str) -> Submission | None:
@@ -176,28 +177,13 @@ def move_record(home: Path, job_id: str, folder: str) -> None:
 
 
 def kept_jobs(home: Path) -> list[str]:
-    """Ids of the jobs this ORCH_HOME keeps a kit of."""
+    """Ids of the jobs this ORCH_HOME keeps a kit of (folders of the job-id shape only)."""
     folder = host_dir(home) / "kits"
-    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if is_job_id(p.name) and p.is_dir())
 
 
 def forget_all(home: Path) -> None:
     """Remove every kit (the host, and its jobs with it, are forgotten: `orch controller down`)."""
     shutil.rmtree(host_dir(home) / "kits", ignore_errors=True)
-
-
-def _unpack(packed: str, folder: Path) -> None:
-    try:
-        data = base64.b64decode(packed.strip())
-    except ValueError as exc:
-        raise ControllerHostError(f"the host sent an unreadable hand-over kit: {exc}") from exc
-    old = os.umask(0o077)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(folder, filter="data")
-    finally:
-        os.umask(old)
-    for path in folder.rglob("*"):
-        os.chmod(path, 0o700 if path.is_dir() else 0o600)

@@ -10,6 +10,9 @@ under one root directory (`HostLayout.root`, by default `~/.orch-host` of the lo
     supervise.sh    the supervisor loop that restarts the daemon until it stops on purpose
     supervisor.pid  daemon.pid   daemon.log   state.json (the daemon's heartbeat)   stop
     submissions/    one folder per `orch submit --remote`: the spec, workdir and data sent
+
+Every folder there is the login user's alone (0700) from its creation: whatever orch runs there
+runs with umask 077 (`private_dirs`, `orch_command`, the supervisor, the daemon).
 """
 
 from __future__ import annotations
@@ -107,8 +110,18 @@ class HostLayout:
         not idle then: the jobs reach its ledger only at the end)."""
         return self.path("handing-over")
 
+    @property
+    def submissions(self) -> str:
+        return self.path("submissions")
+
     def submission(self, token: str) -> str:
         return self.path(f"submissions/{token}")
+
+
+def private_dirs(paths: Sequence[str]) -> str:
+    """Shell text that makes the folders `paths` (and their parents) mode 0700 as they are
+    created (umask 077, never a later chmod)."""
+    return f"umask 077 && mkdir -p {' '.join(shlex.quote(p) for p in paths)}"
 
 
 def env_file_text(
@@ -174,6 +187,7 @@ def supervisor_script(layout: HostLayout) -> str:
     return "\n".join(
         [
             "#!/bin/sh",
+            "umask 077",
             f". {q(layout.env)}",
             f"echo $$ > {q(layout.path('supervisor.pid'))}",
             "while :; do",
@@ -240,11 +254,13 @@ def free_port_command() -> str:
     return f"python3 -c {shlex.quote(script)}"
 
 
-def orch_command(layout: HostLayout, argv: Sequence[str], *, env_file: str | None = None) -> str:
-    """`orch ARGV` run on the host with its environment (and `env_file`, e.g. the secrets
-    file, sourced too so its values reach orch's environment, never its arguments)."""
+def orch_command(layout: HostLayout, argv: Sequence[str], *, secrets_on_stdin: bool = False) -> str:
+    """`orch ARGV` run on the host with its environment, everything it makes private to the
+    login user (umask 077). `secrets_on_stdin`: the command's stdin holds `export NAME=value`
+    lines (`submission.secrets_text`), read into orch's environment (never its arguments,
+    never a file)."""
     q = shlex.quote
-    sources = f". {q(layout.env)}"
-    if env_file:
-        sources += f" && set -a && . {q(env_file)} && set +a"
+    sources = f"umask 077 && . {q(layout.env)}"
+    if secrets_on_stdin:
+        sources += ' && set -a && eval "$(cat)" && set +a'
     return f"{sources} && cd {q(layout.root)} && exec {q(layout.orch)} {shlex.join(argv)}"

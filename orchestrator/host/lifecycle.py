@@ -29,12 +29,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, OrchError
 from orchestrator.host import handover, machines
 from orchestrator.host import record as records
 from orchestrator.host import systemd as systemd_unit
-from orchestrator.host.autostop import unfinished
+from orchestrator.host.autostop import DEFAULT_DEADMAN_S, unfinished
 from orchestrator.host.layout import (
     DEFAULT_ROOT_NAME,
     ROLE,
@@ -44,6 +46,7 @@ from orchestrator.host.layout import (
     install_script,
     orch_command,
     parse_target,
+    private_dirs,
     start_command,
     stop_command,
     supervisor_script,
@@ -52,6 +55,7 @@ from orchestrator.host.record import HostRecord
 from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.wheel import build_wheel, image_bin_dirs, image_python, image_site_dirs
 from orchestrator.remote.host_key import scan_host_key
+from orchestrator.spec.ids import is_job_id
 
 # Settings that stay on the laptop: where its files are and how its own local nodes are made.
 NOT_PASSED_ON = ("ORCH_HOME", "ORCH_LOCAL_NETWORK", "ORCH_LOCAL_ROOT", "ORCH_LOCAL_BRIDGE",
@@ -147,6 +151,23 @@ def launch(
         raise
 
 
+def _laptop_config(home: Path) -> dict[str, Any]:
+    """This ORCH_HOME's config.yaml as a mapping ({} without one; `load_settings` has read it
+    already, so it is valid)."""
+    path = home / "config.yaml"
+    raw = yaml.safe_load(path.read_text()) if path.exists() else None
+    return dict(raw) if isinstance(raw, dict) else {}
+
+
+def host_config(laptop: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """The host's config.yaml: this ORCH_HOME's settings (a team ledger's url among them),
+    with `aws.owner` set to `owner`, who submits from here (`Settings.owner_label`: `aws.owner`,
+    else this machine's login name), so that the host's jobs and nodes carry the laptop's
+    owner, never the host's login user. Pure."""
+    aws = laptop.get("aws")
+    return {**laptop, "aws": {**(aws if isinstance(aws, dict) else {}), "owner": owner}}
+
+
 def install(
     settings: Settings,
     draft: HostRecord,
@@ -166,7 +187,7 @@ def install(
     try:
         login_home = session.run("echo $HOME").stdout.strip()
         layout = HostLayout(f"{login_home}/{DEFAULT_ROOT_NAME}")
-        session.run(f"mkdir -p {shlex.quote(layout.path('wheels'))}")
+        session.run(private_dirs([layout.path("wheels")]))  # the root too: 0700 from creation
         session.push(wheel, layout.path(f"wheels/{wheel.name}"))
         script = install_script(
             layout, image_python(), image_site_dirs(), wheel.name, image_bin_dirs()
@@ -180,13 +201,14 @@ def install(
         daemon = {
             "autostop_s": draft.autostop_s,
             "tick_s": float(environ.get("ORCH_HOST_TICK", DEFAULT_TICK_S)),
+            "deadman_s": float(environ.get("ORCH_HOST_DEADMAN", DEFAULT_DEADMAN_S)),
             "poweroff": poweroff,
             "version": version,
         }
         _write(session, layout.path("daemon.json"), json.dumps(daemon) + "\n")
-        config = settings.home / "config.yaml"
-        if config.exists():  # the same settings there (a team ledger's url among them)
-            session.push(config, f"{layout.home}/config.yaml")
+        config = host_config(_laptop_config(settings.home), settings.owner_label)
+        _write(session, f"{layout.home}/config.yaml", yaml.safe_dump(config, sort_keys=False))
+        session.run(f"rm -f {shlex.quote(layout.state)}")  # a heartbeat of this daemon only
         record = dataclasses.replace(
             draft, root=layout.root, version=version, installed_at=datetime.now(UTC).isoformat()
         )
@@ -303,11 +325,16 @@ def status_document(
         if started and running
         else None,
         heartbeat_at=state.get("heartbeat_at"),
-        jobs=state.get("jobs", []),
+        jobs_seen_at=state.get("jobs_seen_at"),
+        jobs=[j for j in _listed(state.get("jobs")) if is_job_id(j)],  # the host's word
         autostop_s=state.get("autostop_s", record.autostop_s),
         autostop_remaining_s=state.get("autostop_remaining_s"),
     )
     return document
+
+
+def _listed(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
 
 
 def logs(settings: Settings, lines: int) -> str:
@@ -322,9 +349,10 @@ def logs(settings: Settings, lines: int) -> str:
 
 
 def host_jobs(session: HostSession) -> list[str]:
-    """Ids of the host's unfinished jobs (asks its orch)."""
+    """Ids of the host's unfinished jobs (asks its orch); an id that is not of the job-id
+    shape is shown as `?` (the host's word is checked before it is printed here)."""
     result = session.run(orch_command(session.layout, ["status", "--json"]))
-    return unfinished(json.loads(result.stdout)["jobs"])
+    return [j if is_job_id(j) else "?" for j in unfinished(json.loads(result.stdout)["jobs"])]
 
 
 def down(settings: Settings, *, force: bool = False) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 whether the host ended itself (autostop) and when, whether it is gone, and ending it.
 
 A record without a provider (hosts launched before providers were recorded) is a local one.
+What the provider says decides whether a host that does not answer over SSH is gone: SSH alone
+never does (`replacement.probe`).
 """
 
 from __future__ import annotations
@@ -37,18 +39,30 @@ def self_ended_at(settings: Settings, record: HostRecord) -> datetime | None:
     return ended.at if ended is not None else None
 
 
-def gone(settings: Settings, record: HostRecord) -> bool:
-    """Whether the launched host's machine no longer runs (ended or unknown to its provider)."""
+RUNNING, STOPPED, GONE = "running", "stopped", "gone"
+
+
+def state(settings: Settings, record: HostRecord) -> str:
+    """What the provider says of the launched host's machine: `running` (or starting),
+    `stopped` (EC2's stopping or stopped: it runs no orch) or `gone` (ending, ended, or
+    unknown to it). An adopted host has no provider: `running`."""
     if record.kind != "launched" or not record.instance_id:
-        return False
+        return RUNNING
     if record.provider == "aws":
-        from orchestrator.providers.aws.host_node import host_gone
+        from orchestrator.providers.aws.launch import GONE_STATES
         from orchestrator.providers.aws.provider import AwsProvider
 
-        return host_gone(AwsProvider(settings), record.instance_id)
+        provider = AwsProvider(settings)
+        for region in provider.regions():
+            for desc in provider._describe(region, [record.instance_id]):
+                name = desc["State"]["Name"]
+                return GONE if name in GONE_STATES else (
+                    STOPPED if name in ("stopping", "stopped") else RUNNING)  # fmt: skip
+        return GONE
     from orchestrator.providers.local.provider import LocalProvider
 
-    return LocalProvider(settings).store.load(record.instance_id) is None
+    node = LocalProvider(settings).store.load(record.instance_id)
+    return GONE if node is None or node.reclaimed_at is not None else RUNNING
 
 
 def terminate(settings: Settings, record: HostRecord) -> datetime:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ControllerHostError
+from orchestrator.spec.ids import is_job_id
 
 VERSION = 1
 
@@ -80,8 +81,23 @@ def save(home: Path, record: HostRecord) -> None:
     os.replace(tmp, path)
 
 
+def checked_job_id(text: object, where: str) -> str:
+    """`text`, a job id the host gave (`where`: in what), once it has the job-id shape
+    (`spec.ids`); anything else raises: a host's answer never names a path here."""
+    if not is_job_id(text):
+        shown = repr(text)[:80]
+        raise ControllerHostError(
+            f"the controller host gave {shown} as a job id in {where}: not a job id, ignored",
+            hint="the host's orch may be broken or the host compromised: "
+            "`orch controller logs` shows its daemon's log",
+        )
+    return str(text)
+
+
 def add_job(home: Path, job_id: str) -> None:
-    """Remember that `job_id` lives on the host (its ledger is there, not here)."""
+    """Remember that `job_id` (checked: `checked_job_id`) lives on the host (its ledger is
+    there, not here)."""
+    job_id = checked_job_id(job_id, "its answer to orch submit")
     record = require(home)
     if job_id not in record.jobs:
         save(home, dataclasses.replace(record, jobs=[*record.jobs, job_id]))

@@ -1,11 +1,13 @@
 """Jobs that live on the controller host: submit them there, and ask the host about them.
 
-`submit` sends the spec, its workdir and data sources (rsync, under `submissions/<token>/` on
-the host), the secrets (SSH stdin, into a 0600 file that is removed once the host's orch has
-read them), and runs `orch submit --detach` there. The job's ledger, controller and logs are
-the host's; this ORCH_HOME remembers the job's id (host.json's `jobs`) and keeps its hand-over
-kit (`handover`), so that a new host can take the job over if this one dies. `ask` runs any
-`orch` command there for such a job and returns what it printed and its exit status.
+`submit` sends the spec (no secret's value in it), its workdir and data sources (rsync, under
+`submissions/<token>/` on the host, 0700), and runs `orch submit --detach` there in one command
+whose stdin carries the secrets into that orch's environment (`submission.submit_command`). The
+job id the host prints is checked against the job-id shape before it names anything here. The
+job's ledger, controller and logs are the host's; this ORCH_HOME remembers the job's id
+(host.json's `jobs`) and keeps its hand-over kit (`handover`), so that a new host can take the
+job over if this one dies. `ask` runs any `orch` command there for such a job and returns what
+it printed and its exit status.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ from orchestrator.config import Settings
 from orchestrator.errors import ControllerHostError, SpecError
 from orchestrator.host import handover
 from orchestrator.host import record as records
-from orchestrator.host.layout import HostLayout, free_port_command, orch_command
+from orchestrator.host.layout import HostLayout, free_port_command, orch_command, private_dirs
+from orchestrator.host.record import checked_job_id
 from orchestrator.host.session import HostSession, host_identity
-from orchestrator.host.submission import host_spec, secrets_file_text, spec_secrets, split_args
+from orchestrator.host.submission import (
+    host_spec,
+    inline_secrets,
+    secrets_text,
+    spec_secrets,
+    split_args,
+    submit_command,
+)
 from orchestrator.remote.keys import HostAddress, write_known_hosts
 from orchestrator.remote.shell import Forward, parse_forward, shell_argv
 from orchestrator.remote.ssh import CommandResult
@@ -45,11 +55,12 @@ def submit(
     except (OSError, yaml.YAMLError) as exc:
         raise SpecError(f"cannot read the job spec {spec_path}: {exc}") from exc
     plan = split_args(argv, spec_index, environ)
-    secrets = {**spec_secrets(spec, environ), **plan.secrets}
+    secrets = {**inline_secrets(spec, environ), **spec_secrets(spec, environ), **plan.secrets}
     base = spec_path.resolve().parent
     session = HostSession(settings.home, record)
     try:
         folder = session.layout.submission(tokens.token_hex(6))
+        session.run(private_dirs([f"{folder}/data"]))
         workdir = (base / str(spec.get("workdir", "."))).resolve()
         session.push(workdir, f"{folder}/work", workdir=True)
         data: list[str] = []
@@ -62,16 +73,14 @@ def submit(
             moved = Path(scratch) / "job.yaml"
             moved.write_text(yaml.safe_dump(host_spec(spec, folder), sort_keys=False))
             session.push(moved, f"{folder}/job.yaml")
-        secrets_file = f"{folder}/secrets.env"
-        q = shlex.quote(secrets_file)
-        session.run(f"umask 077 && cat > {q}", stdin=secrets_file_text(secrets))
-        command = orch_command(
-            session.layout, ["submit", f"{folder}/job.yaml", *plan.args], env_file=secrets_file
+        result = session.run(
+            submit_command(session.layout, folder, plan.args),
+            stdin=secrets_text(secrets),
+            check=False,
         )
-        result = session.run(f"({command}); code=$?; rm -f {q}; exit $code", check=False)
         if not result.ok:
             return "", result
-        job_id = _job_id(result.stdout)
+        job_id = job_id_of(result.stdout)
         records.add_job(settings.home, job_id)
         handover.save_submission(
             settings.home, job_id, handover.Submission(folder, str(workdir), data)
@@ -82,15 +91,19 @@ def submit(
     return job_id, result
 
 
-def _job_id(stdout: str) -> str:
+def job_id_of(stdout: str) -> str:
+    """The job id in what the host's `orch submit` printed (its `--json` document's `id`,
+    else its last line), checked against the job-id shape (`record.checked_job_id`): raises
+    `ControllerHostError` for anything else. Pure."""
     text = stdout.strip()
     try:
-        return str(json.loads(text)["id"])
+        found: object = json.loads(text)["id"]
     except (ValueError, KeyError, TypeError):
         lines = text.splitlines()
         if not lines:
             raise ControllerHostError("the host's orch submit printed no job id") from None
-        return lines[-1].strip()
+        found = lines[-1].strip()
+    return checked_job_id(found, "its answer to orch submit")
 
 
 def refresh_kit(settings: Settings, job_id: str) -> bool:

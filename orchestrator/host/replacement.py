@@ -1,8 +1,13 @@
 """A controller host that died is replaced by the next `orch controller up`, and its jobs handed
 over to the new one.
 
-- `probe` tells a dead host from a live one: a launched host whose node is gone (or powered
-  itself off) is dead; so is any host that does not answer over SSH.
+- `probe` tells a dead host from a live one: a launched host whose node is gone, stopped (or
+  powered itself off) by its provider's word is dead. SSH alone never proves a host dead: one
+  that does not answer over SSH while its provider reports it running (or an adopted machine,
+  which has no provider) is `unconfirmed`, with why SSH failed and what to do
+  (`unanswered`): `orch controller up` refuses to replace it without `--force` (`refusal`),
+  since a laptop whose public address changed, or a short network glitch, would otherwise
+  end a live host with its ledger, mirror and jobs' controllers.
 - `retire` ends what is left of a dead host: a launched one's node is terminated through its
   provider (its billing stops then, if it had not already); an adopted machine is only
   forgotten, since orch did not start it.
@@ -26,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import Settings
-from orchestrator.errors import InstancesNotFound, OrchError
-from orchestrator.host import handover, machines
+from orchestrator.errors import ControllerHostError, InstancesNotFound, OrchError
+from orchestrator.host import handover, machines, unanswered
 from orchestrator.host import record as records
 from orchestrator.host.layout import orch_command
 from orchestrator.host.record import HostRecord
@@ -46,28 +51,63 @@ class Health:
 
     alive: bool
     reason: str = ""  # e.g. "its node l-0123456789 is gone" ("" when alive)
+    # Only SSH failed: its provider reports it running (or it is adopted, with no provider).
+    # `up` replaces such a host only with --force; `fix` says what to do instead.
+    unconfirmed: bool = False
+    fix: str = ""
 
 
 def probe(settings: Settings, record: HostRecord) -> Health:
-    """Whether the host of `record` is alive: its node still there (a launched host) and it
-    answers a command over SSH. A host whose `up` never finished (no orch folder recorded)
-    counts as dead: what `up` left of it is ended, and a new one set up."""
+    """Whether the host of `record` is alive: its node still there by its provider's word (a
+    launched host) and it answers a command over SSH. A host whose `up` never finished (no orch
+    folder recorded) counts as dead: what `up` left of it is ended, and a new one set up. One
+    that does not answer over SSH but that nothing else says is gone is `unconfirmed`."""
     if not record.root:
         return Health(False, "its setup by `orch controller up` never finished")
-    if record.kind == "launched" and record.instance_id:
+    launched = record.kind == "launched" and record.instance_id
+    if launched:
         ended_at = machines.self_ended_at(settings, record)
         if ended_at is not None:
             return Health(False, f"its node {record.instance_id} powered off at {ended_at}")
-        if machines.gone(settings, record):
-            return Health(False, f"its node {record.instance_id} is gone")
+        state = machines.state(settings, record)
+        if state != machines.RUNNING:
+            return Health(False, f"its node {record.instance_id} is {state}")
     session = HostSession(settings.home, record)
     try:
         session.run("true", timeout=PROBE_TIMEOUT_S)
     except OrchError as exc:
-        return Health(False, f"it does not answer over SSH ({exc})")
+        why = unanswered.explain(exc, on_aws=record.provider == "aws")
+        said = (
+            f"its provider reports its node {record.instance_id} running"
+            if launched
+            else "it is an adopted machine: nothing but SSH can tell whether it lives"
+        )
+        return Health(False, f"it does not answer over SSH ({why.kind}: {why.detail}), but "
+                      f"{said}", unconfirmed=True, fix=why.fix)  # fmt: skip
     finally:
         session.close()
     return Health(True)
+
+
+def what_ends(record: HostRecord) -> str:
+    """What replacing the host of `record` ends, said before `up --force` does it."""
+    jobs = f"the controllers of its {len(record.jobs)} job(s)"
+    if record.kind == "launched" and record.instance_id:
+        return (f"its node {record.instance_id} is terminated, and with it the host's orch, "
+                f"its own ledger (without `ledger.url`), its checkpoint mirror and {jobs}; "
+                "the jobs are handed over to the new host")  # fmt: skip
+    return (f"it is forgotten (an adopted machine is not ended: if it lives, stop orch there, "
+            f"or its {jobs} drive them too); the jobs are handed over to the new host")  # fmt: skip
+
+
+def refusal(record: HostRecord, health: Health) -> ControllerHostError:
+    """Why `up` leaves the unconfirmed host of `record` (`health`) alone, and what to do."""
+    return ControllerHostError(
+        f"the controller host {record.user}@{record.host}:{record.port} is not replaced: "
+        f"{health.reason}",
+        hint=f"{health.fix}. To replace it all the same: `orch controller up --force` "
+        f"({what_ends(record)})",
+    )
 
 
 def retire(settings: Settings, record: HostRecord) -> dict[str, Any]:

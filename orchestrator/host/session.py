@@ -50,8 +50,11 @@ class HostSession:
         return self.connection.run(command, check=check, stdin=stdin, timeout=timeout)
 
     def push(self, local: Path, destination: str, *, workdir: bool = False) -> None:
-        """rsync `local` (a file, or a folder's contents) to `destination` on the host."""
+        """rsync `local` (a file, or a folder's contents) to `destination` on the host, for
+        the login user alone: no group or other permission bit arrives (`--chmod=go=`; the
+        owner's, executable bits included, are kept)."""
         argv = push_argv(local, self.address, self.identity, destination, workdir=workdir)
+        argv[-2:-2] = ["--chmod=go="]  # an option before the source and destination
         run_rsync(argv, what=f"pushing {local} to the controller host", timeout=600)
 
     def pull(self, remote_file: str, local: Path) -> None:

@@ -48,6 +48,7 @@ def unit_text(layout: HostLayout, user: str) -> str:
             "Type=simple",
             f"User={_unit_safe(user)}",
             f"WorkingDirectory={root}",
+            "UMask=0077",
             f"ExecCondition=/bin/sh -c '! test -e {root}/stop'",
             f"ExecStart=/bin/sh -c '{script}'",
             "Restart=always",

@@ -1,15 +1,18 @@
 """`orchestrator.host.autostop`: which jobs keep a controller host up, and when an idle one
-stops (`IdleClock`, a pure value: every step is a new clock)."""
+stops (`IdleClock`, a pure value: every step is a new clock), also when its orch cannot list
+its jobs (the dead-man rule)."""
 
 from __future__ import annotations
 
+import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from orchestrator.host.autostop import IdleClock, unfinished
-from orchestrator.host.daemon import HANDOVER_MAX_S, handing_over, own
+from orchestrator.host.autostop import IdleClock, finished, unfinished
+from orchestrator.host.daemon import HANDOVER_MAX_S, handing_over, last_seen, own
 from orchestrator.job_state import FINAL_STATES, JobState
 
 
@@ -87,3 +90,61 @@ def test_a_hand_over_under_way_keeps_the_host_busy_until_it_ends_or_grows_stale(
     assert not handing_over(flag, 1000.0 + HANDOVER_MAX_S)  # a hand-over that died half-way
     clock = IdleClock(3.0, None).tick(1060.0, 0 + handing_over(flag, 1060.0))
     assert clock.remaining(1100.0) is None  # busy: the idle time has not started
+
+
+# --- the dead-man rule: a host whose orch cannot list its jobs stops all the same ------------
+
+
+def test_failed_looks_keep_the_last_seen_jobs_busy_for_the_deadman_time_only() -> None:
+    clock = IdleClock(10, None, seen_at=0.0, deadman_s=100).tick(50.0, 2)  # busy, seen at 50
+    assert clock.seen_at == 50.0
+    for now in (60.0, 100.0, 149.0):
+        clock = clock.blind(now)
+        assert clock.idle_since is None and not clock.should_stop(now)
+    clock = clock.blind(150.0)  # 100 s without a look that worked: idle since then
+    assert clock.idle_since == 150.0 and clock.remaining(150.0) == 10.0
+    assert not clock.should_stop(159.0) and clock.blind(160.0).should_stop(160.0)
+    assert clock.blind_for(160.0) == 110.0
+
+
+def test_a_daemon_whose_every_look_fails_stops_counting_from_its_start() -> None:
+    clock = IdleClock(10, None, seen_at=1000.0, deadman_s=30)
+    stopped_at = None
+    for now in range(1000, 1100, 5):
+        clock = clock.blind(float(now))
+        if clock.should_stop(float(now)):
+            stopped_at = now
+            break
+    assert stopped_at == 1040, "at most deadman_s + autostop_s after its start"
+
+
+def test_failed_looks_while_idle_leave_the_idle_count_running() -> None:
+    clock = IdleClock(10, None, seen_at=0.0, deadman_s=1000).tick(5.0, 0)
+    clock = clock.blind(14.0)
+    assert clock.idle_since == 5.0 and clock.should_stop(15.0)
+
+
+def test_a_look_that_works_again_sets_the_clock_by_what_it_shows() -> None:
+    clock = IdleClock(10, None, seen_at=0.0, deadman_s=20).blind(25.0)
+    assert clock.idle_since == 20.0
+    clock = clock.tick(26.0, 1)  # the ledger answers again, with a job
+    assert clock.idle_since is None and clock.seen_at == 26.0 and not clock.should_stop(999.0)
+
+
+def test_autostop_off_is_off_for_the_deadman_too() -> None:
+    clock = IdleClock(0, None, seen_at=0.0, deadman_s=1).blind(1e6)
+    assert clock.remaining(1e6) is None and not clock.should_stop(1e6)
+
+
+def test_a_restarted_daemon_counts_from_the_last_look_its_heartbeat_kept(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    assert last_seen(state, 42.0) == 42.0  # no heartbeat: from its own start
+    state.write_text(json.dumps({"jobs_seen_at": "2024-05-01T12:00:00+00:00"}))
+    assert last_seen(state, 42.0) == datetime(2024, 5, 1, 12, tzinfo=UTC).timestamp()
+    state.write_text("{not json")
+    assert last_seen(state, 42.0) == 42.0
+
+
+def test_finished_and_unfinished_split_the_listing() -> None:
+    jobs = [{"id": "a", "state": "RUNNING"}, {"id": "b", "state": "SUCCEEDED"}, {"id": "c"}]
+    assert unfinished(jobs) == ["a", "c"] and finished(jobs) == ["b"]

@@ -19,13 +19,14 @@ from typing import Any, cast
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.host import handover
+from orchestrator.errors import ControllerHostError
+from orchestrator.host import handover, kit_archive
 from orchestrator.host import record as records
 from orchestrator.host.lifecycle import host_environment
 from orchestrator.host.record import HostRecord
 from orchestrator.host.replacement import probe, retire, retire_dead
 
-JOB = "j-0123abcd"
+JOB = "j-0123ab"
 IID = "l-0123456789"
 HOST = HostRecord(
     kind="launched", user="root", host="127.0.0.1", port=1, host_key="ssh-ed25519 AAAA",
@@ -55,12 +56,16 @@ def test_the_kit_holds_the_record_secrets_and_key_of_the_job() -> None:
     ]
 
 
+def _unpack(packed: str, home: Path) -> list[str]:
+    return kit_archive.unpack(packed, handover.kit_dir(home, JOB), handover.kit_files(JOB))
+
+
 def test_an_unpacked_kit_is_private_and_complete_only_with_every_file(tmp_path: Path) -> None:
     files = {name: "x" for name in handover.kit_files(JOB)}
     partial = {k: v for k, v in files.items() if not k.startswith("keys/")}
-    handover._unpack(_packed(partial), handover.kit_dir(tmp_path, JOB))
+    _unpack(_packed(partial), tmp_path)
     assert not handover.complete(tmp_path, JOB)
-    handover._unpack(_packed(files), handover.kit_dir(tmp_path, JOB))
+    _unpack(_packed(files), tmp_path)
     assert handover.complete(tmp_path, JOB)
     for path in handover.kit_dir(tmp_path, JOB).rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -72,8 +77,8 @@ def test_an_unpacked_kit_is_private_and_complete_only_with_every_file(tmp_path: 
 
 
 def test_a_kit_with_a_path_out_of_its_folder_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(tarfile.TarError):
-        handover._unpack(_packed({"../escaped": "x"}), handover.kit_dir(tmp_path, JOB))
+    with pytest.raises(ControllerHostError, match="refused"):
+        _unpack(_packed({"../escaped": "x"}), tmp_path)
     assert not (records.host_dir(tmp_path) / "kits" / "escaped").exists()
     assert not list(tmp_path.rglob("escaped"))
 
@@ -139,8 +144,7 @@ def test_a_moved_kit_record_points_at_the_new_hosts_copy_and_keeps_its_time(
         "spec": {"workdir": f"{old}/work"}, "source": f"{old}/job.yaml",
         "workdir": f"{old}/work", "base_dir": old, "data_sources": [f"{old}/data/0"],
     }  # fmt: skip
-    handover._unpack(_packed({f"jobs/{JOB}/job.json": json.dumps(record)}),
-                     handover.kit_dir(tmp_path, JOB))  # fmt: skip
+    _unpack(_packed({f"jobs/{JOB}/job.json": json.dumps(record)}), tmp_path)
     path = handover.kit_dir(tmp_path, JOB) / f"jobs/{JOB}/job.json"
     submitted = datetime(2026, 12, 5, 22, 0, tzinfo=UTC).timestamp()
     os.utime(path, (submitted, submitted))

@@ -72,18 +72,21 @@ def test_the_env_file_sets_home_path_and_the_passed_settings_verbatim(tmp_path: 
     assert path.startswith(f"{layout.path('venv/bin')}:/image/bin:")
 
 
-def test_orch_command_passes_argv_verbatim_and_sources_the_secrets(tmp_path: Path) -> None:
+def test_orch_command_passes_argv_verbatim_and_reads_the_secrets_from_stdin(
+    tmp_path: Path,
+) -> None:
     layout = HostLayout(str(tmp_path / "root"))
     _fake_venv(layout, orch='printf "%s\\n" "$PWD" "$SECRET" "$@"')
     Path(layout.env).write_text(env_file_text(layout, {}))
-    secrets = tmp_path / "secrets.env"
-    secrets.write_text("SECRET='a b'\n")  # no `export`: `set -a` must export it
     argv = ["submit", "job one.yaml", TRICKY, "--json"]
-    done = _sh(orch_command(layout, argv, env_file=str(secrets)))
+    command = orch_command(layout, argv, secrets_on_stdin=True)
+    # no `export`: `set -a` must export it
+    done = subprocess.run(["sh", "-c", command], input="SECRET='a b'\n", capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:-1] == [layout.root, "a b", *argv[:2], *TRICKY.split("\n"),
                                            "--json"]  # fmt: skip
-    assert "a b" not in orch_command(layout, argv, env_file=str(secrets))
+    assert "a b" not in command
 
 
 def _supervise(tmp_path: Path, python: str) -> tuple[HostLayout, subprocess.CompletedProcess[str]]:

@@ -41,10 +41,10 @@ def test_save_load_add_job_forget(tmp_path: Path) -> None:
     records.save(tmp_path, LAUNCHED_HOST)
     assert json.loads((tmp_path / "controller-host/host.json").read_text())["format"] == 1
     assert records.load(tmp_path) == LAUNCHED_HOST
-    records.add_job(tmp_path, "j-1")
-    records.add_job(tmp_path, "j-2")
-    records.add_job(tmp_path, "j-1")
-    assert records.require(tmp_path).jobs == ["j-1", "j-2"]
+    records.add_job(tmp_path, "j-a00001")
+    records.add_job(tmp_path, "j-a00002")
+    records.add_job(tmp_path, "j-a00001")
+    assert records.require(tmp_path).jobs == ["j-a00001", "j-a00002"]
     assert list((tmp_path / "controller-host").iterdir()) == [
         tmp_path / "controller-host/host.json"
     ], "a temporary file was left"

@@ -1,21 +1,28 @@
 """`orchestrator.host.submission`: what `orch submit --remote` sends to the host. A secret's
-value never reaches the host's command line; it goes into the file sent over SSH stdin."""
+value never reaches the host's command line nor any file sent there: it travels over SSH stdin
+into the environment of the host's `orch submit`, and the host's copy of the spec names each
+secret without its value."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import SpecError
+from orchestrator.host.layout import HostLayout, env_file_text
 from orchestrator.host.listing import merged_jobs, merged_total
 from orchestrator.host.remote_jobs import two_hop_forwards
 from orchestrator.host.submission import (
     host_spec,
+    inline_secrets,
     moved_record,
-    secrets_file_text,
+    secrets_text,
     spec_secrets,
     split_args,
+    submit_command,
 )
 from orchestrator.remote.shell import parse_forward
 
@@ -52,11 +59,73 @@ def test_spec_secrets_takes_the_unvalued_ones_set_in_this_shell() -> None:
     assert spec_secrets({}, {"A": "a"}) == {}
 
 
-def test_the_secrets_file_gives_back_each_value_exactly() -> None:
+def test_the_secrets_text_gives_back_each_value_exactly() -> None:
     secrets = {"A": 'it\'s $HOME `id` "q" \\', "B": "two\nlines", "C": ""}
-    script = secrets_file_text(secrets) + 'printf "%s|%s|%s" "$A" "$B" "$C"'
+    script = secrets_text(secrets) + 'printf "%s|%s|%s" "$A" "$B" "$C"'
     done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout == "|".join(secrets.values())
+
+
+def test_inline_secrets_are_read_as_the_spec_loader_reads_them() -> None:
+    spec = {"secrets": {"A": "tok-$USER_ID$$x", "B": 8, "C": True, "D": None, "E": 0.5}}
+    assert inline_secrets(spec, {"USER_ID": "42"}) == {
+        "A": "tok-42$x", "B": "8", "C": "true", "E": "0.5"
+    }  # fmt: skip
+    assert inline_secrets({}, {}) == {} and inline_secrets({"secrets": "x"}, {}) == {}
+    with pytest.raises(SpecError, match=r"secrets\.A: .*NOPE") as unset:
+        inline_secrets({"secrets": {"A": "v-$NOPE"}}, {})
+    assert "v-" not in str(unset.value)
+    with pytest.raises(SpecError, match=r"secrets\.L: must be a string") as listed:
+        inline_secrets({"secrets": {"L": ["hidden-value"]}}, {})
+    assert "hidden-value" not in str(listed.value)
+
+
+def test_the_hosts_spec_names_each_secret_without_its_value() -> None:
+    spec = {"name": "n", "secrets": {"INLINE": "s3cr3t", "FROM_SHELL": None}}
+    moved = host_spec(spec, "/h/submissions/abc")
+    assert moved["secrets"] == {"INLINE": None, "FROM_SHELL": None}
+    assert spec["secrets"]["INLINE"] == "s3cr3t", "the input changed"
+
+
+def _host_with_orch(tmp_path: Path, body: str) -> HostLayout:
+    layout = HostLayout(str(tmp_path / "root"))
+    bin_dir = Path(layout.path("venv/bin"))
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "orch").write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / "orch").chmod(0o755)
+    Path(layout.env).write_text(env_file_text(layout, {}))
+    return layout
+
+
+def test_one_command_submits_with_the_secrets_in_orchs_environment_and_no_file(
+    tmp_path: Path,
+) -> None:
+    """The secrets reach the host's `orch submit` environment from stdin; no file is left, the
+    spec's copy goes once orch took the job, and a refused submit takes its folder along."""
+    layout = _host_with_orch(
+        tmp_path,
+        'ls -A "$(dirname "$2")" | tr "\\n" " "; '
+        'printf "|%s|%s|%s" "$TOKEN" "$*" "$(umask)"; exit ${CODE:-0}',
+    )
+    folder = layout.submission("0123456789ab")
+    os.makedirs(f"{folder}/work")
+    Path(f"{folder}/job.yaml").write_text("name: n\n")
+    secret = "va'l $(id) ue"
+    command = submit_command(layout, folder, ["--detach"])
+    assert secret not in command
+    done = subprocess.run(["sh", "-c", command], input=secrets_text({"TOKEN": secret}),
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen, token, args, umask = done.stdout.split("|")
+    assert seen.split() == ["job.yaml", "work"], "a secrets file was written beside the spec"
+    assert (token, args, umask) == (secret, f"submit {folder}/job.yaml --detach", "0077")
+    assert sorted(os.listdir(folder)) == ["work"]  # the spec's copy went, the workdir stays
+
+    Path(f"{folder}/job.yaml").write_text("name: n\n")
+    refused = subprocess.run(["sh", "-c", f"CODE=2; export CODE; {command}"], input="",
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert refused.returncode == 2
+    assert not os.path.exists(folder), "a submission no orch took is left on the host"
 
 
 def test_host_spec_moves_workdir_and_data_under_the_submission() -> None:
