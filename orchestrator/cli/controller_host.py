@@ -347,7 +347,9 @@ def route(argv: list[str]) -> int | None:
         return _route_report(settings, rest, rest[index])
     if verb == "ssh":
         return _route_ssh(settings, rest, rest[index])
-    if (verb == "logs" and ("-f" in rest or "--follow" in rest)) or verb == "wait":
+    if verb in ("logs", "wait"):
+        # passed through as it comes: a job's whole log can be far larger than what a captured
+        # command keeps (`NodeConnection.run`'s max_output)
         return stream(settings, [verb, *rest])
     if verb == "status":
         from contextlib import suppress

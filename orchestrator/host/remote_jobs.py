@@ -222,10 +222,16 @@ def fetch_report(settings: Settings, argv: Sequence[str], out: Path) -> CommandR
 
 def ask(settings: Settings, argv: Sequence[str], *, timeout: float = 300) -> CommandResult:
     """Run `orch ARGV` on the host (its environment, its ORCH_HOME); never raises for the
-    command's own exit status."""
+    command's own exit status. The answer is read up to `NodeConnection.run`'s cap: a longer
+    one comes back `cut`, with a line on its stderr saying so."""
     record = records.require(settings.home)
     session = HostSession(settings.home, record)
     try:
-        return session.run(orch_command(session.layout, argv), check=False, timeout=timeout)
+        result = session.run(orch_command(session.layout, argv), check=False, timeout=timeout)
     finally:
         session.close()
+    if not result.cut:
+        return result
+    note = (f"\nthe controller host's answer to `orch {shlex.join(argv)}` was longer than orch "
+            "reads of a host's answer, and was cut\n")  # fmt: skip
+    return dataclasses.replace(result, stderr=result.stderr + note)

@@ -99,6 +99,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert waited.returncode == 0, waited.stdout + waited.stderr
     followed = run_orch(["logs", job_id, "--follow"], env, timeout=60)  # ended: -f returns
     assert followed.returncode == 0 and '"step": 12' in followed.stdout, followed.stderr
+    # without -f too: passed through as it comes, never cut at a captured command's cap
+    whole = run_orch(["logs", job_id], env, timeout=60)
+    assert whole.returncode == 0 and '"step": 12' in whole.stdout, whole.stderr
     assert said and (said[0].returncode, said[0].stdout.strip()) == (3, "on-node"), said
     assert tunnelled == [b"through-the-host"], tunnelled
     # Lists here show the job that lives on the host, and the bill counts it.
