@@ -44,6 +44,7 @@ from botocore.parsers import ResponseParserError
 
 from orchestrator.errors import CapacityError, ConfigError, ProviderError
 from orchestrator.node.guard_protocol import AWS_POWEROFF
+from orchestrator.providers.aws import cluster_network
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.launch import (
     CAPACITY_CODES,
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
 # machine (`orch sandbox aws`) gives its hosts a `shutdown` of their own at this path, which ends
 # the instance; a guard where there is none says it cannot power off.
 LOCAL_CLOUD_GUARD_POWEROFF = "/usr/local/sbin/shutdown -h now"
+# A cluster's group deleted between its lookup and the launch (swept as a leak while the
+# cluster had no node): the next offer looks it up again, and makes it anew.
+GROUP_GONE = "InvalidGroup.NotFound"
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class NodeLauncher:
         self._host_keys: dict[str, HostKey] = {}
         self._user_data: dict[str, str] = {}  # by launch token
         self._networks: dict[tuple[object, ...], aws_network.Network] = {}
+        self._swept: set[str] = set()  # regions whose leaked cluster groups were swept
 
     def launch(self, request: LaunchRequest, offers: list[Offer]) -> list[Instance]:
         """All nodes of `request` on the first of `offers` (in `launch_order`) that takes them,
@@ -147,6 +152,7 @@ class NodeLauncher:
                     region,
                     self.aws,
                     request.public_key,
+                    owner=self.provider.owner,
                     image=request.image,
                     ports=request.ports,
                 ),
@@ -167,10 +173,11 @@ class NodeLauncher:
         subnet = network.subnets.get(offer.zone)
         if subnet is None:
             raise Refused("NoSubnet", f"no subnet configured in {offer.zone}")
+        groups = self._groups(request, offer.region, network)
         ids: list[str] = []
         try:
             for rank in request.node_ranks:
-                ids.append(self._launch_node(request, rank, offer, network, subnet))
+                ids.append(self._launch_node(request, rank, offer, network, subnet, groups))
             deadline = time.monotonic() + self.aws.ready_timeout_s
             self.wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
             by_id = {d["InstanceId"]: d for d in provider._describe(offer.region, ids)}
@@ -195,6 +202,28 @@ class NodeLauncher:
                 )
             raise
 
+    def _groups(
+        self, request: LaunchRequest, region: str, network: aws_network.Network
+    ) -> list[str]:
+        """The network's groups and the cluster's own (`cluster_network`), made when missing;
+        looked up for every offer tried, so a group swept meanwhile is made again. The first
+        launch in a region also sweeps this owner's leaked cluster groups."""
+        ec2 = self.provider.client(region)
+        if region not in self._swept:
+            self._swept.add(region)
+            self.provider.sweep_groups(region)
+        vpc_id = network.vpc_id
+        if vpc_id is None:
+            return network.security_group_ids
+        group = self.provider._api(
+            f"prepare the security group of cluster {request.cluster}",
+            lambda: cluster_network.ensure_cluster_group(
+                ec2, vpc_id, request.cluster, owner=self.provider.owner,
+                ledger_id=request.ledger_id,
+            ),
+        )  # fmt: skip
+        return [*network.security_group_ids, group]
+
     def _launched_with(self, region: str, tokens: list[str]) -> list[str]:
         """Ids of the live instances launched by calls with these ClientTokens (their tag)."""
         if not tokens:
@@ -215,6 +244,7 @@ class NodeLauncher:
         offer: Offer,
         network: aws_network.Network,
         subnet: str,
+        groups: list[str],
     ) -> str:
         """Start one node (or find it started by an earlier try of the same request)."""
         token = client_token(request, rank, offer)
@@ -230,7 +260,9 @@ class NodeLauncher:
             if adopted:  # a retried launch: that node already exists
                 return adopted[0]["InstanceId"]
             tries += 1
-            launched = self._run_instances(request, rank, offer, network, subnet, token, tries)
+            launched = self._run_instances(
+                request, rank, offer, network, subnet, groups, token, tries
+            )
             if launched is not None:
                 return launched
             self._sleep(launch_backoff_s(tries, random.random()))
@@ -242,6 +274,7 @@ class NodeLauncher:
         offer: Offer,
         network: aws_network.Network,
         subnet: str,
+        groups: list[str],
         token: str,
         tries: int,
     ) -> str | None:
@@ -259,7 +292,7 @@ class NodeLauncher:
             offer,
             image_id=network.image_id,
             subnet_id=subnet,
-            security_group_ids=network.security_group_ids,
+            security_group_ids=groups,
             key_name=network.key_name,
             tags=node_tags(
                 request,
@@ -283,7 +316,7 @@ class NodeLauncher:
             reply = self.provider.launch_client(offer.region).run_instances(**args)
         except ClientError as exc:
             code = error_code(exc)
-            if code in CAPACITY_CODES:
+            if code in CAPACITY_CODES or code == GROUP_GONE:
                 raise Refused(code, str(exc)) from exc
             if repeat and launch_retryable(code, http_status(exc)):
                 return None
