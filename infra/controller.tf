@@ -7,18 +7,21 @@ locals {
   with_controller = var.controller_host ? 1 : 0
   # The policy's statements live in policies/*.json.tftpl, where the offline tests read and
   # evaluate them against the API calls orch makes (tests/integration/test_aws_iam_calls.py).
-  # With a checkpoint store: the nodes' role may be passed to the nodes, and the store's prefix
-  # listed and pruned (the controller deletes versions no rule keeps).
+  # With a checkpoint store: the nodes' shared role may be passed to the nodes, each job's own
+  # role made, passed and deleted (under /orch-node/, with the per-job policy only), and the
+  # store's prefix listed and pruned (the controller deletes versions no rule keeps).
   controller_policies = concat(
     [templatefile("${path.module}/policies/controller.json.tftpl", {
       owner   = var.owner
       vpc_arn = aws_vpc.this.arn
     })],
     local.with_store == 1 ? [templatefile("${path.module}/policies/controller-store.json.tftpl", {
-      node_role_arn     = one(aws_iam_role.node[*].arn)
-      store_objects     = local.store_objects
-      store_bucket_arn  = "arn:aws:s3:::${local.store_bucket}"
-      store_list_prefix = local.store_prefix == "" ? "*" : "${local.store_prefix}/*"
+      node_role_arn       = one(aws_iam_role.node[*].arn)
+      node_job_policy_arn = one(aws_iam_policy.node_job[*].arn)
+      owner               = var.owner
+      store_objects       = local.store_objects
+      store_bucket_arn    = "arn:aws:s3:::${local.store_bucket}"
+      store_list_prefix   = local.store_prefix == "" ? "*" : "${local.store_prefix}/*"
     })] : [],
   )
 }

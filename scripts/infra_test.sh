@@ -326,6 +326,18 @@ if mode == "present":
         need(listing and all("s3:prefix" in json.dumps(s.get("Condition", {})) for s in listing),
              "the nodes may list the whole bucket, not only their prefix")
 
+    # The policy of each job's own node role: its job's prefix only, named by the role's tag.
+    from tests.support.policy_templates import render
+    job_policy = out.get("node_job_policy", "")
+    need(job_policy.endswith(":policy/orch-node-job"), f"node_job_policy output {job_policy!r}")
+    if job_policy:
+        version = iam.get_policy(PolicyArn=job_policy)["Policy"]["DefaultVersionId"]
+        applied = iam.get_policy_version(PolicyArn=job_policy, VersionId=version)["PolicyVersion"]["Document"]
+        applied = json.loads(urllib.parse.unquote(applied)) if isinstance(applied, str) else applied
+        wanted = render("node-job", job_objects=expect["job_objects"], job_list_prefix=expect["job_list_prefix"],
+                        store_bucket_arn=expect["store_bucket_arn"])
+        need(applied == wanted, f"the per-job node policy differs from infra/policies/node-job.json.tftpl: {applied}")
+
     # The controller host's role: every write only on orch-owner's instances, tagged at launch.
     host_profile = out.get("controller_instance_profile", "")
     need(host_profile == "orch-controller", f"controller_instance_profile output {host_profile!r}")
@@ -343,7 +355,8 @@ if mode == "present":
         need(vpc_arn.endswith(f":vpc/{vpc_id}"), f"cluster groups may be made outside the VPC: {vpc_arn!r}")
         node_role = iam.get_role(RoleName="orch-node")["Role"]["Arn"]
         rendered = controller_policy(owner=expect["owner"], vpc_arn=vpc_arn, store={
-            "node_role_arn": node_role, "store_objects": expect["store_objects"],
+            "node_role_arn": node_role, "node_job_policy_arn": out.get("node_job_policy", ""),
+            "store_objects": expect["store_objects"],
             "store_bucket_arn": expect["store_bucket_arn"], "store_list_prefix": expect["store_list_prefix"],
         })
         need(document["Statement"] == rendered["Statement"],
@@ -368,6 +381,7 @@ if mode == "present":
              f"the controller reaches objects outside the store: {by_sid['OrchStoreCleanup']}")
         unconditioned = {a for s in document["Statement"] if "Condition" not in s
                          and s["Sid"] not in ("OrchStoreCleanup", "OrchLaunchUses", "OrchClusterGroupVpc")
+                         and s["Resource"] != "arn:aws:iam::*:instance-profile/orch-node/*"
                          for a in listed(s["Action"])}
         need(all(a.split(":")[1].startswith(("Describe", "Get")) for a in unconditioned),
              f"writes that are not narrowed to orch's resources: {sorted(unconditioned)}")
@@ -398,6 +412,11 @@ else:
         need(False, "the controller host's instance profile still exists")
     except ClientError as e:
         need(e.response["Error"]["Code"] == "NoSuchEntity", f"instance profile lookup: {e}")
+    try:
+        iam.get_policy(PolicyArn=out.get("node_job_policy") or "arn:aws:iam::123456789012:policy/orch-node-job")
+        need(False, "the per-job node policy still exists")
+    except ClientError as e:
+        need(e.response["Error"]["Code"] == "NoSuchEntity", f"policy lookup: {e}")
     made = json.load(open(ids_path))
     need(not found(ec2.describe_route_tables, "RouteTables", Filters=[{"Name": "route-table-id", "Values": made["route_tables"]}]),
          f"route tables {made['route_tables']} still exist")
@@ -419,7 +438,9 @@ PY
 import json, sys
 json.dump({"owner": "$OWNER", "zones": $ZONES, "ssh_cidrs": ["$SSH_CIDR"], "vpc_cidr": "10.42.0.0/16",
            "store_objects": "arn:aws:s3:::orch-infra-test-ckpt/team/jobs/*",
-           "store_bucket_arn": "arn:aws:s3:::orch-infra-test-ckpt", "store_list_prefix": "team/jobs/*"},
+           "store_bucket_arn": "arn:aws:s3:::orch-infra-test-ckpt", "store_list_prefix": "team/jobs/*",
+           "job_objects": "arn:aws:s3:::orch-infra-test-ckpt/team/jobs/\${aws:PrincipalTag/orch-job}/*",
+           "job_list_prefix": "team/jobs/\${aws:PrincipalTag/orch-job}/*"},
           open(sys.argv[1], "w"))
 PY
 check present || fail "resources in moto after apply do not match (see above)"

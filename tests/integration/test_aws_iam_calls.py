@@ -8,13 +8,16 @@ moto enforces no IAM: what the tests judge is the list of authorizations the cal
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from orchestrator.providers.aws import node_roles
 from orchestrator.providers.aws.provider import AwsProvider
+from tests.integration.test_aws_node_roles import job_policy
 from tests.integration.test_aws_provider import PUBLIC_KEY, REGION, make_provider, request
 from tests.support.aws_calls import ACCOUNT, Call, authorizations, operations, recording
 from tests.support.doc_blocks import REPO, blocks
@@ -38,25 +41,36 @@ def _profile(endpoint: str, name: str, path: str = "/") -> None:
     iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
 
 
+JOB_POLICY_ARN = f"arn:aws:iam::{ACCOUNT}:policy/orch-node-job"
+
+
 def _a_job_s_life(provider: AwsProvider, *, ports: tuple[str, ...] = ("6006",)) -> None:
-    """Two jobs' launches (spot, with `ports`; on-demand with a store), a lost node, the ends."""
+    """Two jobs' launches (spot, with `ports`; on-demand with a store, so a role of its own), a
+    lost node, the ends; then a job role a controller killed in between left behind, swept an
+    hour later."""
     first = provider.launch(request(job="job1", count=2, ports=ports))
     second = provider.launch(request(job="job2", count=1, spot=False, store="s3://my-bucket/orch"))
     provider.identity()
     provider.terminate([first[1].instance_id])
     provider.terminate([first[0].instance_id, *(n.instance_id for n in second)])
+    iam = provider.iam_client()
+    node_roles.ensure_job_profile(iam, job_id="job3", ledger_id=None, owner=provider.owner,
+                                  policy_arn=JOB_POLICY_ARN)  # fmt: skip
+    later = datetime.now(UTC) + timedelta(hours=2)
+    assert node_roles.sweep(iam, provider.owner, set(), JOB_POLICY_ARN, now=later)
 
 
 def test_the_laptop_policy_allows_every_call_of_a_job(tmp_path: Path, moto_endpoint: str) -> None:
-    _profile(moto_endpoint, "orch-node")
+    policy = job_policy(moto_endpoint)
     with recording(moto_endpoint) as calls:
         provider = make_provider(
             tmp_path, moto_endpoint, owner="alice", ssh_cidr="198.51.100.7/32",
-            instance_profile="orch-node",
+            instance_profile="orch-node", node_job_policy=policy,
         )  # fmt: skip
         _a_job_s_life(provider)
-    assert {"ec2:RunInstances", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup",
-            "ec2:TerminateInstances"} <= operations(calls)  # fmt: skip
+    wanted = {"ec2:RunInstances", "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup",
+              "ec2:TerminateInstances", "iam:CreateRole", "iam:DeleteRole"}  # fmt: skip
+    assert wanted <= operations(calls)
     assert refused(_laptop_policy(), authorizations(calls)) == []
 
 
@@ -108,6 +122,7 @@ def _infra_network(provider: AwsProvider, tmp_path: Path) -> tuple[Path, str]:
     outputs = {
         "region": REGION, "key_name": "orch", "security_group_id": group,
         "subnet_ids": {"us-east-1a": subnet["Subnet"]["SubnetId"]}, "instance_profile": "orch-node",
+        "node_job_policy": JOB_POLICY_ARN,
     }  # fmt: skip
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(outputs))
@@ -120,6 +135,7 @@ def _listed(value: str | list[str]) -> list[str]:
 
 STORE = {
     "node_role_arn": f"arn:aws:iam::{ACCOUNT}:role/orch-node",
+    "node_job_policy_arn": JOB_POLICY_ARN,
     "store_objects": "arn:aws:s3:::my-bucket/orch/*",
     "store_bucket_arn": "arn:aws:s3:::my-bucket",
     "store_list_prefix": "orch/*",
@@ -128,13 +144,14 @@ STORE = {
 
 def _host_s_orch(tmp_path: Path, endpoint: str) -> tuple[list[Call], dict[str, Any]]:
     """The calls of the host's orch running jobs on infra/'s network, and the role's policy."""
-    _profile(endpoint, "orch-node")
+    policy = job_policy(endpoint)
     setup = make_provider(tmp_path, endpoint, owner=OWNER)
     outputs, vpc_arn = _infra_network(setup, tmp_path)
     with recording(endpoint) as calls:
         provider = make_provider(tmp_path, endpoint, owner=OWNER, tf_outputs=outputs)
         _a_job_s_life(provider, ports=())  # the role makes no group but its clusters'
 
+    assert policy == JOB_POLICY_ARN
     return calls, controller_policy(owner=OWNER, vpc_arn=vpc_arn, store=STORE)
 
 

@@ -36,6 +36,7 @@ class Call:
     region: str
     tags: dict[str, dict[str, str]] = field(default_factory=dict)  # resource id -> its tags
     roles: dict[str, str] = field(default_factory=dict)  # instance profile -> its role's ARN
+    role_arn: str = ""  # the role an IAM call names (RoleName), as IAM knows it then
 
 
 class _Lookup:
@@ -54,6 +55,15 @@ class _Lookup:
         for tag in found:
             out.setdefault(tag["ResourceId"], {})[tag["Key"]] = tag["Value"]
         return out
+
+    def role(self, name: str) -> tuple[str, dict[str, str]]:
+        """(ARN, tags) of role `name`; ("", {}) when there is none (yet)."""
+        try:
+            role = self.iam.get_role(RoleName=name)["Role"]
+        except self.iam.exceptions.NoSuchEntityException:
+            return "", {}
+        tags = self.iam.list_role_tags(RoleName=name)["Tags"]
+        return role["Arn"], {t["Key"]: t["Value"] for t in tags}
 
     def role_of(self, profile: dict[str, str]) -> dict[str, str]:
         name = profile.get("Name") or profile["Arn"].rsplit("/", 1)[1]
@@ -82,10 +92,13 @@ def recording(endpoint: str) -> Iterator[list[Call]]:
         service = model.service_model.endpoint_prefix
         region = (context or {}).get("client_region") or "us-east-1"  # the client's region
         profile = params.get("IamInstanceProfile")
+        tags = lookup.tags(_acted_on(model.name, params)) if service == "ec2" else {}
+        role_arn = ""
+        if service == "iam" and "RoleName" in params:
+            role_arn, tags[params["RoleName"]] = lookup.role(params["RoleName"])
         calls.append(Call(
             service=service, operation=model.name, params=dict(params), region=region,
-            tags=lookup.tags(_acted_on(model.name, params)) if service == "ec2" else {},
-            roles=lookup.role_of(profile) if profile else {},
+            tags=tags, roles=lookup.role_of(profile) if profile else {}, role_arn=role_arn,
         ))  # fmt: skip
 
     events.register("before-parameter-build", record)
@@ -172,12 +185,53 @@ def _ec2(call: Call) -> list[Request]:
     raise ValueError(f"no IAM authorization known for ec2:{op}: describe it in {__name__}")
 
 
+def _role_arn(call: Call) -> str:
+    """The ARN of the role the IAM call names: as IAM knows it, or as CreateRole makes it."""
+    p = call.params
+    return call.role_arn or f"arn:aws:iam::{ACCOUNT}:role{p.get('Path', '/')}{p['RoleName']}"
+
+
+def _profile_arn(call: Call) -> str:
+    p = call.params
+    path = p.get("Path") or "/orch-node/"  # orch's profiles all live there
+    return f"arn:aws:iam::{ACCOUNT}:instance-profile{path}{p['InstanceProfileName']}"
+
+
+def _iam(call: Call) -> list[Request]:
+    op, p = call.operation, call.params
+    action = f"iam:{op}"
+    if op in ("GetRole", "GetInstanceProfile"):
+        raise ValueError(f"orch makes no iam:{op} call: describe it in {__name__} if it does")
+    if op == "CreateRole":
+        tags = {t["Key"]: t["Value"] for t in p.get("Tags") or []}
+        keys: dict[str, Value] = {**_tag_keys("aws:RequestTag", tags), "aws:TagKeys": tuple(tags)}
+        boundary = {"iam:PermissionsBoundary": p["PermissionsBoundary"]}
+        out = [Request(action, _role_arn(call), {**keys, **boundary}, op)]
+        return out + [Request("iam:TagRole", _role_arn(call), keys, op)] if tags else out
+    if op in ("AttachRolePolicy", "DetachRolePolicy"):
+        return [Request(action, _role_arn(call), {"iam:PolicyARN": p["PolicyArn"]}, op)]
+    if op in ("DeleteRole", "ListRoleTags"):
+        tags = call.tags.get(p["RoleName"], {})
+        return [Request(action, _role_arn(call), _tag_keys("aws:ResourceTag", tags), op)]
+    if op in ("CreateInstanceProfile", "RemoveRoleFromInstanceProfile", "DeleteInstanceProfile"):
+        return [Request(action, _profile_arn(call), {}, op)]
+    if op == "AddRoleToInstanceProfile":  # IAM also asks for PassRole on the role
+        return [Request(action, _profile_arn(call), {}, op),
+                Request("iam:PassRole", _role_arn(call), {}, op)]  # fmt: skip
+    if op == "ListInstanceProfiles":
+        prefix = p.get("PathPrefix", "/")
+        return [Request(action, f"arn:aws:iam::{ACCOUNT}:instance-profile{prefix}*", {}, op)]
+    raise ValueError(f"no IAM authorization known for iam:{op}: describe it in {__name__}")
+
+
 def authorizations(calls: list[Call]) -> list[Request]:
     """The IAM requests that `calls` need allowed, in order."""
     out: list[Request] = []
     for call in calls:
         if call.service == "ec2":
             out += _ec2(call)
+        elif call.service == "iam":
+            out += _iam(call)
         elif call.service == "sts" and call.operation == "GetCallerIdentity":
             continue  # needs no permission
         else:

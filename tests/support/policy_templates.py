@@ -34,9 +34,9 @@ def controller_policy(
     *, owner: str, vpc_arn: str, store: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The controller host's role policy as infra/controller.tf puts it together: its own
-    statements, and the store's when `store` (node_role_arn, store_objects, store_bucket_arn,
-    store_list_prefix) is given."""
+    statements, and the store's when `store` (node_role_arn, node_job_policy_arn, store_objects,
+    store_bucket_arn, store_list_prefix) is given."""
     parts = [render("controller", owner=owner, vpc_arn=vpc_arn)]
     if store is not None:
-        parts.append(render("controller-store", **store))
+        parts.append(render("controller-store", owner=owner, **store))
     return {"Version": "2012-10-17", "Statement": [s for p in parts for s in p["Statement"]]}

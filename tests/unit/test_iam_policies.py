@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 VPC = "arn:aws:ec2:us-east-1:123456789012:vpc/vpc-1"
 STORE = {
     "node_role_arn": "arn:aws:iam::123456789012:role/orch-node",
+    "node_job_policy_arn": "arn:aws:iam::123456789012:policy/orch-node-job",
     "store_objects": "arn:aws:s3:::bucket/team/*",
     "store_bucket_arn": "arn:aws:s3:::bucket",
     "store_list_prefix": "team/*",
@@ -85,14 +86,17 @@ def test_the_controller_role_never_stops_starts_or_modifies_an_instance() -> Non
 
 def test_every_write_of_the_controller_role_is_narrowed_to_orch_s_resources() -> None:
     """A statement without a condition reads, or names the exact resources it acts on (the
-    VPC, the nodes' role, the store), or is what a launch only uses."""
+    VPC, the store), or only orch's own IAM path (the jobs' instance profiles), or is what a
+    launch only uses."""
     policy = controller_policy(owner="team", vpc_arn=VPC, store=STORE)
     for statement in policy["Statement"]:
         if "Condition" in statement or statement["Sid"] in ("OrchLaunchUses", "OrchIdentity"):
             continue
         actions = _actions({"Statement": [statement]})
         reads = all(a.split(":")[1].startswith(("Describe", "Get", "List")) for a in actions)
-        assert reads or statement["Resource"] in (VPC, STORE["store_objects"]), statement["Sid"]
+        exact = statement["Resource"] in (VPC, STORE["store_objects"])
+        ours = statement["Resource"] == "arn:aws:iam::*:instance-profile/orch-node/*"
+        assert reads or exact or ours, statement["Sid"]
 
 
 def _s3_calls_of_the_store_client() -> set[str]:
@@ -115,7 +119,7 @@ S3_ACTION = {"ListObjectsV2": "s3:ListBucket", "DeleteObjects": "s3:DeleteObject
 def test_the_controller_role_s_store_actions_are_those_the_store_client_calls() -> None:
     calls = _s3_calls_of_the_store_client()
     assert calls and calls <= set(S3_ACTION), f"map {calls - set(S3_ACTION)} in S3_ACTION"
-    store = render("controller-store", **STORE)
+    store = render("controller-store", **STORE, owner="team")
     granted = {a for a in _actions(store) if a.startswith("s3:")}
     assert granted == {S3_ACTION[c] for c in calls}
 
@@ -124,4 +128,6 @@ def test_the_templates_use_only_what_the_offline_renderer_understands() -> None:
     for path in sorted(POLICIES.glob("*.json.tftpl")):
         text = path.read_text()
         assert "%{" not in text, path.name
-        render(path.name.removesuffix(".json.tftpl"), **STORE, owner="o", vpc_arn=VPC)
+        job = {"job_objects": "arn:aws:s3:::b/p/${aws:PrincipalTag/orch-job}/*",
+               "job_list_prefix": "p/${aws:PrincipalTag/orch-job}/*"}  # fmt: skip
+        render(path.name.removesuffix(".json.tftpl"), **STORE, **job, owner="o", vpc_arn=VPC)

@@ -61,7 +61,7 @@ from orchestrator.errors import (
     OrchError,
     ProviderError,
 )
-from orchestrator.providers.aws import cluster_network
+from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
 from orchestrator.providers.aws.launch import (
@@ -124,6 +124,7 @@ class AwsProvider:
         self._catalog = catalog
         self._clients: dict[str, Any] = {}
         self._launch_clients: dict[str, Any] = {}
+        self._iam: Any = None
         self._identity: CloudIdentity | None = None
         self._launcher = NodeLauncher(self, sleep=sleep)
         self.spot_source = spot_source or SpotPriceSource(
@@ -235,8 +236,7 @@ class AwsProvider:
         left running. A request with a checkpoint store launches its nodes with the
         configured instance profile, and without one raises `ConfigError` before any launch.
         """
-        if request.store:
-            self._launcher.instance_profile()
+        self._launcher.check_credentials(request)
         offers = self._request_offers(request)
         if not offers:
             raise CapacityError(
@@ -257,8 +257,9 @@ class AwsProvider:
         `ProviderError` if EC2 has not acknowledged within `aws.ready_timeout_s`.
 
         The nodes' cluster groups that no instance is left in are deleted after that time
-        (waiting, where EC2 asks for it, until the nodes are terminated); one that cannot be is
-        left to a later sweep, never an error.
+        (waiting, where EC2 asks for it, until the nodes are terminated), and so are their job
+        profiles (`node_roles`) that no live node holds; what cannot be is left to a later
+        sweep, never an error.
         """
         ids = list(dict.fromkeys(instance_ids))
         unknown = set(ids)
@@ -281,6 +282,7 @@ class AwsProvider:
         ended_at = datetime.now(UTC)
         for region, descriptions in described.items():
             self._end_cluster_groups(region, descriptions)
+        self._end_job_profiles([d for found in described.values() for d in found])
         if unknown:
             missing = tuple(i for i in ids if i in unknown)
             raise InstancesNotFound(
@@ -358,6 +360,52 @@ class AwsProvider:
         with contextlib.suppress(ClientError, BotoCoreError, ResponseParserError):  # swept later
             cluster_network.delete_unused(ec2, groups, wait_terminated)
         self.sweep_groups(region)
+
+    def iam_client(self) -> Any:
+        """The IAM client (IAM is global: the first region in use signs its calls)."""
+        if self._iam is None:
+            self._iam = boto3.client(
+                "iam",
+                region_name=self.regions()[0],
+                endpoint_url=self.aws.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "total_max_attempts": self.aws.max_api_attempts},
+                    connect_timeout=10,
+                    read_timeout=60,
+                ),
+            )
+        return self._iam
+
+    def _profiles_in_use(self) -> set[str]:
+        """The job profiles (`node_roles`) that live orch instances hold, in every region."""
+        live = [{"Name": "tag-key", "Values": [TAG_JOB]},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]  # fmt: skip
+        return {p for r in self.regions() for p in node_roles.job_profiles_of(
+            self._describe_filtered(r, live))}  # fmt: skip
+
+    def _end_job_profiles(self, descriptions: list[dict[str, Any]]) -> None:
+        """Delete the job profiles of the ended nodes that no live instance holds, then sweep
+        this owner's leaked ones. Never raises: what is left is swept later."""
+        policy = self._launcher.job_policy()
+        ended = node_roles.job_profiles_of(descriptions)
+        if policy is None and not ended:
+            return
+        with contextlib.suppress(OrchError, ClientError, BotoCoreError, ResponseParserError):
+            in_use = self._profiles_in_use()
+            for name in ended - in_use:
+                node_roles.delete_job_profile(self.iam_client(), name, policy)
+            if policy is not None:
+                node_roles.sweep(self.iam_client(), self.owner, in_use, policy)
+
+    def sweep_job_profiles(self) -> list[str]:
+        """Delete this owner's job profiles left behind (`node_roles.sweep`); never raises."""
+        policy = self._launcher.job_policy()
+        if policy is None:
+            return []
+        try:
+            return node_roles.sweep(self.iam_client(), self.owner, self._profiles_in_use(), policy)
+        except (OrchError, ClientError, BotoCoreError, ResponseParserError):
+            return []
 
     def sweep_groups(self, region: str) -> list[str]:
         """Delete this owner's cluster groups in `region` that were left behind (made over
