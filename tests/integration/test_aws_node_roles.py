@@ -138,3 +138,37 @@ def test_job_roles_left_behind_are_swept_once_old_and_only_the_owner_s(
     assert node_roles.sweep(iam, "tester", {mine}, policy, now=later) == []  # a node holds it
     assert node_roles.sweep(iam, "tester", set(), policy, now=later) == [mine]
     assert _job_profiles(provider) == [theirs]
+
+
+def test_a_launch_waits_while_ec2_does_not_see_the_new_profile_yet(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """IAM is eventually consistent: EC2 refuses a profile made a moment ago, for a while."""
+    from botocore.awsrequest import AWSResponse
+
+    from tests.integration.test_aws_provider import ec2_error
+
+    policy = job_policy(moto_endpoint)
+    slept: list[float] = []
+    settings = make_provider(tmp_path, moto_endpoint, instance_profile="orch-node",
+                             node_job_policy=policy).settings  # fmt: skip
+    provider = AwsProvider(settings, sleep=slept.append)
+    refusals = []
+
+    def profile_refusal(url: str) -> AWSResponse:
+        answer = ec2_error(url, 400, "InvalidParameterValue")
+        answer.raw.data = answer.raw.data.replace(
+            b"injected", b"Value (orch-job-x) for parameter iamInstanceProfile.name is invalid."
+        )
+        return answer
+
+    def not_yet(request: Any, **_: Any) -> AWSResponse | None:
+        if len(refusals) < 4:  # more than aws.max_api_attempts (3): not counted as failed tries
+            refusals.append(request.url)
+            return profile_refusal(request.url)
+        return None
+
+    provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", not_yet)
+    (node,) = provider.launch(request(job="job1", count=1, store=STORE))
+    assert len(refusals) == 4 and slept.count(node_roles.PROFILE_RETRY_S) == 4
+    assert node.credentials
