@@ -230,3 +230,29 @@ def test_with_terraform_s_network_the_cluster_group_is_made_in_its_vpc(
     assert {g["VpcId"] for g in groups.values()} == {vpc}
     tf.terminate([node.instance_id])
     assert _cluster_groups(tf) == set()
+
+
+def test_a_launch_moving_to_the_next_zone_keeps_the_cluster_s_group(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """The nodes a refused zone did start are ended, but their cluster's group is the next
+    zone's too: it is neither deleted nor waited for in between."""
+    from tests.integration.test_aws_provider import provider_query, refuse
+
+    provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
+    first_zone = provider.offers(provider_query())[0].zone
+    groups_seen: list[list[str]] = []
+
+    def second_node_in_first_zone(params: dict) -> bool:
+        groups_seen.append(params["SecurityGroupIds"])
+        zone = params["Placement"]["AvailabilityZone"]
+        return zone == first_zone and len(groups_seen) == 2
+
+    provider.launch_client(REGION).meta.events.register(
+        "before-parameter-build.ec2.RunInstances",
+        refuse("InsufficientInstanceCapacity", second_node_in_first_zone),
+    )
+    nodes = provider.launch(request(job="job1", count=2))
+    assert len(groups_seen) == 4 and all(g == groups_seen[0] for g in groups_seen)
+    assert {n.zone for n in nodes} != {first_zone}
+    assert _cluster_groups(provider) == {cluster_group_name(None, "job1")}

@@ -242,7 +242,8 @@ class NodeLauncher:
                 # A RunInstances whose answer was lost on its last try started a node whose id
                 # orch never heard: its token tag finds it.
                 ids = list(dict.fromkeys(ids + self._launched_with(offer.region, tokens)))
-                provider.terminate(ids)
+                # the cluster's group and role stay: the next offer uses them at once
+                provider.terminate(ids, keep_cluster=True)
             except Exception as cleanup:
                 exc.add_note(
                     f"terminating the partial launch {ids or tokens} failed too: {cleanup}"

@@ -247,7 +247,7 @@ class AwsProvider:
             )
         return self._launcher.launch(request, offers)
 
-    def terminate(self, instance_ids: list[str]) -> datetime:
+    def terminate(self, instance_ids: list[str], *, keep_cluster: bool = False) -> datetime:
         """Terminate the nodes and wait until EC2 acknowledges each (shutting-down/terminated).
 
         Returns the UTC time of that acknowledgement: billing of the nodes stops there. Ids that
@@ -259,7 +259,8 @@ class AwsProvider:
         The nodes' cluster groups that no instance is left in are deleted after that time
         (waiting, where EC2 asks for it, until the nodes are terminated), and so are their job
         profiles (`node_roles`) that no live node holds; what cannot be is left to a later
-        sweep, never an error.
+        sweep, never an error. `keep_cluster` leaves both (a launch moving on to its next
+        offer, which uses them at once).
         """
         ids = list(dict.fromkeys(instance_ids))
         unknown = set(ids)
@@ -280,9 +281,10 @@ class AwsProvider:
                 )
             self._launcher.wait(region, live, GONE_STATES, "shutting-down")
         ended_at = datetime.now(UTC)
-        for region, descriptions in described.items():
-            self._end_cluster_groups(region, descriptions)
-        self._end_job_profiles([d for found in described.values() for d in found])
+        if not keep_cluster:
+            for region, descriptions in described.items():
+                self._end_cluster_groups(region, descriptions)
+            self._end_job_profiles([d for found in described.values() for d in found])
         if unknown:
             missing = tuple(i for i in ids if i in unknown)
             raise InstancesNotFound(
