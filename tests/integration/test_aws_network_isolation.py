@@ -256,3 +256,20 @@ def test_a_launch_moving_to_the_next_zone_keeps_the_cluster_s_group(
     assert len(groups_seen) == 4 and all(g == groups_seen[0] for g in groups_seen)
     assert {n.zone for n in nodes} != {first_zone}
     assert _cluster_groups(provider) == {cluster_group_name(None, "job1")}
+
+
+def test_reconcile_ends_a_leaked_cluster_s_group_with_its_nodes(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """A controller killed with its nodes up: `orch reconcile` ends the nodes, and with them
+    their cluster's group."""
+    from orchestrator.control.reconcile import reconcile
+    from orchestrator.ledger.store import Ledger, make_engine
+
+    provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
+    ledger = Ledger(make_engine(provider.settings.db_path))
+    nodes = provider.launch(request(job="ghost", count=2, ledger_id=ledger.ledger_id))
+    assert _cluster_groups(provider) == {cluster_group_name(ledger.ledger_id, "ghost")}
+    report = reconcile(provider.settings, ledger, [provider])
+    assert report.terminated == {"ghost": sorted(n.instance_id for n in nodes)}
+    assert _cluster_groups(provider) == set()
