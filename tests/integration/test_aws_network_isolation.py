@@ -273,3 +273,31 @@ def test_reconcile_ends_a_leaked_cluster_s_group_with_its_nodes(
     report = reconcile(provider.settings, ledger, [provider])
     assert report.terminated == {"ghost": sorted(n.instance_id for n in nodes)}
     assert _cluster_groups(provider) == set()
+
+
+def test_an_older_orch_s_running_job_keeps_its_all_traffic_rule_until_it_ends(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """Nodes an older orch launched talk through the `orch` group's all-traffic rule: the rule
+    stays while one of them lives, and goes at the first launch after."""
+    provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
+    ec2 = provider.client(REGION)
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
+    group = ec2.create_security_group(GroupName="orch", Description="o", VpcId=vpc["VpcId"])
+    everything = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["GroupId"]}]}
+    ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[everything])
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    old = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1,
+                            SecurityGroupIds=[group["GroupId"]])["Instances"][0]  # fmt: skip
+
+    def all_traffic() -> bool:
+        [found] = _groups(ec2, [group["GroupId"]]).values()
+        return any(p["IpProtocol"] == "-1" for p in found["IpPermissions"])
+
+    (node,) = provider.launch(request(job="job1", count=1))
+    assert all_traffic()
+    ec2.terminate_instances(InstanceIds=[old["InstanceId"]])
+    make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32").launch(
+        request(job="job2", count=1)
+    )
+    assert not all_traffic()

@@ -29,9 +29,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from orchestrator.providers.aws.launch import TAG_CLUSTER, TAG_LEDGER, TAG_OWNER, error_code
-from orchestrator.providers.aws.network import find_group
+from orchestrator.providers.aws.network import CLUSTER_GROUP_PREFIX, find_group
 
-CLUSTER_GROUP_PREFIX = "orch-cluster-"
 TAG_CREATED = "orch-created"  # UTC time the group was made (ISO 8601), for the sweep's grace
 LEAK_GRACE_S = 3600.0  # a cluster group this old without an instance is a leak
 TERMINATED_WAIT_S = 180.0  # longest wait at terminate for nodes to leave their cluster's group
