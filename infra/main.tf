@@ -1,7 +1,9 @@
 # The AWS network orch launches training nodes into:
 #   one VPC, one public subnet per availability zone (nodes get public IPs for SSH from the
 #   controller), an internet gateway with a default route, one security group (SSH from the
-#   given CIDRs, all traffic between members for NCCL/gloo, all egress) and one key pair.
+#   given CIDRs and between its members, all egress) and one key pair. The nodes of one cluster
+#   reach each other on other ports through the cluster's own group, which orch makes in this
+#   VPC at launch and deletes when the cluster ends.
 
 data "aws_availability_zones" "available" {
   count = length(var.availability_zones) == 0 ? 1 : 0
@@ -65,7 +67,7 @@ resource "aws_route_table_association" "zone" {
 
 resource "aws_security_group" "nodes" {
   name        = "${var.name}-nodes"
-  description = "orch training nodes: SSH from the controller, all traffic between nodes"
+  description = "orch training nodes: SSH from the controller and between members"
   vpc_id      = aws_vpc.this.id
 
   tags = merge(local.tags, { Name = "${var.name}-nodes" })
@@ -91,12 +93,16 @@ resource "aws_vpc_security_group_ingress_rule" "ssh" {
   }
 }
 
-# torchrun's rendezvous, NCCL and gloo use ports chosen at run time: allow everything
-# between members of the group.
+# SSH only between members: the controller host, a member, reaches the nodes at their private
+# addresses. torchrun's rendezvous, NCCL and gloo (ports chosen at run time, unauthenticated)
+# reach only the nodes of the same cluster, through the cluster's own group that orch makes;
+# never another job's nodes or the host.
 resource "aws_vpc_security_group_ingress_rule" "intra_group" {
   security_group_id            = aws_security_group.nodes.id
-  description                  = "All traffic between orch nodes (torchrun, NCCL, gloo)"
-  ip_protocol                  = "-1"
+  description                  = "SSH between orch nodes and the controller host"
+  ip_protocol                  = "tcp"
+  from_port                    = 22
+  to_port                      = 22
   referenced_security_group_id = aws_security_group.nodes.id
 
   tags = merge(local.tags, { Name = "${var.name}-intra-group" })

@@ -26,8 +26,13 @@ output "key_name" {
 }
 
 output "instance_profile" {
-  description = "Instance profile orch gives the nodes of jobs with a checkpoint store (empty without checkpoint_store)."
+  description = "Instance profile of the nodes of kept clusters with a checkpoint store (and of every job's without node_job_policy); empty without checkpoint_store."
   value       = local.with_store == 1 ? aws_iam_instance_profile.node[0].name : ""
+}
+
+output "node_job_policy" {
+  description = "ARN of the policy of each job's own node role (aws.node_job_policy); empty without checkpoint_store."
+  value       = local.with_store == 1 ? aws_iam_policy.node_job[0].arn : ""
 }
 
 output "controller_instance_profile" {

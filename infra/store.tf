@@ -1,6 +1,11 @@
-# The nodes' own credentials for a job's checkpoint store (`checkpoint.store: s3://...`): a role
-# that may read and write that bucket prefix and nothing else, in an instance profile that orch
-# attaches to the nodes of jobs with a store. Made only when `checkpoint_store` is set.
+# The nodes' own credentials for a job's checkpoint store (`checkpoint.store: s3://...`), made
+# only when `checkpoint_store` is set:
+# - the policy of each job's own role (`node_job`): objects under <prefix>/<job id>/ only, the
+#   job id being the role's `orch-job` tag. orch makes a role per job with it (attached, and as
+#   the permissions boundary, which is the only policy it may attach) when it launches the job's
+#   nodes, and deletes it with them (orchestrator/providers/aws/node_roles.py).
+# - a role shared by the nodes of kept clusters (whose later jobs are not known when they
+#   launch): the whole prefix, in the instance profile `<name>-node`.
 
 locals {
   store_bucket = var.checkpoint_store == "" ? "" : split("/", trimprefix(var.checkpoint_store, "s3://"))[0]
@@ -8,6 +13,25 @@ locals {
   # Objects the nodes may touch: everything under the prefix (the whole bucket without one).
   store_objects = local.store_prefix == "" ? "arn:aws:s3:::${local.store_bucket}/*" : "arn:aws:s3:::${local.store_bucket}/${local.store_prefix}/*"
   with_store    = var.checkpoint_store == "" ? 0 : 1
+  # One job's objects, and its listing: the role's orch-job tag names the job ($${...} is an
+  # IAM policy variable, written literally).
+  job_prefix      = local.store_prefix == "" ? "" : "${local.store_prefix}/"
+  job_objects     = "arn:aws:s3:::${local.store_bucket}/${local.job_prefix}$${aws:PrincipalTag/orch-job}/*"
+  job_list_prefix = "${local.job_prefix}$${aws:PrincipalTag/orch-job}/*"
+}
+
+resource "aws_iam_policy" "node_job" {
+  count = local.with_store
+
+  name        = "${var.name}-node-job"
+  description = "orch: one job's nodes read and write <store>/<their role's orch-job tag>/ only"
+  policy = templatefile("${path.module}/policies/node-job.json.tftpl", {
+    job_objects      = local.job_objects
+    job_list_prefix  = local.job_list_prefix
+    store_bucket_arn = "arn:aws:s3:::${local.store_bucket}"
+  })
+
+  tags = merge(local.tags, { Name = "${var.name}-node-job" })
 }
 
 data "aws_iam_policy_document" "node_assume" {

@@ -106,9 +106,10 @@ variable "checkpoint_store" {
 variable "controller_host" {
   description = <<-EOT
     Make the controller host's credentials (`orch controller up --provider aws`): an IAM role
-    that may launch, tag and end only instances tagged orch-owner = owner (plus the reads EC2
-    cannot narrow), pass the nodes' role and use the checkpoint store's prefix when
-    checkpoint_store is set, in an instance profile (output `controller_instance_profile`).
+    that may launch, tag and end only instances tagged orch-owner = owner, make and delete
+    their clusters' security groups in this VPC (plus the reads EC2 cannot narrow), pass the
+    nodes' role and prune the checkpoint store's prefix when checkpoint_store is set, in an
+    instance profile (output `controller_instance_profile`).
   EOT
   type        = bool
   default     = false

@@ -93,13 +93,17 @@ class AwsSettings(BaseModel):
     # instance profile the nodes of a job with a checkpoint store get (its role may write the
     # store's prefix); None: Terraform's `instance_profile` output
     instance_profile: str | None = None
+    # ARN of infra/'s per-job node policy (its `node_job_policy` output): with it, the nodes of
+    # a job with a store get a role of their own that reaches only the job's store prefix;
+    # None: the Terraform outputs' `node_job_policy`, else all nodes share `instance_profile`
+    node_job_policy: str | None = None
     # instance profile of the controller host (`orch controller up --provider aws`): its role
     # may launch, tag and end only orch-owner instances (infra/'s `controller_instance_profile`)
     controller_instance_profile: str | None = None
     # the EC2 endpoint as the controller host reaches it, when it is not `endpoint_url` (a cloud
     # on this machine: the sandbox's address on its hosts' bridge); None: `endpoint_url`
     controller_endpoint_url: str | None = None
-    # who may reach port 22 of the `orch` security group (kept to exactly that on each launch):
+    # who may reach port 22 of the `orch` security group (your own rule, beside other owners'):
     # an address or a CIDR block, e.g. your public address/32; None: for a cloud on this machine
     # (a loopback endpoint_url) this machine's own address toward its VPC, else a ConfigError
     ssh_cidr: str | None = None
@@ -351,6 +355,7 @@ _ENV_OVERRIDES = {
     "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
     "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
     "ORCH_AWS_INSTANCE_PROFILE": ("aws", "instance_profile"),
+    "ORCH_AWS_NODE_JOB_POLICY": ("aws", "node_job_policy"),
     "ORCH_AWS_CONTROLLER_INSTANCE_PROFILE": ("aws", "controller_instance_profile"),
     "ORCH_AWS_CONTROLLER_ENDPOINT_URL": ("aws", "controller_endpoint_url"),
     "ORCH_AWS_SSH_CIDR": ("aws", "ssh_cidr"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import CapacityError, ConfigError, ProviderError
+from orchestrator.providers.aws.cluster_network import cluster_group_name
 from orchestrator.providers.aws.network import ports_group_name
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.spec.model import Budget
@@ -97,9 +98,10 @@ def test_ports_are_opened_to_this_machine_alone_in_a_group_of_their_own(
         ]
     }
     ssh = [p for p in groups["orch"]["IpPermissions"] if p.get("FromPort") == 22]
-    cidr = ssh[0]["IpRanges"][0]["CidrIp"]  # the address SSH is open to: this machine's
+    # the address SSH is open to: this machine's
+    [cidr] = [r["CidrIp"] for p in ssh for r in p["IpRanges"]]
     name = ports_group_name(cidr, ("6006", "8000-8010"))
-    assert set(groups) == {"orch", name}
+    assert set(groups) == {"orch", name, cluster_group_name(None, "job1")}
     opened = sorted(
         (p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
         for p in groups[name]["IpPermissions"]

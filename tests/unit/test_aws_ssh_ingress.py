@@ -1,24 +1,33 @@
 """Who may reach the nodes' SSH: the `aws.ssh_cidr` setting, its default, and the `orch`
-security group's rules set back to exactly orch's two on each launch. Pure, no network."""
+security group's ingress on each launch: the owner's rule added, its stale ones expired, other
+owners' kept, SSH between members, nothing else. Pure, no network."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.config import AwsSettings, load_settings
 from orchestrator.errors import ConfigError
-from orchestrator.providers.aws.network import ingress_plan, is_local_endpoint, ssh_cidr
+from orchestrator.providers.aws.network import is_local_endpoint, ssh_cidr
+from orchestrator.providers.aws.ssh_rules import (
+    REFRESH_AFTER_S,
+    SSH_RULE_TTL_S,
+    ingress_plan,
+    owner_label,
+    parse_description,
+    rule_description,
+)
 
 GROUP = "sg-0123"
-SSH_FROM_ME = {
-    "IpProtocol": "tcp",
-    "FromPort": 22,
-    "ToPort": 22,
-    "IpRanges": [{"CidrIp": "198.51.100.7/32", "Description": "SSH from the controller"}],
-}
-MEMBERS = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": GROUP, "UserId": "123"}]}
+MEMBERS_SSH_BARE = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                    "UserIdGroupPairs": [{"GroupId": GROUP}]}  # fmt: skip
+MEMBERS_SSH = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+               "UserIdGroupPairs": [{"GroupId": GROUP, "UserId": "123"}]}  # fmt: skip
 
 
 def test_ssh_from_anywhere_needs_consent_and_addresses_are_checked(tmp_path: Path) -> None:
@@ -56,38 +65,86 @@ def test_a_cloud_on_this_machine_gets_this_machine_s_own_address() -> None:
     )
 
 
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def _ssh(cidr: str, owner: str | None, at: datetime = NOW) -> dict:
+    source = {"CidrIp": cidr}
+    if owner is not None:
+        source["Description"] = rule_description(owner, at)
+    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [source]}
+
+
+def _plan(permissions: list[dict], cidr: str = "198.51.100.7/32", owner: str = "alice") -> Any:
+    return ingress_plan(permissions, GROUP, owner=owner, cidr=cidr, now=NOW)
+
+
+def test_a_rule_names_its_owner_and_time_in_what_ec2_takes() -> None:
+    text = rule_description("Ann O'Neil <ann@example.com>", NOW)
+    assert re.fullmatch(r"[A-Za-z0-9 ._\-:/()#,@\[\]+=&;{}!$*]+", text), text
+    assert parse_description(text) == (owner_label("Ann O'Neil <ann@example.com>"), NOW)
+    assert parse_description("SSH from the controller") is None
+    assert parse_description(None) is None
+
+
 def test_a_right_group_is_left_alone() -> None:
-    assert ingress_plan([SSH_FROM_ME, MEMBERS], GROUP, "198.51.100.7/32") == ([], [])
+    assert _plan([_ssh("198.51.100.7/32", "alice"), MEMBERS_SSH]).empty
 
 
-def test_a_new_group_gets_its_two_rules() -> None:
-    revoke, authorize = ingress_plan([], GROUP, "198.51.100.7/32")
-    assert revoke == []
-    assert authorize == [
-        SSH_FROM_ME,
-        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": GROUP}]},
-    ]
+def test_a_new_group_gets_ssh_between_members_and_the_owner_s_rule() -> None:
+    plan = _plan([])
+    assert plan.revoke == [] and plan.refresh == []
+    assert plan.authorize == [MEMBERS_SSH_BARE, _ssh("198.51.100.7/32", "alice")]
 
 
-def test_a_wide_or_stray_rule_is_revoked_and_the_wanted_one_authorized() -> None:
-    old = {
-        "IpProtocol": "tcp",
-        "FromPort": 22,
-        "ToPort": 22,
-        "IpRanges": [{"CidrIp": "0.0.0.0/0", "Description": "x"}, {"CidrIp": "198.51.100.7/32"}],
-        "Ipv6Ranges": [{"CidrIpv6": "::/0"}],
-    }
+def test_another_owner_s_rules_are_never_revoked_however_old() -> None:
+    ancient = NOW - timedelta(days=400)
+    plan = _plan([_ssh("203.0.113.9/32", "bob", ancient), MEMBERS_SSH])
+    assert plan.revoke == [] and plan.authorize == [_ssh("198.51.100.7/32", "alice")]
+
+
+def test_the_owner_s_rules_from_elsewhere_expire_after_the_ttl_only() -> None:
+    fresh = NOW - timedelta(seconds=SSH_RULE_TTL_S - 60)
+    stale = NOW - timedelta(seconds=SSH_RULE_TTL_S + 60)
+    plan = _plan([_ssh("192.0.2.1/32", "alice", fresh), _ssh("192.0.2.2/32", "alice", stale),
+                  MEMBERS_SSH])  # fmt: skip
+    assert plan.revoke == [_bare("192.0.2.2/32")]
+    assert plan.authorize == [_ssh("198.51.100.7/32", "alice")]
+
+
+def test_the_owner_s_rule_in_use_is_confirmed_now_and_then() -> None:
+    old = NOW - timedelta(seconds=REFRESH_AFTER_S + 1)
+    plan = _plan([_ssh("198.51.100.7/32", "alice", old), MEMBERS_SSH])
+    assert plan.revoke == [] and plan.authorize == []
+    assert plan.refresh == [_ssh("198.51.100.7/32", "alice")]
+    # an address another owner's rule admits already is not added twice (EC2 keeps one)
+    assert _plan([_ssh("198.51.100.7/32", "bob", old), MEMBERS_SSH]).empty
+
+
+def test_rules_that_are_no_owner_s_are_revoked() -> None:
+    wide = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+            "IpRanges": [{"CidrIp": "0.0.0.0/0", "Description": "x"}],
+            "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}  # fmt: skip
     stray = {"IpProtocol": "tcp", "FromPort": 8080, "ToPort": 8080,
              "UserIdGroupPairs": [{"GroupId": "sg-other"}]}  # fmt: skip
-    revoke, authorize = ingress_plan([old, stray, MEMBERS], GROUP, "198.51.100.7/32")
-    assert revoke == [
-        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+    everything = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": GROUP, "UserId": "1"}]}
+    plan = _plan([wide, stray, everything, MEMBERS_SSH, _ssh("198.51.100.7/32", "alice")])
+    assert plan.revoke == [
+        _bare("0.0.0.0/0"),
         {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "Ipv6Ranges": [{"CidrIpv6": "::/0"}]},
         {"IpProtocol": "tcp", "FromPort": 8080, "ToPort": 8080,
          "UserIdGroupPairs": [{"GroupId": "sg-other"}]},
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": GROUP}]},
     ]  # fmt: skip
-    assert authorize == []  # the /32 was there already, among the others
-    revoke, authorize = ingress_plan([SSH_FROM_ME, MEMBERS], GROUP, "2001:db8::/64")
-    assert revoke == [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                       "IpRanges": [{"CidrIp": "198.51.100.7/32"}]}]  # fmt: skip
-    assert authorize[0]["Ipv6Ranges"][0]["CidrIpv6"] == "2001:db8::/64"
+    assert plan.authorize == []
+
+
+def test_an_ipv6_address_gets_an_ipv6_rule() -> None:
+    plan = _plan([MEMBERS_SSH], cidr="2001:db8::/64")
+    [rule] = plan.authorize
+    assert rule["Ipv6Ranges"][0]["CidrIpv6"] == "2001:db8::/64"
+    assert parse_description(rule["Ipv6Ranges"][0]["Description"]) == ("alice", NOW)
+
+
+def _bare(cidr: str) -> dict:
+    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr}]}

@@ -140,17 +140,14 @@ def _ec2_operations() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def ec2_actions_in(source: str) -> set[str]:
-    """EC2 actions a module's code calls: `client.run_instances(...)`, paginators and waiters
-    named by string (`get_paginator("describe_instances")`, `get_waiter("instance_running")`)."""
+    """EC2 actions a module's code calls: `client.run_instances(...)` (or the method handed on
+    uncalled, `call(client.revoke_security_group_ingress, ...)`), paginators and waiters named
+    by string (`get_paginator("describe_instances")`, `get_waiter("instance_running")`)."""
     operations, waiters = _ec2_operations()
     found = set()
     for node in ast.walk(ast.parse(source)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in operations
-        ):
-            found.add(operations[node.func.attr])
+        if isinstance(node, ast.Attribute) and node.attr in operations:
+            found.add(operations[node.attr])
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in operations:
                 found.add(operations[node.value])
@@ -199,12 +196,14 @@ def test_the_scan_finds_calls_paginators_and_waiters() -> None:
         "ec2.describe_volumes(Filters=[])\n"
         "ec2.get_paginator('describe_snapshots').paginate()\n"
         "ec2.get_waiter('instance_terminated').wait()\n"
+        "retry(ec2.delete_security_group, GroupId=g)\n"
         "unrelated.run(x)\n"
     )
     assert ec2_actions_in(source) == {
         "ec2:DescribeVolumes",
         "ec2:DescribeSnapshots",
         "ec2:DescribeInstances",
+        "ec2:DeleteSecurityGroup",
     }
 
 
@@ -249,12 +248,32 @@ def _resources(statement: dict) -> set[str]:
     return {listed} if isinstance(listed, str) else set(listed)
 
 
+# What an instance orch launches carries: a job's node its orch-job tag, the controller host
+# its role (`host_node.host_tags`); the documented policy creates and ends nothing else.
+ORCH_INSTANCES = {
+    "Null": {"aws:{}Tag/orch-job": "false"},
+    "StringEquals": {"aws:{}Tag/orch-role": "controller-host"},
+}
+
+
+def _orch_instance_conditions(kind: str) -> list[dict]:
+    return [{op: {k.format(kind): v for k, v in block.items()}}
+            for op, block in ORCH_INSTANCES.items()]  # fmt: skip
+
+
 def test_the_documented_policy_ends_only_orch_s_instances() -> None:
     for action in ("ec2:TerminateInstances", "ec2:StopInstances", "ec2:RebootInstances"):
         for statement in _statements_allowing(action):
             assert _resources(statement) == {"arn:aws:ec2:*:*:instance/*"}
-            assert statement["Condition"] == {"Null": {"aws:ResourceTag/orch-job": "false"}}
-    assert _statements_allowing("ec2:TerminateInstances")
+            assert statement["Condition"] in _orch_instance_conditions("Resource")
+    ended = [s["Condition"] for s in _statements_allowing("ec2:TerminateInstances")]
+    assert sorted(map(str, ended)) == sorted(map(str, _orch_instance_conditions("Resource")))
+    for action in ("ec2:StopInstances", "ec2:StartInstances", "ec2:ModifyInstanceAttribute"):
+        assert not _statements_allowing(action), f"orch never calls {action}"
+    from orchestrator.host.layout import ROLE
+    from orchestrator.providers.aws.host_node import TAG_ROLE
+
+    assert (TAG_ROLE, ROLE) == ("orch-role", "controller-host")
 
 
 def test_the_documented_policy_tags_only_at_launch() -> None:
@@ -271,8 +290,8 @@ def test_the_documented_policy_launches_only_tagged_instances() -> None:
     for statement in statements:
         resources = _resources(statement)
         assert "*" not in resources
-        if resources & created:  # what the call creates must carry the orch-job tag
-            assert statement["Condition"] == {"Null": {"aws:RequestTag/orch-job": "false"}}
+        if resources & created:  # what the call creates: a job's node, or the controller host
+            assert statement["Condition"] in _orch_instance_conditions("Request")
         else:  # what it only uses (image, subnet, group, key) carries no condition to meet
             assert "Condition" not in statement
     covered = set().union(*(_resources(s) for s in statements))

@@ -101,7 +101,9 @@ def launch_host(
     ec2 = provider.client(region)
     net = provider._api(
         f"prepare the network in {region}",
-        lambda: aws_network.resolve_network(ec2, region, provider.aws, public_key),
+        lambda: aws_network.resolve_network(
+            ec2, region, provider.aws, public_key, owner=provider.owner
+        ),
     )
     host_key = new_host_key()
     token = f"orch-{role}-{uuid.uuid4().hex[:24]}"

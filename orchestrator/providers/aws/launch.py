@@ -346,6 +346,7 @@ class TerraformOutputs:
     security_group_id: str | None = None
     subnet_ids: dict[str, str] | None = None  # zone -> subnet id
     instance_profile: str | None = None  # for nodes of jobs with a checkpoint store
+    node_job_policy: str | None = None  # ARN of the policy of each job's own node role
 
 
 def read_tf_outputs(path: Path) -> TerraformOutputs:
@@ -369,6 +370,7 @@ def read_tf_outputs(path: Path) -> TerraformOutputs:
         security_group_id=values.get("security_group_id"),
         subnet_ids={str(k): str(v) for k, v in subnets.items()} if subnets else None,
         instance_profile=values.get("instance_profile") or None,
+        node_job_policy=values.get("node_job_policy") or None,
     )
 
 

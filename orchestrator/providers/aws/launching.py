@@ -44,6 +44,7 @@ from botocore.parsers import ResponseParserError
 
 from orchestrator.errors import CapacityError, ConfigError, ProviderError
 from orchestrator.node.guard_protocol import AWS_POWEROFF
+from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.launch import (
     CAPACITY_CODES,
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
 # machine (`orch sandbox aws`) gives its hosts a `shutdown` of their own at this path, which ends
 # the instance; a guard where there is none says it cannot power off.
 LOCAL_CLOUD_GUARD_POWEROFF = "/usr/local/sbin/shutdown -h now"
+# A cluster's group deleted between its lookup and the launch (swept as a leak while the
+# cluster had no node): the next offer looks it up again, and makes it anew.
+GROUP_GONE = "InvalidGroup.NotFound"
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,15 @@ class Attempt:
     def line(self) -> str:
         o = self.offer
         return f"{o.instance_type} {o.market} in {o.zone} at ${o.price_per_hour}/h: {self.code}"
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one offer's nodes go, besides the network: subnet, groups, credentials."""
+
+    subnet: str  # the offer's zone's subnet
+    groups: list[str]  # the network's groups and the cluster's own
+    profile: str | None  # instance profile (None: no credentials, a job without a store)
 
 
 class Refused(Exception):
@@ -110,6 +123,8 @@ class NodeLauncher:
         self._host_keys: dict[str, HostKey] = {}
         self._user_data: dict[str, str] = {}  # by launch token
         self._networks: dict[tuple[object, ...], aws_network.Network] = {}
+        self._swept: set[str] = set()  # regions whose leaked cluster groups were swept
+        self._swept_profiles: set[str] = set()  # per-job policies whose leaked roles were swept
 
     def launch(self, request: LaunchRequest, offers: list[Offer]) -> list[Instance]:
         """All nodes of `request` on the first of `offers` (in `launch_order`) that takes them,
@@ -125,8 +140,44 @@ class NodeLauncher:
             hint="retry later, allow on-demand (spot: auto), or another accelerator or region",
         )
 
+    def job_policy(self) -> str | None:
+        """The ARN of infra/'s per-job node policy (`node_roles`); None: not configured."""
+        return self.aws.node_job_policy or aws_network.tf_outputs(self.aws).node_job_policy
+
+    def own_role(self, request: LaunchRequest) -> bool:
+        """Whether the nodes of `request` get a role of their own (`node_roles`): a job with a
+        store, not a kept cluster's (whose later jobs are not known yet), with the per-job
+        policy configured."""
+        kept = request.guard is not None and request.guard.autostop
+        return bool(request.store) and not kept and self.job_policy() is not None
+
+    def check_credentials(self, request: LaunchRequest) -> None:
+        """`ConfigError` before anything launches when the nodes of `request` need the shared
+        instance profile and none is configured."""
+        if request.store and not self.own_role(request):
+            self.instance_profile()
+
+    def _node_profile(self, request: LaunchRequest) -> str | None:
+        """The instance profile of the nodes of `request`: the job's own, made when missing;
+        the shared one; None for a job without a store."""
+        if not request.store:
+            return None
+        policy = self.job_policy()
+        if not self.own_role(request) or policy is None:
+            return self.instance_profile()
+        if policy not in self._swept_profiles:
+            self._swept_profiles.add(policy)
+            self.provider.sweep_job_profiles()
+        return str(self.provider._api(
+            f"make the credentials of job {request.job_id}'s nodes",
+            lambda: node_roles.ensure_job_profile(
+                self.provider.iam_client(), job_id=request.job_id, ledger_id=request.ledger_id,
+                owner=self.provider.owner, policy_arn=policy,
+            ),
+        ))  # fmt: skip
+
     def instance_profile(self) -> str:
-        """The instance profile that lets nodes write the job's checkpoint store."""
+        """The shared instance profile that lets nodes write the checkpoint store."""
         profile = self.aws.instance_profile or aws_network.tf_outputs(self.aws).instance_profile
         if not profile:
             raise ConfigError(
@@ -147,6 +198,7 @@ class NodeLauncher:
                     region,
                     self.aws,
                     request.public_key,
+                    owner=self.provider.owner,
                     image=request.image,
                     ports=request.ports,
                 ),
@@ -167,10 +219,12 @@ class NodeLauncher:
         subnet = network.subnets.get(offer.zone)
         if subnet is None:
             raise Refused("NoSubnet", f"no subnet configured in {offer.zone}")
+        where = Where(subnet, self._groups(request, offer.region, network),
+                      self._node_profile(request))  # fmt: skip
         ids: list[str] = []
         try:
             for rank in request.node_ranks:
-                ids.append(self._launch_node(request, rank, offer, network, subnet))
+                ids.append(self._launch_node(request, rank, offer, network, where))
             deadline = time.monotonic() + self.aws.ready_timeout_s
             self.wait(offer.region, ids, frozenset({"running"}), "running", deadline=deadline)
             by_id = {d["InstanceId"]: d for d in provider._describe(offer.region, ids)}
@@ -188,12 +242,35 @@ class NodeLauncher:
                 # A RunInstances whose answer was lost on its last try started a node whose id
                 # orch never heard: its token tag finds it.
                 ids = list(dict.fromkeys(ids + self._launched_with(offer.region, tokens)))
-                provider.terminate(ids)
+                # the cluster's group and role stay: the next offer uses them at once
+                provider.terminate(ids, keep_cluster=True)
             except Exception as cleanup:
                 exc.add_note(
                     f"terminating the partial launch {ids or tokens} failed too: {cleanup}"
                 )
             raise
+
+    def _groups(
+        self, request: LaunchRequest, region: str, network: aws_network.Network
+    ) -> list[str]:
+        """The network's groups and the cluster's own (`cluster_network`), made when missing;
+        looked up for every offer tried, so a group swept meanwhile is made again. The first
+        launch in a region also sweeps this owner's leaked cluster groups."""
+        ec2 = self.provider.client(region)
+        if region not in self._swept:
+            self._swept.add(region)
+            self.provider.sweep_groups(region)
+        vpc_id = network.vpc_id
+        if vpc_id is None:
+            return network.security_group_ids
+        group = self.provider._api(
+            f"prepare the security group of cluster {request.cluster}",
+            lambda: cluster_network.ensure_cluster_group(
+                ec2, vpc_id, request.cluster, owner=self.provider.owner,
+                ledger_id=request.ledger_id,
+            ),
+        )  # fmt: skip
+        return [*network.security_group_ids, group]
 
     def _launched_with(self, region: str, tokens: list[str]) -> list[str]:
         """Ids of the live instances launched by calls with these ClientTokens (their tag)."""
@@ -214,11 +291,13 @@ class NodeLauncher:
         rank: int,
         offer: Offer,
         network: aws_network.Network,
-        subnet: str,
+        where: Where,
     ) -> str:
-        """Start one node (or find it started by an earlier try of the same request)."""
+        """Start one node (or find it started by an earlier try of the same request). A new
+        job profile EC2 does not see yet is waited for, `node_roles.PROFILE_READY_S` at most."""
         token = client_token(request, rank, offer)
         tries = 0
+        started = time.monotonic()
         while True:
             adopted = self.provider._describe_filtered(
                 offer.region,
@@ -230,7 +309,18 @@ class NodeLauncher:
             if adopted:  # a retried launch: that node already exists
                 return adopted[0]["InstanceId"]
             tries += 1
-            launched = self._run_instances(request, rank, offer, network, subnet, token, tries)
+            try:
+                launched = self._run_instances(request, rank, offer, network, where, token, tries)
+            except ClientError as exc:  # only a profile EC2 does not see yet comes here
+                if time.monotonic() - started > node_roles.PROFILE_READY_S:
+                    raise ProviderError(
+                        f"EC2 did not accept the instance profile {where.profile} within "
+                        f"{node_roles.PROFILE_READY_S:.0f} s: {exc}",
+                        hint="retry the launch; IAM takes a while to show a new profile to EC2",
+                    ) from exc
+                tries -= 1  # not a failed try: IAM is eventually consistent
+                self._sleep(node_roles.PROFILE_RETRY_S)
+                continue
             if launched is not None:
                 return launched
             self._sleep(launch_backoff_s(tries, random.random()))
@@ -241,13 +331,14 @@ class NodeLauncher:
         rank: int,
         offer: Offer,
         network: aws_network.Network,
-        subnet: str,
+        where: Where,
         token: str,
         tries: int,
     ) -> str | None:
         """One RunInstances call: the new instance's id, or None when the call may be repeated
         (throttled, a 5xx other than capacity, no answer) and `tries` < `aws.max_api_attempts`.
-        Capacity refusals raise `Refused` at once; anything else `ProviderError`."""
+        Capacity refusals raise `Refused` at once; a job profile EC2 does not see yet the
+        `ClientError` itself; anything else `ProviderError`."""
         if token not in self._host_keys:
             self._host_keys[token] = new_host_key()
             # The same text on every try: EC2 refuses a repeated token with other parameters.
@@ -258,8 +349,8 @@ class NodeLauncher:
         args = run_instances_args(
             offer,
             image_id=network.image_id,
-            subnet_id=subnet,
-            security_group_ids=network.security_group_ids,
+            subnet_id=where.subnet,
+            security_group_ids=where.groups,
             key_name=network.key_name,
             tags=node_tags(
                 request,
@@ -272,7 +363,7 @@ class NodeLauncher:
             token=token,
             user_data_text=self._user_data[token],
             max_price=request.max_price_per_hour if offer.market == "spot" else None,
-            instance_profile=self.instance_profile() if request.store else None,
+            instance_profile=where.profile,
             root_device_name=network.root_device_name,
             # the image's own size unless the spec asks for more: the size its root mapping
             # gives, which is what EC2 takes when none is sent (None: EC2's choice)
@@ -283,8 +374,10 @@ class NodeLauncher:
             reply = self.provider.launch_client(offer.region).run_instances(**args)
         except ClientError as exc:
             code = error_code(exc)
-            if code in CAPACITY_CODES:
+            if code in CAPACITY_CODES or code == GROUP_GONE:
                 raise Refused(code, str(exc)) from exc
+            if node_roles.is_job_profile(where.profile) and node_roles.profile_not_ready(exc):
+                raise  # `_launch_node` waits for IAM
             if repeat and launch_retryable(code, http_status(exc)):
                 return None
             raise ProviderError(f"EC2 refused to launch {offer.instance_type}: {exc}") from exc

@@ -3,11 +3,13 @@
 Taken, in order, from the settings (`aws.key_name`, `aws.security_group_id`, `aws.subnet_ids`,
 `aws.ami_id`), from the Terraform outputs file of infra/ (`aws.tf_outputs`), or else found or
 created in the region's default VPC: a key pair named after the cluster key's fingerprint
-(imported from `LaunchRequest.public_key`), a security group `orch` (SSH from `aws.ssh_cidr`,
-all traffic between members of the group for NCCL/gloo; its rules are set back to exactly these
-on every launch) and the default subnet of each zone. A job with `resources.ports` also joins a
-group that opens just those ports to the same address as SSH (`ensure_ports_group`).
-Created key pairs and groups are left in place for the next launch (they cost nothing).
+(imported from `LaunchRequest.public_key`), a security group `orch` (SSH only: from each
+owner's `aws.ssh_cidr`, one rule per owner that no other owner's launch revokes, and between
+its members; see `ssh_rules`) and the default subnet of each zone. A job with `resources.ports`
+also joins a group that opens just those ports to the same address as SSH
+(`ensure_ports_group`). Created key pairs and these groups are left in place for the next
+launch (they cost nothing). The nodes of one cluster reach each other on other ports through
+their cluster's own group (`cluster_network`), made and deleted with the cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from ipaddress import ip_address, ip_network
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,10 +27,17 @@ from botocore.exceptions import ClientError
 
 from orchestrator.config import AwsSettings
 from orchestrator.errors import ConfigError, ProviderError
-from orchestrator.providers.aws.launch import TerraformOutputs, error_code, read_tf_outputs
+from orchestrator.providers.aws.launch import (
+    LIVE_STATES,
+    TerraformOutputs,
+    error_code,
+    read_tf_outputs,
+)
+from orchestrator.providers.aws.ssh_rules import ingress_plan, singles
 from orchestrator.spec.placement import port_range
 
 SECURITY_GROUP_NAME = "orch"
+CLUSTER_GROUP_PREFIX = "orch-cluster-"  # the groups of `cluster_network`, one per cluster
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class Network:
     root_device_name: str  # the image's root device (DescribeImages: RootDeviceName)
     root_volume_gb: int | None = None  # size of the image's root snapshot (None: unknown)
     ports_group_id: str | None = None  # the job's ports, open to this machine (None: no ports)
+    vpc_id: str | None = None  # the VPC of the groups (where a cluster's own group is made)
 
     @property
     def security_group_ids(self) -> list[str]:
@@ -66,22 +77,30 @@ def resolve_network(
     settings: AwsSettings,
     public_key: str,
     *,
+    owner: str,
     image: str | None = None,
     ports: tuple[str, ...] = (),
 ) -> Network:
     """Find (or create) everything a launch in `region` needs. Does I/O; idempotent.
 
-    `image` (the spec's: an AMI id, or a name pattern whose newest match is taken) replaces
-    `aws.ami_id` / `aws.ami_name`; `ports` get a group of their own (`ensure_ports_group`)."""
+    `owner` (the `orch-owner` label) owns the SSH rule a launch adds to the default VPC's `orch`
+    group. `image` (the spec's: an AMI id, or a name pattern whose newest match is taken)
+    replaces `aws.ami_id` / `aws.ami_name`; `ports` get a group of their own
+    (`ensure_ports_group`)."""
     tf = tf_outputs(settings)
     key_name = settings.key_name or tf.key_name or ensure_key_pair(ec2, public_key)
     group = settings.security_group_id or tf.security_group_id
     subnets = dict(settings.subnet_ids or tf.subnet_ids or {})
+    vpc_id: str | None = None
     if group is None or not subnets:
         vpc = default_vpc(ec2, region)
         if group is None:
-            group = ensure_security_group(ec2, vpc["VpcId"], ssh_cidr(settings, vpc["CidrBlock"]))
+            vpc_id = vpc["VpcId"]
+            cidr = ssh_cidr(settings, vpc["CidrBlock"])
+            group = ensure_security_group(ec2, vpc_id, cidr, owner=owner)
         subnets = subnets or default_subnets(ec2, vpc["VpcId"])
+    if vpc_id is None:
+        vpc_id = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["VpcId"]
     if image is not None:
         by_id = image.startswith("ami-")
         override = {"ami_id": image} if by_id else {"ami_id": None, "ami_name": image}
@@ -90,7 +109,6 @@ def resolve_network(
     found = found or find_image(ec2, region, settings)
     ports_group = None
     if ports:
-        vpc_id = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["VpcId"]
         vpc_cidr = ec2.describe_vpcs(VpcIds=[vpc_id])["Vpcs"][0]["CidrBlock"]
         ports_group = ensure_ports_group(ec2, vpc_id, ssh_cidr(settings, vpc_cidr), ports)
     return Network(
@@ -102,6 +120,7 @@ def resolve_network(
         root_device_name=root_device_name(found),
         root_volume_gb=root_volume_gb(found),
         ports_group_id=ports_group,
+        vpc_id=vpc_id,
     )
 
 
@@ -175,75 +194,34 @@ def default_vpc(ec2: Any, region: str) -> dict[str, Any]:
     return vpcs[0]
 
 
-def _ssh_rule(cidr: str) -> dict[str, Any]:
-    network = ip_network(cidr)
-    ranges = (
-        {"IpRanges": [{"CidrIp": cidr, "Description": "SSH from the controller"}]}
-        if network.version == 4
-        else {"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "SSH from the controller"}]}
-    )
-    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}
-
-
-def _single_sources(permission: dict[str, Any]) -> list[dict[str, Any]]:
-    """One permission per source (address range, group, prefix list), descriptions left out."""
-    base = {"IpProtocol": permission["IpProtocol"]}
-    if permission["IpProtocol"] != "-1":
-        base |= {k: permission[k] for k in ("FromPort", "ToPort") if k in permission}
-    out: list[dict[str, Any]] = []
-    for r in permission.get("IpRanges") or []:
-        out.append(base | {"IpRanges": [{"CidrIp": r["CidrIp"]}]})
-    for r in permission.get("Ipv6Ranges") or []:
-        out.append(base | {"Ipv6Ranges": [{"CidrIpv6": r["CidrIpv6"]}]})
-    for pair in permission.get("UserIdGroupPairs") or []:
-        out.append(base | {"UserIdGroupPairs": [{"GroupId": pair["GroupId"]}]})
-    for prefix in permission.get("PrefixListIds") or []:
-        out.append(base | {"PrefixListIds": [{"PrefixListId": prefix["PrefixListId"]}]})
-    return out
-
-
 def rules_plan(
     permissions: list[dict[str, Any]], wanted: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rules to revoke, rules to authorize) that leave a group whose ingress is `permissions`
     (DescribeSecurityGroups' `IpPermissions`) with exactly `wanted`, each of one source;
     descriptions do not count. Pure."""
-    current = [single for p in permissions for single in _single_sources(p)]
-    bare = [_single_sources(rule)[0] for rule in wanted]
+    current = [rule.permission for rule in singles(permissions)]
+    bare = [singles([rule])[0].permission for rule in wanted]
     revoke = [rule for rule in current if rule not in bare]
     authorize = [rule for rule, plain in zip(wanted, bare, strict=True) if plain not in current]
     return revoke, authorize
 
 
-def ingress_plan(
-    permissions: list[dict[str, Any]], group_id: str, ssh_cidr: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`rules_plan` for the `orch` group `group_id`: exactly its two rules, SSH from
-    `ssh_cidr` and all traffic between its members. Pure."""
-    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
-    return rules_plan(permissions, [_ssh_rule(ssh_cidr), members])
-
-
-def _ensure_group(
-    ec2: Any,
-    vpc_id: str,
-    name: str,
-    description: str,
-    wanted: Callable[[str], list[dict[str, Any]]],
-) -> str:
-    """Group `name` of the VPC (created, tagged orch's, when missing) with exactly the ingress
-    `wanted(group_id)`: rules that differ are revoked, missing ones authorized."""
+def find_group(ec2: Any, vpc_id: str, name: str) -> dict[str, Any] | None:
+    """The group named `name` in VPC `vpc_id`, as DescribeSecurityGroups reports it (None:
+    there is none)."""
     found = ec2.describe_security_groups(
         Filters=[
             {"Name": "group-name", "Values": [name]},
             {"Name": "vpc-id", "Values": [vpc_id]},
         ]
     )["SecurityGroups"]
-    if found:
-        group_id = found[0]["GroupId"]
-        revoke, authorize = rules_plan(found[0].get("IpPermissions") or [], wanted(group_id))
-    else:
-        group_id = ec2.create_security_group(
+    return found[0] if found else None
+
+
+def _create_group(ec2: Any, vpc_id: str, name: str, description: str) -> str:
+    return str(
+        ec2.create_security_group(
             GroupName=name,
             Description=description,
             VpcId=vpc_id,
@@ -254,23 +232,68 @@ def _ensure_group(
                 }
             ],
         )["GroupId"]
-        revoke, authorize = [], wanted(group_id)
-    if revoke:
-        ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
-    if authorize:
-        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=authorize)
+    )
+
+
+def _tolerant(call: Callable[..., Any], tolerated: str, **kwargs: Any) -> None:
+    """`call(**kwargs)`, where the error code `tolerated` means another launch did it first."""
+    try:
+        call(**kwargs)
+    except ClientError as exc:
+        if error_code(exc) != tolerated:
+            raise
+
+
+def ensure_security_group(
+    ec2: Any, vpc_id: str, ssh_cidr: str, *, owner: str, now: datetime | None = None
+) -> str:
+    """The `orch` group of the VPC (created when missing), with `owner`'s SSH rule from
+    `ssh_cidr` and SSH between its members; `owner`'s stale rules and every rule that is no
+    owner's are revoked, other owners' rules are left as they are (`ssh_rules`). Each rule is
+    changed by a call of its own, so two launches at once never undo each other: a rule
+    already revoked or added by the other is no error. The all-traffic rule of an older orch
+    stays while a node it launched (one in no cluster group) lives. A group of one's own is
+    `aws.security_group_id`, left as it is."""
+    found = find_group(ec2, vpc_id, SECURITY_GROUP_NAME)
+    if found is None:
+        group_id = _create_group(ec2, vpc_id, SECURITY_GROUP_NAME, "orch nodes: SSH in")
+        permissions: list[dict[str, Any]] = []
+    else:
+        group_id, permissions = found["GroupId"], found.get("IpPermissions") or []
+    plan = ingress_plan(
+        permissions, group_id, owner=owner, cidr=ssh_cidr, now=now or datetime.now(UTC)
+    )
+    everything = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
+    if everything in plan.revoke and _nodes_without_cluster_group(ec2, group_id):
+        plan.revoke.remove(everything)  # an older orch's nodes talk through it: kept for now
+    for rule in plan.revoke:
+        _tolerant(ec2.revoke_security_group_ingress, "InvalidPermission.NotFound",
+                  GroupId=group_id, IpPermissions=[rule])  # fmt: skip
+    for rule in plan.authorize:
+        _tolerant(ec2.authorize_security_group_ingress, "InvalidPermission.Duplicate",
+                  GroupId=group_id, IpPermissions=[rule])  # fmt: skip
+    if plan.refresh:
+        _tolerant(ec2.update_security_group_rule_descriptions_ingress, "InvalidPermission.NotFound",
+                  GroupId=group_id, IpPermissions=plan.refresh)  # fmt: skip
     return group_id
 
 
-def ensure_security_group(ec2: Any, vpc_id: str, ssh_cidr: str) -> str:
-    """The `orch` group of the VPC (created when missing) with exactly its two rules: SSH from
-    `ssh_cidr` and all traffic between its members. Rules that differ (an older, wider SSH
-    rule; one added by hand) are revoked on every launch: the group is orch's; a group of
-    one's own is `aws.security_group_id`."""
-    return _ensure_group(
-        ec2, vpc_id, SECURITY_GROUP_NAME, "orch nodes: SSH in, all traffic between nodes",
-        lambda group_id: ingress_plan([], group_id, ssh_cidr)[1],
-    )  # fmt: skip
+def _nodes_without_cluster_group(ec2: Any, group_id: str) -> bool:
+    """Whether a live node in `group_id` has no cluster group: launched by an older orch, its
+    cluster's nodes reach each other through the group's all-traffic rule, which must stay
+    until they are gone (revoking it would cut a running job's NCCL)."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[
+            {"Name": "instance.group-id", "Values": [group_id]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+        ]
+    )
+    return any(
+        not any(g["GroupName"].startswith(CLUSTER_GROUP_PREFIX) for g in i["SecurityGroups"])
+        for page in pages
+        for r in page["Reservations"]
+        for i in r["Instances"]
+    )
 
 
 def ports_rules(cidr: str, ports: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -295,11 +318,20 @@ def ensure_ports_group(ec2: Any, vpc_id: str, cidr: str, ports: tuple[str, ...])
     """The group of the VPC that opens `ports` (TCP) to `cidr` and nothing else, created when
     missing and left in place for the next job with the same ports (groups cost nothing); its
     rules are set back to exactly these when found."""
-    return _ensure_group(
-        ec2, vpc_id, ports_group_name(cidr, ports),
-        f"orch job ports {', '.join(ports)} from {cidr}",
-        lambda _group_id: ports_rules(cidr, ports),
-    )  # fmt: skip
+    name = ports_group_name(cidr, ports)
+    found = find_group(ec2, vpc_id, name)
+    if found is None:
+        description = f"orch job ports {', '.join(ports)} from {cidr}"
+        group_id = _create_group(ec2, vpc_id, name, description)
+        revoke, authorize = [], ports_rules(cidr, ports)
+    else:
+        group_id = found["GroupId"]
+        revoke, authorize = rules_plan(found.get("IpPermissions") or [], ports_rules(cidr, ports))
+    if revoke:
+        ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=revoke)
+    if authorize:
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=authorize)
+    return group_id
 
 
 def default_subnets(ec2: Any, vpc_id: str) -> dict[str, str]:

@@ -11,14 +11,17 @@ Lifecycle:
                       moves on to the next offer (the next zone, then the next type) at once,
                       after terminating the nodes that did start in the refused zone. Billing
                       of a node starts at its `LaunchTime` (`Instance.launched_at`); its price is
-                      the offer's price. The offers are tried by `launching.NodeLauncher`.
+                      the offer's price. The offers are tried by `launching.NodeLauncher`. The
+                      nodes join the network's group (SSH only) and their cluster's own group
+                      (all traffic between its members, `cluster_network`), made when missing.
     list_owned(...)   instances tagged `orch-job` that are not shutting down or terminated, in
                       every region in use, whoever launched them: `Instance.ledger_id` (tag
                       `orch-ledger`) says which ledger's each is; `orch-owner` is a label.
     terminate(ids)    `terminate_instances`, then wait until EC2 reports every one as
                       `shutting-down` or `terminated`: billing stops then (the returned time).
                       Ids already ended are skipped; ids that no region in use knows raise
-                      `InstancesNotFound` (after the others are ended).
+                      `InstancesNotFound` (after the others are ended). Then the cluster groups
+                      (`cluster_network`) left without an instance are deleted.
     identity()        account (sts:GetCallerIdentity), regions in use and endpoint; asked once.
     preempted(ids)    the ids EC2 reclaimed (state reason `Server.SpotInstanceTermination`): the
                       controller treats those as spot interruptions, not failures.
@@ -38,6 +41,7 @@ provider never connects to a node.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -57,6 +61,7 @@ from orchestrator.errors import (
     OrchError,
     ProviderError,
 )
+from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
 from orchestrator.providers.aws.launch import (
@@ -119,6 +124,7 @@ class AwsProvider:
         self._catalog = catalog
         self._clients: dict[str, Any] = {}
         self._launch_clients: dict[str, Any] = {}
+        self._iam: Any = None
         self._identity: CloudIdentity | None = None
         self._launcher = NodeLauncher(self, sleep=sleep)
         self.spot_source = spot_source or SpotPriceSource(
@@ -230,8 +236,7 @@ class AwsProvider:
         left running. A request with a checkpoint store launches its nodes with the
         configured instance profile, and without one raises `ConfigError` before any launch.
         """
-        if request.store:
-            self._launcher.instance_profile()
+        self._launcher.check_credentials(request)
         offers = self._request_offers(request)
         if not offers:
             raise CapacityError(
@@ -242,7 +247,7 @@ class AwsProvider:
             )
         return self._launcher.launch(request, offers)
 
-    def terminate(self, instance_ids: list[str]) -> datetime:
+    def terminate(self, instance_ids: list[str], *, keep_cluster: bool = False) -> datetime:
         """Terminate the nodes and wait until EC2 acknowledges each (shutting-down/terminated).
 
         Returns the UTC time of that acknowledgement: billing of the nodes stops there. Ids that
@@ -250,14 +255,23 @@ class AwsProvider:
         instance of another account, region or endpoint, or none at all) raise
         `InstancesNotFound` once the others are ended: they are never reported as ended. Raises
         `ProviderError` if EC2 has not acknowledged within `aws.ready_timeout_s`.
+
+        The nodes' cluster groups that no instance is left in are deleted after that time
+        (waiting, where EC2 asks for it, until the nodes are terminated), and so are their job
+        profiles (`node_roles`) that no live node holds; what cannot be is left to a later
+        sweep, never an error. `keep_cluster` leaves both (a launch moving on to its next
+        offer, which uses them at once).
         """
         ids = list(dict.fromkeys(instance_ids))
         unknown = set(ids)
+        described: dict[str, list[dict[str, Any]]] = {}
         for region in self.regions() if ids else []:
             ec2 = self.client(region)
-            described = self._describe(region, ids)
-            unknown -= {d["InstanceId"] for d in described}
-            live = [d["InstanceId"] for d in described if d["State"]["Name"] not in GONE_STATES]
+            described[region] = self._describe(region, ids)
+            unknown -= {d["InstanceId"] for d in described[region]}
+            live = [
+                d["InstanceId"] for d in described[region] if d["State"]["Name"] not in GONE_STATES
+            ]
             for i in range(0, len(live), _CHUNK):
                 self._api(
                     "terminate instances",
@@ -267,6 +281,10 @@ class AwsProvider:
                 )
             self._launcher.wait(region, live, GONE_STATES, "shutting-down")
         ended_at = datetime.now(UTC)
+        if not keep_cluster:
+            for region, descriptions in described.items():
+                self._end_cluster_groups(region, descriptions)
+            self._end_job_profiles([d for found in described.values() for d in found])
         if unknown:
             missing = tuple(i for i in ids if i in unknown)
             raise InstancesNotFound(
@@ -327,6 +345,78 @@ class AwsProvider:
         return self._identity
 
     # --- beyond the protocol --------------------------------------------------------------------
+
+    def _end_cluster_groups(self, region: str, descriptions: list[dict[str, Any]]) -> None:
+        """Delete the cluster groups (`cluster_network`) of the ended nodes that no instance is
+        left in, waiting for the nodes to be terminated where EC2 asks for it; then sweep this
+        owner's leaked ones. Never raises: a group left behind costs nothing and is swept by a
+        later terminate or launch."""
+        groups = cluster_network.cluster_groups_of(descriptions)
+        ec2 = self.client(region)
+
+        def wait_terminated(ended: list[str]) -> None:
+            wait_s = min(self.aws.ready_timeout_s, cluster_network.TERMINATED_WAIT_S)
+            self._launcher.wait(region, ended, frozenset({"terminated"}), "terminated",
+                                deadline=time.monotonic() + wait_s)  # fmt: skip
+
+        with contextlib.suppress(ClientError, BotoCoreError, ResponseParserError):  # swept later
+            cluster_network.delete_unused(ec2, groups, wait_terminated)
+        self.sweep_groups(region)
+
+    def iam_client(self) -> Any:
+        """The IAM client (IAM is global: the first region in use signs its calls)."""
+        if self._iam is None:
+            self._iam = boto3.client(
+                "iam",
+                region_name=self.regions()[0],
+                endpoint_url=self.aws.endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "total_max_attempts": self.aws.max_api_attempts},
+                    connect_timeout=10,
+                    read_timeout=60,
+                ),
+            )
+        return self._iam
+
+    def _profiles_in_use(self) -> set[str]:
+        """The job profiles (`node_roles`) that live orch instances hold, in every region."""
+        live = [{"Name": "tag-key", "Values": [TAG_JOB]},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]  # fmt: skip
+        return {p for r in self.regions() for p in node_roles.job_profiles_of(
+            self._describe_filtered(r, live))}  # fmt: skip
+
+    def _end_job_profiles(self, descriptions: list[dict[str, Any]]) -> None:
+        """Delete the job profiles of the ended nodes that no live instance holds, then sweep
+        this owner's leaked ones. Never raises: what is left is swept later."""
+        policy = self._launcher.job_policy()
+        ended = node_roles.job_profiles_of(descriptions)
+        if policy is None and not ended:
+            return
+        with contextlib.suppress(OrchError, ClientError, BotoCoreError, ResponseParserError):
+            in_use = self._profiles_in_use()
+            for name in ended - in_use:
+                node_roles.delete_job_profile(self.iam_client(), name, policy)
+            if policy is not None:
+                node_roles.sweep(self.iam_client(), self.owner, in_use, policy)
+
+    def sweep_job_profiles(self) -> list[str]:
+        """Delete this owner's job profiles left behind (`node_roles.sweep`); never raises."""
+        policy = self._launcher.job_policy()
+        if policy is None:
+            return []
+        try:
+            return node_roles.sweep(self.iam_client(), self.owner, self._profiles_in_use(), policy)
+        except (OrchError, ClientError, BotoCoreError, ResponseParserError):
+            return []
+
+    def sweep_groups(self, region: str) -> list[str]:
+        """Delete this owner's cluster groups in `region` that were left behind (made over
+        `cluster_network.LEAK_GRACE_S` ago, no instance in them); returns their ids. Never
+        raises: what it cannot delete now, a later sweep does."""
+        try:
+            return cluster_network.sweep(self.client(region), self.owner)
+        except (ClientError, BotoCoreError, ResponseParserError):
+            return []
 
     def preempted(self, instance_ids: list[str]) -> set[str]:
         """The ids EC2 reclaimed as spot capacity (state reason `Server.SpotInstanceTermination`).

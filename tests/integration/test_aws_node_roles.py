@@ -1,0 +1,174 @@
+"""Each job's nodes get a role of their own that reaches only the job's prefix of the checkpoint
+store, against a moto server on 127.0.0.1 (IAM and EC2); what that role may do is judged offline
+by the per-job policy of infra/policies/ (`tests/support/iam_eval.py`), since moto enforces no
+IAM."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from orchestrator.node.guard_protocol import GuardTerms
+from orchestrator.providers.aws import node_roles
+from orchestrator.providers.aws.node_roles import job_profile_name
+from orchestrator.providers.aws.provider import AwsProvider
+from tests.integration.test_aws_provider import REGION, make_provider, request, running
+from tests.support.iam_eval import Request, allows
+from tests.support.policy_templates import render
+
+pytestmark = pytest.mark.timeout(60)
+
+STORE = "s3://my-bucket/orch"
+JOB_POLICY = {
+    "job_objects": "arn:aws:s3:::my-bucket/orch/${aws:PrincipalTag/orch-job}/*",
+    "job_list_prefix": "orch/${aws:PrincipalTag/orch-job}/*",
+    "store_bucket_arn": "arn:aws:s3:::my-bucket",
+}
+
+
+def job_policy(endpoint: str) -> str:
+    """infra/'s per-job node policy and the shared node profile, made in moto as infra/ does;
+    returns the policy's ARN."""
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name=REGION)
+    document = json.dumps(render("node-job", **JOB_POLICY))
+    arn = iam.create_policy(PolicyName="orch-node-job", PolicyDocument=document)["Policy"]["Arn"]
+    iam.create_role(RoleName="orch-node", AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName="orch-node")
+    iam.add_role_to_instance_profile(InstanceProfileName="orch-node", RoleName="orch-node")
+    return str(arn)
+
+
+@pytest.fixture
+def provider(tmp_path: Path, moto_endpoint: str) -> AwsProvider:
+    policy = job_policy(moto_endpoint)
+    return make_provider(tmp_path, moto_endpoint, instance_profile="orch-node",
+                         node_job_policy=policy)  # fmt: skip
+
+
+def _profile_of(provider: AwsProvider, instance_id: str) -> str:
+    [desc] = [d for d in running(provider) if d["InstanceId"] == instance_id]
+    return str(desc["IamInstanceProfile"]["Arn"])
+
+
+def _job_profiles(provider: AwsProvider) -> list[str]:
+    """The job profiles IAM holds (moto ignores PathPrefix: the names tell them apart)."""
+    found = provider.iam_client().list_instance_profiles(PathPrefix="/orch-node/")
+    names = [p["InstanceProfileName"] for p in found["InstanceProfiles"]]
+    return [n for n in names if n.startswith(node_roles.NAME_PREFIX)]
+
+
+def _role(provider: AwsProvider, name: str) -> dict[str, Any]:
+    iam = provider.iam_client()
+    role = iam.get_role(RoleName=name)["Role"]
+    role["Tags"] = {t["Key"]: t["Value"] for t in iam.list_role_tags(RoleName=name)["Tags"]}
+    role["Attached"] = [
+        p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]
+    ]
+    return role
+
+
+def _reaches(role_tags: dict[str, str], action: str, key: str) -> bool:
+    """Whether a node holding a role with these tags may `action` the store's object `key`,
+    under the per-job policy."""
+    context = {f"aws:PrincipalTag/{k}": v for k, v in role_tags.items()}
+    policy = render("node-job", **JOB_POLICY)
+    return allows(policy, Request(action, f"arn:aws:s3:::my-bucket/{key}", context))
+
+
+def test_each_job_s_nodes_reach_only_their_job_s_prefix(provider: AwsProvider) -> None:
+    job1 = provider.launch(request(job="job1", count=2, store=STORE))
+    job2 = provider.launch(request(job="job2", count=1, store=STORE))
+    names = {"job1": job_profile_name(None, "job1"), "job2": job_profile_name(None, "job2")}
+    assert names["job1"] != names["job2"]
+    for job, nodes in (("job1", job1), ("job2", job2)):
+        for node in nodes:
+            assert _profile_of(provider, node.instance_id).endswith(f"/orch-node/{names[job]}")
+            assert node.credentials
+        role = _role(provider, names[job])
+        assert role["Tags"]["orch-job"] == job and role["Tags"]["orch-owner"] == "tester"
+        assert role["PermissionsBoundary"]["PermissionsBoundaryArn"] == provider.aws.node_job_policy
+        assert role["Attached"] == [provider.aws.node_job_policy]
+        assert role["Path"] == "/orch-node/"
+    one, two = _role(provider, names["job1"])["Tags"], _role(provider, names["job2"])["Tags"]
+    for action in ("s3:GetObject", "s3:PutObject"):
+        assert _reaches(one, action, "orch/job1/ckpt/model.pt@0123")
+        assert not _reaches(one, action, "orch/job2/ckpt/model.pt@0123")
+        assert not _reaches(two, action, "orch/job1/ckpt/model.pt@0123")
+        assert not _reaches(one, action, "orch/job10/x") and not _reaches(one, action, "other")
+
+
+def test_a_job_s_role_ends_with_its_last_node(provider: AwsProvider) -> None:
+    nodes = provider.launch(request(job="job1", count=2, store=STORE))
+    name = job_profile_name(None, "job1")
+    provider.terminate([nodes[1].instance_id])  # a lost node: the survivor keeps the role
+    assert _role(provider, name)["Tags"]["orch-job"] == "job1"
+    provider.terminate([nodes[0].instance_id])
+    assert _job_profiles(provider) == []
+    assert not [r for r in provider.iam_client().list_roles()["Roles"] if r["RoleName"] == name]
+
+
+def test_a_kept_cluster_s_nodes_keep_the_shared_profile(provider: AwsProvider) -> None:
+    """A kept cluster's later jobs are not known when its nodes launch: no job role can name
+    their prefixes."""
+    kept = GuardTerms(
+        job_id="dev-3f9c1a", interval_s=5, silence_s=15, allowance_s=60, deadman_s=600,
+        stop_grace_s=30, upload_wait_s=10, idle_util_pct=5, idle_cpu_pct=5, autostop=True,
+    )  # fmt: skip
+    (node,) = provider.launch(request(job="dev-3f9c1a", count=1, store=STORE, guard=kept))
+    assert _profile_of(provider, node.instance_id).endswith(":instance-profile/orch-node")
+    assert _job_profiles(provider) == []
+
+
+def test_job_roles_left_behind_are_swept_once_old_and_only_the_owner_s(
+    provider: AwsProvider,
+) -> None:
+    iam, policy = provider.iam_client(), provider.aws.node_job_policy
+    assert policy is not None
+    mine = node_roles.ensure_job_profile(iam, job_id="gone", ledger_id=None, owner="tester",
+                                         policy_arn=policy)  # fmt: skip
+    theirs = node_roles.ensure_job_profile(iam, job_id="other", ledger_id=None, owner="bob",
+                                           policy_arn=policy)  # fmt: skip
+    assert node_roles.sweep(iam, "tester", set(), policy) == []  # too young
+    later = datetime.now(UTC) + timedelta(hours=2)
+    assert node_roles.sweep(iam, "tester", {mine}, policy, now=later) == []  # a node holds it
+    assert node_roles.sweep(iam, "tester", set(), policy, now=later) == [mine]
+    assert _job_profiles(provider) == [theirs]
+
+
+def test_a_launch_waits_while_ec2_does_not_see_the_new_profile_yet(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """IAM is eventually consistent: EC2 refuses a profile made a moment ago, for a while."""
+    from botocore.awsrequest import AWSResponse
+
+    from tests.integration.test_aws_provider import ec2_error
+
+    policy = job_policy(moto_endpoint)
+    slept: list[float] = []
+    settings = make_provider(tmp_path, moto_endpoint, instance_profile="orch-node",
+                             node_job_policy=policy).settings  # fmt: skip
+    provider = AwsProvider(settings, sleep=slept.append)
+    refusals = []
+
+    def profile_refusal(url: str) -> AWSResponse:
+        answer = ec2_error(url, 400, "InvalidParameterValue")
+        answer.raw.data = answer.raw.data.replace(
+            b"injected", b"Value (orch-job-x) for parameter iamInstanceProfile.name is invalid."
+        )
+        return answer
+
+    def not_yet(request: Any, **_: Any) -> AWSResponse | None:
+        if len(refusals) < 4:  # more than aws.max_api_attempts (3): not counted as failed tries
+            refusals.append(request.url)
+            return profile_refusal(request.url)
+        return None
+
+    provider.launch_client(REGION).meta.events.register("before-send.ec2.RunInstances", not_yet)
+    (node,) = provider.launch(request(job="job1", count=1, store=STORE))
+    assert len(refusals) == 4 and slept.count(node_roles.PROFILE_RETRY_S) == 4
+    assert node.credentials
