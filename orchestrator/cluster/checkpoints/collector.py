@@ -38,6 +38,7 @@ from orchestrator.node.checkpoint_protocol import (
     AgentLayout,
     AgentReport,
     NodeManifest,
+    StoreKeys,
     parse_report,
     read_command,
 )
@@ -73,7 +74,8 @@ class Collected:
 
 class CheckpointCollector:
     """Collects from one cluster into one mirror; see the module docstring. One caller at a
-    time (a lock serializes them); `timeout_s` bounds one node's transfer."""
+    time (a lock serializes them); `timeout_s` bounds one node's transfer. `keys`: the job's
+    store keys (None without a store)."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class CheckpointCollector:
         *,
         mode: str = "all",
         timeout_s: float = 3600.0,
+        keys: StoreKeys | None = None,
     ) -> None:
         if mode not in MIRROR_MODES:
             raise ValueError(f"unknown mirror mode {mode!r}")
@@ -91,6 +94,7 @@ class CheckpointCollector:
         self.layout = layout
         self.mode = mode
         self.timeout_s = timeout_s
+        self.keys = keys
         self._lock = threading.Lock()
 
     def read(self, skip: Collection[int] = ()) -> dict[int, AgentReport]:
@@ -104,7 +108,7 @@ class CheckpointCollector:
                 output = connection.run(read_command(self.layout), timeout=30, check=False).stdout
             except NodeUnreachable:
                 return None
-            return parse_report(output, rank, sent, time.time_ns())
+            return parse_report(output, rank, sent, time.time_ns(), self.keys)
 
         reports = self.cluster.map(one)
         return {rank: report for rank, report in enumerate(reports) if report is not None}
@@ -249,7 +253,10 @@ class CheckpointCollector:
             for line in output.splitlines():
                 parts = line.split()
                 if len(parts) == 4 and parts[0] in linked:
-                    seen[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
+                    try:
+                        seen[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
+                    except ValueError:
+                        continue  # not what the stat prints: the copy counts as changed
             for name, f in linked.items():
                 if seen.get(name) != (f.size, f.mtime_ns, f.ctime_ns):
                     changed.add(f.path)

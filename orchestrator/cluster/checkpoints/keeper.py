@@ -18,6 +18,10 @@ The runner (`orchestrator.control.runner`) calls:
   more. Raises OrchError when that collection fails.
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
+What a node's word made the controller refuse (a path with control characters, a store key it
+did not compute) is a WARNING event, once per thing refused and at most `MAX_NOTICE_EVENTS`
+per job run, never a failed collection.
+
 What is complete is written to the ledger, and what the store keeps decided, by
 `orchestrator.cluster.checkpoints.records`.
 """
@@ -45,6 +49,7 @@ from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
     AgentReport,
+    Notice,
     RestoredFile,
     RestoreItem,
     StoreAccess,
@@ -62,6 +67,7 @@ from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import CheckpointSpec
 
 FINISH_POLL_S = 0.2  # between two looks at the agents while waiting (one SSH command per node)
+MAX_NOTICE_EVENTS = 100  # refusals written as events per keeper; then one event says so
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ class CheckpointKeeper:
             job_id=job_id, store=checkpoint.store, mirror=mirror, ledger=ledger,
             settings=settings, line=line,
         )  # fmt: skip
-        self._problems_seen: set[str] = set()
+        self._noticed: set[str] = set()
         self._streams: list[LineStream] = []
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -131,6 +137,7 @@ class CheckpointKeeper:
         self._collector = CheckpointCollector(
             cluster, self.mirror, self.layout, mode=self.spec.mirror_mode,
             timeout_s=self.options.transfer_timeout_s,
+            keys=self.records.keys,
         )  # fmt: skip
         self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
         self._access = None
@@ -391,12 +398,28 @@ class CheckpointKeeper:
         return collected
 
     def _note_problems(self, reports: dict[int, AgentReport]) -> None:
+        notices = []
         for rank, report in sorted(reports.items()):
-            for problem in report.manifest.problems if report.manifest else ():
+            manifest = report.manifest
+            for problem in manifest.problems if manifest else ():
                 text = f"node {rank}: checkpoint agent: {problem}"
-                if text not in self._problems_seen:
-                    self._problems_seen.add(text)
-                    self.ledger.add_event(self.job_id, "WARNING", text)
+                notices.append(Notice(text, text))
+            notices.extend(manifest.refused if manifest else ())
+        self._note(notices)
+
+    def _note(self, notices: list[Notice]) -> None:
+        """Each notice as a WARNING event, once per `about`, at most MAX_NOTICE_EVENTS."""
+        for notice in notices:
+            if notice.about in self._noticed or len(self._noticed) > MAX_NOTICE_EVENTS:
+                continue
+            self._noticed.add(notice.about)
+            message = notice.message
+            if len(self._noticed) > MAX_NOTICE_EVENTS:
+                message = (
+                    f"more than {MAX_NOTICE_EVENTS} checkpoint refusals; further ones are not "
+                    "recorded until the job's controller restarts"
+                )
+            self.ledger.add_event(self.job_id, "WARNING", message)
 
 
 def _finished(report: AgentReport) -> bool:
