@@ -19,8 +19,9 @@ The runner (`orchestrator.control.runner`) calls:
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
 What a node's word made the controller refuse (a path with control characters, a store key it
-did not compute) is a WARNING event, once per thing refused and at most `MAX_NOTICE_EVENTS`
-per job run, never a failed collection.
+did not compute, a checkpoint over `checkpoint.max_pull_bytes` or with no room on the disk, a
+transfer bigger than reported) is a WARNING event, once per thing refused and at most
+`MAX_NOTICE_EVENTS` per job run, never a failed collection.
 
 What is complete is written to the ledger, and what the store keeps decided, by
 `orchestrator.cluster.checkpoints.records`.
@@ -137,7 +138,7 @@ class CheckpointKeeper:
         self._collector = CheckpointCollector(
             cluster, self.mirror, self.layout, mode=self.spec.mirror_mode,
             timeout_s=self.options.transfer_timeout_s,
-            keys=self.records.keys,
+            max_pull_bytes=self.settings.checkpoint.max_pull_bytes, keys=self.records.keys,
         )  # fmt: skip
         self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
         self._access = None
@@ -391,6 +392,7 @@ class CheckpointKeeper:
         collected = self.collector.collect(skip=skip, aborts=self._aborts)
         self.streak.succeeded()
         self._note_problems(collected.reports)
+        self._note(collected.notices)
         dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
         if dead:
             self._arm(self.collector.cluster, {}, ranks=dead)
