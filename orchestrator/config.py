@@ -165,6 +165,15 @@ class StoreSettings(BaseModel):
     region: str | None = None  # None: the region of the job's nodes, else boto3's default
 
 
+class CheckpointSettings(BaseModel):
+    """Bounds on what checkpoint pulls bring to this machine (`cluster.checkpoints.limits`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # the most bytes one checkpoint, and one collection, may bring into the mirror; 0: no cap
+    max_pull_bytes: int = Field(default=100 * 1024**3, ge=0)
+
+
 class LogSettings(BaseModel):
     """The node logs mirrored under ORCH_HOME/jobs/<id>/logs (see `cluster.log_files`)."""
 
@@ -317,6 +326,7 @@ class Settings(BaseModel):
     aws: AwsSettings = AwsSettings()
     controller: ControllerSettings = ControllerSettings()
     store: StoreSettings = StoreSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
     logs: LogSettings = LogSettings()
     ledger: LedgerSettings = LedgerSettings()
     budget: BudgetSettings = BudgetSettings()
@@ -363,6 +373,7 @@ _ENV_OVERRIDES = {
     "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
     "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),
     "ORCH_STORE_REGION": ("store", "region"),
+    "ORCH_CHECKPOINT_MAX_PULL_BYTES": ("checkpoint", "max_pull_bytes"),
     "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
     "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
     "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),

@@ -20,7 +20,9 @@ writes there:
 - Files present when the agent first started are left alone while unchanged: what orch synced
   (code, configs) and the checkpoints orch put back (`restored` in the config, which are
   reported as staged without a copy). So are temporaries (`.tmp*`, `*.tmp`), `__pycache__`,
-  `*.pyc`, `*.egg-info` and `.git`. Symlinks are never followed.
+  `*.pyc`, `*.egg-info` and `.git`. Symlinks are never followed. A file whose name holds a
+  control character, or is too long (`refused_name`), is not taken: the manifest's problems
+  say so.
 
 After every change it replaces `<state>/manifest.json` atomically and appends the new
 generation number to `<state>/events`, which the controller follows. With a store configured,
@@ -72,6 +74,9 @@ DCP_METADATA = ".metadata"
 STEP_DIR = re.compile(r"^step-\d+$")
 DCP_SHARD = re.compile(r"^__\d+_\d+\.distcp$")
 SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: NUL, newlines, terminal escapes
+MAX_NAME_BYTES = 255  # one part of a path (NAME_MAX)
+MAX_PATH_BYTES = 2048  # a path under the checkpoint directory (the mirror's folder adds its own)
 UPLOAD_WORKERS = 4
 RESTORE_WORKERS = 8
 UPLOAD_RETRY_S = (2.0, 5.0, 15.0, 30.0, 60.0)
@@ -82,10 +87,31 @@ NO_RUN_EXIT_S = 3600.0  # no run was started this long after the agent: nobody w
 # --- what is a checkpoint file ---------------------------------------------------------------
 
 
+def refused_name(rel: str) -> str | None:
+    """Why orch takes no file by this name (here and on the controller alike), or None: the
+    name holds a control character (NUL, a newline, a terminal escape), or is longer than
+    every file system takes."""
+    if CONTROL.search(rel):
+        return "its name holds control characters"
+    parts = [part.encode("utf-8", "surrogateescape") for part in rel.split("/")]
+    if sum(len(part) + 1 for part in parts) > MAX_PATH_BYTES + 1 or any(
+        len(part) > MAX_NAME_BYTES for part in parts
+    ):
+        return "its name is too long"
+    return None
+
+
+def shown(text: str, limit: int = 160) -> str:
+    """`text` safe to print: control characters as `\\xNN`, at most `limit` characters."""
+    escaped = CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."
+
+
 def skipped(rel: str) -> bool:
     """Whether a path under the checkpoint directory is never staged: not canonical or not
-    UTF-8, a temporary, or build and tool output that is no checkpoint."""
-    if not canonical(rel):
+    UTF-8, a name orch refuses (`refused_name`), a temporary, or build and tool output that is
+    no checkpoint."""
+    if not canonical(rel) or refused_name(rel) is not None:
         return True
     parts = rel.split("/")
     try:
@@ -111,9 +137,12 @@ def written_once(rel: str, marked_dirs: set[str]) -> bool:
     )
 
 
-def scan(root: str, exclude: set[str]) -> dict[str, os.stat_result]:
+def scan(
+    root: str, exclude: set[str], refused: dict[str, str] | None = None
+) -> dict[str, os.stat_result]:
     """Every regular file under `root` that may be a checkpoint, by '/'-separated relative
-    path; symlinks are neither followed nor returned, `exclude` (absolute paths) is skipped."""
+    path; symlinks are neither followed nor returned, `exclude` (absolute paths) is skipped.
+    Names orch refuses go to `refused` (name -> why) instead."""
     found: dict[str, os.stat_result] = {}
     if not os.path.isdir(root):
         return found
@@ -128,6 +157,9 @@ def scan(root: str, exclude: set[str]) -> dict[str, os.stat_result]:
         ]
         for name in filenames:
             rel = f"{rel_dir}/{name}" if rel_dir else name
+            why = refused_name(rel)
+            if why is not None and refused is not None:
+                refused[rel] = why
             if skipped(rel):
                 continue
             try:
@@ -617,7 +649,9 @@ class Agent:
     def pass_once(self, *, ended: bool) -> bool:
         """One look at the checkpoint directory; True when nothing is left to stage."""
         began = time.monotonic()
-        found = scan(self.root, self.exclude)
+        refused: dict[str, str] = {}
+        found = scan(self.root, self.exclude, refused)
+        self._note_refused(refused)
         now_ns, now = time.time_ns(), time.monotonic()
         self.scan_s = now - began
         settled = True
@@ -658,6 +692,22 @@ class Agent:
                     settled = False
         self._queue_uploads()
         return settled
+
+    def _note_refused(self, refused: dict[str, str]) -> None:
+        """Files left alone for their names are a problem the controller shows."""
+        text = None
+        if refused:
+            first = sorted(refused)[:3]
+            named = ", ".join(f"{shown(rel, 80)} ({refused[rel]})" for rel in first)
+            more = f" and {len(refused) - len(first)} more" if len(refused) > len(first) else ""
+            text = f"not taken as checkpoints: {named}{more}"
+        with self.lock:
+            if self.problems.get("names") != text:
+                if text is None:
+                    self.problems.pop("names", None)
+                else:
+                    self.problems["names"] = text
+                self.dirty = True
 
     def _quiet(self, rel: str, info: os.stat_result, now: float, now_ns: int) -> bool:
         """Whether the file looked the same for `quiet_s`, by this agent's own looks."""

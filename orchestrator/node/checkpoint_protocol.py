@@ -13,7 +13,10 @@ home directory:
 
 A manifest comes from a process the job's own scripts could tamper with, so the parser trusts
 nothing in it: paths must be canonical relative paths, digests and object names hex, numbers
-numbers. What does not fit is dropped.
+numbers. What does not fit is dropped. A path with a control character (a NUL, a newline, a
+terminal escape) or too long is dropped with a `Notice` (a WARNING event of the job), and so is
+a store key other than the one the controller computes (`StoreKeys`): the controller records,
+restores from and deletes only keys it computed itself.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.node import checkpoint_agent
-from orchestrator.node.checkpoint_agent import canonical, skipped
+from orchestrator.node.checkpoint_agent import canonical, refused_name, shown, skipped, store_key
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `$` would let a trailing newline in
+_CLOCK_LINE = re.compile(r"^([0-9]{1,30}) (alive|dead|none)$")
+MAX_NOTICES = 20  # kept per manifest; the rest are counted in one more notice
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,49 @@ class StoreAccess:
             "region": self.region,
             "credentials": dict(self.credentials) if self.credentials else None,
         }
+
+
+@dataclass(frozen=True)
+class StoreKeys:
+    """How the controller names one job's objects in its store:
+    `<prefix>/<job id>/<path>@<first 16 hex of its digest>` (`checkpoint_agent.store_key`,
+    the key the agent uploads to). Keys are computed from a file's checked path and digest,
+    never taken from a node."""
+
+    prefix: str  # the store URL's key prefix ('' for none)
+    job_id: str
+
+    @classmethod
+    def of(cls, url: str, job_id: str) -> StoreKeys:
+        _scheme, _where, prefix = checkpoint_agent.parse_store(url)
+        return cls(prefix, job_id)
+
+    @property
+    def base(self) -> str:
+        """The job's key prefix, without the trailing '/'."""
+        return "/".join(p for p in (self.prefix.strip("/"), self.job_id) if p)
+
+    def key(self, path: str, digest: str) -> str:
+        return store_key(self.prefix, self.job_id, path, digest)
+
+    def owns(self, key: object) -> bool:
+        """Whether `key` may be deleted or restored from for this job: a key under the job's
+        prefix whose rest is a canonical relative path (no empty, `.` or `..` part, so not
+        absolute) with no control character."""
+        head = self.base + "/"
+        if not isinstance(key, str) or not key.startswith(head) or self.base.startswith("/"):
+            return False
+        rest = key[len(head) :]
+        return canonical(rest) and refused_name(key) is None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the controller refused from a node, for a WARNING event of the job: `about` names
+    the thing refused (one event per `about`), `message` says what and why, printable."""
+
+    about: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -213,7 +261,7 @@ class StagedCopy:
     ctime_ns: int  # and its ctime: a hard-linked copy is intact while both are unchanged
     object: str | None  # name under objects/; None for a file orch restored (nothing to fetch)
     linked: bool  # a hard link to the file itself: valid only while the file is unchanged
-    stored: str | None  # its store key once uploaded
+    stored: str | None  # its store key once uploaded: the key the controller computed
 
 
 @dataclass(frozen=True)
@@ -260,8 +308,9 @@ class NodeManifest:
     run_ended: bool
     files: Mapping[str, NodeFile]
     dcp: Mapping[str, DcpListing]
-    problems: tuple[str, ...]
+    problems: tuple[str, ...]  # the agent's own, printable
     clock_offset_ns: int = 0
+    refused: tuple[Notice, ...] = ()  # what the parser dropped and tells about
 
 
 @dataclass(frozen=True)
@@ -277,71 +326,147 @@ def _int(value: object) -> int | None:
 
 
 def _hex(value: object) -> str | None:
-    return value if isinstance(value, str) and _HEX64.match(value) else None
+    return value if isinstance(value, str) and _HEX64.fullmatch(value) else None
 
 
-def _staged(value: object) -> StagedCopy | None:
-    if not isinstance(value, dict):
+def is_digest(value: object) -> bool:
+    """Whether `value` is a file digest as the agent writes it (64 lowercase hex)."""
+    return _hex(value) is not None
+
+
+class _Reader:
+    """Reads one manifest of node `rank`, keeping what it refused as notices."""
+
+    def __init__(self, rank: int, keys: StoreKeys | None) -> None:
+        self.rank = rank
+        self.keys = keys
+        self.notices: dict[str, Notice] = {}
+        self.unlisted = 0
+
+    def refuse(self, about: str, message: str) -> None:
+        if about in self.notices:
+            return
+        if len(self.notices) < MAX_NOTICES:
+            self.notices[about] = Notice(about, f"node {self.rank}: {message}")
+        else:
+            self.unlisted += 1
+
+    def refused(self) -> tuple[Notice, ...]:
+        notices = list(self.notices.values())
+        if self.unlisted:
+            notices.append(
+                Notice(f"more:{self.rank}", f"node {self.rank}: the checkpoint manifest holds "
+                       "more refused entries than are listed in events")
+            )  # fmt: skip
+        return tuple(notices)
+
+    def path_ok(self, path: object) -> bool:
+        """A path under the checkpoint directory; one orch refuses by its name is a notice."""
+        if not isinstance(path, str):
+            return False
+        why = refused_name(path)
+        if why is not None:
+            self.refuse(f"path:{path}", f"checkpoint file '{shown(path)}' refused: {why}")
+            return False
+        return safe_path(path)
+
+    def staged(self, path: str, value: object) -> StagedCopy | None:
+        if not isinstance(value, dict):
+            return None
+        digest, size, mtime = (
+            _hex(value.get("digest")),
+            _int(value.get("size")),
+            _int(value.get("mtime_ns")),
+        )
+        obj = value.get("object")
+        ctime = _int(value.get("ctime_ns")) or 0
+        if digest is None or size is None or mtime is None:
+            return None
+        if obj is not None and _hex(obj) is None:
+            return None
+        return StagedCopy(
+            digest=digest,
+            size=size,
+            mtime_ns=mtime,
+            ctime_ns=ctime,
+            object=obj,
+            linked=value.get("linked") is True,
+            stored=self.stored(path, digest, value.get("stored")),
+        )
+
+    def stored(self, path: str, digest: str, claimed: object) -> str | None:
+        """The store key of a copy the node says it uploaded: the computed one, never the
+        node's. A claim of another key is ignored (the copy counts as not stored)."""
+        if self.keys is None or claimed is None or claimed is False or claimed == "":
+            return None
+        computed = self.keys.key(path, digest)
+        if claimed == computed:
+            return computed
+        self.refuse(
+            f"key:{path}:{digest}",
+            f"'{shown(path)}': its manifest names the store key '{shown(str(claimed)[:200])}', "
+            f"not {computed!r}; ignored (orch computes the keys it keeps and deletes)",
+        )
         return None
-    digest, size, mtime = (
-        _hex(value.get("digest")),
-        _int(value.get("size")),
-        _int(value.get("mtime_ns")),
-    )
-    obj = value.get("object")
-    stored = value.get("stored")
-    ctime = _int(value.get("ctime_ns")) or 0
-    if digest is None or size is None or mtime is None:
-        return None
-    if obj is not None and _hex(obj) is None:
-        return None
-    return StagedCopy(
-        digest=digest,
-        size=size,
-        mtime_ns=mtime,
-        ctime_ns=ctime,
-        object=obj,
-        linked=value.get("linked") is True,
-        stored=stored if isinstance(stored, str) and stored else None,
-    )
+
+    def dcp(self, directory: str, listing: dict) -> DcpListing | None:
+        digest = _hex(listing.get("metadata_digest"))
+        if digest is None:
+            return None
+        shards = listing.get("files")
+        if not isinstance(shards, dict):
+            return DcpListing(digest, None)
+        parsed: dict[str, int] = {}
+        for name, least in shards.items():
+            why = refused_name(name) if isinstance(name, str) else None
+            if why is not None:
+                # A shard orch would never take: the checkpoint can never be whole.
+                self.refuse(
+                    f"dcp:{directory}",
+                    f"DCP checkpoint '{shown(directory or '.')}' refused: its .metadata names "
+                    f"'{shown(name)}', and {why}",
+                )
+                return None
+            if safe_path(name) and "/" not in name and _int(least) is not None:
+                parsed[name] = least
+        return DcpListing(digest, parsed)
 
 
-def _file_ok(path: object) -> bool:
+def safe_path(path: object) -> bool:
+    """Whether `path` may name a checkpoint file under the checkpoint directory (the node's,
+    the mirror): a canonical relative path (no empty, `.` or `..` part, so not absolute), UTF-8,
+    no name orch refuses (`checkpoint_agent.refused_name`), no temporary or build output."""
     return isinstance(path, str) and canonical(path) and not skipped(path)
 
 
-def parse_manifest(document: object, rank: int, clock_offset_ns: int = 0) -> NodeManifest | None:
-    """A manifest from its JSON document; None when it is not one."""
+def parse_manifest(
+    document: object, rank: int, clock_offset_ns: int = 0, keys: StoreKeys | None = None
+) -> NodeManifest | None:
+    """A manifest from its JSON document; None when it is not one. `keys`: the job's store
+    keys (None without a store: no copy counts as stored)."""
     if (
         not isinstance(document, dict)
         or document.get("version") != checkpoint_agent.MANIFEST_VERSION
     ):
         return None
+    reader = _Reader(rank, keys)
     files: dict[str, NodeFile] = {}
     raw_files = document.get("files")
     for path, entry in raw_files.items() if isinstance(raw_files, dict) else ():
-        if not _file_ok(path) or not isinstance(entry, dict):
+        if not reader.path_ok(path) or not isinstance(entry, dict):
             continue
         size, mtime = _int(entry.get("size")), _int(entry.get("mtime_ns"))
         if size is None or mtime is None:
             continue
-        files[path] = NodeFile(path, size, mtime, _staged(entry.get("staged")))
+        files[path] = NodeFile(path, size, mtime, reader.staged(path, entry.get("staged")))
     dcp: dict[str, DcpListing] = {}
     raw_dcp = document.get("dcp")
     for directory, listing in raw_dcp.items() if isinstance(raw_dcp, dict) else ():
-        if not (directory == "" or _file_ok(directory)) or not isinstance(listing, dict):
+        if not (directory == "" or reader.path_ok(directory)) or not isinstance(listing, dict):
             continue
-        digest = _hex(listing.get("metadata_digest"))
-        if digest is None:
-            continue
-        shards = listing.get("files")
-        parsed: dict[str, int] | None = None
-        if isinstance(shards, dict):
-            parsed = {}
-            for name, least in shards.items():
-                if _file_ok(name) and "/" not in name and _int(least) is not None:
-                    parsed[name] = least
-        dcp[directory] = DcpListing(digest, parsed)
+        parsed = reader.dcp(directory, listing)
+        if parsed is not None:
+            dcp[directory] = parsed
     problems = document.get("problems")
     return NodeManifest(
         rank=rank,
@@ -350,21 +475,27 @@ def parse_manifest(document: object, rank: int, clock_offset_ns: int = 0) -> Nod
         run_ended=document.get("run_ended") is True,
         files=files,
         dcp=dcp,
-        problems=tuple(str(p)[:500] for p in problems[:20]) if isinstance(problems, list) else (),
+        problems=tuple(shown(str(p)[:500], 500) for p in problems[:20])
+        if isinstance(problems, list)
+        else (),
         clock_offset_ns=clock_offset_ns,
+        refused=reader.refused(),
     )
 
 
-def parse_report(output: str, rank: int, sent_ns: int, received_ns: int) -> AgentReport:
+def parse_report(
+    output: str, rank: int, sent_ns: int, received_ns: int, keys: StoreKeys | None = None
+) -> AgentReport:
     """Parse `read_command`'s output, read between `sent_ns` and `received_ns` (controller
-    clock): the node's clock is taken to have been read half way."""
+    clock): the node's clock is taken to have been read half way. Output that is no report
+    (however long, deep or odd) is an agent with no manifest, never an exception."""
     head, _, rest = output.partition("\n")
-    parts = head.split()
-    if len(parts) != 2 or not parts[0].isdigit() or parts[1] not in ("alive", "dead", "none"):
+    clock = _CLOCK_LINE.match(head.strip())
+    if clock is None:
         return AgentReport("none", None)
-    offset = int(parts[0]) - (sent_ns + received_ns) // 2
+    offset = int(clock.group(1)) - (sent_ns + received_ns) // 2
     try:
         document = json.loads(rest) if rest.strip() else None
-    except ValueError:
+    except (ValueError, RecursionError):
         document = None
-    return AgentReport(parts[1], parse_manifest(document, rank, offset))
+    return AgentReport(clock.group(2), parse_manifest(document, rank, offset, keys))

@@ -2,10 +2,11 @@
 
 The node's checkpoint directory holds what a buggy or hostile script could leave there:
 symlinks to /etc, to `..` and to a complete checkpoint elsewhere, a `latest` pointer naming
-../../x (as a file and as a link), names with newlines, tabs, quotes, `$`, backticks, unicode,
-leading dots and bytes that are not UTF-8. Only regular files of the directory arrive, byte
-for byte, and nothing outside the job's own directory changes on this machine. An ORCH_HOME
-with spaces, quotes and `%` works too.
+../../x (as a file and as a link), names with quotes, `$`, backticks, unicode, leading dots,
+newlines and tabs, and bytes that are not UTF-8. Only regular files of the directory arrive,
+byte for byte, names with control characters not at all (an event says so), and nothing
+outside the job's own directory changes on this machine. An ORCH_HOME with spaces, quotes and
+`%` works too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from orchestrator.remote.sync import push_argv, run_rsync
 from tests.support.checkpoint_nodes import end_run, keeper_nodes
 
 JOB = "paths-1"
-HOSTILE = "we ird $x;`id`\n\"q'\tt ü"
+HOSTILE = "we ird $x;`id`\"q' ü"
+CONTROL = "new\nline\tname.pt"
 
 SETUP = f"""
 set -e
@@ -38,6 +40,7 @@ mkdir ckpt/step-000001
 printf weights > ckpt/step-000001/state.pt
 : > ckpt/step-000001/COMPLETE
 printf hostile > ckpt/{shlex.quote(HOSTILE)}
+printf control > ckpt/{shlex.quote(CONTROL)}
 printf dots > ckpt/..dots
 printf bytes > "ckpt/$(printf 'bad\\377name')"
 """
@@ -76,6 +79,7 @@ def test_pulls_take_only_regular_files_and_write_only_inside_the_job(tmp_path: P
 
         assert _tree(tmp_path, skip) == before
         assert not (tmp_path / "x").exists() and not (home / "x").exists()
+        assert any("new\\x0aline\\x09name.pt" in m for m in nodes.events("WARNING"))
         assert sorted(u.name for u in collected.installed) == sorted(
             ["step-000001", HOSTILE, "..dots", "latest"]
         )

@@ -57,11 +57,35 @@ def settle(a: Agent, *, ended: bool = False, timeout: float = 10.0) -> None:
     [
         ".tmp-step-000001/state.pt", "snapshot.pt.tmp", "step-000001/.metadata.tmp",
         "__pycache__/m.cpython-311.pyc", "m.pyc", "pkg.egg-info/PKG-INFO", ".git/config",
-        "../x", "a//b", "./a", "bad\udcffname",
+        "../x", "a//b", "./a", "bad\udcffname", "nul\x00.pt", "new\nline.pt", "tab\t.pt",
+        "esc\x1b[2J.pt", "del\x7f.pt", "csi\x9b.pt", "d\x01ir/x.pt", "a" * 256,
+        "/".join(["d" * 200] * 11),
     ],
 )  # fmt: skip
 def test_temporaries_tool_output_and_odd_names_are_never_staged(rel: str) -> None:
     assert skipped(rel)
+
+
+def test_names_with_control_characters_are_reported_not_staged(tmp_path: Path) -> None:
+    a = make_agent(tmp_path)
+    names = ["ok.pt", "new\nline.pt", "esc\x1b[31m.pt", "tab\tname.pt", "cr\r.pt", "ü.pt"]
+    for name in names:
+        (tmp_path / "ckpt" / name).write_bytes(b"x")
+    settle(a, ended=True)
+    assert sorted(a.files) == ["ok.pt", "ü.pt"]
+    problem = a.problems["names"]
+    assert "new\\x0aline.pt" in problem and "esc\\x1b[31m.pt" in problem
+    assert "control characters" in problem and "1 more" in problem
+    assert not agent.CONTROL.search(problem)
+    for name in names[1:5]:
+        (tmp_path / "ckpt" / name).unlink()
+    settle(a, ended=True)
+    assert "names" not in a.problems  # gone with the files
+
+
+def test_shown_escapes_control_characters_and_bounds_the_length() -> None:
+    assert agent.shown("a\x00b\nc\x9bd ü") == "a\\x00b\\x0ac\\x9bd ü"
+    assert len(agent.shown("x" * 1000, 50)) == 50
 
 
 @pytest.mark.parametrize("rel", ["snapshot.pt", "step-000001/COMPLETE", "a/.metadata", "..dots"])

@@ -4,6 +4,7 @@ one is in, and nothing written (or taken) outside the job's own directory."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -143,3 +144,44 @@ def test_a_symlink_planted_in_the_mirror_is_not_written_through(mirror, tmp_path
     assert not mirror.install(unit, sources)
     assert list(outside.iterdir()) == []
     assert mirror.latest_complete() is None
+
+
+def test_a_path_with_a_nul_or_control_character_is_not_installed(mirror) -> None:
+    fetch = Fetched(mirror)
+    for name in ("bad\x00.pt", "esc\x1b[2J.pt", "../up.pt"):
+        unit, sources = fetch({name: b"x"}, "file", name)
+        assert not mirror.install(unit, sources)  # never an exception
+    assert mirror.units() == {}
+
+
+def test_index_entries_naming_paths_outside_the_mirror_are_never_used_nor_removed(
+    mirror, tmp_path: Path
+) -> None:
+    fetch = Fetched(mirror)
+    unit, sources = fetch({"step-000002/COMPLETE": b""}, "step", "step-000002")
+    assert mirror.install(unit, sources)
+    victim = mirror.root.parent.parent / "victim"
+    (victim / "x").mkdir(parents=True)
+    index = json.loads(mirror.index_path.read_text())
+    index["units"]["../../victim"] = {"kind": "step", "version": "v", "step": 1, "written_ns": 0,
+                                      "files": {"../../victim/x": ["ab", 1]}}  # fmt: skip
+    mirror.index_path.write_text(json.dumps(index))
+    reopened = CheckpointMirror(mirror.root)
+    assert set(reopened.units()) == {"step-000002"}
+    assert reopened.prune(["../../victim"]) == []
+    assert (victim / "x").is_dir()
+
+
+def test_pruning_follows_no_symlink_planted_in_the_mirror(mirror, tmp_path: Path) -> None:
+    fetch = Fetched(mirror)
+    for step in (1, 2):
+        unit, sources = fetch({f"a/step-00000{step}/.metadata": b"m"}, "dcp", f"a/step-00000{step}")
+        assert mirror.install(unit, sources)
+    outside = tmp_path / "outside"
+    (outside / "step-000001").mkdir(parents=True)
+    (outside / "step-000001" / "thesis.tex").write_text("keep me")
+    moved = mirror.root / "a-moved"
+    os.rename(mirror.root / "a", moved)
+    (mirror.root / "a").symlink_to(outside)
+    mirror.prune(["a/step-000001"])
+    assert (outside / "step-000001" / "thesis.tex").read_text() == "keep me"

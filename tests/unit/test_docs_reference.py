@@ -99,6 +99,7 @@ def test_every_setting_and_variable_is_documented_with_its_default() -> None:
         "aws": config.AwsSettings,
         "controller": config.ControllerSettings,
         "store": config.StoreSettings,
+        "checkpoint": config.CheckpointSettings,
         "logs": config.LogSettings,
         "ledger": config.LedgerSettings,
         "budget": config.BudgetSettings,

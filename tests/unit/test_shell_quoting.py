@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
 from orchestrator.node import launch
+from orchestrator.node.checkpoint_agent import CONTROL, refused_name
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
@@ -296,7 +297,8 @@ def test_write_file_command_writes_exactly_there(home: Path, name: str) -> None:
 
 def test_the_checkpoint_agent_reports_hostile_names_under_a_hostile_home(home: Path) -> None:
     """Installed, armed and read back with the commands the controller sends, the agent
-    reports every file by its exact name."""
+    reports every file by its exact name; names with control characters (a newline, a
+    terminal escape) it does not take, and its problems say so."""
     job = "job-3"
     directory = "ck $(x) `y`"
     (home / directory).mkdir()
@@ -322,10 +324,14 @@ def test_the_checkpoint_agent_reports_hostile_names_under_a_hostile_home(home: P
         (home / directory / name.replace("/", "_")).write_bytes(b"x" * i)
     (run_dir / "exit_code").write_text("0")  # the run ended: everything is staged at once
     report = report_when(lambda r: r.manifest is not None and r.manifest.done)
-    assert {p: f.size for p, f in report.manifest.files.items()} == {
-        name.replace("/", "_"): i for i, name in enumerate(NAMES)
-    }
+    names = {name.replace("/", "_"): i for i, name in enumerate(NAMES)}
+    taken = {name: i for name, i in names.items() if refused_name(name) is None}
+    assert len(taken) < len(names)  # some hold control characters
+    assert {p: f.size for p, f in report.manifest.files.items()} == taken
     assert all(f.settled for f in report.manifest.files.values())
+    (problem,) = report.manifest.problems
+    assert "not taken" in problem and "control characters" in problem
+    assert not CONTROL.search(problem)
 
 
 def test_start_probe_stop_and_cpu_commands_under_a_hostile_home(home: Path) -> None:

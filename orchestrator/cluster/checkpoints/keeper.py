@@ -18,6 +18,11 @@ The runner (`orchestrator.control.runner`) calls:
   more. Raises OrchError when that collection fails.
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
+What a node's word made the controller refuse (a path with control characters, a store key it
+did not compute, a checkpoint over `checkpoint.max_pull_bytes` or with no room on the disk, a
+transfer bigger than reported) is a WARNING event, once per thing refused and at most
+`MAX_NOTICE_EVENTS` per job run, never a failed collection.
+
 What is complete is written to the ledger, and what the store keeps decided, by
 `orchestrator.cluster.checkpoints.records`.
 """
@@ -49,6 +54,7 @@ from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
     AgentReport,
+    Notice,
     RestoredFile,
     RestoreItem,
     StoreAccess,
@@ -66,6 +72,7 @@ from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import CheckpointSpec
 
 FINISH_POLL_S = 0.2  # between two looks at the agents while waiting (one SSH command per node)
+MAX_NOTICE_EVENTS = 100  # refusals written as events per keeper; then one event says so
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class CheckpointKeeper:
             job_id=job_id, store=checkpoint.store, mirror=mirror, ledger=ledger,
             settings=settings, line=line,
         )  # fmt: skip
-        self._problems_seen: set[str] = set()
+        self._noticed: set[str] = set()
         self._streams: list[LineStream] = []
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -141,6 +148,7 @@ class CheckpointKeeper:
         self._collector = CheckpointCollector(
             cluster, self.mirror, self.layout, mode=self.spec.mirror_mode,
             timeout_s=self.options.transfer_timeout_s,
+            max_pull_bytes=self.settings.checkpoint.max_pull_bytes, keys=self.records.keys,
         )  # fmt: skip
         self._aborts = {rank: threading.Event() for rank in range(len(cluster.instances))}
         self._access = None
@@ -394,6 +402,7 @@ class CheckpointKeeper:
         collected = self.collector.collect(skip=skip, aborts=self._aborts)
         self.streak.succeeded()
         self._note_problems(collected.reports)
+        self._note(collected.notices)
         dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
         if dead:
             self._arm(self.collector.cluster, {}, ranks=dead)
@@ -401,14 +410,31 @@ class CheckpointKeeper:
         return collected
 
     def _note_problems(self, reports: dict[int, AgentReport]) -> None:
-        found = [(rank, OVERSIZED_MANIFEST) for rank in sorted(self.collector.oversized)]
+        notices = []
+        for rank in sorted(self.collector.oversized):
+            text = f"node {rank}: checkpoint agent: {OVERSIZED_MANIFEST}"
+            notices.append(Notice(text, text))
         for rank, report in sorted(reports.items()):
-            found += [(rank, p) for p in (report.manifest.problems if report.manifest else ())]
-        for rank, problem in found:
-            text = f"node {rank}: checkpoint agent: {problem}"
-            if text not in self._problems_seen:
-                self._problems_seen.add(text)
-                self.ledger.add_event(self.job_id, "WARNING", text)
+            manifest = report.manifest
+            for problem in manifest.problems if manifest else ():
+                text = f"node {rank}: checkpoint agent: {problem}"
+                notices.append(Notice(text, text))
+            notices.extend(manifest.refused if manifest else ())
+        self._note(notices)
+
+    def _note(self, notices: list[Notice]) -> None:
+        """Each notice as a WARNING event, once per `about`, at most MAX_NOTICE_EVENTS."""
+        for notice in notices:
+            if notice.about in self._noticed or len(self._noticed) > MAX_NOTICE_EVENTS:
+                continue
+            self._noticed.add(notice.about)
+            message = notice.message
+            if len(self._noticed) > MAX_NOTICE_EVENTS:
+                message = (
+                    f"more than {MAX_NOTICE_EVENTS} checkpoint refusals; further ones are not "
+                    "recorded until the job's controller restarts"
+                )
+            self.ledger.add_event(self.job_id, "WARNING", message)
 
 
 def _finished(report: AgentReport) -> bool:

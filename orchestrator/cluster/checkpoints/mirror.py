@@ -10,9 +10,11 @@ has), then swapped in with two renames; the previous copy stays readable until t
 caught between the two renames by a crash is put back when the mirror is next opened. So a
 reader, a restart or a push never sees a checkpoint that is half there.
 
-Nothing outside the mirror is ever written, nor moved in from outside: fetched files are
-taken only when they are regular files reached through real directories, and installed only
-where no part of the destination is a symlink.
+Nothing outside the mirror is ever written, removed or moved in from outside: every path
+(from a node, or from the index) must be a safe checkpoint path (`checkpoint_protocol.safe_path`:
+canonical, relative, no control character); fetched files are taken only when they are regular
+files reached through real directories, installed only where no part of the destination is a
+symlink, and pruned only the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from orchestrator.cluster.checkpoints.units import Unit, UnitFile, directory_of, newer
 from orchestrator.node.checkpoint_agent import COMPLETE_MARKER, DCP_METADATA
+from orchestrator.node.checkpoint_protocol import safe_path
 
 INDEX_VERSION = 1
 
@@ -73,8 +76,9 @@ def plain_file(base: Path, rel: str) -> bool:
 
 
 def _no_symlink_on_the_way(root: Path, rel: str) -> bool:
-    """Whether writing `root/rel` stays under `root`: no existing part of it is a symlink."""
-    if root.is_symlink():
+    """Whether writing (or removing) `root/rel` stays under `root`: `rel` is a safe checkpoint
+    path and no existing part of it is a symlink."""
+    if root.is_symlink() or not safe_path(rel):
         return False
     path = root
     for part in PurePosixPath(rel).parts:
@@ -118,6 +122,8 @@ class CheckpointMirror:
             return {}
         units: dict[str, MirroredUnit] = {}
         for name, entry in (document.get("units") or {}).items():
+            if not (name == "." or safe_path(name)):
+                continue  # not a name this mirror writes: nothing of it is used, or removed
             try:
                 units[name] = MirroredUnit(
                     name=name,
@@ -129,6 +135,8 @@ class CheckpointMirror:
                 )
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
+            if not all(safe_path(path) for path in units[name].files):
+                del units[name]
         return units
 
     def _write_index(self) -> None:
@@ -303,7 +311,8 @@ class CheckpointMirror:
         for note in self._retired.glob("*.target"):
             slot = note.with_suffix("")
             target = Path(note.read_text())
-            if slot.is_dir() and not target.exists():
+            inside = target == self.root or target.is_relative_to(self.root)
+            if inside and slot.is_dir() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(slot, target)
             shutil.rmtree(slot, ignore_errors=True)
@@ -320,11 +329,13 @@ class CheckpointMirror:
             if unit is None or unit.kind == "file" or (newest and unit.name == newest.name):
                 continue
             if unit.directory:
-                shutil.rmtree(self.root / unit.directory, ignore_errors=True)
+                if _no_symlink_on_the_way(self.root, unit.directory):
+                    shutil.rmtree(self.root / unit.directory, ignore_errors=True)
             else:
                 for path in unit.files:
-                    with contextlib.suppress(OSError):
-                        (self.root / path).unlink()
+                    if _no_symlink_on_the_way(self.root, path):
+                        with contextlib.suppress(OSError):
+                            (self.root / path).unlink()
             del self._units[name]
             removed.append(name)
         if removed:

@@ -5,6 +5,10 @@ and store keys, its step) when the mirror or the store first holds it whole; it 
 pruned once neither does. The store's retention (`orchestrator.cluster.checkpoints.retention`) is
 applied here too: versions no rule keeps are deleted from the store by the controller (the
 nodes only ever upload), and at the job's end what no kept version uses is swept.
+
+Every store key used here, to restore from or to delete, is computed from the job's prefix and
+a file's checked path and digest (`StoreKeys`), also for records written before that rule:
+a key a node named is never used.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from datetime import datetime
 from orchestrator.cluster.checkpoints.collector import Collected
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.cluster.checkpoints.retention import StoredVersion, keys_to_delete, retire
-from orchestrator.cluster.checkpoints.store import StoreClient, describe, job_prefix, open_client
+from orchestrator.cluster.checkpoints.store import StoreClient, describe, open_client
 from orchestrator.cluster.checkpoints.units import LATEST_POINTER, Unit, present_directories
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError
 from orchestrator.ledger.store import CheckpointRecord, Ledger, utcnow
-from orchestrator.node.checkpoint_protocol import RestoreItem
+from orchestrator.node.checkpoint_protocol import RestoreItem, StoreKeys, is_digest, safe_path
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class CheckpointRecords:
         self.ledger = ledger
         self.settings = settings
         self.line = line
+        self.keys = StoreKeys.of(store, job_id) if store is not None else None
         self.region: str | None = None  # the nodes' region, once known: the store's default
         self._client: StoreClient | None = None
         self._client_opened = False
@@ -100,13 +105,31 @@ class CheckpointRecords:
             if record.kind == "file":
                 singles[record.name] = record  # ordered by id: the newest wins
         chosen.extend(singles.values())
-        items = [
-            RestoreItem(f["path"], f["key"], int(f["size"]), f["digest"])
-            for record in chosen
-            for f in json.loads(record.files_json or "[]")
-            if f.get("key")
-        ]
+        items = [item for record in chosen for item in self._restore_items(record)]
         return StorePlan(items, name, step) if items else None
+
+    def _stored_files(self, record: CheckpointRecord) -> list[tuple[dict, str | None]]:
+        """Each file of a record with the key the controller computes for it (None: not
+        stored, or a path or digest that cannot be one of the job's keys)."""
+        found = []
+        for f in json.loads(record.files_json or "[]"):
+            key = None
+            path, digest = f.get("path"), f.get("digest")
+            if self.keys is not None and f.get("key") and safe_path(path) and is_digest(digest):
+                key = self.keys.key(path, digest)
+            found.append((f, key))
+        return found
+
+    def _restore_items(self, record: CheckpointRecord) -> list[RestoreItem]:
+        """What restores `record` from the store: every file, or nothing when one of them has
+        no key (the checkpoint would not be whole)."""
+        files = self._stored_files(record)
+        if any(key is None for _f, key in files):
+            return []
+        return [RestoreItem(f["path"], key, int(f["size"]), f["digest"]) for f, key in files if key]
+
+    def _keys(self, record: CheckpointRecord) -> frozenset[str]:
+        return frozenset(key for _f, key in self._stored_files(record) if key is not None)
 
     # --- writing ----------------------------------------------------------------------------
     def record(self, collected: Collected, ranks: Collection[int]) -> None:
@@ -194,7 +217,9 @@ class CheckpointRecords:
         if client is None:
             return set()
         versions = [
-            StoredVersion(record.id, record.name, record.kind or "file", record.step, _keys(record))
+            StoredVersion(
+                record.id, record.name, record.kind or "file", record.step, self._keys(record)
+            )
             for record in records
             if record.stored_at is not None and record.id is not None
         ]
@@ -212,7 +237,7 @@ class CheckpointRecords:
         if not self._client_opened and self.store is not None:
             self._client_opened = True
             try:
-                self._client = open_client(self.store, self.settings, self.region)
+                self._client = open_client(self.store, self.settings, self.job_id, self.region)
             except Exception as exc:  # noqa: BLE001 - a store we cannot prune is no job failure
                 self.ledger.add_event(self.job_id, "WARNING", f"store cleanup disabled: {exc}")
         return self._client
@@ -221,25 +246,33 @@ class CheckpointRecords:
         """At the job's end: delete what the job uploaded that no kept version uses (versions
         superseded meanwhile, or never complete)."""
         client = self._store_client()
-        if client is None or self.store is None:
+        if client is None or self.store is None or self.keys is None:
             return
         kept = {
             key
             for record in self.ledger.checkpoints(self.job_id, live_only=True)
             if record.stored_at is not None
-            for key in _keys(record)
+            for key in self._keys(record)
         }
-        prefix = job_prefix(self.store, self.job_id)
+        prefix = self.keys.base
         try:
-            leftover = set(client.keys(prefix)) - kept
-            client.delete(leftover)
+            leftover = set(client.keys()) - kept
+            odd = {key for key in leftover if not self.keys.owns(key)}
+            client.delete(leftover - odd)
         except OrchError as exc:
             self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
             return
-        if leftover:
+        if leftover - odd:
             self.ledger.add_event(
-                self.job_id, "STORE", f"removed {len(leftover)} object(s) no kept checkpoint "
-                f"uses (superseded, or never complete) from {describe(self.store, prefix)}",
+                self.job_id, "STORE", f"removed {len(leftover - odd)} object(s) no kept "
+                f"checkpoint uses (superseded, or never complete) from "
+                f"{describe(self.store, prefix)}",
+            )  # fmt: skip
+        if odd:
+            self.ledger.add_event(
+                self.job_id, "WARNING", f"left {len(odd)} object(s) under "
+                f"{describe(self.store, prefix)} whose names orch does not delete (control "
+                "characters, or not canonical paths); remove them yourself if unwanted",
             )  # fmt: skip
 
 
@@ -248,7 +281,3 @@ def files_json(unit: Unit) -> str:
     return json.dumps(
         [{"path": f.path, "digest": f.digest, "size": f.size, "key": f.stored} for f in unit.files]
     )
-
-
-def _keys(record: CheckpointRecord) -> frozenset[str]:
-    return frozenset(f["key"] for f in json.loads(record.files_json or "[]") if f.get("key"))

@@ -6,14 +6,16 @@ to reach the store (`node_access`), lists what a job left there, and deletes ver
 rule keeps (`orchestrator.cluster.checkpoints.retention`).
 
 Keys: `<prefix>/<job id>/<path>@<first 16 hex of its digest>`, one per version of a file (the
-digest is BLAKE2b-256: `orchestrator.node.checkpoint_agent.new_digest`).
+digest is BLAKE2b-256: `orchestrator.node.checkpoint_agent.new_digest`). The controller computes
+them (`StoreKeys`); a client is bound to one job's prefix and refuses to delete any key outside
+it or not canonical, and a `file://` client follows no symlink below the store's directory.
 Credentials: on AWS the nodes use the instance profile the provider attaches; nodes with no
 credentials of their own (local nodes) get the controller's, in their agent's 0600 config.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 from orchestrator.config import Settings
 from orchestrator.errors import ConfigError, OrchError
 from orchestrator.node.checkpoint_agent import parse_store
-from orchestrator.node.checkpoint_protocol import StoreAccess
+from orchestrator.node.checkpoint_protocol import StoreAccess, StoreKeys
 
 
 class StoreError(OrchError):
@@ -30,19 +32,34 @@ class StoreError(OrchError):
 
 
 class StoreClient(Protocol):
-    def keys(self, prefix: str) -> list[str]:
-        """Every key under `prefix`."""
+    """The store of one job (`scope`): listing and deleting its keys, and no others."""
+
+    scope: StoreKeys
+
+    def keys(self) -> list[str]:
+        """Every key under the job's prefix."""
         ...
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Remove these keys; keys already gone are no error."""
+        """Remove these keys; keys already gone are no error. Raises StoreError, deleting
+        nothing, when any key is not the job's (`StoreKeys.owns`)."""
         ...
 
 
 def job_prefix(url: str, job_id: str) -> str:
     """The key prefix under which a job's checkpoints lie."""
-    _scheme, _where, prefix = parse_store(url)
-    return "/".join(p for p in (prefix, job_id) if p)
+    return StoreKeys.of(url, job_id).base
+
+
+def _refuse_foreign(scope: StoreKeys, keys: list[str]) -> None:
+    foreign = [key for key in keys if not scope.owns(key)]
+    if foreign:
+        shown = ", ".join(repr(k)[:120] for k in foreign[:3])
+        raise StoreError(
+            f"refusing to delete {len(foreign)} key(s) outside {scope.base}/ or not canonical: "
+            f"{shown}",
+            hint="nothing was deleted; orch deletes only keys it computed for the job",
+        )
 
 
 def describe(url: str, key: str) -> str:
@@ -51,41 +68,96 @@ def describe(url: str, key: str) -> str:
     return f"s3://{where}/{key}" if scheme == "s3" else f"file://{Path(where) / key}"
 
 
+_BELOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
 class FileStoreClient:
-    """A `file://` store, where the controller's machine sees the directory too."""
+    """A `file://` store, where the controller's machine sees the directory too. Nodes may
+    write that directory (a shared mount), so below `root` no symlink is followed: the job's
+    folder, or one inside it, swapped for a link to elsewhere is refused, never walked."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, scope: StoreKeys) -> None:
         self.root = root
+        self.scope = scope
 
-    def keys(self, prefix: str) -> list[str]:
-        base = self.root / prefix
-        if not base.is_dir():
+    def _open_below(self, parts: list[str]) -> int | None:
+        """A descriptor of `root/parts...`, reached without following a symlink; None when a
+        part does not exist. Raises StoreError for a symlink or a file on the way."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise StoreError(f"cannot open the store {self.root}: {exc.strerror}") from exc
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    below = os.open(part, _BELOW, dir_fd=fd)
+                except FileNotFoundError:
+                    os.close(fd)
+                    return None
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    where = self.root.joinpath(*parts[: i + 1])
+                    raise StoreError(
+                        f"{where} is a symlink or not a folder; orch does not follow it",
+                        hint="a node (or anyone who can write the store) put it there: look "
+                        "at it, and remove it from the store",
+                    ) from exc
+                os.close(fd)
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def keys(self) -> list[str]:
+        fd = self._open_below(self.scope.base.split("/"))
+        if fd is None:
             return []
-        found = []
-        for dirpath, _dirs, names in os.walk(base):
-            for name in names:
-                if ".tmp-" not in name:
-                    found.append((Path(dirpath) / name).relative_to(self.root).as_posix())
+        found: list[str] = []
+        try:
+            for dirpath, _dirs, names, _fd in os.fwalk(dir_fd=fd):  # symlinks: not followed
+                rel = os.path.normpath(dirpath)
+                for name in names:
+                    if ".tmp-" not in name:
+                        key = "/".join(p for p in (self.scope.base, rel, name) if p != ".")
+                        found.append(key)
+        finally:
+            os.close(fd)
         return sorted(found)
 
     def delete(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            with contextlib.suppress(FileNotFoundError):
-                (self.root / key).unlink()
+        batch = list(keys)
+        _refuse_foreign(self.scope, batch)
+        for key in batch:
+            parts = key.split("/")
+            fd = self._open_below(parts[:-1])
+            if fd is None:
+                continue
+            try:
+                os.unlink(parts[-1], dir_fd=fd)  # unlink never follows its last part
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StoreError(f"cannot delete {self.root / key}: {exc.strerror}") from exc
+            finally:
+                os.close(fd)
 
 
 class S3StoreClient:
     """An `s3://` store through boto3, with the controller's own credentials."""
 
-    def __init__(self, bucket: str, client: Any) -> None:
+    def __init__(self, bucket: str, client: Any, scope: StoreKeys) -> None:
         self.bucket = bucket
         self.client = client
+        self.scope = scope
 
-    def keys(self, prefix: str) -> list[str]:
+    def keys(self) -> list[str]:
         found: list[str] = []
+        prefix = self.scope.base
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/"
+                Bucket=self.bucket, Prefix=prefix + "/"
             )
             for page in pages:
                 found.extend(item["Key"] for item in page.get("Contents", []))
@@ -95,6 +167,7 @@ class S3StoreClient:
 
     def delete(self, keys: Iterable[str]) -> None:
         batch = list(keys)
+        _refuse_foreign(self.scope, batch)
         for start in range(0, len(batch), 1000):  # DeleteObjects takes 1000 at a time
             objects = [{"Key": key} for key in batch[start : start + 1000]]
             try:
@@ -105,13 +178,16 @@ class S3StoreClient:
                 raise StoreError(f"cannot delete from s3://{self.bucket}: {exc}") from exc
 
 
-def open_client(url: str, settings: Settings, region: str | None = None) -> StoreClient | None:
-    """The controller's client of a store; None for a `file://` store this machine cannot see
-    (the nodes' shared mount), which is then never pruned from here."""
+def open_client(
+    url: str, settings: Settings, job_id: str, region: str | None = None
+) -> StoreClient | None:
+    """The controller's client of one job's part of a store; None for a `file://` store this
+    machine cannot see (the nodes' shared mount), which is then never pruned from here."""
     scheme, where, _prefix = parse_store(url)
+    scope = StoreKeys.of(url, job_id)
     if scheme == "file":
         root = Path(where)
-        return FileStoreClient(root) if root.is_dir() else None
+        return FileStoreClient(root, scope) if root.is_dir() else None
     import boto3  # here: boto3 takes a third of a second to import
 
     client = boto3.session.Session().client(
@@ -119,7 +195,7 @@ def open_client(url: str, settings: Settings, region: str | None = None) -> Stor
         endpoint_url=settings.store.endpoint_url,
         region_name=settings.store.region or region,
     )
-    return S3StoreClient(where, client)
+    return S3StoreClient(where, client, scope)
 
 
 def node_access(
