@@ -27,6 +27,7 @@ from orchestrator.remote.lines import DEFAULT_MAX_LINE, scrub
 from orchestrator.remote.streams import CommandLines
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024  # bytes of stdout (and of stderr) `run` keeps by default
+EOF_GRACE_S = 1.0  # how long `run` waits for a command's EOF once it exited with nothing to read
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,7 @@ def _exec(
         if stdin is not None:
             channel.sendall(stdin.encode())
         channel.shutdown_write()
+        quiet_since: float | None = None  # since when the command exited with nothing to read
         while not (out.full or err.full):
             progressed = False
             if channel.recv_ready():
@@ -299,12 +301,16 @@ def _exec(
             if channel.recv_stderr_ready():
                 err.add(channel.recv_stderr(65536))
                 progressed = True
-            if (
-                channel.exit_status_ready()
-                and not channel.recv_ready()
-                and not (channel.recv_stderr_ready())
+            if channel.exit_status_ready() and not (
+                channel.recv_ready() or channel.recv_stderr_ready()
             ):
-                break
+                # sshd may send the exit status before the last of the output: the output is
+                # whole at the channel's EOF, which a process the command left running with
+                # its stdout open may hold back, so that is waited for a short while only
+                now = time.monotonic()
+                quiet_since = now if progressed or quiet_since is None else quiet_since
+                if channel.eof_received or now - quiet_since > EOF_GRACE_S:
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError(command)
             if not progressed:
