@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from orchestrator.cluster.connections import Cluster
@@ -30,6 +31,16 @@ LOST_PEER_GRACE_S = 10.0
 """How long the runs left on a job that lost a node get to exit after SIGTERM before SIGKILL."""
 LOG_TAIL_BYTES = 128 * 1024
 """How much of a failed node's log is read, from its end (see `Attempt.log_tail`)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A node's output of one command, and the controller's clock (ns since the epoch) just
+    before it was sent and just after the answer came."""
+
+    output: str
+    sent_ns: int
+    received_ns: int
 
 
 class Attempt:
@@ -156,18 +167,31 @@ class Attempt:
 
         return self.cluster.map(run)
 
-    def renew(self, command: str, document: str) -> None:
-        """Feed `document` to `command` on every node that answers (best effort)."""
+    def each_node(
+        self, command: str, stdin: Callable[[int], str] | None = None
+    ) -> dict[int, Answer]:
+        """Run `command` on every node not found gone, with `stdin(rank)` as its input (best
+        effort: a node that does not answer is left out); what each printed, by rank, with the
+        controller's clock around it."""
         if self._cluster is None:
-            return
+            return {}
         gone = set(self.gone_ranks)
 
-        def renew(rank: int, connection: NodeConnection) -> None:
-            if rank not in gone:
-                connection.run(command, stdin=document, timeout=10, check=False)
+        def run(rank: int, connection: NodeConnection) -> Answer | None:
+            if rank in gone:
+                return None
+            text = stdin(rank) if stdin is not None else None
+            sent = time.time_ns()
+            out = connection.run(command, stdin=text, timeout=10, check=False).stdout
+            return Answer(out, sent, time.time_ns())
 
-        with contextlib.suppress(OrchError):
-            self._cluster.map(renew)
+        def tried(rank: int, connection: NodeConnection) -> Answer | None:
+            with contextlib.suppress(OrchError):
+                return run(rank, connection)
+            return None
+
+        answers = self._cluster.map(tried)
+        return {rank: answer for rank, answer in enumerate(answers) if answer is not None}
 
     def stop_trainers(self, layout: launch.NodeLayout, grace_s: float) -> None:
         """SIGTERM the run on every node and wait (at most `grace_s`) for it to checkpoint and

@@ -1,13 +1,24 @@
 """The runner's side of the nodes' guards (see orchestrator.node.guard): the terms they are
-launched with, the leases they are fed, and what it means when they ended their nodes."""
+launched with, the leases they are fed, and what it means when they ended their nodes.
+
+Leases are signed with the Ed25519 key the controller reaches the job's nodes with (its
+`ORCH_HOME/keys/<id>/`, which a controller that adopts the job has too); the terms carry its
+public half, so a lease that job code writes on a node does not verify. Their times are on
+each node's own clock: every renewal reads it, and a node not read yet is read first.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
-from orchestrator.control.attempt import Attempt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from orchestrator.control.attempt import Answer, Attempt
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import Reporter, RunnerOptions
 from orchestrator.control.stop_rules import StopOrder, guard_limit_at
@@ -17,15 +28,18 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node.guard_protocol import (
     GuardLayout,
+    GuardLease,
     GuardTerms,
     cleared_lease,
-    lease_document,
+    clock_command,
     lease_until,
+    parse_clock,
     parse_status,
     renew_command,
     status_command,
 )
 from orchestrator.providers.base import NodeEnd, Provider
+from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.spec.model import JobSpec
 
 GUARD_START_WAIT_S = 10.0  # how long a guard that has not written its status yet may take
@@ -43,6 +57,7 @@ class Guards:
         provider: Provider,
         reporter: Reporter,
         *,
+        keys: Path,
         team: TeamCaps | None = None,
     ) -> None:
         self.journal = journal
@@ -53,6 +68,10 @@ class Guards:
         self.reporter = reporter
         self.team = team  # the monthly caps the job is under (None: none)
         self.autostop_s: float | None = None  # a kept cluster's (set by the runner)
+        self.keys = keys  # the folder of the key the job's nodes are reached with
+        self.clock_offsets: dict[str, float] = {}  # node's clock - ours (s), by instance id
+        self.lease_offsets: dict[str, float] = {}  # ... as the last lease sent there used it
+        self._sign: Callable[[bytes], bytes] | None = None
 
     def terms(self, pull_wait: float) -> GuardTerms:
         """The job's limits for the guards of the nodes about to be launched.
@@ -86,6 +105,7 @@ class Guards:
             stop_allowance_s=options.stop_allowance,
             autostop=kept,
             shared_budgets=self.team.shared_budgets(job) if self.team else (),
+            lease_key=self._identity().public_key,
         )
 
     def check(self, attempt: Attempt) -> None:
@@ -140,7 +160,7 @@ class Guards:
             last = f"kept cluster: autostop after {self.autostop_s:.0f} s idle"
         return f"guards armed on {nodes} node(s): {named}; {last}"
 
-    def _lease(self, now: datetime) -> str:
+    def _lease(self, now: datetime) -> GuardLease:
         """The lease the nodes get now: the run's deadline, and how long the rest of the
         budget lasts at the open leases' prices; under monthly caps, never past the moment the
         first of them would be passed at its total rate (every job's open leases in it)."""
@@ -163,8 +183,8 @@ class Guards:
                 job, reserve_s=self.options.stop_grace + self.options.stop_allowance, now=now
             )
             until = min((end for end in (until, shared) if end is not None), default=None)
-        return lease_document(
-            now=now, runtime_deadline=deadline, lease_until=until,
+        return GuardLease(
+            renewed_at=now, runtime_deadline=deadline, lease_until=until,
             idle_timeout_s=budget.idle_timeout, job_limits=job.cluster_id is not None,
             autostop_s=self.autostop_s,
         )  # fmt: skip
@@ -172,19 +192,49 @@ class Guards:
     def renew(self, attempt: Attempt) -> None:
         """Write the lease to every node that answers (best effort: a node that misses it
         keeps its last lease, which never reaches past the budget)."""
-        if not attempt.connected:
-            return
-        attempt.renew(
-            renew_command(GuardLayout(self.journal.job.node_owner)), self._lease(utcnow())
-        )
+        if attempt.connected:
+            self._send(attempt, self._lease(utcnow()))
 
     def clear(self, attempt: Attempt) -> None:
         """A kept cluster's job let it go: every node's lease loses the job's limits, and its
         autostop counts from now."""
-        attempt.renew(
-            renew_command(GuardLayout(self.journal.job.node_owner)),
-            cleared_lease(utcnow(), self.autostop_s),
+        self._send(attempt, cleared_lease(utcnow(), self.autostop_s))
+
+    def _send(self, attempt: Attempt, lease: GuardLease) -> None:
+        """Sign `lease` for each node, its times on that node's clock, and write it there."""
+        owner = self.journal.job.node_owner
+        ids = [instance.instance_id for instance in attempt.instances]
+        gone = attempt.gone_ranks
+        if any(rank not in gone and i not in self.clock_offsets for rank, i in enumerate(ids)):
+            self._read_clocks(attempt, attempt.each_node(clock_command()))
+        sign = self._signer()
+        # A node whose clock could not be read gets ours: it answered nothing, and most
+        # likely misses the lease too.
+        offsets = [self.clock_offsets.get(instance_id, 0.0) for instance_id in ids]
+        answers = attempt.each_node(
+            renew_command(GuardLayout(owner)),
+            lambda rank: lease.for_node(job_id=owner, clock_offset_s=offsets[rank], sign=sign),
         )
+        self.lease_offsets.update((ids[rank], offsets[rank]) for rank in answers)
+        self._read_clocks(attempt, answers)
+
+    def _read_clocks(self, attempt: Attempt, answers: dict[int, Answer]) -> None:
+        for rank, answer in answers.items():
+            offset = parse_clock(answer.output, answer.sent_ns, answer.received_ns)
+            if offset is not None:
+                self.clock_offsets[attempt.instances[rank].instance_id] = offset
+
+    def _identity(self) -> Identity:
+        return ensure_identity(self.keys, f"orch-{self.journal.job.node_owner}")
+
+    def _signer(self) -> Callable[[bytes], bytes]:
+        """The Ed25519 signing of the job's key (the one its nodes are reached with)."""
+        if self._sign is None:
+            key = load_ssh_private_key(self._identity().private_key.read_bytes(), password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise OrchError(f"the key in {self.keys} is not Ed25519: it cannot sign leases")
+            self._sign = key.sign
+        return self._sign
 
     def ended_by_guard(self, instance_ids: tuple[str, ...]) -> StopOrder | None:
         """The stop for nodes that powered themselves off: their guard acted on a limit, so

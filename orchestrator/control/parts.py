@@ -84,6 +84,8 @@ def job_parts(
             overhead_prior_s=options.restart_overhead_prior,
             state=DriverState.from_json(job.policy_state),
         )
+    keys = settings.keys_dir(job.node_owner)  # the nodes' SSH key, which signs their leases
+    guards = Guards(journal, spec, options, provider, reporter, keys=keys, team=team)
     return JobParts(
         journal=journal,
         loaded=loaded,
@@ -92,7 +94,7 @@ def job_parts(
         provider=provider,
         reporter=reporter,
         keeper=keeper,
-        guards=Guards(journal, spec, options, provider, reporter, team=team),
+        guards=guards,
         layout=layout,
         job_dir=job_dir,
         driver=driver,

@@ -25,11 +25,21 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     upload_wait_s              then at most this long for the checkpoint agent's uploads
     poweroff                   the node's poweroff command (shell)
 
-The controller renews `<job>/guard/lease.json` (`{"runtime_deadline": .., "lease_until": ..}`
-and `"renewed_at"`, on a kept cluster `"idle_timeout_s"` too); its values replace the boot
-terms'. Every probe of the controller touches
+    lease_key                  base64 of the Ed25519 public key that signs the leases
+
+The controller renews `<job>/guard/lease.json` (`"runtime_deadline"`, `"lease_until"`,
+`"renewed_at"`, `"job_id"`, on a kept cluster `"idle_timeout_s"` and `"autostop_s"` too); its
+values replace the boot terms'. A lease counts only when its signature verifies with
+`lease_key` (`guard_seal`), it names this job and it is newer than the lease in force; any
+other is logged and ignored, and the last good one holds (kept in the guard's own `state/`
+folder beside its terms). Lease times are on this node's clock: the controller measures the
+node's clock against its own and writes them so. Every probe of the controller touches
 `<job>/run/heartbeat`; an rsync running on the node as the job's user (a sync in progress,
 HOME the job's home) counts as a live controller too.
+
+The job's files are the login user's, and so the job code's: a guard that runs as root opens
+them without following any symlink, reads only regular files and never more than a bound, and
+writes there only new files it gives to their owner (`guard_files`).
 
 Limits apply once the run has started (its pid file exists): before, the sync and a checkpoint's
 restore hold the controller, and only the dead-man applies. While the controller is alive its
@@ -50,8 +60,23 @@ import subprocess
 import sys
 import time
 
+if __package__:
+    from orchestrator.node.guard_files import (
+        open_dir,
+        own_dir,
+        read_at,
+        read_json,
+        read_terms,
+        write_at,
+    )
+    from orchestrator.node.guard_seal import lease_problem
+else:  # the program on a node: its modules are beside it
+    from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
+    from guard_seal import lease_problem
+
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
+MODULES = ("guard_files.py", "guard_seal.py")  # sent to the node beside this file
 
 
 def utc(epoch):
@@ -60,43 +85,6 @@ def utc(epoch):
 
 def log(message):
     print(f"{utc(time.time())} {message}", flush=True)
-
-
-def read_json(path):
-    try:
-        with open(path) as fh:
-            value = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def write_json(path, value, owner=None):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh, indent=1, sort_keys=True)
-    if owner is not None:
-        chown(tmp, owner)
-    os.replace(tmp, path)
-
-
-def chown(path, owner):
-    with contextlib.suppress(OSError):
-        os.chown(path, owner[0], owner[1])
-
-
-def make_dirs(path, owner):
-    """mkdir -p, giving every directory made to `owner` (a root guard must not leave the
-    login user a job directory it cannot write)."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory)
-        if owner is not None:
-            chown(directory, owner)
 
 
 def session_pids(leader):
@@ -209,48 +197,130 @@ def gpu_utilizations(timeout_s):
 class Guard:
     def __init__(self, terms_path):
         self.terms_path = terms_path
-        self.terms = read_json(terms_path)
+        self.terms = read_terms(terms_path)
         if self.terms is None:
             raise SystemExit(f"guard: no terms in {terms_path}")
         t = self.terms
         home = t.get("home") or login_home(t.get("user")) or os.path.expanduser("~")
         self.home = home
-        root = os.path.join(home, "orch-jobs", t["job_id"])
-        self.run_dir = os.path.join(root, "run")
-        self.dir = os.path.join(root, "guard")
-        self.agent_dir = os.path.join(root, "checkpoint-agent")
+        self.job = ("orch-jobs", t["job_id"])
         try:
             st = os.stat(home)
             self.owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 else None
         except OSError:
             self.owner = None
-        make_dirs(self.dir, self.owner)
         self.armed_at = time.time()
         self.idle_since = None
         self.cpu_last = None
         self.problem = None
         self.gpus_busy_at = None  # autostop: when the GPUs were last seen busy
+        self.lease_text = None  # lease.json as last looked at
+        self.accepted = None  # the newest lease that verified (its fields)
+        self.accepted_text = None
+        self.lease_heard_at = None  # when it was read (this node's clock)
+        self.refused = (None, 0.0)  # the last refused lease's reason, when it was logged
+        self.state = self.open_state()
+        try:
+            os.close(open_dir(home, self.job + ("guard",), make=(0o755, self.owner)))
+        except OSError as exc:
+            log(f"guard: could not make the job's guard folder: {exc}")
+
+    def open_state(self):
+        """The guard's own folder, `state/` beside its terms (AWS: /opt/orch-guard/state, root's,
+        0700), out of the job's reach; it keeps the lease in force across restarts. The job's
+        guard/ folder only gets copies of what the guard reports. None: none could be made."""
+        path = os.path.join(os.path.dirname(os.path.abspath(self.terms_path)), "state")
+        try:
+            state = own_dir(path)
+        except OSError as exc:
+            log(f"guard: no state folder {path}: {exc}")
+            return None
+        kept = read_at(state, "lease.json")
+        doc = read_json(kept)
+        if doc is not None and not lease_problem(doc, self.terms.get("lease_key"), self.job[1]):
+            doc.pop("signature", None)
+            self.accepted, self.accepted_text = doc, kept
+        return state
+
+    # --- the job's files (the login user's: never through a symlink) -----------------------
+    def job_read(self, folder, name):
+        try:
+            fd = open_dir(self.home, self.job + (folder,))
+        except OSError:
+            return None
+        try:
+            return read_at(fd, name)
+        finally:
+            os.close(fd)
+
+    def job_stat(self, folder, name=None):
+        try:
+            fd = open_dir(self.home, self.job + (folder,))
+        except OSError:
+            return None
+        try:
+            return os.fstat(fd) if name is None else os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def report(self, name, value):
+        """Write `name` in the guard's state directory and a copy in the job's guard/ folder,
+        given to the login user (the controller reads it there)."""
+        text = json.dumps(value, indent=1, sort_keys=True)
+        if self.state is not None:
+            write_at(self.state, name, text, mode=0o600)
+        fd = open_dir(self.home, self.job + ("guard",), make=(0o755, self.owner))
+        try:
+            write_at(fd, name, text, owner=self.owner)
+        finally:
+            os.close(fd)
 
     # --- what the node says ---------------------------------------------------------------
-    def lease(self):
-        return read_json(os.path.join(self.dir, "lease.json")) or {}
+    def lease(self, now=None):
+        """The newest lease the controller signed for this job: `guard/lease.json` when it
+        verifies and is newer than the one in force, else the one in force ({}: none yet).
+        Whatever else the file holds is logged and ignored."""
+        text = self.job_read("guard", "lease.json")
+        if text is None or text in (self.lease_text, self.accepted_text):
+            return self.accepted or {}
+        self.lease_text = text
+        doc = read_json(text)
+        why = "it is not a JSON object" if doc is None else None
+        why = why or lease_problem(doc, self.terms.get("lease_key"), self.terms["job_id"])
+        if why is None and self.accepted and doc["renewed_at"] <= self.accepted["renewed_at"]:
+            why = "it is not newer than the lease in force (an old lease put back)"
+        if why is not None:
+            at = time.time()
+            if why != self.refused[0] or at - self.refused[1] >= 60:
+                log(f"guard: ignored guard/lease.json: {why}; the lease in force holds")
+                self.refused = (why, at)
+            return self.accepted or {}
+        doc.pop("signature", None)
+        self.accepted, self.accepted_text = doc, text
+        # Heard when written (never later than now: job code may only make it earlier).
+        now = time.time() if now is None else now
+        written = self.job_stat("guard", "lease.json")
+        self.lease_heard_at = now if written is None else min(now, written.st_mtime)
+        if self.state is not None:
+            with contextlib.suppress(OSError):
+                write_at(self.state, "lease.json", text, mode=0o600)
+        return doc
 
     def heard_at(self):
         """When the controller was last heard of: a probe (heartbeat) or a lease renewal."""
-        heard = self.armed_at
-        for path in (os.path.join(self.run_dir, "heartbeat"), os.path.join(self.dir, "lease.json")):
-            with contextlib.suppress(OSError):
-                heard = max(heard, os.stat(path).st_mtime)
-        return heard
+        heard = max(self.armed_at, self.lease_heard_at or 0.0)
+        beat = self.job_stat("run", "heartbeat")
+        return heard if beat is None else max(heard, beat.st_mtime)
 
     def run_leader(self):
         """The pid of the detached run while it trains; None before it starts or once ended."""
-        if os.path.exists(os.path.join(self.run_dir, "exit_code")):
+        if self.job_stat("run", "exit_code") is not None:
             return None
         try:
-            with open(os.path.join(self.run_dir, "pid")) as fh:
-                pid = int(fh.read().strip())
-        except (OSError, ValueError):
+            pid = int((self.job_read("run", "pid") or "").strip())
+        except ValueError:
             return None
         fields = proc_stat(pid)
         if fields is None or fields[0] == "Z":
@@ -296,7 +366,7 @@ class Guard:
     def due(self, now):
         """The first limit reached, as (kind, since, message), or None."""
         t = self.terms
-        lease = self.lease()
+        lease = self.lease(now)
         leader = self.run_leader()
         deadline = lease.get("runtime_deadline", t.get("runtime_deadline"))
         until = lease.get("lease_until", t.get("lease_until"))
@@ -304,7 +374,7 @@ class Guard:
         idle_s = self.idle_for(now, leader) if idle_timeout else 0.0
         # Before the run starts (sync, a checkpoint's restore) only the dead-man applies: those
         # steps block the controller, which cannot renew the lease meanwhile.
-        started = os.path.exists(os.path.join(self.run_dir, "pid"))
+        started = self.job_stat("run", "pid") is not None
         if not started:
             deadline = until = None
         if deadline is not None and now >= deadline:
@@ -372,11 +442,7 @@ class Guard:
             self.stop_run(leader)
         self.wait_for_uploads()
         try:  # read by a local node's poweroff, which keeps it with the node's record
-            write_json(
-                os.path.join(self.dir, DECISION),
-                {"kind": kind, "message": message, "at": time.time()},
-                self.owner,
-            )
+            self.report(DECISION, {"kind": kind, "message": message, "at": time.time()})
         except OSError as exc:
             log(f"guard: could not write its decision: {exc}")
         log("guard: powering off")
@@ -405,11 +471,11 @@ class Guard:
         """With a checkpoint store: until the node's checkpoint agent, which finishes its
         uploads once the run has ended, says it is done (or is gone)."""
         wait = self.terms.get("upload_wait_s") or 0
-        if wait <= 0 or not os.path.isdir(self.agent_dir):
+        if wait <= 0 or self.job_stat("checkpoint-agent") is None:
             return
         deadline = time.time() + wait
         while time.time() < deadline:
-            manifest = read_json(os.path.join(self.agent_dir, "manifest.json")) or {}
+            manifest = read_json(self.job_read("checkpoint-agent", "manifest.json")) or {}
             if manifest.get("done") or not self.agent_running():
                 return
             time.sleep(0.5)
@@ -417,9 +483,8 @@ class Guard:
 
     def agent_running(self):
         try:
-            with open(os.path.join(self.agent_dir, "pid")) as fh:
-                fields = proc_stat(int(fh.read().strip()))
-        except (OSError, ValueError):
+            fields = proc_stat(int((self.job_read("checkpoint-agent", "pid") or "").strip()))
+        except ValueError:
             return False
         return fields is not None and fields[0] != "Z"
 
@@ -453,7 +518,7 @@ class Guard:
         }
         value.update(fields)
         try:
-            write_json(os.path.join(self.dir, "status.json"), value, self.owner)
+            self.report("status.json", value)
         except OSError as exc:
             log(f"guard: could not write its status: {exc}")
 

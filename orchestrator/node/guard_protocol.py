@@ -4,12 +4,17 @@ Pure: the terms document, the lease arithmetic, command text and the cloud-init 
 parser of the guard's status. The guard itself is `orchestrator.node.guard`, sent to a node as
 its file's text. On a node, under the home directory:
 
-    orch-jobs/<job id>/guard/guard.py       the program (local nodes; AWS: /opt/orch-guard/)
+    orch-jobs/<job id>/guard/guard.py       the program, its modules beside it (local nodes;
+                                            AWS: /opt/orch-guard/, root's)
     .../terms.json      the job's limits as of the launch (see `GuardTerms`)
-    .../lease.json      what the controller renews: `runtime_deadline`, `lease_until`
+    .../state/          the guard's own folder, 0700 (AWS: /opt/orch-guard/state/)
+    .../lease.json      what the controller renews (`GuardLease`), signed with the job's key
     .../status.json     written by the guard at arming: its pid and any problem it found
     .../decision.json   the limit it acted on, written before it powers the node off
     .../guard.log       its output (local nodes; AWS: the journal of `orch-guard.service`)
+
+Lease times are written on each node's own clock: `clock_command` (and each renewal) prints
+the node's clock, which the controller reads between sending and receiving (`parse_clock`).
 
 Billing: a node whose guard acts is gone `stop_grace_s` (plus, with a store, the agent's last
 uploads) after the limit, plus the provider's poweroff time. A guard never acts earlier than
@@ -19,22 +24,28 @@ after a limit.
 
 from __future__ import annotations
 
+import ast
 import base64
+import binascii
 import gzip
+import io
 import json
 import math
 import shlex
+import tokenize
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator.node import guard
+from orchestrator.node import guard, guard_seal
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 
 AWS_GUARD_DIR = "/opt/orch-guard"  # where cloud-init writes the program and its terms
 AWS_UNIT = "orch-guard.service"
 ALIVE_MARK = "@@orch-guard-alive"
+CLOCK_MARK = "@@orch-clock"  # followed by the node's clock, ns since the epoch
 AWS_POWEROFF = "shutdown -h now"  # the guard runs as root there; EC2 terminates on shutdown
 
 
@@ -95,6 +106,9 @@ class GuardTerms:
     # hour its other open leases bill); the lease ends when the first runs out at that rate
     # plus this launch's nodes.
     shared_budgets: tuple[tuple[Decimal, Decimal], ...] = ()
+    # The public half of the key that signs the leases (OpenSSH `ssh-ed25519 ...`); None: the
+    # guard accepts no lease, and the terms' own limits hold.
+    lease_key: str | None = None
 
     def for_node(
         self,
@@ -126,6 +140,7 @@ class GuardTerms:
             poweroff=poweroff,
             home=home,
             user=user,
+            lease_key=raw_public_key(self.lease_key) if self.lease_key else None,
         )
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -161,47 +176,139 @@ def lease_until(
     return now + timedelta(seconds=max(0.0, math.floor(seconds * 1000) / 1000))
 
 
-def lease_document(
-    *,
-    now: datetime,
-    runtime_deadline: datetime | None,
-    lease_until: datetime | None,
-    idle_timeout_s: float | None = None,
-    job_limits: bool = False,
-    autostop_s: float | None = None,
-) -> str:
-    """What the controller writes to `lease.json` at each budget check. With `job_limits`
-    (nodes of a kept cluster, which serve one job after another) it carries the job's idle
-    timeout and the cluster's autostop too, so that no job's limit outlives it on the node
-    and the latest submit's autostop holds."""
-    doc: dict[str, float | None] = {
-        "renewed_at": now.timestamp(),
-        "runtime_deadline": epoch(runtime_deadline),
-        "lease_until": epoch(lease_until),
-    }
-    if job_limits:
-        doc["idle_timeout_s"] = idle_timeout_s
-        doc["autostop_s"] = autostop_s
-    return json.dumps(doc, sort_keys=True) + "\n"
+@dataclass(frozen=True)
+class GuardLease:
+    """What the controller grants the guards at each budget check, on its own clock. With
+    `job_limits` (nodes of a kept cluster, which serve one job after another) it carries the
+    job's idle timeout and the cluster's autostop too, so that no job's limit outlives it on
+    the node and the latest submit's autostop holds."""
+
+    renewed_at: datetime
+    runtime_deadline: datetime | None
+    lease_until: datetime | None
+    idle_timeout_s: float | None = None
+    job_limits: bool = False
+    autostop_s: float | None = None
+
+    def fields(self, job_id: str, clock_offset_s: float) -> dict[str, object]:
+        """The lease as a node whose clock is `clock_offset_s` ahead of the controller's reads
+        it: its times on the node's clock."""
+
+        def on_node(when: datetime | None) -> float | None:
+            return None if when is None else when.timestamp() + clock_offset_s
+
+        doc: dict[str, object] = {
+            "job_id": job_id,
+            "renewed_at": on_node(self.renewed_at),
+            "runtime_deadline": on_node(self.runtime_deadline),
+            "lease_until": on_node(self.lease_until),
+        }
+        if self.job_limits:
+            doc["idle_timeout_s"] = self.idle_timeout_s
+            doc["autostop_s"] = self.autostop_s
+        return doc
+
+    def for_node(
+        self, *, job_id: str, clock_offset_s: float, sign: Callable[[bytes], bytes]
+    ) -> str:
+        """The `lease.json` of one node: `fields`, and `signature`, what `sign` (the job key's
+        Ed25519 signing) makes of them (`guard_seal.canonical`)."""
+        doc = self.fields(job_id, clock_offset_s)
+        signature = base64.b64encode(sign(guard_seal.canonical(doc))).decode()
+        return json.dumps({**doc, "signature": signature}, sort_keys=True) + "\n"
 
 
-def cleared_lease(now: datetime, autostop_s: float | None) -> str:
+def cleared_lease(now: datetime, autostop_s: float | None) -> GuardLease:
     """The lease of a kept cluster between jobs: no job, so no job's limit; its autostop
     (None: never) runs from `now` (the renewal is the controller last heard from)."""
-    return lease_document(
-        now=now, runtime_deadline=None, lease_until=None, idle_timeout_s=None,
-        job_limits=True, autostop_s=autostop_s,
+    return GuardLease(
+        renewed_at=now, runtime_deadline=None, lease_until=None, job_limits=True,
+        autostop_s=autostop_s,
     )  # fmt: skip
 
 
-def guard_source() -> str:
-    """The guard program, as it is sent to the nodes."""
-    return Path(guard.__file__).read_text()
+def raw_public_key(openssh: str) -> str:
+    """Base64 of the 32 raw bytes of an OpenSSH `ssh-ed25519 AAAA...` public key line (what
+    the guard verifies with); ValueError for anything else."""
+    fields = openssh.split()
+    try:
+        blob = base64.b64decode(fields[1], validate=True)
+    except (IndexError, binascii.Error) as exc:
+        raise ValueError(f"not an OpenSSH public key: {openssh[:40]!r}") from exc
+    parts: list[bytes] = []
+    while blob and len(parts) < 3:
+        size = int.from_bytes(blob[:4], "big")
+        parts.append(blob[4 : 4 + size])
+        blob = blob[4 + size :]
+    if fields[0] != "ssh-ed25519" or len(parts) != 2 or parts[0] != b"ssh-ed25519" or blob:
+        raise ValueError(f"not an ssh-ed25519 public key: {openssh[:40]!r}")
+    if len(parts[1]) != 32:
+        raise ValueError("an ssh-ed25519 public key has 32 bytes")
+    return base64.b64encode(parts[1]).decode()
+
+
+def guard_program() -> dict[str, str]:
+    """The guard program as it is sent to the nodes: file name -> text (`guard.py`, which is
+    run, and the modules it imports from beside it), each without its comments and
+    docstrings (`compact_source`): all of it travels in an EC2 node's user data."""
+    folder = Path(guard.__file__).parent
+    names = ("guard.py", *guard.MODULES)
+    return {name: compact_source((folder / name).read_text()) for name in names}
+
+
+def compact_source(source: str) -> str:
+    """Python `source` without its comments, and with every docstring cut to `""`: the same
+    program, half the size."""
+    lines = source.splitlines(keepends=True)
+    cuts: list[tuple[tuple[int, int], tuple[int, int], str]] = []
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not isinstance(node, _DOCUMENTED) or not body:
+            continue
+        first = body[0]
+        value = first.value if isinstance(first, ast.Expr) else None
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            start = (first.lineno, _column(lines, first.lineno, first.col_offset))
+            end_row = first.end_lineno or first.lineno
+            end = (end_row, _column(lines, end_row, first.end_col_offset or 0))
+            cuts.append((start, end, '""'))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            cuts.append((token.start, token.end, ""))
+    for (row, col), (end_row, end_col), text in sorted(cuts, reverse=True):
+        head = lines[row - 1][:col] + text if text else lines[row - 1][:col].rstrip(" ")
+        lines[row - 1 : end_row] = [head + lines[end_row - 1][end_col:]]
+    return "".join(lines)
+
+
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _column(lines: list[str], row: int, byte_offset: int) -> int:
+    """The character column of `ast`'s UTF-8 `byte_offset` in line `row`."""
+    return len(lines[row - 1].encode()[:byte_offset].decode())
 
 
 def renew_command(layout: GuardLayout) -> str:
-    """Write the lease (stdin: `lease_document(...)`) atomically."""
-    return write_file_command(layout.lease, "0644")
+    """Write the lease (stdin: `GuardLease.for_node(...)`) atomically, then print the node's
+    clock (`parse_clock`)."""
+    return f"{write_file_command(layout.lease, '0644')} && {clock_command()}"
+
+
+def clock_command() -> str:
+    """Print the node's clock as `CLOCK_MARK <ns since the epoch>`."""
+    return f'echo "{CLOCK_MARK} $(date +%s%N)"'
+
+
+def parse_clock(output: str, sent_ns: int, received_ns: int) -> float | None:
+    """The node's clock minus the controller's, in seconds, from a command's output read
+    between `sent_ns` and `received_ns` (the controller's clock): the node's clock is taken to
+    have been read half way. None when the output has no clock line."""
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == CLOCK_MARK and parts[1].isdigit():
+            return (int(parts[1]) - (sent_ns + received_ns) // 2) / 1e9
+    return None
 
 
 def status_command(layout: GuardLayout) -> str:
@@ -271,14 +378,18 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
         f"setsid nohup python3 -u {AWS_GUARD_DIR}/guard.py {AWS_GUARD_DIR}/terms.json "
         f">> {AWS_GUARD_DIR}/guard.log 2>&1 < /dev/null &"
     )
+    program = [
+        {
+            "path": f"{AWS_GUARD_DIR}/{name}",
+            "permissions": "0755" if name == "guard.py" else "0644",
+            "encoding": "gz+b64",  # EC2 takes at most 16 KiB of user data
+            "content": base64.b64encode(gzip.compress(text.encode(), 9)).decode(),
+        }
+        for name, text in guard_program().items()
+    ]
     return {
         "write_files": [
-            {
-                "path": f"{AWS_GUARD_DIR}/guard.py",
-                "permissions": "0755",
-                "encoding": "gz+b64",  # EC2 takes at most 16 KiB of user data
-                "content": base64.b64encode(gzip.compress(guard_source().encode(), 9)).decode(),
-            },
+            *program,
             {
                 "path": f"{AWS_GUARD_DIR}/terms.json",
                 "permissions": "0644",

@@ -142,6 +142,23 @@ def remote_path(path: str) -> str:
     return path
 
 
+PULL_OPTIONS = (
+    "--recursive",
+    "--times",
+    "--no-links",
+    "--no-perms",
+    "--no-owner",
+    "--no-group",
+    "--no-devices",
+    "--no-specials",
+    "--chmod=D0700,F0600",
+)
+"""How rsync copies from a node (or a controller host), which are not trusted, into
+ORCH_HOME: regular files and folders only, owned by whoever runs orch, 0600 and 0700. A
+symlink, a device, a FIFO or a socket on the node does not arrive at all, and neither do its
+owners or its setuid, setgid and sticky bits (`-a`, run as root, would keep them all)."""
+
+
 def rsync_argv(
     sources: Sequence[str],
     destination: str,
@@ -149,11 +166,13 @@ def rsync_argv(
     transport: Sequence[str],
     delete: bool = False,
     extra: Sequence[str] = (),
+    modes: Sequence[str] = ("-a",),
 ) -> list[str]:
-    """argv for one rsync run. `sources`/`destination` are rsync paths (`host:path` remote)."""
+    """argv for one rsync run. `sources`/`destination` are rsync paths (`host:path` remote);
+    `modes` says what of each file is copied (`-a`: everything; pulls: `PULL_OPTIONS`)."""
     # --protect-args: file names travel inside rsync's protocol, never through the node's
     # shell, whatever the local rsync's default (older ones pass them to the remote shell).
-    argv = ["rsync", "-a", "--partial", "--protect-args", "-e", shlex.join(transport)]
+    argv = ["rsync", *modes, "--partial", "--protect-args", "-e", shlex.join(transport)]
     if delete:
         argv.append("--delete")
     argv.extend(extra)
@@ -211,7 +230,7 @@ def pull_argv(
     connect_timeout: int = 10,
 ) -> list[str]:
     """rsync argv pulling `remote_dir` (or just the files listed, each ended by NUL, in the
-    local file `files_from`) from a node into `local`."""
+    local file `files_from`) from a node into `local`: its regular files only (`PULL_OPTIONS`)."""
     extra = ["--mkpath"]
     if files_from is not None:
         extra += [f"--files-from={files_from}", "--from0"]
@@ -221,6 +240,7 @@ def pull_argv(
         f"{local}/",
         transport=ssh_transport_argv(address, identity, connect_timeout),
         extra=extra,
+        modes=PULL_OPTIONS,
     )
 
 
@@ -232,12 +252,14 @@ def pull_file_argv(
     *,
     connect_timeout: int = 10,
 ) -> list[str]:
-    """rsync argv copying one remote file to `local_file` (its directory is created)."""
+    """rsync argv copying one remote file to `local_file` (its directory is created), as a
+    plain file of ours (`PULL_OPTIONS`)."""
     return rsync_argv(
         [f"{address.user}@{_host(address)}:{remote_path(remote_file)}"],
         str(local_file),
         transport=ssh_transport_argv(address, identity, connect_timeout),
         extra=["--mkpath"],
+        modes=PULL_OPTIONS,
     )
 
 

@@ -3,7 +3,10 @@
 Each budget check under the cap writes a fresh lease to every node that answers: the run's
 deadline and the time until which what is left of `max_cost_usd` pays for the open leases at
 the prices the ledger recorded at launch, less the time a stop takes. The expected times are
-worked out here from the ledger's leases, independently of `lease_until`.
+worked out here from the ledger's leases, independently of `lease_until`. Each node's lease
+is on that node's clock, as the controller measured it (here the nodes share ours, give or
+take the measurement): the times are compared on the controller's clock, less the offset
+each lease was written with.
 """
 
 from __future__ import annotations
@@ -81,17 +84,28 @@ class Controller:
             ledger=self.ledger, provider=cast(Provider, None), reporter=SilentReporter(),
             options=OPTIONS,
         )  # fmt: skip
+        self.parts = parts
         self.supervisor = Supervisor(parts, lambda metrics: None)
         self.attempt = Attempt(cluster.instances, cluster)
         self.attempt.read(f"rm -rf {home_expr(GuardLayout(JOB_ID).root)}")  # no lease yet
 
     def check_budget(self) -> list[dict]:
-        """One budget check; returns the lease each node holds afterwards, by rank."""
+        """One budget check; returns the lease each node holds afterwards, by rank, its times
+        on the controller's clock."""
         assert self.supervisor.check_budget(self.attempt) is None  # under the cap
         path = home_expr(GuardLayout(JOB_ID).lease)
         held = self.attempt.read(f"cat {path} 2>/dev/null")
         assert all(held), f"nodes without a lease: {[r for r, text in enumerate(held) if not text]}"
-        return [json.loads(text) for text in held]
+        leases = []
+        for instance, text in zip(self.attempt.instances, held, strict=True):
+            doc = json.loads(text)
+            assert doc.pop("job_id") == JOB_ID and doc.pop("signature")
+            offset = self.parts.guards.lease_offsets[instance.instance_id]
+            assert abs(offset) < 5, "the nodes run on this machine's clock"
+            for name in ("renewed_at", "runtime_deadline", "lease_until"):
+                doc[name] = None if doc[name] is None else doc[name] - offset
+            leases.append(doc)
+        return leases
 
     def budget_buys_until(self, at: float) -> float:
         """Until when the rest of the budget at time `at` pays for the open leases, less the
@@ -119,7 +133,7 @@ def test_each_budget_check_renews_the_nodes_lease_within_what_the_budget_buys(
 
     before = utcnow().timestamp()
     first = controller.check_budget()
-    assert first[0] == first[1], "every node gets the same lease"
+    assert first[0] == pytest.approx(first[1], abs=1e-5), "every node gets the same lease"
     lease = first[0]
     assert before <= lease["renewed_at"] <= utcnow().timestamp()
     assert lease["runtime_deadline"] == pytest.approx(deadline, abs=1e-3)
@@ -138,7 +152,7 @@ def test_each_budget_check_renews_the_nodes_lease_within_what_the_budget_buys(
         )
     )  # fmt: skip
     second = controller.check_budget()
-    assert second[0] == second[1]
+    assert second[0] == pytest.approx(second[1], abs=1e-5)
     lease = second[0]
     assert lease["renewed_at"] > first[0]["renewed_at"]
     until = controller.budget_buys_until(lease["renewed_at"])
@@ -157,19 +171,26 @@ def test_each_budget_check_renews_the_nodes_lease_within_what_the_budget_buys(
     assert until - SLACK_S <= lease["lease_until"] <= until
     assert lease["lease_until"] > second[0]["lease_until"] + 4000
     assert lease["runtime_deadline"] == pytest.approx(deadline, abs=1e-3)
-    assert third[1] == second[0]
+    assert third[1] == second[1]
 
 
 def test_the_guard_reads_the_lease_where_the_controller_writes_it(
     tmp_path: Path, ledger: Ledger, cluster: Cluster
 ) -> None:
-    """The node's guard, given the node's home, finds the renewed lease as its own."""
+    """The node's guard, given the node's home and the job's key, finds the renewed lease as
+    its own."""
     controller = Controller(tmp_path, ledger, cluster)
-    written = controller.check_budget()[0]
+    controller.check_budget()
+    path = home_expr(GuardLayout(JOB_ID).lease)
+    written = json.loads(controller.attempt.read(f"cat {path}")[0])
     home = controller.attempt.read("echo $HOME")[0].strip()
     assert Path(home).is_dir(), f"node 0's home {home} is not visible here"
     terms = tmp_path / "terms.json"
-    terms.write_text(json.dumps({"job_id": JOB_ID, "home": home}))
+    document = controller.parts.guards.terms(0.0).for_node(
+        now=utcnow(), hourly_usd=PRICE, poweroff="true", home=home
+    )
+    terms.write_text(document)
+    del written["signature"]
     assert guard.Guard(str(terms)).lease() == written
 
 

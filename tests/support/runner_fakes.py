@@ -16,7 +16,7 @@ from typing import Any, cast
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
-from orchestrator.control.attempt import Attempt
+from orchestrator.control.attempt import Answer, Attempt
 from orchestrator.control.options import RunnerOptions, SilentReporter
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.runner import JobRunner
@@ -147,8 +147,10 @@ class FakeAttempt(Attempt):
     def read(self, command: str) -> list[str]:
         return []
 
-    def renew(self, command: str, document: str) -> None:
-        pass
+    def each_node(
+        self, command: str, stdin: Callable[[int], str] | None = None
+    ) -> dict[int, Answer]:
+        return {}
 
     def stop_trainers(self, layout: launch.NodeLayout, grace_s: float) -> None:
         self.stops.append(grace_s)

@@ -177,7 +177,8 @@ def guards_of(ledger: Ledger, reporter: Lines) -> Guards:
         )
     )  # fmt: skip
     journal = Journal(job, ledger, reporter)
-    return Guards(journal, spec, RunnerOptions(), cast(Provider, None), reporter)
+    keys = Path(str(ledger.engine.url.database)).parent / "keys"
+    return Guards(journal, spec, RunnerOptions(), cast(Provider, None), reporter, keys=keys)
 
 
 def test_a_guard_that_cannot_power_off_is_a_warning_event_and_a_warning_line(

@@ -6,6 +6,7 @@ process is signalled and nothing is powered off (its `act` is not called).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -21,13 +22,16 @@ from orchestrator.control.stop_rules import guard_limit_at
 from orchestrator.node import guard
 from orchestrator.node.guard_protocol import (
     GuardLayout,
+    GuardLease,
     GuardTerms,
     cloud_init_parts,
-    lease_document,
+    compact_source,
+    guard_program,
     lease_until,
     parse_status,
 )
 from orchestrator.providers.aws.launch import new_host_key, user_data
+from tests.support.guard_keys import LeaseKey
 
 NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
 
@@ -90,6 +94,21 @@ def test_cloud_init_arms_the_guard_as_a_unit_within_ec2s_user_data_limit() -> No
     assert set(cloud_init_parts(document)) == {"write_files", "runcmd"}
 
 
+def test_the_program_sent_to_nodes_is_the_same_code_without_comments_or_docstrings() -> None:
+    folder = Path(guard.__file__).parent
+    for name, shipped in guard_program().items():
+        tree = ast.parse((folder / name).read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body:
+                first = body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    first.value.value = ""
+        assert ast.dump(ast.parse(shipped)) == ast.dump(tree), name
+    text = 'x = "# not a comment"  # a comment\ndef f():\n    """Doc."""\n    return "kept"\n'
+    assert compact_source(text) == 'x = "# not a comment"\ndef f():\n    ""\n    return "kept"\n'
+
+
 def test_the_status_parser_trusts_only_the_guards_json() -> None:
     alive = parse_status('{"pid": 12, "problem": null}\n@@orch-guard-alive\n')
     assert alive.armed and alive.problem is None
@@ -139,13 +158,15 @@ def test_a_sync_in_progress_counts_as_a_live_controller(tmp_path: Path) -> None:
 
 
 class Node:
-    """A job's files on a node, in a temporary home, and the guard reading them."""
+    """A job's files on a node, in a temporary home, and the guard reading them; `lease`
+    writes a lease as the controller does, signed with the key the terms name."""
 
     def __init__(self, home: Path, **overrides: object) -> None:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.layout = GuardLayout("j-1")
-        doc = terms(**overrides).for_node(
+        self.key = LeaseKey()
+        doc = terms(lease_key=self.key.public_line, **overrides).for_node(
             now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true", home=str(home)
         )
         self.terms = home / "terms.json"
@@ -165,7 +186,13 @@ class Node:
         self.guard.armed_at = when  # armed before that
 
     def lease(self, **fields: object) -> None:
-        (self.home / self.layout.lease).write_text(json.dumps(fields))
+        """A lease of `fields` renewed now (any `renewed_at` or `job_id` given is replaced),
+        as a file written a minute ago."""
+        fields = {k: v for k, v in fields.items() if k not in ("renewed_at", "job_id")}
+        self.write_lease(self.key.signed("j-1", **fields))
+
+    def write_lease(self, text: str) -> None:
+        (self.home / self.layout.lease).write_text(text)
         when = time.time() - 60  # written a minute ago
         os.utime(self.home / self.layout.lease, (when, when))
 
@@ -227,14 +254,14 @@ def test_idle_counts_only_readings_below_the_threshold(tmp_path: Path) -> None:
     assert g._idle_clock(113.0, None) == 0.0
 
 
-def test_the_lease_document_carries_what_the_guard_reads(tmp_path: Path) -> None:
-    doc = json.loads(
-        lease_document(now=NOW, runtime_deadline=None, lease_until=NOW + timedelta(seconds=5))
-    )
-    assert doc == {
-        "renewed_at": NOW.timestamp(),
+def test_the_lease_carries_what_the_guard_reads_on_the_nodes_clock() -> None:
+    until = NOW + timedelta(seconds=5)
+    lease = GuardLease(renewed_at=NOW, runtime_deadline=None, lease_until=until)
+    assert lease.fields("j-1", clock_offset_s=-2.5) == {
+        "job_id": "j-1",
+        "renewed_at": NOW.timestamp() - 2.5,
         "runtime_deadline": None,
-        "lease_until": NOW.timestamp() + 5,
+        "lease_until": NOW.timestamp() + 2.5,
     }
 
 

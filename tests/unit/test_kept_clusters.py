@@ -4,7 +4,6 @@ cluster, the flags, and the guard's autostop."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -29,7 +28,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import DOWN, Clusters, autostop_left
 from orchestrator.ledger.store import Job, Lease, Ledger, lease_cost, make_engine
 from orchestrator.node import guard
-from orchestrator.node.guard_protocol import cleared_lease, lease_document
+from orchestrator.node.guard_protocol import GuardLease, cleared_lease
 from orchestrator.node.launch import NodeLayout, reset_command, setup_lines
 from orchestrator.report.clusters import cluster_document
 from orchestrator.report.documents import cost_document
@@ -332,7 +331,7 @@ def test_the_reset_for_the_next_job_counts_as_the_controller_heard(
     the guard with nothing newer than the last job's release to go by."""
     monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: [0.0])
     node = Node(tmp_path, deadman_s=60.0, autostop=True)
-    node.lease(**json.loads(cleared_lease(T0, 60.0)))  # the last job let go a minute ago
+    node.lease(**cleared_lease(T0, 60.0).fields("j-1", 0.0))  # the last job let go a minute ago
     node.heartbeat(age_s=59)  # the new controller's first probe, a minute ago too
     now = time.time()
     assert node.guard.due(now) is None  # 59 s of 60
@@ -350,26 +349,24 @@ def test_the_controllers_cleared_lease_sets_the_autostop_and_drops_the_jobs_limi
     monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: [0.0])
     node = Node(tmp_path, deadman_s=60.0, autostop=True, idle_timeout_s=5.0)
     node.heartbeat(age_s=3600)
-    doc = json.loads(cleared_lease(T0, None))
+    doc = cleared_lease(T0, None).fields("j-1", 0.0)
     assert doc["lease_until"] is None and doc["runtime_deadline"] is None
     assert doc["idle_timeout_s"] is None
     node.lease(**doc)
     assert node.guard.due(time.time() + 86_400) is None  # autostop never
-    node.lease(**json.loads(cleared_lease(T0, 30.0)))  # written a minute ago
+    node.lease(**cleared_lease(T0, 30.0).fields("j-1", 0.0))  # written a minute ago
     assert node.guard.due(time.time())[0] == "autostop"
 
 
 def test_a_jobs_lease_on_a_kept_node_carries_its_own_idle_timeout_and_the_autostop() -> None:
-    doc = json.loads(
-        lease_document(
-            now=T0,
-            runtime_deadline=None,
-            lease_until=None,
-            idle_timeout_s=300.0,
-            job_limits=True,
-            autostop_s=600.0,
-        )  # fmt: skip
-    )
+    doc = GuardLease(
+        renewed_at=T0,
+        runtime_deadline=None,
+        lease_until=None,
+        idle_timeout_s=300.0,
+        job_limits=True,
+        autostop_s=600.0,
+    ).fields("j-1", 0.0)
     assert doc["idle_timeout_s"] == 300.0 and doc["autostop_s"] == 600.0
-    plain = json.loads(lease_document(now=T0, runtime_deadline=None, lease_until=None))
+    plain = GuardLease(renewed_at=T0, runtime_deadline=None, lease_until=None).fields("j-1", 0.0)
     assert "idle_timeout_s" not in plain and "autostop_s" not in plain

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.node import launch
+from tests.support.waiting import wait_until
 
 
 def cluster(**overrides: object) -> launch.ClusterLaunch:
@@ -237,3 +239,41 @@ def test_the_documented_accelerate_and_deepspeed_runs_get_the_cluster_s_rendezvo
     ]  # fmt: skip
     assert deepspeed[7:9] == ["--master_port", "29500"]
     assert (tmp_path / "hostfile").read_text() == "10.213.0.2 slots=2\n10.213.0.3 slots=2\n"
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_script_is_never_readable_by_others_while_it_is_written(
+    tmp_path: Path, planted: bool
+) -> None:
+    """`write_file_command` (launch.sh holds the spec's env values, secrets among them): the
+    text goes into a file only its owner can read, which gets the script's mode once whole.
+    A symlink left where the file is written is not followed."""
+    run = tmp_path / "home/orch-jobs/j/run"
+    run.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("untouched")
+    if planted:
+        (run / "launch.sh.tmp").symlink_to(elsewhere)
+    writer = subprocess.Popen(
+        ["bash", "-c", launch.write_file_command("orch-jobs/j/run/launch.sh", "0700")],
+        stdin=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path / "home")}, umask=0o022,
+    )  # fmt: skip
+    assert writer.stdin is not None
+    writer.stdin.write(b"export SECRET=hunter2\n")
+    writer.stdin.flush()  # half written: the writer waits for the rest
+
+    def being_written() -> list[Path]:
+        return [p for p in run.iterdir() if not p.is_symlink() and p.stat().st_size > 0]
+
+    try:
+        wait_until(being_written, "the script half written in its folder", timeout=10)
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in being_written()}
+        assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+    finally:
+        writer.stdin.close()
+        assert writer.wait(timeout=10) == 0
+    script = run / "launch.sh"
+    assert script.read_text() == "export SECRET=hunter2\n"
+    assert stat.S_IMODE(script.stat().st_mode) == 0o700
+    assert elsewhere.read_text() == "untouched"
+    assert sorted(p.name for p in run.iterdir()) == ["launch.sh"] + ["launch.sh.tmp"] * planted

@@ -290,7 +290,7 @@ def test_cloud_config_write_files_and_runcmd_as_cloud_init_reads_them(tmp_path: 
     import base64
     import gzip
 
-    from orchestrator.node.guard_protocol import GuardTerms
+    from orchestrator.node.guard_protocol import GuardTerms, guard_program
 
     terms = GuardTerms("j", 1, 10, 100, 600, 5, 0, 5, 10).for_node(
         now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="shutdown -h now", user="ubuntu"
@@ -299,7 +299,9 @@ def test_cloud_config_write_files_and_runcmd_as_cloud_init_reads_them(tmp_path: 
     files = {f.path: f for f in config.write_files}
     assert files["/opt/orch-guard/terms.json"].content.decode() == terms
     program = files["/opt/orch-guard/guard.py"]
-    assert program.mode == 0o755 and program.content.startswith(b'"""The guard of a node')
+    shipped = guard_program()
+    assert program.mode == 0o755 and program.content == shipped["guard.py"].encode()
+    assert files["/opt/orch-guard/guard_seal.py"].content == shipped["guard_seal.py"].encode()
     assert "systemctl enable --now orch-guard.service" in config.runcmd[0]
     packed = base64.b64encode(gzip.compress(b"x")).decode()
     odd = hostnet.parse_cloud_config(

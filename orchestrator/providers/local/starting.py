@@ -34,7 +34,7 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import ProviderError
-from orchestrator.node.guard_protocol import GuardLayout, guard_source, local_boot_command
+from orchestrator.node.guard_protocol import GuardLayout, guard_program, local_boot_command
 from orchestrator.providers.base import LaunchRequest, Market
 from orchestrator.providers.local import net
 from orchestrator.providers.local.host import answers_ssh, pid_alive, run_checked
@@ -122,7 +122,8 @@ class NodeStarter:
         layout = GuardLayout(request.job_id)
         disk = self.store.node_dir(rec.instance_id) / "disk"
         (disk / layout.root).mkdir(parents=True, exist_ok=True)
-        (disk / layout.program).write_text(guard_source())
+        for name, text in guard_program().items():
+            (disk / layout.root / name).write_text(text)
         (disk / layout.terms).write_text(
             request.guard.for_node(
                 now=datetime.now(UTC),

@@ -1,0 +1,128 @@
+"""What the node's guard reads and writes, never through a symlink.
+
+Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+library only, Python 3.8 or newer. A guard that runs as root reads and writes in folders the
+login user (and so the job's code) owns: every part of such a path is opened with
+O_NOFOLLOW from a folder the guard trusts, every file it reads must be a regular one (a FIFO
+or a device would block or flood it) and is read up to a bound, and every file it writes is
+a new one (O_EXCL) given to its owner through its descriptor and renamed into place. Its own
+state lives in a folder of its user's, mode 0700.
+"""
+
+import binascii
+import contextlib
+import errno
+import json
+import os
+import stat
+
+READ_LIMIT = 1 << 20  # bytes the guard reads of any file at most
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(base, parts=(), make=None):
+    """A descriptor of the directory `base`/`parts`..., opened one part at a time, never
+    through a symlink (`base` itself is trusted: the home passwd or the terms name). With
+    `make` = (mode, owner) a missing part is made and, where it is not `owner`'s, given to
+    it through its descriptor (owner None: left as made); without, it raises OSError."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if make is None:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, make[0], dir_fd=fd)
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                st = os.fstat(child)
+                if make[1] is not None and (st.st_uid, st.st_gid) != tuple(make[1]):
+                    os.fchown(child, make[1][0], make[1][1])
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(dir_fd, name):
+    """The text of the regular file `name` in `dir_fd` (at most READ_LIMIT bytes), opened
+    without following a symlink or waiting on a FIFO; None when missing or not a file."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size < READ_LIMIT:
+            chunk = os.read(fd, READ_LIMIT - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_at(dir_fd, name, text, owner=None, mode=0o644):
+    """Replace `name` in `dir_fd` by `text`: written to a new file of a random name (O_EXCL:
+    never an existing file or a symlink), given to `owner` through its descriptor, then
+    renamed over `name` within the same directory."""
+    tmp = f".{name}.{binascii.hexlify(os.urandom(8)).decode()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+    try:
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fchmod(fd, mode)
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def own_dir(path):
+    """A descriptor of the guard's own state directory `path`, made 0700 when missing; one
+    that is a symlink, or not the guard's user's, is refused (OSError)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fd = os.open(path, DIR_FLAGS)
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path} belongs to another user")
+    os.fchmod(fd, 0o700)
+    return fd
+
+
+def read_json(text):
+    try:
+        value = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_terms(path):
+    """The terms document at `path` (its directory is the guard's: root's on AWS)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        return read_json(read_at(fd, os.path.basename(path)))
+    finally:
+        os.close(fd)
