@@ -109,9 +109,11 @@ def own_dir(path):
 
 
 def read_json(text):
+    """The JSON object `text` holds; None for anything else (deep nesting included, which
+    job code could write to make the parser raise RecursionError)."""
     try:
         value = json.loads(text) if text is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -336,7 +336,7 @@ def parse_status(output: str) -> GuardStatus:
     alive = ALIVE_MARK in lines
     try:
         doc = json.loads("\n".join(line for line in lines if line != ALIVE_MARK) or "null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's depth
         doc = None
     if not isinstance(doc, dict):
         return GuardStatus(armed=False, problem=None)

@@ -43,7 +43,7 @@ def _json_object(text: str) -> dict | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's depth
         return None
     return data if isinstance(data, dict) else None
 

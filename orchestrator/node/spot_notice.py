@@ -94,7 +94,7 @@ def parse_poller_line(line: str) -> PollerLine:
     if word == "notice":
         try:
             document = json.loads(rest)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting past the parser's depth
             return PollerLine("garbage", detail=text[:200])
         if isinstance(document, dict):
             return PollerLine(

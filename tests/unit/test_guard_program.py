@@ -116,6 +116,7 @@ def test_the_status_parser_trusts_only_the_guards_json() -> None:
     assert not dead.armed and dead.problem == "sudo asks for a password"
     assert parse_status("garbage\n@@orch-guard-alive") == parse_status("")
     assert not parse_status("").armed
+    assert parse_status("[" * 200_000 + "\n@@orch-guard-alive") == parse_status("")
 
 
 def test_the_guard_finds_the_program_behind_env_and_setsid() -> None:

@@ -140,3 +140,14 @@ def test_a_guard_without_a_lease_key_takes_no_lease(tmp_path: Path) -> None:
     node.guard = guard.Guard(str(node.terms))
     node.lease(runtime_deadline=FAR, lease_until=FAR)
     assert node.guard.due(time.time())[0] == "max_runtime"
+
+
+def test_a_lease_nested_past_the_parsers_depth_is_refused_and_the_guard_goes_on(
+    tmp_path: Path,
+) -> None:
+    node = guarded(tmp_path)
+    node.lease(runtime_deadline=FAR, lease_until=FAR)
+    in_force = node.guard.lease()
+    assert in_force["lease_until"] == FAR
+    node.write_lease("[" * 200_000)  # json.loads raises RecursionError on it, not ValueError
+    assert node.guard.lease() == in_force

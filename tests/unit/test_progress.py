@@ -28,6 +28,12 @@ def test_metrics_parsing_is_strict_about_step() -> None:
     assert parse_metrics('{"step": 3, "loss": "nan?"}').loss is None  # type: ignore[union-attr]
 
 
+def test_a_line_nested_past_the_parsers_depth_is_no_progress() -> None:
+    # A rank's line (cut at 64 KiB by the reader) can nest deeper than json's recursion limit,
+    # which raises RecursionError, not ValueError: the run watch must read on.
+    assert parse_metrics('{"a": ' * 30_000) is None
+
+
 def test_rank_lines_filters_one_local_rank() -> None:
     log = "[default0]:a\n[default1]:b\ntorchrun says\n[default0]:c\n"
     assert rank_lines(log, 0) == ["a", "c"]

@@ -27,6 +27,7 @@ NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 
 def test_poller_lines_are_read_and_garbage_is_not_an_error() -> None:
     assert parse_poller_line("ready\n").kind == "ready"
+    assert parse_poller_line("notice " + "[" * 200_000).kind == "garbage"  # past json's depth
     line = parse_poller_line('notice {"action": "terminate", "time": "2026-11-30T10:02:00Z"}')
     assert line.kind == "notice" and line.notice is not None
     assert line.notice.action == "terminate"

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
-from orchestrator.node import guard
+from orchestrator.node import guard, guard_files
 from orchestrator.providers.base import (
     CloudIdentity,
     Instance,
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from orchestrator.providers.plan import DryRun
     from orchestrator.spec.model import Budget
 
+DECISION_CHARS = 500  # of each field of a guard's decision a node's disk can hand the ledger
 HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
 
 
@@ -241,14 +242,28 @@ class LocalProvider:
         return ended
 
     def guard_decision(self, instance_id: str) -> dict[str, str]:
-        """What the node's guard wrote before it asked for the poweroff ({} if nothing)."""
+        """What the node's guard wrote before it asked for the poweroff ({} if nothing).
+
+        The node's disk is its job's to write: the file is read without following a link
+        (`guard_files`), up to a bound, and its two fields are cut to `DECISION_CHARS`."""
         disk = self.store.node_dir(instance_id) / "disk"
-        for path in sorted(disk.glob(f"orch-jobs/*/guard/{guard.DECISION}")):
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(path.read_text())
-                if isinstance(doc, dict):
-                    kind, message = doc.get("kind", ""), doc.get("message", "")
-                    return {"kind": str(kind), "message": str(message)}
+        try:
+            jobs = sorted(e.name for e in os.scandir(disk / "orch-jobs") if not e.is_symlink())
+        except OSError:
+            return {}
+        for job in jobs:
+            try:
+                folder = guard_files.open_dir(str(disk), ("orch-jobs", job, "guard"))
+            except OSError:
+                continue
+            try:
+                doc = guard_files.read_json(guard_files.read_at(folder, guard.DECISION) or "")
+            finally:
+                os.close(folder)
+            if isinstance(doc, dict):
+                kind, message = doc.get("kind", ""), doc.get("message", "")
+                return {"kind": str(kind)[:DECISION_CHARS],
+                        "message": str(message)[:DECISION_CHARS]}  # fmt: skip
         return {}
 
     def record_self_end(self, instance_id: str, at: datetime, decision: dict[str, str]) -> None:
