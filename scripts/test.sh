@@ -3,13 +3,14 @@
 # except the long soak trials, which `scripts/soak.sh` (`make soak`) runs; each of those has a
 # short version here.
 #
-# Two pytest runs go side by side. The e2e tests run one at a time, as they must: each starts
-# real jobs and times nodes, controllers and guards against limits. The unit, integration and
-# infra tests run beside them: they mostly wait on sshd, moto and terraform, and a two-core
-# machine has room for them next to one job. After them, in the same pipeline, the unit tests
-# that do not need torch run again on the next supported Python found, 3.12
-# (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too); a machine with none
-# says so and is not failed for it. Arguments (`make test` passes none) select tests
+# Three pytest streams go side by side, so that the suite takes about as long as its longest
+# stream. The e2e tests run one at a time, as they must: each starts real jobs and times nodes,
+# controllers and guards against limits; after them, in the same stream, the unit tests that do
+# not need torch run again on the next supported Python found, 3.12 (scripts/other_pythons.sh;
+# `make soak` runs them on every one, 3.13 too; a machine with none says so and is not failed
+# for it). The integration tests run beside them: they mostly wait on sshd, moto and real
+# jobs' controllers. The unit and infra tests (CPU for a minute or two, then terraform and
+# moto) make the third stream, which ends long before the others. Arguments (`make test` passes none) select tests
 # for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,35 +38,42 @@ if [ "$#" -gt 0 ]; then
     exit $?
 fi
 
-beside() {
+# One stream: its pytest run's output in $logs/NAME.log, its exit code in $logs/NAME.code.
+stream() {
+    local name=$1
+    shift
     set +e
-    pytest_run tests/unit tests/integration tests/infra >"$logs/beside.log" 2>&1
-    echo $? >"$logs/beside.code"
-    bash scripts/other_pythons.sh 1 >"$logs/others.log" 2>&1
-    echo $? >"$logs/others.code"
+    pytest_run "$@" >"$logs/$name.log" 2>&1
+    echo $? >"$logs/$name.code"
 }
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-beside &
-beside_pid=$!
+stream integration tests/integration &
+integration_pid=$!
+stream unit tests/unit tests/infra &
+unit_pid=$!
 
 set +e
 pytest_run tests/e2e
 e2e_code=$?
-wait "$beside_pid"
-beside_code=$(cat "$logs/beside.code")
-others_code=$(cat "$logs/others.code")
+bash scripts/other_pythons.sh 1 >"$logs/others.log" 2>&1
+others_code=$?
+wait "$integration_pid" "$unit_pid"
 set -e
 
-echo
-echo "--- unit, integration and infra tests (run beside the e2e tests) ---"
-cat "$logs/beside.log"
 status=0
 verdict "$e2e_code" "tests/e2e" || status=1
-verdict "$beside_code" "tests/unit, tests/integration, tests/infra" || status=1
+for name in unit integration; do
+    what="tests/$name"
+    [ "$name" = unit ] && what="tests/unit, tests/infra"
+    echo
+    echo "--- $what (run beside the e2e tests) ---"
+    cat "$logs/$name.log"
+    verdict "$(cat "$logs/$name.code")" "$what" || status=1
+done
 echo
-echo "--- unit tests on the next supported Python (after them) ---"
+echo "--- unit tests on the next supported Python (after the e2e tests) ---"
 cat "$logs/others.log"
 [ "$others_code" -eq 0 ] || status=1
 exit "$status"

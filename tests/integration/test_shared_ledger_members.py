@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from orchestrator.ledger.clusters import DOWN, UP, Clusters
 from orchestrator.ledger.controller_leases import ControllerLeases
 from tests.support.helpers import counter_run
@@ -102,6 +104,11 @@ class SilentHolder:
         self.thread.join(timeout=10)
 
 
+# One database in `make test` (the lease logic they share is run on both by the test above);
+# the other in `make soak`.
+@pytest.mark.parametrize(
+    "shared", [pytest.param("sqlite", marks=pytest.mark.soak), "postgresql"], indirect=True
+)
 def test_a_controller_that_does_not_take_up_a_cancel_is_named_and_force_ends_the_job(
     shared: Shared,
 ) -> None:
@@ -152,6 +159,9 @@ def kept_job(machine: Machine, shared: Shared) -> str:
     return job_id
 
 
+@pytest.mark.parametrize(
+    "shared", ["sqlite", pytest.param("postgresql", marks=pytest.mark.soak)], indirect=True
+)
 def test_each_machine_has_its_own_dev_and_down_ends_only_its_own_unless_forced(
     shared: Shared,
 ) -> None:
