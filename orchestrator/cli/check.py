@@ -58,8 +58,9 @@ def check_command(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """Report what each provider needs on this machine (local: sshd, rsync, ssh, and root with
-    ip for namespace nodes; aws: rsync, ssh, credentials that STS accepts, enabled regions) and
-    how to fix what is missing. Exits 0 when every needed part is there, 1 otherwise."""
+    ip for namespace nodes, whose traffic must get through the host's firewall; aws: rsync,
+    ssh, credentials that STS accepts, enabled regions) and how to fix what is missing. Exits 0
+    when every needed part is there, 1 otherwise."""
     from orchestrator.providers.readiness import check
     from orchestrator.spec.model import PROVIDER_NAMES
 

@@ -13,6 +13,10 @@ from orchestrator.errors import SpecError
 from orchestrator.providers.local.readiness import linux, local_readiness
 from orchestrator.providers.readiness import check
 
+# The firewall's programs: with them `orch check` reads the host's firewall (without them, a
+# host whose kernel holds a legacy iptables table gets a note that it cannot be read).
+FIREWALL = ("iptables", "iptables-nft", "iptables-legacy", "nft")
+
 
 def path_with(tmp_path: Path, *names: str) -> str:
     """A PATH holding only the real programs `names` (links to this machine's)."""
@@ -32,15 +36,17 @@ def parts(settings: Settings, path: str, euid: int = 0) -> dict[str, tuple[bool,
 
 def test_every_part_there_is_ready(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path, local=LocalSettings(network="namespace"))
-    result = local_readiness(settings, path=path_with(tmp_path, "rsync", "ssh", "ip"), euid=0)
+    path = path_with(tmp_path, "rsync", "ssh", "ip", *FIREWALL)
+    result = local_readiness(settings, path=path, euid=0)
     assert result.ready and all(item.ok and not item.fix for item in result.requirements)
     assert [item.name for item in result.requirements] == [
-        "Linux", "rsync", "ssh", "sshd", "root", "ip",
+        "Linux", "rsync", "ssh", "sshd", "root", "ip", "bridge traffic",
     ]  # fmt: skip
 
 
 def test_a_path_without_rsync_is_not_ready_and_says_what_to_install(tmp_path: Path) -> None:
-    result = local_readiness(Settings(home=tmp_path), path=path_with(tmp_path, "ssh", "ip"), euid=0)
+    path = path_with(tmp_path, "ssh", "ip", *FIREWALL)
+    result = local_readiness(Settings(home=tmp_path), path=path, euid=0)
     assert not result.ready
     rsync = next(item for item in result.requirements if item.name == "rsync")
     assert not rsync.ok and rsync.needed and rsync.fix == "install rsync"

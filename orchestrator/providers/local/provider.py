@@ -46,7 +46,7 @@ from orchestrator.providers.base import (
     MarketPrices,
     NodeEnd,
 )
-from orchestrator.providers.local import net
+from orchestrator.providers.local import firewall_host, net
 from orchestrator.providers.local import spot as local_spot
 from orchestrator.providers.local.host import (
     live_namespace_ips,
@@ -200,9 +200,12 @@ class LocalProvider:
         Nodes still being launched are included (their record is written before their sshd
         starts), so a controller restarted after a crash mid-launch can find and end them.
         Directories such a crash left before a node had its record are removed first (nothing
-        ever ran in them; see `NodeStore.reap_unrecorded`).
+        ever ran in them; see `NodeStore.reap_unrecorded`). The full listing (no `job_id`:
+        reconcile, down) also settles the host network (`cleanup_network`).
         """
         self.store.reap_unrecorded()
+        if job_id is None:  # reconcile and down: also what a crash left of the host network
+            self.cleanup_network()
         return [
             self._instance(rec)
             for rec in self.store.all()
@@ -336,7 +339,9 @@ class LocalProvider:
         return wanted
 
     def cleanup_network(self) -> bool:
-        """Remove the bridge if no node (of any ORCH_HOME) is attached to it.
+        """Remove the bridge and orch's firewall rules for it if no node (of any ORCH_HOME) is
+        attached to it; rules of bridges gone meanwhile go too, and a bridge still in use gets
+        its rules back where the firewall lacks them (`firewall_host.sync_rules`).
 
         Returns True when the bridge is gone afterwards, False when nodes still use it. Does
         nothing (and returns True) when not root, as then no bridge can have been made.
@@ -348,17 +353,16 @@ class LocalProvider:
             ports = subprocess.run(
                 net.bridge_ports_argv(bridge), capture_output=True, text=True, check=False
             )
-            if ports.returncode != 0:  # no such bridge
-                return True
-            if ports.stdout.strip() not in ("", "[]"):
-                return False
-            run_ip(net.bridge_delete_argv(bridge))
-            if not orch_namespaces():
-                # Only when no node of any bridge is left: removing a directory that is a
-                # mount point in another mount namespace detaches that mount there.
-                with contextlib.suppress(OSError):
-                    Path(net.NODE_HOME).rmdir()
-            return True
+            in_use = ports.returncode == 0 and ports.stdout.strip() not in ("", "[]")
+            if ports.returncode == 0 and not in_use:
+                run_ip(net.bridge_delete_argv(bridge))
+                if not orch_namespaces():
+                    # Only when no node of any bridge is left: removing a directory that is a
+                    # mount point in another mount namespace detaches that mount there.
+                    with contextlib.suppress(OSError):
+                        Path(net.NODE_HOME).rmdir()
+            firewall_host.sync_rules(bridge, wanted=in_use)
+            return not in_use
 
     def _ensure_bridge(self) -> None:
         bridge, subnet = self.settings.local.bridge, self.settings.local.subnet
@@ -426,6 +430,8 @@ class LocalProvider:
         used = {rec.ip for rec in self.store.all() if rec.mode == "namespace"}
         used |= live_namespace_ips()
         self._ensure_bridge()
+        # Docker (or any firewall) may drop forwarded traffic: accept the bridge's own.
+        firewall_host.sync_rules(bridge, wanted=True, strict=True)
         for rec, ip in zip(records, net.allocate_ips(subnet, used, len(records)), strict=True):
             rec.ip = ip
             self.store.save(rec)  # the record first: terminate can then always find the node

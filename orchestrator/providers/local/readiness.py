@@ -4,7 +4,9 @@ Always: Linux (local nodes are Linux processes: sessions, /proc, namespaces), Op
 (one per node) and the controller's rsync and ssh. Namespace nodes (each
 with its own address) also need root and iproute2's `ip`; without them `local.network: auto`
 falls back to loopback nodes (sshd on 127.0.0.1), so they are needed only when
-`local.network` is `namespace`.
+`local.network` is `namespace`. As root, the host's firewall is looked at too: traffic between
+namespace nodes must get through its forward chains (Docker's FORWARD policy DROP once
+br_netfilter is loaded), which orch's own rule for the bridge sees to where it can.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.providers.local import firewall, firewall_host
 from orchestrator.providers.readiness import Readiness, Requirement, controller_tools, tool
 
 SSHD_PATH = Path("/usr/sbin/sshd")  # where Debian's and most distributions' sshd lives
@@ -44,7 +47,27 @@ def local_readiness(
         )
         ip = tool("ip", f"makes the nodes' namespaces{fallback}", "install iproute2", path=path)
         items.append(Requirement(ip.name, ip.ok, ip.detail, ip.fix, needed=needed))
+        if user == 0 and ip.ok:  # namespace nodes: their traffic crosses the host's bridge
+            items.append(bridge_traffic(settings.local.bridge, path=path))
     return Readiness("local", tuple(items))
+
+
+def bridge_traffic(bridge: str, *, path: str | None = None) -> Requirement:
+    """Whether traffic between namespace nodes gets through this host's firewall: Docker's
+    FORWARD policy DROP with br_netfilter, or any forward chain that drops, and what orch does
+    about it (`local.firewall`). Reads only: listing never creates a table."""
+    found = firewall_host.read_firewall(path)
+    links = firewall_host.link_names()
+    verdict = firewall.forward_verdict(
+        bridge,
+        firewall_host.bridge_nf_call_iptables(),
+        found.findings(bridge),
+        in_use=bridge in links and firewall_host.bridge_in_use(bridge),
+        stale=found.stale(links),
+    )
+    return Requirement(
+        "bridge traffic", verdict.ok, verdict.detail, verdict.fix, needed=verdict.needed
+    )
 
 
 def linux(platform: str | None = None) -> Requirement:
