@@ -15,6 +15,13 @@ command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 # PostgreSQL's server (initdb, pg_ctl): the tests run the ledger on a real one too
 compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || missing+=(postgresql)
+# The firewall programs and Docker's daemon: the tests show that local nodes work beside a
+# firewall that drops forwarded traffic, Docker's included (each in a network namespace of its
+# own; the daemon is never started as the machine's service)
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+has iptables-legacy || missing+=(iptables)
+has nft || missing+=(nftables)
+has dockerd || missing+=(docker.io)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "orch needs these system packages: ${missing[*]}" >&2
@@ -24,7 +31,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "installing system packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    # No service starts at install (docker.io's would set the host's FORWARD policy to DROP):
+    # a policy-rc.d that refuses, unless the machine has one already.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=""
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
+    installed=0
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || installed=$?
+    [ -z "$made_policy" ] || rm -f "$policy"
+    [ "$installed" -eq 0 ] || exit "$installed"
 fi
 
 # --- python -----------------------------------------------------------------------------
