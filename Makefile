@@ -3,10 +3,14 @@ SHELL := /bin/bash
 ORCH := .venv/bin/orch
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup demo test soak test-fast lint bench docs clean-nodes infra-test docs-simulate
+.PHONY: setup setup-tests demo test soak test-fast lint bench docs clean-nodes infra-test docs-simulate
 
 setup:
 	@bash scripts/setup.sh
+
+# setup, plus the system packages only the tests use (a firewall, Docker's daemon)
+setup-tests:
+	@bash scripts/setup.sh --tests
 
 # Local nodes cost nothing; the demo prices them so that the bill has something to show.
 DEMO_PRICE ?= 0.50
@@ -16,14 +20,14 @@ demo: setup
 		$(ORCH) submit templates/demo-ddp.yaml --nodes 2 --gpus 2
 	$(ORCH) cost
 
-test: setup
+test: setup-tests
 	bash scripts/test.sh
 
 # The long trials (many reclaims, many controller kills); slow, not part of `make test`.
-soak: setup
+soak: setup-tests
 	bash scripts/soak.sh
 
-test-fast: setup
+test-fast: setup-tests
 	$(PYTEST) -q -m "not e2e" tests
 
 lint: setup

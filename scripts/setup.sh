@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: system tools, then this clone's venv, linked as `.venv`.
+# `--tests` (`make test`, `make soak`) also installs what only the tests use: the firewall
+# programs and Docker's daemon.
 #
 # The venvs live outside the clone (ORCH_VENV_CACHE, default ~/.cache/orch-venv): the
 # dependencies in one keyed by the Python and the pins, which every clone with the same pins (CI's
@@ -15,13 +17,15 @@ command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 # PostgreSQL's server (initdb, pg_ctl): the tests run the ledger on a real one too
 compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || missing+=(postgresql)
-# The firewall programs and Docker's daemon: the tests show that local nodes work beside a
-# firewall that drops forwarded traffic, Docker's included (each in a network namespace of its
-# own; the daemon is never started as the machine's service)
-has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-has iptables-legacy || missing+=(iptables)
-has nft || missing+=(nftables)
-has dockerd || missing+=(docker.io)
+# The firewall programs and Docker's daemon, for the tests only: they show that local nodes
+# work beside a firewall that drops forwarded traffic, Docker's included (each in a network
+# namespace of its own; the daemon is never started as the machine's service)
+if [ "${1:-}" = --tests ]; then
+    has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+    has iptables-legacy || missing+=(iptables)
+    has nft || missing+=(nftables)
+    has dockerd || missing+=(docker.io)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "orch needs these system packages: ${missing[*]}" >&2
