@@ -24,6 +24,7 @@ class JobState(enum.StrEnum):
     IDLE_STOPPED = "IDLE_STOPPED"
     TIMED_OUT = "TIMED_OUT"
     BUDGET_STOPPED = "BUDGET_STOPPED"
+    STALLED = "STALLED"  # its step did not advance for budget.stall_timeout
 
     @property
     def is_final(self) -> bool:
@@ -38,6 +39,7 @@ FINAL_STATES = frozenset(
         JobState.IDLE_STOPPED,
         JobState.TIMED_OUT,
         JobState.BUDGET_STOPPED,
+        JobState.STALLED,
     }
 )
 
@@ -46,14 +48,15 @@ FINAL_STATES = frozenset(
 # policy decide again; a controller that finds a job PROVISIONING, SYNCING or RECOVERING starts
 # it again). STOPPING may follow itself (a controller adopting a half-finished stop writes it
 # again), and may be followed by a launch when it was recorded without its final state (an
-# older orch): such a job is started again, like one found PROVISIONING.
+# older orch): such a job is started again, like one found PROVISIONING. RECOVERING may be
+# followed by RUNNING: a start that made no progress is restarted on the same nodes.
 _LAUNCH = frozenset({JobState.PROVISIONING, JobState.WAITING})
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: _LAUNCH,
     JobState.PROVISIONING: _LAUNCH | {JobState.SYNCING, JobState.RECOVERING},
     JobState.SYNCING: _LAUNCH | {JobState.RUNNING, JobState.RECOVERING},
     JobState.RUNNING: frozenset({JobState.RECOVERING, JobState.SWITCHING, JobState.WAITING}),
-    JobState.RECOVERING: _LAUNCH | {JobState.RECOVERING},
+    JobState.RECOVERING: _LAUNCH | {JobState.RECOVERING, JobState.RUNNING},
     JobState.SWITCHING: _LAUNCH,
     JobState.WAITING: _LAUNCH,
     JobState.STOPPING: _LAUNCH | FINAL_STATES,

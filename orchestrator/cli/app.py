@@ -1,7 +1,7 @@
 """The `orch` command line: one function per verb; every read command has --json.
 
 Exit codes: 0 success, 1 job failed, 2 bad input, 3 provider/capacity error, 4 budget cap,
-130 cancelled. Library code raises `OrchError`s; only `main` turns them into exit codes.
+5 stalled, 130 cancelled. Library code raises `OrchError`s; only `main` turns them into exit codes.
 """
 
 from __future__ import annotations
@@ -321,7 +321,8 @@ def wait(
     json_out: JsonFlag = False,
 ) -> None:
     """Block until a job ends, then exit with its exit code (0 succeeded, 1 failed, 4 budget,
-    130 cancelled; 124 when --timeout passed first). Its controller drives it meanwhile."""
+    5 stalled, 130 cancelled; 124 when --timeout passed first). Its controller drives it
+    meanwhile."""
     from orchestrator.control.waiting import job_exit_code, wait_for_end
     from orchestrator.report.documents import job_document
 

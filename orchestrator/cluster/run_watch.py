@@ -38,6 +38,7 @@ from orchestrator.node.progress import (
     local_rank_line,
     parse_metrics,
 )
+from orchestrator.node.run_progress import LAUNCH_MARK, ProgressClock
 from orchestrator.remote.lines import Line, LineSplitter
 from orchestrator.remote.ssh import CommandResult, NodeConnection
 
@@ -128,6 +129,9 @@ class RunWatch:
         ]
         self.misses = [0] * count
         self.progress_seen = False  # a progress line of rank 0 was read (and reported)
+        # Rank 0's progress as this watch reads it (`run_progress`), on time.monotonic(); the
+        # supervisor puts in the clock of the run it watches.
+        self.clock = ProgressClock(time.monotonic(), starting=False)
         self._rank0 = LineSplitter()  # rank 0's lines: a line that never ends is cut
         # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
         self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
@@ -264,7 +268,8 @@ class RunWatch:
         for line in lines:
             local_rank, text = local_rank_line(line.text)
             if local_rank is None:
-                if text.startswith("[orch]"):
+                if text.startswith(LAUNCH_MARK):
+                    self.clock.launch_line(text, read_at)
                     self.on_line(text)
                     continue
                 if not self.unprefixed_is_rank0:
@@ -273,6 +278,7 @@ class RunWatch:
             if local_rank != 0:
                 continue
             metrics = parse_metrics(text)
+            self.clock.saw(None if metrics is None else metrics.step, read_at)
             if metrics is None:
                 self.on_line(describe_event(text) or text)
             else:

@@ -57,6 +57,7 @@ class Attempt:
         self.instances = list(instances)
         self._cluster = cluster
         self.started = False  # the run was started on these nodes (or adopted running)
+        self.launch: launch.ClusterLaunch | None = None  # how it was started (None: adopted)
         self.watch: RunWatch | None = None
         self.gone_ranks: set[int] = set()
 
@@ -157,6 +158,7 @@ class Attempt:
         """Start the run on every node (`start_on_nodes`); from now on it counts as started."""
         pids = start_on_nodes(self.cluster, cluster_launch)
         self.started = True
+        self.launch = cluster_launch
         return pids
 
     def read(self, command: str) -> list[str]:

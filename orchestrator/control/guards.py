@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from orchestrator.control.attempt import Answer, Attempt
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import Reporter, RunnerOptions
-from orchestrator.control.stop_rules import StopOrder, guard_limit_at
+from orchestrator.control.stop_rules import STALLED_EXIT, StopOrder, guard_limit_at
 from orchestrator.control.team_caps import TeamCaps
 from orchestrator.errors import OrchError
 from orchestrator.job_state import JobState
@@ -38,6 +38,7 @@ from orchestrator.node.guard_protocol import (
     renew_command,
     status_command,
 )
+from orchestrator.node.run_progress import ORPHANED
 from orchestrator.providers.base import NodeEnd, Provider
 from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.spec.model import JobSpec
@@ -106,6 +107,8 @@ class Guards:
             autostop=kept,
             shared_budgets=self.team.shared_budgets(job) if self.team else (),
             lease_key=self._identity().public_key,
+            start_timeout_s=self.spec.recovery.start_timeout,
+            stall_timeout_s=budget.stall_timeout,
         )
 
     def check(self, attempt: Attempt) -> None:
@@ -150,6 +153,8 @@ class Guards:
             f"budget lease on ${budget.max_cost_usd}" if budget.max_cost_usd is not None else "",
             "budget lease on the monthly caps" if self.team is not None else "",
             f"idle {budget.idle_timeout:.0f} s" if budget.idle_timeout else "",
+            f"stall {budget.stall_timeout:.0f} s" if budget.stall_timeout else "",
+            f"start {start:.0f} s" if (start := self.spec.recovery.start_timeout) else "",
         ]
         named = ", ".join(limit for limit in limits if limit) or "no limit: training runs on"
         if self.journal.job.cluster_id is None:
@@ -186,7 +191,8 @@ class Guards:
         return GuardLease(
             renewed_at=now, runtime_deadline=deadline, lease_until=until,
             idle_timeout_s=budget.idle_timeout, job_limits=job.cluster_id is not None,
-            autostop_s=self.autostop_s,
+            autostop_s=self.autostop_s, start_timeout_s=self.spec.recovery.start_timeout,
+            stall_timeout_s=budget.stall_timeout,
         )  # fmt: skip
 
     def renew(self, attempt: Attempt) -> None:
@@ -239,20 +245,27 @@ class Guards:
     def ended_by_guard(self, instance_ids: tuple[str, ...]) -> StopOrder | None:
         """The stop for nodes that powered themselves off: their guard acted on a limit, so
         the job ends as that limit says instead of launching new nodes. Their leases close at
-        the time the provider says they ended."""
+        the time the provider says they ended. Nodes that only followed rank 0's node (their
+        run's master closed) decide nothing: None when they are all there is."""
         if not instance_ids:
             return None
         ended = self.provider.self_ended(list(instance_ids))
         if not ended:
             return None
         self.close_self_ended(ended)
-        first = min(ended.values(), key=lambda end: end.at or utcnow())
+        # A node that followed rank 0's (its run's master closed) tells no limit of its own:
+        # the job ends as rank 0's guard said, and with no word from it, the nodes were lost.
+        deciding = [end for end in ended.values() if end.kind != ORPHANED]
+        if not deciding:
+            return None
+        first = min(deciding, key=lambda end: end.at or utcnow())
         words = f"node(s) {', '.join(sorted(ended))} powered themselves off: {first.message}"
         kind = first.kind or self._limit_behind(first.at or utcnow())
         states = {
             "max_runtime": (JobState.TIMED_OUT, 1),
             "budget": (JobState.BUDGET_STOPPED, 4),
             "idle": (JobState.IDLE_STOPPED, 1),
+            "stall": (JobState.STALLED, STALLED_EXIT),
         }
         state, code = states.get(kind, (JobState.FAILED, 1))
         if not first.kind and kind:
@@ -279,6 +292,7 @@ class Guards:
             * Decimal(str(self.options.stop_grace + self.options.stop_allowance))
             / 3600,
             idle_timeout_s=budget.idle_timeout,
+            stall_timeout_s=budget.stall_timeout,
         )
 
     def _monthly_cap_reached(self, team: TeamCaps, at: datetime) -> bool:

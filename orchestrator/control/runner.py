@@ -31,7 +31,9 @@ from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
 from orchestrator.control.recovering import Recovering
 from orchestrator.control.recovery_rules import Interruption
+from orchestrator.control.restarting import SameNodeRestarts
 from orchestrator.control.salvage import Salvage
+from orchestrator.control.start_rules import FailedStart
 from orchestrator.control.stop_rules import StopOrder, runtime_order
 from orchestrator.control.supervisor import Decision, Supervisor
 from orchestrator.control.unrecorded import UnrecordedEnd
@@ -128,6 +130,7 @@ class JobRunner(Recovering):
         self.launcher = Launcher(parts, open_attempt)
         self.supervisor = Supervisor(parts, self._record_metrics)
         self.salvage = Salvage(parts)
+        self.restarts = SameNodeRestarts(parts, self.launcher)
         self._supervise = supervise or self.supervisor.watch
         self.kept = KeptNodes(parts, self.launcher) if job.cluster_id is not None else None
         if self.kept is None:  # a survivor of a lost peer skips the setup it already ran
@@ -149,6 +152,8 @@ class JobRunner(Recovering):
         replaced and the run resumed, at most `recovery.max_recoveries` times. With a
         `spot_policy`, the policy picks the market of every launch and may move the job (or
         make it wait) while it runs; one found SWITCHING or WAITING finishes that move first.
+        A start that makes no progress within `recovery.start_timeout` is restarted once on
+        the same nodes, then fails the job (`restarting`).
 
         A job started as another cloud identity than the provider's raises `IdentityMismatch`
         before anything is touched: no node ended or launched, no lease closed, no state set.
@@ -193,6 +198,10 @@ class JobRunner(Recovering):
                 held = self._bring_up_on_policy()
             while held is None:
                 decision = self._supervise(self.attempt)
+                if isinstance(decision, FailedStart):
+                    held = self.restarts.restart(self.attempt, decision)
+                    continue
+                self.restarts.other_decision()
                 if isinstance(decision, StopOrder):
                     held = decision
                 elif isinstance(decision, PlannedMove):

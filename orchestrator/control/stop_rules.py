@@ -79,6 +79,26 @@ def idle_order(*, idle_for_s: float, idle_timeout_s: float | None, what: str) ->
     return None
 
 
+STALLED_EXIT = 5
+"""The exit code of a job stopped as STALLED (`budget.stall_timeout`)."""
+
+
+def stall_order(
+    *, quiet_s: float, stall_timeout_s: float | None, step: int | None
+) -> StopOrder | None:
+    """End the job once rank 0 made no progress for `budget.stall_timeout` seconds: its step
+    (`step`, None for a run that never printed one: its output) did not advance."""
+    if stall_timeout_s is None or quiet_s < stall_timeout_s:
+        return None
+    what = "printed nothing" if step is None else f"stayed at step {step}"
+    return StopOrder(
+        JobState.STALLED,
+        STALLED_EXIT,
+        f"rank 0 {what} for {quiet_s:.0f} s (budget.stall_timeout {stall_timeout_s:.0f} s); "
+        "stopped as stalled",
+    )
+
+
 def guard_limit_at(
     *,
     at: datetime,
@@ -88,13 +108,15 @@ def guard_limit_at(
     max_cost: Decimal | None,
     reserve_usd: Decimal,
     idle_timeout_s: float | None,
+    stall_timeout_s: float | None = None,
 ) -> str:
     """The limit a node's guard acted on when its node powered off at `at`, inferred from the
     job's limits (for providers that cannot say why a node shut itself down).
 
     max_runtime when the run had reached it, budget when the spend was within `reserve_usd`
-    (what a stop costs) of the cap, else idle when an idle timeout is set, else the dead-man
-    switch (the run had ended and no controller was heard)."""
+    (what a stop costs) of the cap, else idle when an idle timeout is set, else stall when a
+    stall timeout is, else the dead-man switch (the run had ended and no controller was
+    heard)."""
     if (
         max_runtime_s is not None
         and started_at is not None
@@ -105,4 +127,6 @@ def guard_limit_at(
         return "budget"
     if idle_timeout_s:
         return "idle"
+    if stall_timeout_s:
+        return "stall"
     return "deadman"

@@ -1,9 +1,10 @@
 """Watching a started run until something must be done about it.
 
 `Supervisor.watch` runs the periodic checks (APScheduler threads) and returns ONE decision:
-a `StopOrder` (the job ends), an `Interruption` (nodes to replace) or a `PlannedMove` (the
-spot policy moves the job). Each check returns a decision or None; the first decision (or
-the first check that fails) wins, and it is the main thread that acts on it.
+a `StopOrder` (the job ends), an `Interruption` (nodes to replace), a `PlannedMove` (the
+spot policy moves the job) or a `FailedStart` (the run made no progress after its start).
+Each check returns a decision or None; the first decision (or the first check that fails)
+wins, and it is the main thread that acts on it.
 
 The run's check pulls rank 0's log every `EARLY_PEEK_S` for the first `EARLY_WINDOW_S` of a
 watch, until rank 0's first progress line (`RunPace`): a person who just started a run sees
@@ -24,20 +25,29 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
 from orchestrator.cluster.notice_watch import NoticeWatcher
 from orchestrator.cluster.run_watch import RunWatch
+from orchestrator.cluster.start_reports import start_reports
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.parts import JobParts
 from orchestrator.control.recovery_rules import Interruption
-from orchestrator.control.stop_rules import StopOrder, budget_order, idle_order, runtime_order
+from orchestrator.control.start_rules import FailedStart, hang_reason
+from orchestrator.control.stop_rules import (
+    StopOrder,
+    budget_order,
+    idle_order,
+    runtime_order,
+    stall_order,
+)
 from orchestrator.errors import JobCancelled, JobFailed, NodeLost
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
 from orchestrator.node.failure import cluster_failure, failure_report
 from orchestrator.node.progress import Metrics
+from orchestrator.node.run_progress import ProgressClock
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
 
-Decision = StopOrder | Interruption | PlannedMove
+Decision = StopOrder | Interruption | PlannedMove | FailedStart
 
 EARLY_PEEK_S = 0.2  # how often rank 0's log is pulled while a watch waits on its first step
 EARLY_WINDOW_S = 60.0  # how long a watch does that at most
@@ -179,6 +189,7 @@ class Supervisor:
         p, options = self.parts, self.parts.options
         cluster = attempt.cluster
         run_watch = attempt.watch = self.run_watch(attempt)
+        run_watch.clock = self.progress_clock(attempt)
         attempt.gone_ranks = set()
         first = _First()
         notices = NoticeWatcher(
@@ -256,6 +267,14 @@ class Supervisor:
             raise first.failure
         assert first.decision is not None  # reached is set by a decision or a failure
         return first.decision
+
+    def progress_clock(self, attempt: Attempt) -> ProgressClock:
+        """The clock of rank 0's progress for a watch that starts now: a run this controller
+        started is in its start; one it took over trains (its stall clock runs from now). A
+        job that printed a step before is judged by its steps alone."""
+        journal = self.parts.journal
+        steps = journal.last_step is not None or journal.job.step is not None
+        return ProgressClock(time.monotonic(), steps=steps, starting=attempt.launch is not None)
 
     def _last_step(self) -> int | None:
         return self.parts.journal.last_step
@@ -341,10 +360,44 @@ class Supervisor:
                     return None  # a peer stopped answering: wait until it is back or lost
                 self._fail_with_tail(attempt, verdict.failed_rank, verdict.exit_code)
             return StopOrder(JobState.SUCCEEDED, 0, "")
+        if not missing:
+            progress = self.check_progress(attempt, watch)
+            if progress is not None:
+                return progress
         started = p.journal.job.started_at or utcnow()
         return runtime_order(
             elapsed_s=(utcnow() - started).total_seconds(),
             max_runtime_s=p.spec.budget.max_runtime,
+        )
+
+    def check_progress(self, attempt: Attempt, watch: RunWatch) -> Decision | None:
+        """Rank 0's progress against `recovery.start_timeout` and `budget.stall_timeout`
+        (`node.run_progress`): a stall stops the job; a start that made no progress is a
+        `FailedStart`, with what every node says of it."""
+        spec = self.parts.spec
+        start_s, stall_s = spec.recovery.start_timeout, spec.budget.stall_timeout
+        found = watch.clock.due(time.monotonic(), start_s, stall_s)
+        if found is None:
+            return None
+        kind, _, seconds = found
+        if kind == "stall":
+            return stall_order(quiet_s=seconds, stall_timeout_s=stall_s, step=watch.clock.step)
+        assert start_s is not None  # a start is only due with a timeout
+        started = attempt.launch
+        torchrun = started is not None and started.launcher == "torchrun"
+        master = (started.master_addr, started.master_port) if started and torchrun else None
+        reports = (
+            start_reports(attempt.cluster, self.parts.layout, master, skip=attempt.gone_ranks)
+            if master is not None
+            else {}
+        )
+        return hang_reason(
+            reports,
+            node_ips=[i.private_ip for i in attempt.instances],
+            master=f"{master[0]}:{master[1]}" if master else None,
+            procs_per_node=spec.resources.gpus_per_node,
+            waited_s=seconds,
+            start_timeout_s=start_s,
         )
 
     def check_activity(self, attempt: Attempt, activity: JobActivity) -> StopOrder | None:

@@ -21,6 +21,8 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     lease_until                the budget lease: the run is stopped at this time unless renewed
     idle_timeout_s             GPUs (or, without GPUs, the job's processes) idle this long
     idle_util_pct, idle_cpu_pct   the controller's idle thresholds
+    start_timeout_s            a start with no progress this long (`run_progress`)
+    stall_timeout_s            a run whose progress stopped this long (`run_progress`)
     stop_grace_s               SIGTERM, then this long for the emergency checkpoint, then SIGKILL
     upload_wait_s              then at most this long for the checkpoint agent's uploads
     poweroff                   the node's poweroff command (shell)
@@ -48,6 +50,9 @@ the controller has been silent for `silence_s`, or `allowance_s` after the limit
 no limit trains on until it ends; then, with no controller for `deadman_s`, the node powers
 off. At arming the guard checks its poweroff path (`sudo -n true` when the command uses sudo):
 a guard that cannot act says so in `<job>/guard/status.json`, which the controller reports.
+
+On a kept cluster the lease also carries the job's `start_timeout_s` and `stall_timeout_s`,
+which `run_progress` holds against the run's progress.
 """
 
 import contextlib
@@ -70,13 +75,15 @@ if __package__:
         write_at,
     )
     from orchestrator.node.guard_seal import lease_problem
+    from orchestrator.node.run_progress import RunProgress
 else:  # the program on a node: its modules are beside it
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
     from guard_seal import lease_problem
+    from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
-MODULES = ("guard_files.py", "guard_seal.py")  # sent to the node beside this file
+MODULES = ("guard_files.py", "guard_seal.py", "run_progress.py")  # sent beside this file
 
 
 def utc(epoch):
@@ -220,6 +227,7 @@ class Guard:
         self.lease_heard_at = None  # when it was read (this node's clock)
         self.refused = (None, 0.0)  # the last refused lease's reason, when it was logged
         self.state = self.open_state()
+        self.progress = RunProgress(self)
         try:
             os.close(open_dir(home, self.job + ("guard",), make=(0o755, self.owner)))
         except OSError as exc:
@@ -385,6 +393,9 @@ class Guard:
             since = now - idle_s + idle_timeout
             what = "GPUs" if self.cpu_last is None else "the job's processes"
             return "idle", since, f"{what} idle for {idle_s:.0f} s"
+        found = self.progress_due(now, lease, leader)
+        if found is not None:
+            return found
         deadman_s = (
             lease.get("autostop_s", t.get("deadman_s"))
             if t.get("autostop")
@@ -398,6 +409,13 @@ class Guard:
         if silent > deadman_s:
             return "deadman", now, f"no controller for {silent:.0f} s and no training"
         return None
+
+    def progress_due(self, now, lease, leader):
+        """A start that made no progress, or a run that stalled (`run_progress`)."""
+        t = self.terms
+        start_s = lease.get("start_timeout_s", t.get("start_timeout_s"))
+        stall_s = lease.get("stall_timeout_s", t.get("stall_timeout_s"))
+        return self.progress.due(now, leader, start_s, stall_s)
 
     def autostop_due(self, now, autostop_s):
         """A kept cluster with no job: its nodes end once neither a controller nor the GPUs

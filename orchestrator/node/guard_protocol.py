@@ -109,6 +109,8 @@ class GuardTerms:
     # The public half of the key that signs the leases (OpenSSH `ssh-ed25519 ...`); None: the
     # guard accepts no lease, and the terms' own limits hold.
     lease_key: str | None = None
+    start_timeout_s: float | None = None  # recovery.start_timeout (see `run_progress`)
+    stall_timeout_s: float | None = None  # budget.stall_timeout
 
     def for_node(
         self,
@@ -180,8 +182,8 @@ def lease_until(
 class GuardLease:
     """What the controller grants the guards at each budget check, on its own clock. With
     `job_limits` (nodes of a kept cluster, which serve one job after another) it carries the
-    job's idle timeout and the cluster's autostop too, so that no job's limit outlives it on
-    the node and the latest submit's autostop holds."""
+    job's idle, start and stall timeouts and the cluster's autostop too, so that no job's
+    limit outlives it on the node and the latest submit's autostop holds."""
 
     renewed_at: datetime
     runtime_deadline: datetime | None
@@ -189,6 +191,8 @@ class GuardLease:
     idle_timeout_s: float | None = None
     job_limits: bool = False
     autostop_s: float | None = None
+    start_timeout_s: float | None = None
+    stall_timeout_s: float | None = None
 
     def fields(self, job_id: str, clock_offset_s: float) -> dict[str, object]:
         """The lease as a node whose clock is `clock_offset_s` ahead of the controller's reads
@@ -206,6 +210,8 @@ class GuardLease:
         if self.job_limits:
             doc["idle_timeout_s"] = self.idle_timeout_s
             doc["autostop_s"] = self.autostop_s
+            doc["start_timeout_s"] = self.start_timeout_s
+            doc["stall_timeout_s"] = self.stall_timeout_s
         return doc
 
     def for_node(

@@ -19,6 +19,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.node.run_progress import SETUP_DONE, SETUP_RUNNING
+
 DEFAULT_MASTER_PORT = 29500
 SETUP_FAILED_EXIT = 97  # exit code recorded when the spec's `setup` command fails
 
@@ -212,10 +214,11 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
 def setup_lines(setup: str, key: str | None, layout: NodeLayout) -> list[str]:
     """Run `setup`; with a `key`, only on a node whose last successful setup had another."""
     run = [
-        'echo "[orch] setup: running"',
+        f'echo "{SETUP_RUNNING}"',
         f"bash -c {shlex.quote(setup)} || {{",
         f'  code=$?; echo "[orch] setup failed with exit code $code"; finish {SETUP_FAILED_EXIT}',
         "}",
+        f'echo "{SETUP_DONE}"',  # the start's clock begins here (see run_progress)
     ]
     if key is None:
         return run

@@ -9,19 +9,11 @@ at) lets the deadline-aware spot policies tell how much work is left.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 
-_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
+from orchestrator.node.run_progress import json_object, local_rank_line, step_of
 
-
-def local_rank_line(line: str) -> tuple[int | None, str]:
-    """Split a node-log line into (local rank, text); lines of torchrun itself give None."""
-    match = _RANK_PREFIX.match(line)
-    if not match:
-        return None, line
-    return int(match.group(1)), match.group(2)
+__all__ = ["Metrics", "describe_event", "local_rank_line", "parse_metrics", "rank_lines"]
 
 
 @dataclass(frozen=True)
@@ -36,27 +28,12 @@ class Metrics:
     total_steps: int | None = None  # the step the run ends at, when the trainer says
 
 
-def _json_object(text: str) -> dict | None:
-    """The JSON object a log line holds, or None (cheap reject of non-JSON lines first)."""
-    text = text.strip()
-    if not text.startswith("{"):
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # nesting past the parser's depth
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def parse_metrics(text: str) -> Metrics | None:
     """The metrics in a rank-0 line, or None when the line is not a progress report."""
-    data = _json_object(text)
-    # Event lines are not progress, except the final `{"event": "done", "step": N}`.
-    if data is None or data.get("event", "done") != "done":
+    step = step_of(text)  # one definition of a progress line, the node guard's too
+    if step is None:
         return None
-    step = data.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        return None
+    data = json_object(text) or {}
 
     def number(key: str) -> float | None:
         value = data.get(key)
@@ -83,7 +60,7 @@ def rank_lines(log_text: str, rank: int | None) -> list[str]:
 
 def describe_event(text: str) -> str | None:
     """A readable line for a trainer event (`{"event": "checkpoint", "step": 12, ...}`)."""
-    data = _json_object(text)
+    data = json_object(text)
     if data is None or not isinstance(data.get("event"), str):
         return None
     details = ", ".join(f"{k} {v}" for k, v in data.items() if k != "event")

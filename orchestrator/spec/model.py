@@ -330,6 +330,16 @@ class Budget(_Model):
     max_runtime: Seconds | None = Field(
         default=None, description="stop after this many seconds of running"
     )
+    stall_timeout: Seconds | None = Field(
+        default=None,
+        description="stop as STALLED (exit 5) once rank 0's step has not advanced for this "
+        "long (a run that never printed a step line: its output has not grown)",
+    )
+
+
+DEFAULT_START_TIMEOUT_S = 1200.0
+"""`recovery.start_timeout` when a spec does not say (20 minutes): long enough for a large
+checkpoint's load and a compiled first step, short of billing a hung rendezvous for hours."""
 
 
 class Recovery(_Model):
@@ -340,6 +350,11 @@ class Recovery(_Model):
         default="lost",
         description="lost: only the lost nodes are replaced, the others stay (the whole "
         "cluster moves when their zone has no capacity); all: every node is replaced",
+    )
+    start_timeout: Seconds | None = Field(
+        default=DEFAULT_START_TIMEOUT_S,
+        description="a (re)start whose rank 0 makes no progress this long after the setup is "
+        "a failed start: restarted once on the same nodes, then the job fails; null: never",
     )
 
 
