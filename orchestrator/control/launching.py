@@ -101,8 +101,13 @@ class Launcher:
         attempt connected to survivors and replacements. The survivors' leases stay open (they
         never stopped billing). Raises `CapacityError` when the zone refuses the replacements
         (after the launch's bounded retries); `keep` gets every node as soon as there is one
-        to end, as in `provision`."""
-        self.journal.provisioning(_replacing(survivors, self.parts.spec.resources.nodes))
+        to end, as in `provision`. With no rank lacking (a restart on the same nodes), nothing
+        is launched."""
+        nodes = self.parts.spec.resources.nodes
+        if not lost_ranks(survivors, nodes):
+            self.journal.provisioning(f"no node to launch: the run restarts on its {nodes} node(s)")
+            return self.join_replacements(survivors, [], keep=keep)
+        self.journal.provisioning(_replacing(survivors, nodes))
         replacements = self._launch_replacements(
             survivors, pull_wait, lambda nodes: keep(Attempt([*survivors, *nodes]))
         )
