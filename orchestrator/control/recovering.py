@@ -225,9 +225,10 @@ class Recovering:
         nodes from the complete one before it (FALLBACK event; the caller brings the run up);
         True then. False, with the job's failure to stand, otherwise (a WARNING event says
         why when there is no checkpoint to fall back to)."""
-        events = self.ledger.events(self.job.id)
-        failed = fallback_due(failure.message, events, utcnow())
-        if failed is None or not self.attempt.connected:
+        if self.kept is not None or not self.attempt.connected:
+            return False  # a kept cluster's nodes are taken anew only at a job's start
+        failed = fallback_due(failure.message, self.ledger.events(self.job.id), utcnow())
+        if failed is None:
             return False
         held = self.keeper.hold_back()
         before = self.keeper.newest() if held is not None else None
