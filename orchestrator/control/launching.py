@@ -101,8 +101,13 @@ class Launcher:
         attempt connected to survivors and replacements. The survivors' leases stay open (they
         never stopped billing). Raises `CapacityError` when the zone refuses the replacements
         (after the launch's bounded retries); `keep` gets every node as soon as there is one
-        to end, as in `provision`."""
-        self.journal.provisioning(_replacing(survivors, self.parts.spec.resources.nodes))
+        to end, as in `provision`. With no rank lacking (a restart on the same nodes), nothing
+        is launched."""
+        nodes = self.parts.spec.resources.nodes
+        if not lost_ranks(survivors, nodes):
+            self.journal.provisioning(f"no node to launch: the run restarts on its {nodes} node(s)")
+            return self.join_replacements(survivors, [], keep=keep)
+        self.journal.provisioning(_replacing(survivors, nodes))
         replacements = self._launch_replacements(
             survivors, pull_wait, lambda nodes: keep(Attempt([*survivors, *nodes]))
         )
@@ -242,14 +247,18 @@ class Launcher:
 
         Before the start, three things that need no other's result run at once, each one SSH
         command per node or a few: a free port on node 0, the checkpoint agents (sent, the
-        newest checkpoint put back, armed), and the guards (checked, then given the lease with
-        the run's deadline). The guards' lease is written before the run starts and never
-        after it: its runtime deadline counts from a moment before the start, so it is never
-        later than the controller's own."""
+        newest checkpoint put back, on a restart the newer steps the nodes hold set aside,
+        armed), and the guards (checked, then given the lease with the run's deadline). The
+        guards' lease is written before the run starts and never after it: its runtime
+        deadline counts from a moment before the start, so it is never later than the
+        controller's own."""
         p = self.parts
         with ThreadPoolExecutor(3, thread_name_prefix="orch-prestart") as pool:
             port_asked = pool.submit(attempt.free_port)
-            resume_asked = pool.submit(p.keeper.prepare, attempt.cluster, **attempt.node_access())
+            resume_asked = pool.submit(
+                p.keeper.prepare, attempt.cluster, restart=self.journal.job.recoveries > 0,
+                **attempt.node_access(),
+            )  # fmt: skip
             guards_asked = pool.submit(self._arm_guards, attempt)
             port, resume = port_asked.result(), resume_asked.result()
             guards_asked.result()

@@ -9,6 +9,7 @@ ender and salvage (declared below for the type checker).
 
 from __future__ import annotations
 
+from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.early_replacement import EarlyLaunch
 from orchestrator.control.ending import NodeEnder
@@ -18,9 +19,10 @@ from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter
 from orchestrator.control.recovery_rules import Interruption, may_recover
 from orchestrator.control.replacing import market_matches, survivors
+from orchestrator.control.resume_fallback import FALLBACK_EVENT, fallback_due
 from orchestrator.control.salvage import Salvage
 from orchestrator.errors import CapacityError, JobFailed, OrchError
-from orchestrator.ledger.store import Job
+from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node import launch
 from orchestrator.providers.base import Instance, Provider
 from orchestrator.spec.model import JobSpec
@@ -35,6 +37,8 @@ class Recovering:
     launcher: Launcher
     nodes: NodeEnder
     salvage: Salvage
+    keeper: CheckpointKeeper
+    ledger: Ledger
     provider: Provider
     reporter: Reporter
     spec: JobSpec
@@ -214,6 +218,48 @@ class Recovering:
         self.attempt = Attempt.not_launched()
         self._avoid_zones = ()
         self._survivors = staying
+
+    def _fall_back(self, failure: JobFailed) -> bool:
+        """After a run failed: when it could not load the checkpoint it resumed
+        (`resume_fallback.fallback_due`), hold that one back and ready a restart on the same
+        nodes from the complete one before it (FALLBACK event; the caller brings the run up);
+        True then. False, with the job's failure to stand, otherwise (a WARNING event says
+        why when there is no checkpoint to fall back to)."""
+        if self.kept is not None or not self.attempt.connected:
+            return False  # a kept cluster's nodes are taken anew only at a job's start
+        failed = fallback_due(failure.message, self.ledger.events(self.job.id), utcnow())
+        if failed is None:
+            return False
+        held = self.keeper.hold_back()
+        before = self.keeper.newest() if held is not None else None
+        if held is None or before is None:
+            self.journal.event(
+                "WARNING", f"the run could not load the checkpoint of step {failed.step} "
+                f"({failed.error}); orch holds no complete checkpoint before it to fall back to",
+                step=failed.step,
+            )  # fmt: skip
+            return False
+        self.journal.event(
+            FALLBACK_EVENT, f"the run could not load {held.name} ({failed.error}); it restarts "
+            f"once, on the same nodes, from {before.name}, the complete checkpoint before it "
+            f"({held.name} is set aside on every node)",
+            step=before.step,
+        )  # fmt: skip
+        attempt, staying = self.attempt, list(self.attempt.instances)
+        self.journal.recovering(
+            f"restarting on the same {len(staying)} node(s) from {before.name}",
+            recoveries=self.job.recoveries,
+        )
+        try:
+            attempt.clear_runs(self.layout, [i.rank for i in staying])
+        except OrchError as exc:
+            self.journal.event("WARNING", f"a node did not answer ({exc}); they all end")
+            self._end_attempt()
+            return True
+        attempt.close()
+        self.attempt = Attempt.not_launched()
+        self._survivors = staying
+        return True
 
     def _restart_from_scratch(self) -> None:
         """The controller died before training started: end what it launched, start over."""

@@ -40,6 +40,7 @@ from orchestrator.control.unrecorded import UnrecordedEnd
 from orchestrator.errors import (
     CapacityError,
     JobCancelled,
+    JobFailed,
     OrchError,
     ProviderError,
     RemoteError,
@@ -197,7 +198,13 @@ class JobRunner(Recovering):
                     self._restart_from_scratch()
                 held = self._bring_up_on_policy()
             while held is None:
-                decision = self._supervise(self.attempt)
+                try:
+                    decision = self._supervise(self.attempt)
+                except JobFailed as failure:
+                    if not self._fall_back(failure):
+                        raise
+                    held = self._bring_up_on_policy()
+                    continue
                 if isinstance(decision, FailedStart):
                     held = self.restarts.restart(self.attempt, decision)
                     continue

@@ -219,3 +219,44 @@ def _who(node: int, failure: Failure) -> str:
     if failure.local_rank is not None:
         return f"node {node}, local rank {failure.local_rank}"
     return f"node {node}"
+
+
+# What a failure to load a checkpoint looks like in the failing rank's traceback: a frame of
+# torch.load, of DCP's loader or of safetensors' loading, or a function of the script's own
+# whose name says it loads a checkpoint (`load_checkpoint`, `resume_from_ckpt`); or an
+# exception line in the words these libraries use.
+_LOAD_FRAME = re.compile(
+    r'File ".*(?:torch/serialization\.py", line \d+, in (?:load|_load)\b'
+    r"|torch/distributed/checkpoint/state_dict_loader\.py\""
+    r"|torch/distributed/checkpoint/filesystem\.py\", line \d+, in read_"
+    r'|safetensors/[^"]*", line \d+, in load'
+    r'|", line \d+, in (?=\w*(?:checkpoint|ckpt))(?=\w*(?:load|restore|resume))\w+$)',
+    re.IGNORECASE,
+)
+_LOAD_ERROR = re.compile(
+    r"metadata read failed|PytorchStreamReader failed|failed finding central directory"
+    r"|Error\(s\) in loading state_dict|UnpicklingError|SafetensorError"
+    r"|(?:load|read|restor)\w* (?:the |a )?(?:checkpoint|ckpt)"
+    r"|(?:checkpoint|ckpt)\w* (?:could not|cannot|can't) be (?:loaded|read)",
+    re.IGNORECASE,
+)
+_TAIL_MARK = "\n--- last lines of node "
+
+
+def checkpoint_load_error(report: str) -> str | None:
+    """The failing rank's exception line when a run's failure (`failure_report`'s text) reads
+    as a checkpoint that could not be loaded, else None: its traceback passes through
+    torch.load, DCP's loader, safetensors' loading or a function of the script's named for
+    checkpoints, or its exception says so in those libraries' words. Only the failing rank's
+    own part of the report counts, never the log's tail."""
+    head = report.split(_TAIL_MARK, 1)[0]
+    lines = head.splitlines()
+    first = lines[0] if lines else ""
+    error = (
+        first.split(": ", 1)[1] if first.startswith(("rank ", "node ")) and ": " in first else None
+    )
+    if error is None:
+        return None
+    if _LOAD_ERROR.search(error) or any(_LOAD_FRAME.search(line.strip()) for line in lines):
+        return error
+    return None

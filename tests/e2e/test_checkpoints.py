@@ -3,9 +3,10 @@
 - a tutorial-style DDP script that `torch.save`s `snapshot.pt` in place in its workdir: the
   snapshot reaches the mirror while the job runs, and when node 0 dies without notice the job
   resumes from it instead of starting over;
-- a sharded DCP job whose ranks each own a tensor: when node 1 dies without notice, every
-  rank of the new nodes loads exactly what it saved at the last step that was complete on all
-  nodes, downloaded from the checkpoint store.
+- a sharded DCP job whose ranks each own a tensor and that resumes the newest step it finds
+  (as torchtitan does): when node 1 dies without notice right after a save, its shards of that
+  step never taken, the step node 0 still holds is set aside and every rank loads exactly what
+  it saved at the last step that was whole on all nodes, downloaded from the checkpoint store.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from tests.support.helpers import (
     detach,
     events,
     fast_env,
-    job_json,
     preempt,
     wait_for,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -88,9 +89,13 @@ def test_an_in_place_snapshot_is_mirrored_while_it_runs_and_resumed_after_node_0
     assert_nothing_left(job)
 
 
-def test_a_sharded_dcp_job_loses_node_1_and_every_rank_resumes_what_it_saved(
+def test_a_sharded_dcp_job_that_resumes_the_newest_step_it_finds_loses_node_1_right_after_a_save(
     tmp_path: Path,
 ) -> None:
+    """The script resumes as torchtitan does (rank 0 picks the newest `step-N` holding
+    `.metadata`, whatever ORCH_RESUME_FROM says). Node 1 dies right after step 12 was saved,
+    its shards of it never taken; node 0 keeps step 12's `.metadata` and its own shards. The
+    restart sets step 12 aside on node 0, so every rank resumes step 8, whole, from the store."""
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(FIXTURES / "dcp_train.py", work)
@@ -100,7 +105,8 @@ def test_a_sharded_dcp_job_loses_node_1_and_every_rank_resumes_what_it_saved(
     spec.write_text(
         "name: sharded\n"
         f"workdir: {work}\n"
-        "run: python dcp_train.py --steps 40 --step-s 0.3 --save-every 4 --size 65536\n"
+        "run: python dcp_train.py --steps 20 --step-s 0.3 --save-every 4 --size 65536"
+        " --resume newest --hold-at 12\n"
         "resources: {nodes: 2, gpus_per_node: 2, spot: true}\n"
         f"checkpoint: {{dir: ~/ckpt, store: 'file://{store}'}}\n"  # mirror: latest (default)
         "env: {OMP_NUM_THREADS: '1'}\n"
@@ -108,48 +114,42 @@ def test_a_sharded_dcp_job_loses_node_1_and_every_rank_resumes_what_it_saved(
     home = tmp_path / "orch"
     env = env_for(home)
     job_id = detach(spec, env)
-    stored = lambda j: [c for c in j["checkpoints"] if c.get("stored")]  # noqa: E731
-    wait_for(job_id, env, lambda j: len(stored(j)) >= 2, "two stored sharded steps")
+    stored = lambda j: {c["step"] for c in j["checkpoints"] if c.get("stored")}  # noqa: E731
+    before = wait_for(job_id, env, lambda j: 8 in stored(j), "step 8 stored")
+    disks = {
+        lease["rank"]: home / "local" / "nodes" / lease["instance_id"] / "disk"
+        for lease in before["leases"]
+    }
+    held = disks[0] / "ckpt" / "step-000012"
+    wait_until(lambda: (held / ".metadata").is_file(), "step 12 saved", 120, interval=0.2)
+    assert (disks[1] / "ckpt" / "step-000012" / "__2_0.distcp").is_file()
     preempt(job_id, env, node=1, notice=0)
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=300)
-    assert job["state"] == "SUCCEEDED", job["events"][-10:]
-    assert job["recoveries"] == 1 and job["step"] == 40
+    assert job["state"] == "SUCCEEDED", job["events"][-12:]
+    assert job["recoveries"] == 1 and job["step"] == 20
+    assert not events(job, "FALLBACK")  # set aside before the start, not recovered after
 
     killed_at = events(job, "PREEMPTED")[0]["at"]
     complete_before = [e["step"] for e in events(job, "CHECKPOINT") if e["at"] < killed_at]
+    assert max(complete_before) == 8, complete_before  # step 12 never reached orch whole
     (resumed,) = events(job, "RESUMED")
-    assert resumed["step"] == max(complete_before), (resumed, complete_before)
-    # From the store, unless the newest step reached the mirror before its upload finished (a
-    # loaded machine): then the mirror, newer, is pushed. Its store copy is checked below.
-    put_back = events(job, "RESTORED") + events(job, "PUSHED")
-    assert len(put_back) == 1, put_back
-    if events(job, "RESTORED"):
-        assert "from the store to 2 node(s)" in put_back[0]["message"]
-    else:
-        assert "to 2 node(s)" in put_back[0]["message"]
+    assert resumed["step"] == 8, resumed
+    (aside,) = events(job, "SET_ASIDE")
+    moved = f"node 0: step-000012 moved to ~/orch-jobs/{job_id}/set-aside/"
+    assert aside["message"].startswith(moved) and "step-000008" in aside["message"], aside
 
     logs = home / "jobs" / job_id / "logs"
     lines = json_lines(logs / "node-0.log") + json_lines(logs / "node-1.log")
-    step = resumed["step"]
-    saved = {
-        e["rank"]: e["sha256"] for e in lines if e.get("event") == "saved" and e["step"] == step
-    }
+    chosen = {e["rank"]: (e["chosen"], e["orch_resume_from"]) for e in lines
+              if e.get("event") == "chosen" and e["chosen"]}  # fmt: skip
+    assert chosen == {rank: ("step-000008", "step-000008") for rank in range(4)}, chosen
+    saved = {e["rank"]: e["sha256"] for e in lines if e.get("event") == "saved" and e["step"] == 8}
     restored = {e["rank"]: e["sha256"] for e in lines if e.get("event") == "restored"}
     assert sorted(restored) == [0, 1, 2, 3]
     assert restored == saved, "a rank resumed from something other than what it saved"
     whole = [".metadata", *[f"__{r}_0.distcp" for r in range(4)]]
-    held = {e["rank"]: e["files"] for e in lines if e.get("event") == "restored"}
-    assert all(files == whole for files in held.values()), held  # not just each node's own
-    # Every shard came from its own node; the store keeps the newest step whole. (The resumed
-    # step itself may be gone from the store by now: when the mirror held it first, nothing
-    # uploaded it, and newer steps superseded it.)
-    record = max((c for c in job["checkpoints"] if c.get("stored")), key=lambda c: c["step"])
-    newest = f"step-{record['step']:06d}"
-    assert record["step"] >= step
-    assert sorted(f["path"] for f in record["files"]) == [
-        f"{newest}/.metadata",
-        *[f"{newest}/__{r}_0.distcp" for r in range(4)],
-    ]
-    assert all((store / f["key"]).is_file() for f in record["files"])
-    assert job_json(job_id, env)["checkpoints"], "the ledger lists what is kept"
+    files = {e["rank"]: e["files"] for e in lines if e.get("event") == "restored"}
+    assert all(names == whole for names in files.values()), files  # not just each node's own
+    assert all((store / f["key"]).is_file() for c in job["checkpoints"] for f in c["files"]
+               if c.get("stored"))  # fmt: skip
     assert_nothing_left(job)

@@ -268,6 +268,7 @@ def runner(
     provider: FakeProvider,
     supervise: Supervise,
     options: RunnerOptions = FAST,
+    keeper: FakeKeeper | None = None,
     **spec_fields: Any,
 ) -> JobRunner:
     loaded = loaded_job(tmp_path, **spec_fields)
@@ -284,7 +285,7 @@ def runner(
         reporter=SilentReporter(),
         options=options,
         open_attempt=open_fake,
-        keeper=cast(CheckpointKeeper, FakeKeeper()),
+        keeper=cast(CheckpointKeeper, keeper or FakeKeeper()),
         supervise=supervise,
     )
 

@@ -4,7 +4,11 @@ The runner (`orchestrator.control.runner`) calls:
 
 - `prepare(cluster)` before each start: sends the checkpoint agent to every node, puts the
   newest complete checkpoint back on every node (each node downloads it from the store, or the
-  mirror is pushed to it), then arms the agents. Returns what the run resumes from.
+  mirror is pushed to it), then arms the agents. Returns what the run resumes from. Before a
+  restart (`restart`, or after `hold_back`) the steps the nodes hold that are newer than that
+  one and not whole on every node are first moved aside (`set_aside`: SET_ASIDE events).
+- `hold_back()` after a run could not load what it resumed: no later start resumes that
+  version again (this controller's life long); the one before it is resumed instead.
 - `adopt(cluster)` when a new controller takes a running job over: starts again any agent
   that no longer runs (one that runs is left alone).
 - `watch(...)` and `stop_watching()` while the run runs: a collection starts as soon as a
@@ -42,10 +46,12 @@ from orchestrator.cluster.checkpoints.collector import (
 )
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
+from orchestrator.cluster.checkpoints.set_aside import set_aside_newer
 from orchestrator.cluster.checkpoints.store import (
     node_access,
 )
 from orchestrator.cluster.checkpoints.streak import PullStreak, pull_failure_reason
+from orchestrator.cluster.checkpoints.units import step_of
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError, RemoteError
@@ -97,10 +103,12 @@ OVERSIZED_MANIFEST = (
 @dataclass(frozen=True)
 class Resume:
     """What a start resumes from: the node path of the newest complete directory
-    checkpoint ("" when there is none) and its step."""
+    checkpoint ("" when there is none), its step, and its name under the checkpoint
+    directory (None when there is none)."""
 
     path: str
     step: int | None
+    name: str | None = None
 
 
 class CheckpointKeeper:
@@ -138,6 +146,8 @@ class CheckpointKeeper:
             settings=settings, line=line,
         )  # fmt: skip
         self._noticed: set[str] = set()
+        self._resumed: tuple[str, str] | None = None  # (name, version) the last start resumed
+        self._held_back: set[tuple[str, str]] = set()  # versions no start resumes again
         self._streams: list[LineStream] = []
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -166,14 +176,51 @@ class CheckpointKeeper:
         return self._collector
 
     def prepare(
-        self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
+        self,
+        cluster: Cluster,
+        *,
+        nodes_have_credentials: bool = False,
+        region: str | None = None,
+        restart: bool = False,
     ) -> Resume:
-        """Before a start: agents sent, the newest checkpoint put back, agents armed."""
+        """Before a start: agents sent, the newest checkpoint put back, newer steps the nodes
+        hold set aside (with `restart`, or once a version was held back), agents armed."""
         self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
         self._install(cluster)
         restored, resume = self._put_back(cluster)
+        if restart or self._held_back:
+            self._set_aside(cluster, resume)
         self._arm(cluster, restored)
         return resume
+
+    def hold_back(self) -> Newest | None:
+        """The checkpoint the last start resumed is not resumed again (a run could not load
+        it); returns it, or None when that start resumed none. `newest()` and later starts
+        skip it; it stays where it is kept."""
+        if self._resumed is None:
+            return None
+        self._held_back.add(self._resumed)
+        name, _version = self._resumed
+        self._resumed = None
+        return Newest(name, step_of(name))
+
+    def _set_aside(self, cluster: Cluster, resume: Resume) -> None:
+        """Move aside, on every node, the steps newer than `resume` that are not whole on
+        every node; each node's moves are a SET_ASIDE event (a WARNING for what failed)."""
+        try:
+            done = set_aside_newer(
+                cluster, owner=self.node_owner, checkpoint_dir=self.node_dir,
+                resume=resume.name, held_back=[name for name, _v in self._held_back],
+            )  # fmt: skip
+        except OrchError as exc:
+            self.ledger.add_event(
+                self.job_id, "WARNING", f"newer checkpoints the nodes hold were not set "
+                f"aside: {exc}; a script that resumes the newest step it finds may find one",
+            )  # fmt: skip
+            return
+        self.records.set_aside.update(e for m in done.moved.values() for e in m.moved)
+        for kind, message in done.events(resume.name):
+            self.ledger.add_event(self.job_id, kind, message, step=resume.step)
 
     def adopt(
         self, cluster: Cluster, *, nodes_have_credentials: bool = False, region: str | None = None
@@ -184,8 +231,9 @@ class CheckpointKeeper:
         self._arm(cluster, {})
 
     def newest(self) -> Newest | None:
-        """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
-        return self.records.newest()
+        """The newest complete directory checkpoint kept anywhere (the mirror or the store),
+        but one held back (`hold_back`)."""
+        return self.records.newest(skip=self._held_back)
 
     def sweep_store(self) -> None:
         """At the job's end: delete what the job left in the store that no kept version uses."""
@@ -224,8 +272,10 @@ class CheckpointKeeper:
 
     # --- putting checkpoints back -----------------------------------------------------------
     def _put_back(self, cluster: Cluster) -> tuple[dict[str, RestoredFile], Resume]:
-        from_store = self.records.store_plan() if self._access is not None else None
-        newest_held = self.mirror.newest_directory()
+        skip = self._held_back
+        from_store = self.records.store_plan(skip=skip) if self._access is not None else None
+        newest_held = self.mirror.newest_directory(skip=skip)
+        self._resumed = None
         if from_store is not None:
             items, name, step = from_store.items, from_store.name, from_store.step
             mirror_is_newer = (
@@ -237,6 +287,8 @@ class CheckpointKeeper:
                 try:
                     self._restore(cluster, items)
                     restored = {i.path: RestoredFile(i.digest, i.size, i.key) for i in items}
+                    if name is not None and from_store.version is not None:
+                        self._resumed = (name, from_store.version)
                     return restored, self._resume(name, step)
                 except RemoteError as exc:
                     if not self.mirror.files():
@@ -252,13 +304,14 @@ class CheckpointKeeper:
         restored = {path: RestoredFile(sha, size) for path, (sha, size) in held.items()}
         if newest_held is None:
             return restored, Resume("", None)
+        self._resumed = (newest_held.name, newest_held.version)
         return restored, self._resume(newest_held.name, newest_held.step)
 
     def _resume(self, name: str | None, step: int | None) -> Resume:
         if name is None:
             return Resume("", None)
         path = self.node_dir if name == "." else f"{self.node_dir}/{name}"
-        return Resume(path, step)
+        return Resume(path, step, name)
 
     def _push(self, cluster: Cluster) -> None:
         started = time.monotonic()

@@ -26,7 +26,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -173,11 +173,12 @@ class CheckpointMirror:
             found.update(unit.files)
         return found
 
-    def newest_directory(self) -> MirroredUnit | None:
-        """The newest directory checkpoint the mirror holds whole: what a restart resumes from."""
+    def newest_directory(self, skip: Collection[tuple[str, str]] = ()) -> MirroredUnit | None:
+        """The newest directory checkpoint the mirror holds whole: what a restart resumes from
+        (never a version in `skip`: (name, version) pairs)."""
         best: MirroredUnit | None = None
         for unit in self.units().values():
-            if unit.kind == "file":
+            if unit.kind == "file" or (unit.name, unit.version) in skip:
                 continue
             marker = COMPLETE_MARKER if unit.kind == "step" else DCP_METADATA
             directory = self.root / unit.directory if unit.directory else self.root

@@ -40,11 +40,13 @@ class Newest:
 @dataclass(frozen=True)
 class StorePlan:
     """What a restart downloads from the store: the newest stored directory checkpoint (its
-    name and step; None when there is none) and the newest version of every single file."""
+    name, step and version; None when there is none) and the newest version of every single
+    file."""
 
     items: list[RestoreItem]
     name: str | None
     step: int | None
+    version: str | None = None
 
 
 class CheckpointRecords:
@@ -70,43 +72,55 @@ class CheckpointRecords:
         self.region: str | None = None  # the nodes' region, once known: the store's default
         self._client: StoreClient | None = None
         self._client_opened = False
+        # What a restart moved aside on the nodes (`set_aside`): the store keeps its versions
+        # as if the nodes still held them, and the job's end leaves its objects there.
+        self.set_aside: set[str] = set()
 
     # --- reading ----------------------------------------------------------------------------
-    def newest(self) -> Newest | None:
-        """The newest complete directory checkpoint kept anywhere (the mirror or the store)."""
+    def newest(self, skip: Collection[tuple[str, str]] = ()) -> Newest | None:
+        """The newest complete directory checkpoint kept anywhere (the mirror or the store),
+        but the versions in `skip` ((name, version) pairs)."""
         candidates = []
-        held = self.mirror.newest_directory()
+        held = self.mirror.newest_directory(skip=skip)
         if held is not None:
             candidates.append(Newest(held.name, held.step))
         for record in self.ledger.checkpoints(self.job_id, live_only=True):
-            if record.kind in ("step", "dcp") and record.stored_at is not None:
+            if (
+                record.kind in ("step", "dcp")
+                and record.stored_at is not None
+                and (record.name, record.digest) not in skip
+            ):
                 candidates.append(Newest(record.name, record.step))
         if not candidates:
             return None
         return max(candidates, key=lambda n: -1 if n.step is None else n.step)
 
-    def store_plan(self) -> StorePlan | None:
-        """What to download from the store on a restart; None when nothing is stored."""
+    def store_plan(self, skip: Collection[tuple[str, str]] = ()) -> StorePlan | None:
+        """What to download from the store on a restart (never a version in `skip`, nor one
+        the ledger does not hold complete); None when nothing is stored."""
         records = [
             r
             for r in self.ledger.checkpoints(self.job_id, live_only=True)
             if r.stored_at is not None and r.files_json
         ]
-        directories = [r for r in records if r.kind in ("step", "dcp")]
+        directories = [
+            r for r in records if r.kind in ("step", "dcp") and (r.name, r.digest) not in skip
+        ]
         chosen: list[CheckpointRecord] = []
         name: str | None = None
         step: int | None = None
+        version: str | None = None
         if directories:
             best = max(directories, key=lambda r: (-1 if r.step is None else r.step, r.id or 0))
             chosen.append(best)
-            name, step = best.name, best.step
+            name, step, version = best.name, best.step, best.digest
         singles: dict[str, CheckpointRecord] = {}
         for record in records:
             if record.kind == "file":
                 singles[record.name] = record  # ordered by id: the newest wins
         chosen.extend(singles.values())
         items = [item for record in chosen for item in self._restore_items(record)]
-        return StorePlan(items, name, step) if items else None
+        return StorePlan(items, name, step, version) if items else None
 
     def _stored_files(self, record: CheckpointRecord) -> list[tuple[dict, str | None]]:
         """Each file of a record with the key the controller computes for it (None: not
@@ -161,7 +175,10 @@ class CheckpointRecords:
                 fields["in_mirror"] = True
             if fields and record.id is not None:
                 known[key] = self.ledger.update_checkpoint(record.id, **fields)
-        self._drop_gone(known, present_directories(collected.manifests, ranks), now)
+        present = present_directories(collected.manifests, ranks)
+        if present is not None:
+            present |= self.set_aside
+        self._drop_gone(known, present, now)
 
     def _new(self, unit: Unit, now: datetime, in_mirror: bool, stored: bool) -> CheckpointRecord:
         return CheckpointRecord(
@@ -257,6 +274,8 @@ class CheckpointRecords:
         prefix = self.keys.base
         try:
             leftover = set(client.keys()) - kept
+            aside = {key for key in leftover if self._under_set_aside(key)}
+            leftover -= aside
             odd = {key for key in leftover if not self.keys.owns(key)}
             client.delete(leftover - odd)
         except OrchError as exc:
@@ -268,12 +287,27 @@ class CheckpointRecords:
                 f"checkpoint uses (superseded, or never complete) from "
                 f"{describe(self.store, prefix)}",
             )  # fmt: skip
+        if aside:
+            self.ledger.add_event(
+                self.job_id, "STORE", f"kept {len(aside)} object(s) of checkpoints set aside "
+                f"before a restart ({', '.join(sorted(self.set_aside)[:8])}) under "
+                f"{describe(self.store, prefix)}; remove them yourself if unwanted",
+            )  # fmt: skip
         if odd:
             self.ledger.add_event(
                 self.job_id, "WARNING", f"left {len(odd)} object(s) under "
                 f"{describe(self.store, prefix)} whose names orch does not delete (control "
                 "characters, or not canonical paths); remove them yourself if unwanted",
             )  # fmt: skip
+
+    def _under_set_aside(self, key: str) -> bool:
+        """Whether a store key holds a file under an entry a restart set aside."""
+        assert self.keys is not None
+        head = self.keys.base + "/"
+        if not self.set_aside or not key.startswith(head):
+            return False
+        path = key[len(head) :].rpartition("@")[0]
+        return any(path == entry or path.startswith(entry + "/") for entry in self.set_aside)
 
 
 def files_json(unit: Unit) -> str:
