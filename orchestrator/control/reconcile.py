@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from orchestrator.control.kept import cluster_scope, is_mine, settle
 from orchestrator.control.ownership import partition
 from orchestrator.control.supervision import controller_running, revive
 from orchestrator.control.unrecorded import (
+    LEDGER_FAILURES,
     DeferredWrites,
     UnrecordedEnd,
     finish_unrecorded,
@@ -101,6 +102,25 @@ def identity_json(provider: Provider) -> str | None:
         return None
 
 
+def hold_fence(ledger: Ledger, count: int, report: Callable[[str], None]) -> None:
+    """Right before a provider's terminate: on a fenced ledger (`ledger.fencing`), check the
+    caller's controller lease and renew it for its length, so that no controller takes it
+    over by expiry before the terminate went out. `LeaseLost` when it is another's: end
+    nothing. A ledger that does not answer does not hold the nodes up (it never does at a
+    termination): `report` says so and the nodes are ended; callers whose ledger already
+    refused a write skip the check (the controller's renewal thread stops it before its
+    lease could run out).
+
+    What is left: a process paused for longer than a lease between this check and the
+    provider's call sends the call when it resumes, after another controller may have taken
+    the lease over (nothing between the ledger and the cloud can take back a call in flight)."""
+    try:
+        ledger.hold_fence(f"end {count} node(s)")
+    except LEDGER_FAILURES as exc:
+        report(f"[orch] could not check the controller lease before ending nodes ({exc}); "
+               "ending them")  # fmt: skip
+
+
 def end_nodes(
     ledger: Ledger,
     provider: Provider,
@@ -124,6 +144,8 @@ def end_nodes(
             "leases of nodes launched without one",
             lambda: lease_unrecorded(ledger, provider, job_id, instance_ids),
         )
+    if writes.error is None:  # a ledger that refused a write is not waited on again
+        hold_fence(ledger, len(instance_ids), lines.append)
     ended_at = provider.terminate(sorted(instance_ids))
     writes.write("the end of their leases", lambda: ledger.close_leases(instance_ids, ended_at))
 
