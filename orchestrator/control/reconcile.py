@@ -182,10 +182,23 @@ def reconcile(
     (on a shared ledger: nor another machine's unfinished job). Idempotent. Nodes that are
     not this ledger's are only listed (`ReconcileReport.not_ours`).
 
+    The nodes are listed before anything is read about their jobs (which jobs there are,
+    their state, who drives them, their leases, the kept clusters). A job is registered
+    before its nodes launch (intent first), so every listed node's job is in what is read
+    after: a job a teammate registers while reconcile runs is seen as theirs with its nodes,
+    or its nodes launched after the listing and are not looked at. Neither is ended.
+
     With `dry_run`, nothing is revived or terminated: the report says what would be.
     Records a stop could not write (ORCH_HOME/unrecorded/) are written first.
     """
     recorded = [] if dry_run else finish_unrecorded(settings.home, ledger)
+    if not dry_run:  # another machine's cluster is its to settle: it sees its nodes
+        scope = cluster_scope(settings)
+        kept = [c for c in Clusters(ledger).all(up_only=True) if is_mine(c, scope)]
+        for provider in providers:
+            for cluster in (c for c in kept if c.provider == provider.name):
+                settle(ledger, provider, cluster)
+    listed = [(provider, provider.list_owned()) for provider in providers]  # first: see above
     if dry_run:
         adoption = plan_adoption(settings, ledger, ledger.jobs())
         if not settings.ledger.shared:  # as before: every unfinished job without a controller
@@ -205,15 +218,9 @@ def reconcile(
     hands_off = adoption.hands_off
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
-    scope = cluster_scope(settings)
-    kept = [c for c in Clusters(ledger).all(up_only=True) if is_mine(c, scope)]
-    for provider in providers:
-        if not dry_run:  # another machine's cluster is its to settle: it sees its nodes
-            for cluster in kept:
-                if cluster.provider == provider.name:
-                    settle(ledger, provider, cluster)
-        kept_ids = {c.id for c in Clusters(ledger).all(up_only=True)}
-        found = partition(provider.list_owned(), ledger.ledger_id, leased=leased)
+    kept_ids = {c.id for c in Clusters(ledger).all(up_only=True)}
+    for provider, instances in listed:
+        found = partition(instances, ledger.ledger_id, leased=leased)
         report.not_ours.extend(i.instance_id for i in found.others)
         by_job: dict[str, list[str]] = defaultdict(list)
         for instance in found.ours:
