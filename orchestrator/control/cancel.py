@@ -145,7 +145,9 @@ def cancel(
                     settings, ledger, job_id, claim.lease, on_asked, wait, stop_wait_s, poll_s
                 )
             forced_from = claim.forced_from(keeper.machine)
-        ids = _end_here(settings, ledger, job_id, provider, forced_from)
+        # on a shared ledger cancel drives the job now: its writes and terminate hold the lease
+        driving = ledger if keeper is None else keeper.fenced(ledger)
+        ids = _end_here(settings, driving, job_id, provider, forced_from)
     finally:
         if keeper is not None:
             keeper.stop()

@@ -220,9 +220,11 @@ class ForegroundJob:
                 "watch_interval": min(base.watch_interval, FOREGROUND_WATCH_INTERVAL),
             }
         )
+        # on a shared ledger, each of the controller's writes about the job holds its lease
+        ledger = self.ledger if self.lease is None else self.lease.fenced(self.ledger)
         try:
             outcome = JobRunner(
-                self.job, self.prepared.loaded, settings=self.settings, ledger=self.ledger,
+                self.job, self.prepared.loaded, settings=self.settings, ledger=ledger,
                 provider=self.prepared.provider, reporter=reporter, options=options,
             ).run()  # fmt: skip
         finally:  # the nodes are gone by now, whatever happened

@@ -3,9 +3,10 @@
 Started by `orch submit --detach` and by any orch command that finds an unfinished job without
 a controller. It takes the job's controller lock (or exits at once if another process holds
 it), and on a shared ledger the job's controller lease too (`lease_keeper`; exits at once if
-another machine's controller holds it), then drives the job from whatever state the ledger
-records until it is final. SIGTERM (what `orch cancel` sends) cancels the job gracefully.
-Output goes to jobs/<id>/controller.log.
+another machine's controller holds it; each of its writes about the job holds that lease:
+`ledger.fencing`), then drives the job from whatever state the ledger records until it is
+final. SIGTERM (what `orch cancel` sends) cancels the job gracefully. Output goes to
+jobs/<id>/controller.log.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main(argv: list[str]) -> int:
                 keeper = None
                 return 0
             keeper.start()
+            ledger = keeper.fenced(ledger)  # each write about the job holds the lease
         job = ledger.update_job(
             job_id, controller=controller_identity(keeper.holder if keeper else None)
         )

@@ -12,7 +12,7 @@ from orchestrator.control.guards import Guards
 from orchestrator.control.journal import Journal
 from orchestrator.control.options import Reporter
 from orchestrator.control.ownership import partition
-from orchestrator.control.reconcile import lease_unrecorded
+from orchestrator.control.reconcile import hold_fence, lease_unrecorded
 from orchestrator.control.unrecorded import (
     LEDGER_FAILURES,
     DeferredWrites,
@@ -68,6 +68,10 @@ class NodeEnder:
         writes (leases of nodes launched without one, the leases' end, the event) are best
         effort (`writes`); a lease whose end was not written is kept in `unclosed` with the
         provider's end time. Nodes that powered themselves off are billed until they did.
+
+        On a fenced ledger (a controller's, on a shared ledger) the controller lease is checked
+        right before the provider is asked (`hold_fence`): a controller whose lease was taken
+        ends nothing (`LeaseLost`, after its LEASE_LOST event).
         """
         job_id = self.journal.job.id
         ids = {i.instance_id for i in recorded}
@@ -107,6 +111,8 @@ class NodeEnder:
             self.reporter.line(f"[orch] could not describe unleased nodes: {exc}")
         with contextlib.suppress(OrchError, *LEDGER_FAILURES):
             self.guards.close_self_ended(self.provider.self_ended(sorted(ids)))
+        if self.writes.error is None:  # a ledger that refused a write is not waited on again
+            hold_fence(self.ledger, len(ids), self.reporter.line)
         try:
             ended_at = self.provider.terminate(sorted(ids))
         except InstancesNotFound as exc:

@@ -17,6 +17,13 @@ LEASE_LOST event and ends this process on the spot (`os._exit`), as if it were k
 nothing more happens to the job's nodes from here. That is safe by design: a killed controller
 leaves the nodes running and the ledger consistent, for the one that holds the lease.
 
+A renewal comes only every `ledger.lease_renewal` seconds, and a process that was paused (a
+laptop asleep) resumes with its next one still ahead. So the controller drives the job through
+`fenced(ledger)`: each of its writes about the job, and each check before it ends nodes, is
+conditional on this lease as taken (`ledger.fencing`), and the first one that finds the lease
+another's stops the process the same way (one LEASE_LOST event), before anything is written or
+ended.
+
 Leases are judged by the ledger's clock (`ledger.clock`), never this machine's; how long this
 process may go on without a renewal is measured on its own monotonic clock from the moment it
 asked for the last one that succeeded.
@@ -43,6 +50,7 @@ from orchestrator.config import Settings
 from orchestrator.control.machine_id import holder_id, machine_id
 from orchestrator.errors import OrchError
 from orchestrator.ledger.controller_leases import ControllerLeases, LeaseClaim
+from orchestrator.ledger.fencing import Fence
 from orchestrator.ledger.store import ControllerLease, Ledger
 
 LEASE_LOST = "LEASE_LOST"  # the event a controller writes when it stops for a lost lease
@@ -80,7 +88,10 @@ class LeaseKeeper:
         self._on_cancel = on_cancel or self._cancel_process
         self._monotonic = monotonic
         self._expires: float | None = None  # on `monotonic`: when the lease runs out here
+        self._fence: Fence | None = None  # the lease as this keeper took it
         self._cancel_taken = False
+        self._lost_said = False  # its LEASE_LOST event was written (once, whoever found it)
+        self._lost_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,6 +107,10 @@ class LeaseKeeper:
         )  # fmt: skip
         if claim.taken:
             self._expires = asked + self.length_s
+            taken_at = claim.lease.taken_at if claim.lease is not None else None
+            self._fence = Fence(
+                self.job_id, self.holder, taken_at, self.length_s, on_lost=self._lost
+            )
             if claim.previous is not None:
                 self._taken_over(claim)
         return claim
@@ -114,6 +129,14 @@ class LeaseKeeper:
             f"controller {self.holder} took over the lease of {previous.holder} "
             f"(machine {previous.machine}), {how}",
         )  # fmt: skip
+
+    def fenced(self, ledger: Ledger | None = None) -> Ledger:
+        """`ledger` (by default the keeper's) with every write, and every check before ending
+        nodes, conditional on this lease as taken (`ledger.fencing`); one that finds the lease
+        another's stops the controller as a lost renewal does. Only after a successful `take`."""
+        if self._fence is None:
+            raise RuntimeError(f"the lease of {self.job_id} is not taken: nothing to fence with")
+        return (ledger or self.ledger).fenced(self._fence)
 
     def hold(
         self, *, force: bool = False, on_forced: Callable[[ControllerLease], None] | None = None
@@ -205,9 +228,13 @@ class LeaseKeeper:
             f"controller {self.holder} stopped driving the job: {why}; it left the job's nodes "
             "as they were, to the lease's holder"
         )
-        with contextlib.suppress(SQLAlchemyError, OrchError):
-            self.ledger.add_event(self.job_id, LEASE_LOST, message)
+        with self._lost_lock:  # the renewal thread and a fenced write may both find it
+            said, self._lost_said = self._lost_said, True
+        if not said:
+            with contextlib.suppress(SQLAlchemyError, OrchError):
+                self.ledger.add_event(self.job_id, LEASE_LOST, message)
         self._expires = None
+        self._stopping.set()
         self._on_lost(message)
 
     @staticmethod

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from orchestrator.control.kept import cluster_scope, is_mine, settle
 from orchestrator.control.ownership import partition
 from orchestrator.control.supervision import controller_running, revive
 from orchestrator.control.unrecorded import (
+    LEDGER_FAILURES,
     DeferredWrites,
     UnrecordedEnd,
     finish_unrecorded,
@@ -101,6 +102,25 @@ def identity_json(provider: Provider) -> str | None:
         return None
 
 
+def hold_fence(ledger: Ledger, count: int, report: Callable[[str], None]) -> None:
+    """Right before a provider's terminate: on a fenced ledger (`ledger.fencing`), check the
+    caller's controller lease and renew it for its length, so that no controller takes it
+    over by expiry before the terminate went out. `LeaseLost` when it is another's: end
+    nothing. A ledger that does not answer does not hold the nodes up (it never does at a
+    termination): `report` says so and the nodes are ended; callers whose ledger already
+    refused a write skip the check (the controller's renewal thread stops it before its
+    lease could run out).
+
+    What is left: a process paused for longer than a lease between this check and the
+    provider's call sends the call when it resumes, after another controller may have taken
+    the lease over (nothing between the ledger and the cloud can take back a call in flight)."""
+    try:
+        ledger.hold_fence(f"end {count} node(s)")
+    except LEDGER_FAILURES as exc:
+        report(f"[orch] could not check the controller lease before ending nodes ({exc}); "
+               "ending them")  # fmt: skip
+
+
 def end_nodes(
     ledger: Ledger,
     provider: Provider,
@@ -124,6 +144,8 @@ def end_nodes(
             "leases of nodes launched without one",
             lambda: lease_unrecorded(ledger, provider, job_id, instance_ids),
         )
+    if writes.error is None:  # a ledger that refused a write is not waited on again
+        hold_fence(ledger, len(instance_ids), lines.append)
     ended_at = provider.terminate(sorted(instance_ids))
     writes.write("the end of their leases", lambda: ledger.close_leases(instance_ids, ended_at))
 
@@ -160,10 +182,23 @@ def reconcile(
     (on a shared ledger: nor another machine's unfinished job). Idempotent. Nodes that are
     not this ledger's are only listed (`ReconcileReport.not_ours`).
 
+    The nodes are listed before anything is read about their jobs (which jobs there are,
+    their state, who drives them, their leases, the kept clusters). A job is registered
+    before its nodes launch (intent first), so every listed node's job is in what is read
+    after: a job a teammate registers while reconcile runs is seen as theirs with its nodes,
+    or its nodes launched after the listing and are not looked at. Neither is ended.
+
     With `dry_run`, nothing is revived or terminated: the report says what would be.
     Records a stop could not write (ORCH_HOME/unrecorded/) are written first.
     """
     recorded = [] if dry_run else finish_unrecorded(settings.home, ledger)
+    if not dry_run:  # another machine's cluster is its to settle: it sees its nodes
+        scope = cluster_scope(settings)
+        kept = [c for c in Clusters(ledger).all(up_only=True) if is_mine(c, scope)]
+        for provider in providers:
+            for cluster in (c for c in kept if c.provider == provider.name):
+                settle(ledger, provider, cluster)
+    listed = [(provider, provider.list_owned()) for provider in providers]  # first: see above
     if dry_run:
         adoption = plan_adoption(settings, ledger, ledger.jobs())
         if not settings.ledger.shared:  # as before: every unfinished job without a controller
@@ -183,15 +218,9 @@ def reconcile(
     hands_off = adoption.hands_off
     jobs = {job.id: job for job in ledger.jobs()}
     leased = {lease.instance_id for lease in ledger.leases()}
-    scope = cluster_scope(settings)
-    kept = [c for c in Clusters(ledger).all(up_only=True) if is_mine(c, scope)]
-    for provider in providers:
-        if not dry_run:  # another machine's cluster is its to settle: it sees its nodes
-            for cluster in kept:
-                if cluster.provider == provider.name:
-                    settle(ledger, provider, cluster)
-        kept_ids = {c.id for c in Clusters(ledger).all(up_only=True)}
-        found = partition(provider.list_owned(), ledger.ledger_id, leased=leased)
+    kept_ids = {c.id for c in Clusters(ledger).all(up_only=True)}
+    for provider, instances in listed:
+        found = partition(instances, ledger.ledger_id, leased=leased)
         report.not_ours.extend(i.instance_id for i in found.others)
         by_job: dict[str, list[str]] = defaultdict(list)
         for instance in found.ours:

@@ -46,6 +46,7 @@ from orchestrator.errors import (
     RemoteError,
 )
 from orchestrator.job_state import JobState
+from orchestrator.ledger.fencing import LeaseLost
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node.progress import Metrics
 from orchestrator.providers.base import Instance, Provider
@@ -158,6 +159,9 @@ class JobRunner(Recovering):
 
         A job started as another cloud identity than the provider's raises `IdentityMismatch`
         before anything is touched: no node ended or launched, no lease closed, no state set.
+        On a fenced ledger (`ledger.fencing`), a write or a terminate that finds the
+        controller lease another's raises `LeaseLost` with no teardown: the job and its nodes
+        are left as they are, to the lease's holder.
         """
         self.launcher.claim_identity()
         try:
@@ -168,6 +172,7 @@ class JobRunner(Recovering):
 
     def _run(self) -> JobOutcome:
         order = StopOrder(JobState.FAILED, 1, "")
+        lost = False
         try:
             if self.kept is not None:
                 self.kept.take_turn()
@@ -220,6 +225,9 @@ class JobRunner(Recovering):
                     self._replace_nodes(decision)
                     held = self._bring_up_on_policy()
             order = held
+        except LeaseLost:
+            lost = True  # another controller drives the job now: nothing more from here
+            raise
         except KeyboardInterrupt:
             order = StopOrder(JobState.CANCELLED, JobCancelled.exit_code, "cancelled")
         except OrchError as exc:
@@ -228,8 +236,9 @@ class JobRunner(Recovering):
             order = StopOrder(JobState.FAILED, 1, f"internal error: {exc!r}")
             raise
         finally:
-            with interrupts_deferred():
-                self._teardown(order)
+            if not lost:
+                with interrupts_deferred():
+                    self._teardown(order)
         return self._outcome(order)
 
     def _end_or_keep(self, order: StopOrder) -> datetime:

@@ -25,6 +25,7 @@ from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.database import LedgerUrlError, database_url, shown
+from orchestrator.ledger.fencing import Fence, LeaseLost, claim, lost_reason
 from orchestrator.ledger.measures import hourly_rate as hourly_rate
 from orchestrator.ledger.measures import lease_cost as lease_cost
 from orchestrator.ledger.measures import total_cost as total_cost
@@ -201,6 +202,7 @@ class LedgerMeta(SQLModel, table=True):
 
 
 LEDGER_ID_KEY = "ledger_id"
+_LEASES = ControllerLease.__table__  # type: ignore[attr-defined]
 
 
 class Event(SQLModel, table=True):
@@ -344,11 +346,58 @@ _Row = TypeVar("_Row", bound=SQLModel)
 
 
 class Ledger:
-    """Reads and writes of the ledger; one short transaction per call."""
+    """Reads and writes of the ledger; one short transaction per call.
 
-    def __init__(self, engine: Engine) -> None:
+    A ledger with a `fence` (`fenced`: a controller's, on a shared ledger) makes each write
+    conditional on that controller lease, checked in the write's transaction
+    (`ledger.fencing`); a write it refuses raises `LeaseLost` and writes nothing. Without
+    one (a ledger of one ORCH_HOME's own, whose controller lock keeps out every other
+    controller; a command that drives no job) writes are unconditional.
+    """
+
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self.engine = engine
+        self.fence = fence
         self._ledger_id: str | None = None
+
+    # --- fencing (ledger.fencing) -------------------------------------------------------
+    def fenced(self, fence: Fence) -> Ledger:
+        """This ledger, its writes conditional on `fence` (the caller's controller lease)."""
+        fenced = Ledger(self.engine, fence)
+        fenced._ledger_id = self._ledger_id
+        return fenced
+
+    def hold_fence(self, doing: str) -> None:
+        """Before an action outside the ledger (`doing`, e.g. "end 2 node(s)"): check the
+        fence and renew its lease for its length, in one transaction; `LeaseLost` (after the
+        fence's `on_lost`) when the lease is another's. No-op without a fence."""
+        fence = self.fence
+        if fence is None:
+            return
+        with self.engine.begin() as connection:
+            if claim(connection, _LEASES, fence, renew=True):
+                return
+        self._lose(fence, doing)
+
+    def _fence_write(self, session: Session, doing: str) -> None:
+        """The first statement of a write's transaction on a fenced ledger."""
+        fence = self.fence
+        if fence is None or claim(session.connection(), _LEASES, fence, renew=False):
+            return
+        session.rollback()
+        self._lose(fence, doing)
+
+    def _lose(self, fence: Fence, doing: str) -> None:
+        with Session(self.engine) as session:
+            lease = session.get(ControllerLease, fence.job_id)
+        holder, machine = (lease.holder, lease.machine) if lease is not None else (None, None)
+        why = lost_reason(fence, holder, machine, doing)
+        if fence.on_lost is not None:
+            fence.on_lost(why)
+        raise LeaseLost(
+            f"job {fence.job_id}: controller {fence.holder} stopped: {why}",
+            hint="`orch status` shows which controller drives the job now; nothing was written",
+        )
 
     # --- the ledger itself --------------------------------------------------------------
     @property
@@ -403,6 +452,7 @@ class Ledger:
     def _update(self, model: type[_Row], key: object, missing: str, fields: dict) -> _Row:
         """Set `fields` on the row of `model` with primary key `key`, in one transaction."""
         with Session(self.engine, expire_on_commit=False) as session:
+            self._fence_write(session, f"change {key} ({', '.join(fields)})")
             row = session.get(model, key)
             if row is None:
                 raise UnknownJob(missing)
@@ -415,6 +465,7 @@ class Ledger:
     # --- leases -------------------------------------------------------------------------
     def open_lease(self, lease: Lease) -> Lease:
         with Session(self.engine, expire_on_commit=False) as session:
+            self._fence_write(session, f"open the lease of {lease.instance_id}")
             session.add(lease)
             session.commit()
             return lease
@@ -425,6 +476,7 @@ class Ledger:
         ids = list(instance_ids)
         closed = 0
         with Session(self.engine) as session:
+            self._fence_write(session, f"close the leases of {', '.join(sorted(ids))}")
             for model in (Lease, IdleLease):
                 query = select(model).where(
                     model.instance_id.in_(ids),  # type: ignore[attr-defined]
@@ -455,6 +507,7 @@ class Ledger:
     ) -> Event:
         record = Event(job_id=job_id, at=utcnow(), kind=kind, message=message, step=step)
         with Session(self.engine, expire_on_commit=False) as session:
+            self._fence_write(session, f"write a {kind} event")
             session.add(record)
             session.commit()
             return record
@@ -466,12 +519,14 @@ class Ledger:
 
     def add_checkpoint(self, record: CheckpointRecord) -> CheckpointRecord:
         with Session(self.engine, expire_on_commit=False) as session:
+            self._fence_write(session, f"record checkpoint {record.name}")
             session.add(record)
             session.commit()
             return record
 
     def _add_rows(self, rows: Iterable[SQLModel]) -> None:
         with Session(self.engine) as session:
+            self._fence_write(session, "record samples")
             session.add_all(list(rows))
             session.commit()
 

@@ -1,5 +1,6 @@
 """Fixtures of the integration tests: a moto EC2 server on 127.0.0.1 for the AWS provider,
-and two machines on one shared ledger (`shared`, `tests.support.shared_homes`).
+a shared ledger's URL (`url`: a `sqlite:///` URL, then a PostgreSQL database), and two
+machines on one shared ledger (`shared`, `tests.support.shared_homes`).
 
 One `ThreadedMotoServer` per session (it starts in well under a second); each test that asks
 for `moto_endpoint` gets it reset (`POST /moto-api/reset`) and fake credentials set in its own
@@ -65,3 +66,11 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shared]:
         url = request.getfixturevalue("postgres_url")
     with shared_homes(url, tmp_path) as homes:
         yield homes
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new shared ledger's URL: a SQLite file by URL, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared.db'}"
+    return request.getfixturevalue("postgres_url")

@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
 
 from orchestrator.config import Settings, load_settings
 from orchestrator.control.adoption import plan_adoption
@@ -29,20 +28,14 @@ from orchestrator.control.lease_keeper import (
 )
 from orchestrator.control.machine_id import holder_id, machine_id
 from orchestrator.ledger.controller_leases import ControllerLeases
-from orchestrator.ledger.store import ControllerLease, Job, Lease, Ledger, make_engine, utcnow
+from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
 from tests.support.helpers import REPO
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A new shared ledger's URL: a SQLite file by URL, then a PostgreSQL database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shared.db'}"
-    return request.getfixturevalue("postgres_url")
+from tests.support.lease_rows import add_job, age_lease
 
 
 @pytest.fixture
 def ledger(url: str) -> Iterator[Ledger]:
+    """The shared ledger at `url` (in place of the SQLite file under tmp_path)."""
     engine = make_engine(url)
     yield Ledger(engine)
     engine.dispose()
@@ -53,27 +46,6 @@ def home_settings(home: Path, url: str, **extra: str) -> Settings:
         {"ORCH_HOME": str(home), "ORCH_DATABASE_URL": url, "ORCH_CONTROLLER_LEASE": "30",
          "ORCH_LEASE_RENEWAL": "10", **extra}
     )  # fmt: skip
-
-
-def add_job(ledger: Ledger, job_id: str, **fields: object) -> Job:
-    fields.setdefault("created_at", utcnow() - timedelta(minutes=5))
-    return ledger.add_job(
-        Job(id=job_id, name="j", provider="local", nodes=1, gpus_per_node=0, spec_json="{}",
-            spec_path="job.yaml", **fields)
-    )  # fmt: skip
-
-
-def age_lease(ledger: Ledger, job_id: str, seconds: float, *, length_s: float = 30) -> None:
-    """Make job `job_id`'s lease last renewed `seconds` ago by the ledger's clock, for
-    `length_s` (as if its holder stopped renewing it then)."""
-    renewed = ControllerLeases(ledger).now() - timedelta(seconds=seconds)
-    table = ControllerLease.__table__  # type: ignore[attr-defined]
-    with ledger.engine.begin() as connection:
-        connection.execute(
-            update(table).where(table.c.job_id == job_id).values(
-                renewed_at=renewed, expires_at=renewed + timedelta(seconds=length_s)
-            )
-        )  # fmt: skip
 
 
 def test_take_renew_release_and_take_over_once_expired(ledger: Ledger) -> None:

@@ -1,4 +1,5 @@
-"""A ledger that refuses writes never keeps a job's nodes from ending.
+"""A ledger that refuses writes never keeps a job's nodes from ending, a controller's that
+fences its writes with its lease (on a shared ledger) included.
 
 The ledger is a real SQLite file; a second connection holds an EXCLUSIVE lock on it for longer
 than the ledger's busy timeout (cut to a fraction of a second here, 30 s in orch), so every
@@ -25,6 +26,8 @@ from orchestrator.control.supervision import register_job
 from orchestrator.control.unrecorded import UNRECORDED_DIR, finish_unrecorded
 from orchestrator.errors import LedgerError
 from orchestrator.job_state import JobState
+from orchestrator.ledger.controller_leases import ControllerLeases
+from orchestrator.ledger.fencing import Fence
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
@@ -71,13 +74,19 @@ def spec_file(tmp_path: Path) -> Path:
     return spec
 
 
+@pytest.mark.parametrize("fenced", [False, True], ids=["own", "fenced"])
 def test_a_teardown_with_a_locked_ledger_ends_every_node(
-    tmp_path: Path, settings: Settings
+    tmp_path: Path, settings: Settings, fenced: bool
 ) -> None:
     ledger = quick_ledger(settings.db_path)
     provider = LocalProvider(settings)
     loaded = load_job(spec_file(tmp_path), {})
     job = register_job(settings, ledger, loaded, "local", "refused-000001")
+    driving = ledger
+    if fenced:  # a controller on a shared ledger: its lease cannot be checked either
+        claim = ControllerLeases(ledger).take(job.id, "a:1", "a", length_s=30)
+        assert claim.lease is not None
+        driving = ledger.fenced(Fence(job.id, "a:1", claim.lease.taken_at, 30))
     lines: list[str] = []
 
     class Lines:
@@ -91,7 +100,7 @@ def test_a_teardown_with_a_locked_ledger_ends_every_node(
             lines.append(text)
 
     runner = JobRunner(
-        job, loaded, settings=settings, ledger=ledger, provider=provider,
+        job, loaded, settings=settings, ledger=driving, provider=provider,
         reporter=Lines(), options=RunnerOptions(connect_timeout=5),
     )  # fmt: skip
     try:
