@@ -109,6 +109,14 @@ class GuardTerms:
     # The public half of the key that signs the leases (OpenSSH `ssh-ed25519 ...`); None: the
     # guard accepts no lease, and the terms' own limits hold.
     lease_key: str | None = None
+    # The latest deadline any lease may set (None: none): max_runtime from the job's start,
+    # known once it has started (a first launch's nodes boot before it).
+    runtime_ceiling: datetime | None = None
+    # USD per hour the job's other nodes bill beside this launch's (the survivors of a partial
+    # replacement): the boot budget lease counts them too.
+    others_hourly_usd: Decimal = Decimal(0)
+    # A transfer (rsync) counts as a live controller at most this long (None: while it moves).
+    transfer_hold_s: float | None = None
 
     def for_node(
         self,
@@ -127,16 +135,22 @@ class GuardTerms:
         ends = [
             lease_until(now=now, budget_left_usd=left, hourly_usd=hourly, reserve_s=reserve_s)
             for left, hourly in (
-                (self.budget_left_usd, hourly_usd),
+                (self.budget_left_usd, hourly_usd + self.others_hourly_usd),
                 *((left, others + hourly_usd) for left, others in self.shared_budgets),
             )
         ]
         until = min((end for end in ends if end is not None), default=None)
-        hidden = ("runtime_deadline", "budget_left_usd", "stop_allowance_s", "shared_budgets")
+        hidden = ("runtime_deadline", "budget_left_usd", "stop_allowance_s", "shared_budgets",
+                  "runtime_ceiling", "others_hourly_usd")  # fmt: skip
         doc = {key: value for key, value in asdict(self).items() if key not in hidden}
+        # A kept cluster serves one job after another, each with its own limits: no ceiling.
+        own_budget = None if self.autostop else ends[0]
         doc.update(
+            made_at=now.timestamp(),
             runtime_deadline=epoch(self.runtime_deadline),
             lease_until=epoch(until),
+            runtime_ceiling=None if self.autostop else epoch(self.runtime_ceiling),
+            budget_ceiling=epoch(own_budget),
             poweroff=poweroff,
             home=home,
             user=user,

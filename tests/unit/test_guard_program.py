@@ -225,15 +225,16 @@ def test_the_controllers_lease_replaces_the_boot_terms(tmp_path: Path) -> None:
     assert node.guard.due(now) is None
 
 
-def test_limits_wait_for_the_run_to_start(tmp_path: Path) -> None:
-    """Sync and restores block the controller: before the run starts only the dead-man acts."""
+def test_limits_hold_from_the_boot_before_the_run_starts(tmp_path: Path) -> None:
+    """A sync or a restore that hangs bills like a run: max_runtime and the budget lease hold
+    from the node's boot, before any run has started (no pid file)."""
     now = time.time()
     node = Node(tmp_path, runtime_deadline=datetime.fromtimestamp(now - 30, UTC))
     node.heartbeat(age_s=60)
-    node.lease(runtime_deadline=now - 30, lease_until=now - 30)
-    assert node.guard.due(now) is None
-    node.training()
+    assert not (node.run_dir / "pid").exists()
     assert node.guard.due(now)[0] == "max_runtime"
+    node.lease(runtime_deadline=now + 3600, lease_until=now - 5)
+    assert node.guard.due(now)[:2] == ("budget", now - 5)
 
 
 def test_nothing_set_trains_on_and_the_dead_man_waits_for_the_run_to_end(tmp_path: Path) -> None:
