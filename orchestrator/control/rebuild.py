@@ -136,7 +136,7 @@ def rebuilt_rows(
     )
     if carried is None:
         message += (
-            "this machine kept no figures of it"
+            "its hand-over kit holds no figures of it"
             + (f" ({carried_problem})" if carried_problem else "")
             + ", so the recoveries and the bill of nodes that ended before are lost too: the "
             "bill goes on from the running nodes' launch, and max_runtime counts from the "
@@ -163,9 +163,10 @@ def carried_words(carried: Carried, ended: list[CarriedLease], leases: list[Leas
     """What the REBUILT event says was carried over from the kit's figures."""
     started = carried.started_at.isoformat() if carried.started_at else "not started"
     words = (
-        f"carried over from the figures this machine kept at {carried.as_of.isoformat()}: its "
-        f"first start ({started}), {carried.recoveries} recovery(ies) and {len(ended)} lease(s) "
-        f"of nodes that run no more; the bill so far is ${total_cost(leases, carried.as_of):.4f}"
+        f"carried over from the figures in its hand-over kit, as of {carried.as_of.isoformat()}: "
+        f"its first start ({started}), {carried.recoveries} "
+        f"{'recovery' if carried.recoveries == 1 else 'recoveries'} and {len(ended)} lease(s) "
+        f"of nodes that run no more; the bill then was ${total_cost(leases, carried.as_of):.4f}"
     )
     gone = [c.instance_id for c in ended if c.ended_at is None]
     if gone:

@@ -236,7 +236,7 @@ def test_a_rebuild_without_figures_says_what_is_lost(tmp_path: Path) -> None:
     built = rows(tmp_path, [node(0, T0)])
     assert built.job.recoveries == 0
     [event] = built.events
-    assert "kept no figures" in event.message and "oldest" in event.message
+    assert "holds no figures" in event.message and "oldest" in event.message
 
 
 def test_rebuild_bills_from_the_figures_in_the_kit_and_says_when_they_are_refused(
