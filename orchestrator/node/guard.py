@@ -40,10 +40,9 @@ counts only when its signature verifies with `lease_key` (`guard_seal`), it name
 it is newer than the lease in force; any other is logged and ignored, and the last good one
 holds (kept in the guard's own `state/` folder beside its terms). Lease times are on this
 node's clock: the controller measures the node's clock against its own and writes them so.
-Every probe of the controller touches
-`<job>/run/heartbeat`; an rsync running on the node as the job's user (a sync in progress,
-HOME the job's home) counts as a live controller too, while it moves data and for at most
-`transfer_hold_s` (`guard_limits.TransferWatch`).
+Every probe of the controller touches `<job>/run/heartbeat`; an rsync running on the node as
+the job's user (a sync in progress, HOME the job's home) counts as a live controller too,
+while it moves data and for at most `transfer_hold_s` (`guard_limits.TransferWatch`).
 
 The job's files are the login user's, and so the job code's: a guard that runs as root opens
 them without following any symlink, reads only regular files and never more than a bound, and
