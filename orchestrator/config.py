@@ -294,6 +294,8 @@ class ControllerSettings(BaseModel):
     # budget.max_runtime of jobs that set none (seconds, or a duration such as 4h); with it,
     # `orch submit` on a paid provider does not ask before launching a job without a budget
     default_max_runtime: Seconds | None = None
+    # one push to the nodes (workdir, data, checkpoints put back) is stopped after this long
+    push_timeout: Seconds = 3600.0
     # run when a job ends, with its JSON document on stdin (orchestrator.control.notify);
     # `orch submit --notify CMD` sets one job's own
     notify: str | None = None
@@ -313,6 +315,7 @@ class ControllerSettings(BaseModel):
             "launch_backoff": self.launch_backoff,
             "policy_interval": self.policy_interval,
             "restart_overhead_prior": self.restart_overhead_prior,
+            "push_timeout": self.push_timeout,
         }
 
 
@@ -388,6 +391,7 @@ _ENV_OVERRIDES = {
     "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
     "ORCH_DEFAULT_MAX_RUNTIME": ("controller", "default_max_runtime"),
     "ORCH_NOTIFY": ("controller", "notify"),
+    "ORCH_PUSH_TIMEOUT": ("controller", "push_timeout"),
     "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
     "ORCH_LOGS_KEEP": ("logs", "keep"),
     "ORCH_DATABASE_URL": ("ledger", "url"),

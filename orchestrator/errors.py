@@ -88,6 +88,11 @@ class NodeUnreachable(RemoteError):
     """A node did not answer over SSH within the timeout (gone, or cut off)."""
 
 
+class TransferTimeout(RemoteError):
+    """A transfer to or from nodes (a push, a restore) did not finish within its timeout and
+    was stopped."""
+
+
 class StreamStalled(NodeUnreachable):
     """A streamed command printed nothing for longer than its idle timeout (hung, or its node
     cut off without the connection noticing yet)."""

@@ -361,7 +361,9 @@ def route(argv: list[str]) -> int | None:
     if verb == "status" and "--json" in rest and "--watch" not in rest:
         result = ask(settings, ["status", *rest])
         if result.ok:
-            _print_json(_with_host_line(settings, json.loads(result.stdout)))
+            document = json.loads(result.stdout)
+            _keep_carried(settings, rest[index], document)
+            _print_json(_with_host_line(settings, document))
             sys.stderr.write(result.stderr)
             return 0
     elif verb == "status" and "--watch" not in rest:
@@ -369,8 +371,10 @@ def route(argv: list[str]) -> int | None:
         if result.ok:
             from orchestrator.cli.console import job_detail
 
+            document = json.loads(result.stdout)
+            _keep_carried(settings, rest[index], document)
             console = make_console()
-            for renderable in job_detail(json.loads(result.stdout)):
+            for renderable in job_detail(document):
                 console.print(renderable)
             return 0
     else:
@@ -378,6 +382,23 @@ def route(argv: list[str]) -> int | None:
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exited
+
+
+def _keep_carried(settings: Settings, job_id: str, document: object) -> None:
+    """Keep in the job's kit what the host said of it (`control.carried`), for a rebuild if
+    the host dies; an answer out of shape is said on stderr and the figures kept before stay."""
+    from orchestrator.control.carried import from_status
+    from orchestrator.errors import OrchError
+    from orchestrator.host.handover import save_carried
+
+    try:
+        figures = from_status(document, job_id=job_id, as_of=datetime.now(UTC))
+        save_carried(settings.home, job_id, figures.to_json())
+    except (ValueError, OrchError, OSError) as exc:
+        sys.stderr.write(
+            f"[orch] the controller host's figures of job {job_id} were not kept for a "
+            f"hand-over: {exc}\n"
+        )
 
 
 def _route_job_cost(args: list[str], job_id: str) -> int | None:

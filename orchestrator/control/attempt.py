@@ -23,6 +23,12 @@ from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import LoadedJob
 
+PUSH_TIMEOUT_HINT = (
+    "a workdir or data path this large needs a longer controller.push_timeout "
+    "(ORCH_PUSH_TIMEOUT, e.g. 2h); a push that makes no progress points at the node's network "
+    "or disk (look with `orch ssh`)"
+)
+
 STOP_POLL_S = 0.2  # between two looks at a stopping run (one SSH command per node)
 
 T = TypeVar("T")
@@ -108,12 +114,18 @@ class Attempt:
 
     # --- work on the nodes ----------------------------------------------------------------
     def push(
-        self, loaded: LoadedJob, layout: launch.NodeLayout, *, low_priority: bool = False
+        self,
+        loaded: LoadedJob,
+        layout: launch.NodeLayout,
+        *,
+        low_priority: bool = False,
+        timeout: float | None = None,
     ) -> int:
         """Copy the workdir and every data path to every node; returns the transfers made.
         A checkpoint directory inside the workdir keeps what a node holds in it (a node that
         stayed through a recovery resumes from its own files). `low_priority`: under `nice`,
-        giving way to more urgent work beside it."""
+        giving way to more urgent work beside it. A transfer not done within `timeout`
+        seconds is stopped, and `TransferTimeout` says which and what to do."""
         cluster = self.cluster
         checkpoints = layout.node_path(loaded.spec.checkpoint.dir)
         inside = checkpoints.removeprefix(f"{layout.workdir}/")
@@ -147,7 +159,7 @@ class Attempt:
                         ),  # fmt: skip
                     )
                 )
-        run_parallel(transfers)
+        run_parallel(transfers, timeout=timeout, timeout_hint=PUSH_TIMEOUT_HINT)
         return len(transfers)
 
     def free_port(self) -> int:

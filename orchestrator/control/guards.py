@@ -10,7 +10,7 @@ each node's own clock: every renewal reads it, and a node not read yet is read f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -39,7 +39,7 @@ from orchestrator.node.guard_protocol import (
     status_command,
 )
 from orchestrator.node.run_progress import ORPHANED
-from orchestrator.providers.base import NodeEnd, Provider
+from orchestrator.providers.base import Instance, NodeEnd, Provider
 from orchestrator.remote.keys import Identity, ensure_identity
 from orchestrator.spec.model import JobSpec
 
@@ -74,13 +74,16 @@ class Guards:
         self.lease_offsets: dict[str, float] = {}  # ... as the last lease sent there used it
         self._sign: Callable[[bytes], bytes] | None = None
 
-    def terms(self, pull_wait: float) -> GuardTerms:
-        """The job's limits for the guards of the nodes about to be launched.
+    def terms(self, pull_wait: float, beside: Sequence[Instance] = ()) -> GuardTerms:
+        """The job's limits for the guards of the nodes about to be launched, `beside` the
+        nodes that stay (the survivors of a partial replacement).
 
         max_runtime counts from the job's start (its first RUNNING); before that, from now,
         which is earlier than any start: the guard never acts later than the controller would.
-        The budget is what is left of `max_cost_usd` now; under monthly caps, what is left of
-        each this month, spent at its open leases' rate plus the launch's own nodes'."""
+        Once the job has started, that deadline is also the nodes' ceiling, which no lease
+        lifts. The budget is what is left of `max_cost_usd` now, spent at the launch's and
+        `beside`'s rate (also a ceiling); under monthly caps, what is left of each this month,
+        spent at its open leases' rate plus the launch's own nodes'."""
         job, budget, options = self.journal.job, self.spec.budget, self.options
         now = utcnow()
         deadline = None
@@ -90,6 +93,7 @@ class Guards:
         if budget.max_cost_usd is not None:
             left = budget.max_cost_usd - self.ledger.spend(job.id, now)
         kept = job.cluster_id is not None
+        others = sum((i.price_per_hour for i in beside), Decimal(0))
         return GuardTerms(
             job_id=job.node_owner,
             interval_s=options.watch_interval,
@@ -109,6 +113,9 @@ class Guards:
             lease_key=self._identity().public_key,
             start_timeout_s=self.spec.recovery.start_timeout,
             stall_timeout_s=budget.stall_timeout,
+            runtime_ceiling=deadline if job.started_at is not None else None,
+            others_hourly_usd=others,
+            transfer_hold_s=options.push_timeout,
         )
 
     def check(self, attempt: Attempt) -> None:

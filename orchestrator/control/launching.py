@@ -137,7 +137,8 @@ class Launcher:
         emergency checkpoint, its pull) goes first."""
         attempt = self.open_attempt(instances, self._identity(), self.parts.options.connect_timeout)
         try:
-            attempt.push(self.parts.loaded, self.parts.layout, low_priority=True)
+            attempt.push(self.parts.loaded, self.parts.layout, low_priority=True,
+                         timeout=self.parts.options.push_timeout)  # fmt: skip
         finally:
             attempt.close()
 
@@ -179,7 +180,7 @@ class Launcher:
                 p.spec,
                 job.node_owner,
                 public_key=identity.public_key,
-                guard=p.guards.terms(pull_wait),
+                guard=p.guards.terms(pull_wait, beside=survivors),
                 ledger_id=self.journal.ledger.ledger_id,
                 attempt=self._launch_number(),  # counts the PROVISIONING event just written
             ),
@@ -234,11 +235,14 @@ class Launcher:
                 time.sleep(wait)
 
     def sync(self, attempt: Attempt) -> None:
-        """SYNCING, then copy the workdir and the data paths to every node."""
+        """SYNCING, then copy the workdir and the data paths to every node; a transfer not
+        done within the options' `push_timeout` is stopped (`TransferTimeout`)."""
         spec = self.parts.spec
         self.journal.syncing(f"workdir and {len(spec.data)} data path(s)")
         started = time.monotonic()
-        transfers = attempt.push(self.parts.loaded, self.parts.layout)
+        transfers = attempt.push(
+            self.parts.loaded, self.parts.layout, timeout=self.parts.options.push_timeout
+        )
         seconds = time.monotonic() - started
         self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
 

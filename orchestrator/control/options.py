@@ -51,3 +51,4 @@ class RunnerOptions:
     launch_backoff: float = 10.0  # first wait before such a retry; doubles each time
     policy_interval: float = 5.0  # spot policy (spec.spot_policy): seconds between decisions
     restart_overhead_prior: float = 720.0  # spot policy: a restart's cost until one is measured
+    push_timeout: float = 3600.0  # one push of the workdir, data or checkpoints, at most

@@ -66,7 +66,9 @@ def job_parts(
         ledger=ledger,
         settings=settings,
         line=reporter.line,
-        options=KeeperOptions(pull_every=spec.checkpoint.pull_every),
+        options=KeeperOptions(
+            pull_every=spec.checkpoint.pull_every, push_timeout_s=options.push_timeout
+        ),
         node_owner=job.node_owner,
     )
     journal = Journal(job, ledger, reporter)

@@ -10,6 +10,10 @@ a tar stream over SSH's stdout and stdin, never through any command line. What t
 is data: the job id must have the job-id shape (`kit_dir`), and only the kit's named files are
 taken from its tar, bounded, as regular files (`kit_archive`).
 
+Each `orch status JOB` asked of the host also keeps, in the kit, what the host's ledger said of
+the job (`carried.json`: its first start, recoveries and every lease, `control.carried`), so
+that a rebuilt job keeps its limits; `push` sends it with the kit.
+
 Beside the kit, this ORCH_HOME keeps the job's submission (`submission.json`, never sent): where
 its workdir and data sources are here and which folder of the host holds their copy, so that a
 new host gets them again (`resend`) and the record points to its own copy (`move_record`).
@@ -42,6 +46,7 @@ from orchestrator.spec.ids import is_job_id
 
 # The names `control.liveness` gives a job's record and secrets file, and `remote.keys` its key.
 JOB_RECORD, JOB_SECRETS = "job.json", "env.json"
+CARRIED = "carried.json"  # the figures kept of the job for a rebuild (`control.carried`)
 KEY_FILES = ("id_ed25519", "id_ed25519.pub")
 KEYS_WAIT_S = 30.0  # how long `fetch` waits for the host's controller to make the job's key
 SUBMISSION = "submission.json"
@@ -95,14 +100,27 @@ def fetch(session: HostSession, home: Path, job_id: str, *, wait_s: float = KEYS
     return complete(home, job_id)
 
 
+def carried_file(job_id: str) -> str:
+    """Where the kit keeps the job's figures (`save_carried`), relative to it."""
+    return f"jobs/{job_id}/{CARRIED}"
+
+
+def save_carried(home: Path, job_id: str, document: str) -> None:
+    """Keep the figures of `job_id` (`control.carried`: checked before they get here) in its
+    kit (0600), replacing those kept before; `push` sends them with it."""
+    kit_archive.write_private(kit_dir(home, job_id), {carried_file(job_id): document.encode()})
+
+
 def push(session: HostSession, home: Path, job_ids: Iterable[str]) -> list[str]:
-    """Put the kits of `job_ids` into the host's ORCH_HOME; returns the ids it had kits of."""
+    """Put the kits of `job_ids` (with the figures kept of each) into the host's ORCH_HOME;
+    returns the ids it had kits of."""
     buffer = io.BytesIO()
     sent = []
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for job_id in job_ids:
             folder = kit_dir(home, job_id)
-            present = [n for n in kit_files(job_id) if (folder / n).is_file()]
+            names = [*kit_files(job_id), carried_file(job_id)]
+            present = [n for n in names if (folder / n).is_file()]
             if not present:
                 continue
             for name in present:

@@ -27,6 +27,8 @@ from orchestrator.ledger.store import (
     LedgerMeta,
 )
 
+REBUILT_EVENT = "REBUILT"  # the first event of a job rebuilt into a ledger that never knew it
+
 
 class LedgerIdTaken(LedgerError):
     """The ledger holds rows of its own, under another id: it cannot take on a dead one's."""

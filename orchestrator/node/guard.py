@@ -17,8 +17,14 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
                                (null: never)
     autostop                   a kept cluster's node: the dead-man is its autostop, which
                                also waits for the GPUs to be idle
+    made_at                    when the controller made the terms (its clock): the times
+                               below are mapped onto this node's clock from the guard's first
+                               arming (`guard_limits`)
     runtime_deadline           max_runtime: the run is stopped at this time
     lease_until                the budget lease: the run is stopped at this time unless renewed
+    runtime_ceiling, budget_ceiling   the latest runtime deadline and budget lease any lease
+                               may set (null: none): a lease never lifts the node past them
+    transfer_hold_s            a transfer counts as a live controller at most this long
     idle_timeout_s             GPUs (or, without GPUs, the job's processes) idle this long
     idle_util_pct, idle_cpu_pct   the controller's idle thresholds
     start_timeout_s            a start with no progress this long (`run_progress`)
@@ -31,25 +37,26 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
 
 The controller renews `<job>/guard/lease.json` (`"runtime_deadline"`, `"lease_until"`,
 `"renewed_at"`, `"job_id"`, on a kept cluster `"idle_timeout_s"` and `"autostop_s"` too); its
-values replace the boot terms'. A lease counts only when its signature verifies with
-`lease_key` (`guard_seal`), it names this job and it is newer than the lease in force; any
-other is logged and ignored, and the last good one holds (kept in the guard's own `state/`
-folder beside its terms). Lease times are on this node's clock: the controller measures the
-node's clock against its own and writes them so. Every probe of the controller touches
-`<job>/run/heartbeat`; an rsync running on the node as the job's user (a sync in progress,
-HOME the job's home) counts as a live controller too.
+values replace the boot terms', but never past the ceilings the node booted with. A lease
+counts only when its signature verifies with `lease_key` (`guard_seal`), it names this job and
+it is newer than the lease in force; any other is logged and ignored, and the last good one
+holds (kept in the guard's own `state/` folder beside its terms). Lease times are on this
+node's clock: the controller measures the node's clock against its own and writes them so.
+Every probe of the controller touches `<job>/run/heartbeat`; an rsync running on the node as
+the job's user (a sync in progress, HOME the job's home) counts as a live controller too,
+while it moves data and for at most `transfer_hold_s` (`guard_limits.TransferWatch`).
 
 The job's files are the login user's, and so the job code's: a guard that runs as root opens
 them without following any symlink, reads only regular files and never more than a bound, and
 writes there only new files it gives to their owner (`guard_files`).
 
-Limits apply once the run has started (its pid file exists): before, the sync and a checkpoint's
-restore hold the controller, and only the dead-man applies. While the controller is alive its
-decisions come first: a limit reached is acted on only once
-the controller has been silent for `silence_s`, or `allowance_s` after the limit. A job with
-no limit trains on until it ends; then, with no controller for `deadman_s`, the node powers
-off. At arming the guard checks its poweroff path (`sudo -n true` when the command uses sudo):
-a guard that cannot act says so in `<job>/guard/status.json`, which the controller reports.
+Limits apply from the boot, before any code is synced: a sync or a restore that hangs is
+stopped at max_runtime or the budget lease like a run. While the controller is alive its
+decisions come first: a limit reached is acted on only once the controller has been silent
+for `silence_s`, or `allowance_s` after the limit. A job with no limit trains on until it
+ends; then, with no controller for `deadman_s`, the node powers off. At arming the guard
+checks its poweroff path (`sudo -n true` when the command uses sudo): a guard that cannot act
+says so in `<job>/guard/status.json`, which the controller reports.
 
 On a kept cluster the lease also carries the job's `start_timeout_s` and `stall_timeout_s`,
 which `run_progress` holds against the run's progress.
@@ -74,16 +81,19 @@ if __package__:
         read_terms,
         write_at,
     )
+    from orchestrator.node.guard_limits import TransferWatch, armed_anchor, in_force
     from orchestrator.node.guard_seal import lease_problem
     from orchestrator.node.run_progress import RunProgress
 else:  # the program on a node: its modules are beside it
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
+    from guard_limits import TransferWatch, armed_anchor, in_force
     from guard_seal import lease_problem
     from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
-MODULES = ("guard_files.py", "guard_seal.py", "run_progress.py")  # sent beside this file
+# sent to the node beside this file
+MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "run_progress.py")
 
 
 def utc(epoch):
@@ -146,32 +156,6 @@ def first_program(words):
     return None
 
 
-def sync_running(home):
-    """Whether an rsync writes to this node's `home`: a sync in progress. Only an rsync whose
-    HOME is `home` counts (where several nodes share one machine, another node's sync is not
-    this one's); one whose environment cannot be read counts too, as a sync may."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/comm") as fh:
-                if fh.read().strip() != "rsync":
-                    continue
-        except OSError:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except ProcessLookupError:
-            continue  # ended, or a zombie: not a sync
-        except OSError:
-            return True
-        homes = [os.path.normpath(os.fsdecode(v[5:])) for v in env if v.startswith(b"HOME=")]
-        if os.path.normpath(home) in homes:
-            return True
-    return False
-
-
 def gpu_utilizations(timeout_s):
     """Utilization of every GPU by nvidia-smi; None when there is no usable reading."""
     binary = shutil.which("nvidia-smi")
@@ -228,6 +212,8 @@ class Guard:
         self.refused = (None, 0.0)  # the last refused lease's reason, when it was logged
         self.state = self.open_state()
         self.progress = RunProgress(self)
+        self.anchor = armed_anchor(self.state, self.armed_at)  # the boot terms' clock
+        self.transfers = TransferWatch(home)
         try:
             os.close(open_dir(home, self.job + ("guard",), make=(0o755, self.owner)))
         except OSError as exc:
@@ -376,15 +362,9 @@ class Guard:
         t = self.terms
         lease = self.lease(now)
         leader = self.run_leader()
-        deadline = lease.get("runtime_deadline", t.get("runtime_deadline"))
-        until = lease.get("lease_until", t.get("lease_until"))
+        deadline, until = in_force(lease, t, self.anchor)
         idle_timeout = lease.get("idle_timeout_s", t.get("idle_timeout_s"))
         idle_s = self.idle_for(now, leader) if idle_timeout else 0.0
-        # Before the run starts (sync, a checkpoint's restore) only the dead-man applies: those
-        # steps block the controller, which cannot renew the lease meanwhile.
-        started = self.job_stat("run", "pid") is not None
-        if not started:
-            deadline = until = None
         if deadline is not None and now >= deadline:
             return "max_runtime", deadline, f"max_runtime reached at {utc(deadline)}"
         if until is not None and now >= until:
@@ -401,7 +381,7 @@ class Guard:
             if t.get("autostop")
             else (t.get("deadman_s"))
         )
-        if leader is not None or deadman_s is None or sync_running(self.home):
+        if leader is not None or deadman_s is None or self.syncing(now):
             return None
         if t.get("autostop"):
             return self.autostop_due(now, deadman_s)
@@ -433,7 +413,12 @@ class Guard:
         return None
 
     def controller_alive(self, now):
-        return now - self.heard_at() < self.terms["silence_s"] or sync_running(self.home)
+        return now - self.heard_at() < self.terms["silence_s"] or self.syncing(now)
+
+    def syncing(self, now):
+        """Whether a transfer of the controller's is under way (`guard_limits.TransferWatch`)."""
+        t = self.terms
+        return self.transfers.active(now, t["silence_s"], t.get("transfer_hold_s"))
 
     def step(self, now):
         found = self.due(now)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
-import gzip
 import io
 import json
 import math
@@ -111,6 +110,14 @@ class GuardTerms:
     lease_key: str | None = None
     start_timeout_s: float | None = None  # recovery.start_timeout (see `run_progress`)
     stall_timeout_s: float | None = None  # budget.stall_timeout
+    # The latest deadline any lease may set (None: none): max_runtime from the job's start,
+    # known once it has started (a first launch's nodes boot before it).
+    runtime_ceiling: datetime | None = None
+    # USD per hour the job's other nodes bill beside this launch's (the survivors of a partial
+    # replacement): the boot budget lease counts them too.
+    others_hourly_usd: Decimal = Decimal(0)
+    # A transfer (rsync) counts as a live controller at most this long (None: while it moves).
+    transfer_hold_s: float | None = None
 
     def for_node(
         self,
@@ -129,16 +136,22 @@ class GuardTerms:
         ends = [
             lease_until(now=now, budget_left_usd=left, hourly_usd=hourly, reserve_s=reserve_s)
             for left, hourly in (
-                (self.budget_left_usd, hourly_usd),
+                (self.budget_left_usd, hourly_usd + self.others_hourly_usd),
                 *((left, others + hourly_usd) for left, others in self.shared_budgets),
             )
         ]
         until = min((end for end in ends if end is not None), default=None)
-        hidden = ("runtime_deadline", "budget_left_usd", "stop_allowance_s", "shared_budgets")
+        hidden = ("runtime_deadline", "budget_left_usd", "stop_allowance_s", "shared_budgets",
+                  "runtime_ceiling", "others_hourly_usd")  # fmt: skip
         doc = {key: value for key, value in asdict(self).items() if key not in hidden}
+        # A kept cluster serves one job after another, each with its own limits: no ceiling.
+        own_budget = None if self.autostop else ends[0]
         doc.update(
+            made_at=now.timestamp(),
             runtime_deadline=epoch(self.runtime_deadline),
             lease_until=epoch(until),
+            runtime_ceiling=None if self.autostop else epoch(self.runtime_ceiling),
+            budget_ceiling=epoch(own_budget),
             poweroff=poweroff,
             home=home,
             user=user,
@@ -388,8 +401,9 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
         {
             "path": f"{AWS_GUARD_DIR}/{name}",
             "permissions": "0755" if name == "guard.py" else "0644",
-            "encoding": "gz+b64",  # EC2 takes at most 16 KiB of user data
-            "content": base64.b64encode(gzip.compress(text.encode(), 9)).decode(),
+            # plain text: the user data is gzipped whole (`providers.aws.launch.packed`), which
+            # compresses the modules together, far better than each on its own
+            "content": text,
         }
         for name, text in guard_program().items()
     ]

@@ -20,7 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ConfigError, HostKeyMismatch, NodeUnreachable, RemoteError
+from orchestrator.errors import (
+    ConfigError,
+    HostKeyMismatch,
+    NodeUnreachable,
+    RemoteError,
+    TransferTimeout,
+)
 from orchestrator.remote.keys import HostAddress, Identity
 
 # Per-directory filter files honoured when syncing a workdir: git's ignores and orch's own.
@@ -312,10 +318,12 @@ def run_rsync(
     timeout: float | None = None,
     ok_codes: Collection[int] = (0,),
     abort: threading.Event | None = None,
+    timeout_hint: str | None = None,
 ) -> None:
     """Run one rsync; an exit code not in `ok_codes` raises RemoteError with rsync's own
     message: HostKeyMismatch when the node's host key is not the pinned one, NodeUnreachable
-    when ssh could not reach the node or lost it mid-transfer.
+    when ssh could not reach the node or lost it mid-transfer. One still running after
+    `timeout` seconds is killed with its ssh, and TransferTimeout (with `timeout_hint`) raised.
 
     `abort`: once set (before or during the transfer), rsync and its ssh are killed within
     `ABORT_POLL_S` and NodeUnreachable raised: for a caller that found the node gone and
@@ -330,7 +338,7 @@ def run_rsync(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=abort is not None,
+            start_new_session=abort is not None or timeout is not None,
         )
     except FileNotFoundError as exc:
         raise RemoteError(
@@ -349,8 +357,11 @@ def run_rsync(
                 _kill(proc, own_session=True)
                 raise NodeUnreachable(f"{what}: cut short: the node was found gone") from None
             if deadline is not None and time.monotonic() >= deadline:
-                _kill(proc, own_session=abort is not None)
-                raise RemoteError(f"{what}: rsync did not finish within {timeout} s") from None
+                _kill(proc, own_session=True)
+                raise TransferTimeout(
+                    f"{what}: did not finish within {timeout:g} s; the transfer was stopped",
+                    hint=timeout_hint,
+                ) from None
     if proc.returncode not in ok_codes:
         said = stderr or stdout
         if "Host key verification failed" in said:
@@ -397,14 +408,20 @@ def run_parallel(
     *,
     timeout: float | None = None,
     on_done: Callable[[Transfer], None] | None = None,
+    timeout_hint: str | None = None,
 ) -> None:
-    """Run the transfers concurrently (one thread each); raise the first failure after all end."""
+    """Run the transfers concurrently (one thread each), each stopped after `timeout` seconds
+    (`run_rsync`); after all end, raise what failed: TransferTimeout when one was stopped (its
+    hint `timeout_hint`), else RemoteError."""
     if not transfers:
         return
     errors: list[RemoteError] = []
     with ThreadPoolExecutor(max_workers=min(16, len(transfers))) as pool:
         futures = {
-            pool.submit(run_rsync, t.argv, what=t.label, timeout=timeout): t for t in transfers
+            pool.submit(
+                run_rsync, t.argv, what=t.label, timeout=timeout, timeout_hint=timeout_hint
+            ): t
+            for t in transfers
         }
         for future, transfer in futures.items():
             try:
@@ -415,4 +432,6 @@ def run_parallel(
                 if on_done is not None:
                     on_done(transfer)
     if errors:
-        raise RemoteError("; ".join(e.message for e in errors), hint=errors[0].hint)
+        late = [e for e in errors if isinstance(e, TransferTimeout)]
+        kind = TransferTimeout if late else RemoteError
+        raise kind("; ".join(e.message for e in errors), hint=(late or errors)[0].hint)

@@ -168,6 +168,7 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
         doc["leases"] = [
             {
                 "instance_id": lease.instance_id,
+                "cluster": lease.cluster,
                 "rank": lease.rank,
                 "market": lease.market,
                 "instance_type": lease.instance_type,

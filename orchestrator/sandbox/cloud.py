@@ -18,6 +18,7 @@ orch finds it exactly as it finds the Deep Learning AMI on AWS.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import sys
@@ -189,8 +190,11 @@ class MotoCloud:
         )
         encoded = (reply.get("UserData") or {}).get("Value") or ""
         try:
-            return base64.b64decode(encoded).decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
+            raw = base64.b64decode(encoded)
+            if raw[:2] == b"\x1f\x8b":  # gzipped, as orch sends it: cloud-init unpacks it
+                raw = gzip.decompress(raw)
+            return raw.decode("utf-8")
+        except (ValueError, UnicodeDecodeError, OSError, EOFError):
             return ""
 
     def key_pair_public(self, key_name: str | None) -> str | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config import load_settings
+from orchestrator.job_state import FINAL_STATES
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.providers.local.provider import LocalProvider
 from tests.support.helpers import (
@@ -117,14 +118,16 @@ class Laptop:
         assert code == 0, out + err
         return {**json.loads(out), "stderr": err}
 
-    def submit_counter(self, directory: Path, name: str, nodes: int, steps: int) -> str:
-        """Submit a step-counter job of `nodes` nodes with `--remote`; returns its id once it
-        trains (step 2)."""
+    def submit_counter(
+        self, directory: Path, name: str, nodes: int, steps: int, extra: str = ""
+    ) -> str:
+        """Submit a step-counter job of `nodes` nodes with `--remote` (`extra`: more lines of
+        its spec); returns its id once it trains (step 2)."""
         counter_workdir(directory)
         spec = directory / "job.yaml"
         spec.write_text(
             f"name: {name}\nworkdir: work\nresources: {{nodes: {nodes}, gpus_per_node: 1}}\n"
-            f"run: {counter_run(steps, step_s=0.5)}\n"
+            f"run: {counter_run(steps, step_s=0.5)}\n{extra}"
         )
         code, out, err = self.orch("submit", str(spec), "--remote")
         assert code == 0, out + err
@@ -137,7 +140,7 @@ class Laptop:
     def wait_end(self, job_id: str, timeout: float) -> dict:
         def ended() -> dict | None:
             job = self.job(job_id)
-            return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+            return job if job["state"] in FINAL_STATES else None
 
         return wait_until(ended, f"{job_id} to end", timeout, interval=1)
 

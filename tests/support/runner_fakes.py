@@ -127,10 +127,16 @@ class FakeAttempt(Attempt):
         FakeAttempt.opened.append(self)
 
     def push(
-        self, loaded: LoadedJob, layout: launch.NodeLayout, *, low_priority: bool = False
+        self,
+        loaded: LoadedJob,
+        layout: launch.NodeLayout,
+        *,
+        low_priority: bool = False,
+        timeout: float | None = None,
     ) -> int:
         self.pushes += 1
         self.low_priority = low_priority
+        self.push_timeout = timeout
         return len(self.instances)
 
     def free_port(self) -> int:

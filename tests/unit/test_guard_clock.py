@@ -117,6 +117,7 @@ def test_a_skewed_node_ends_its_run_at_its_lease_on_its_own_clock(
     run.mkdir()
     (run / "pid").write_text(f"{os.getpid()}\n")  # the run has started
     watcher = guard.Guard(str(terms))
+    watcher.anchor = node.now()  # armed now, on the node's clock (its boot terms' reference)
     watcher.armed_at = node.now() - HOUR  # and no controller heard since
     assert watcher.due(node.now()) is None, "ended early"
     assert watcher.due(node.now() + MAX_RUNTIME - 5) is None, "ended early"

@@ -7,6 +7,7 @@ process is signalled and nothing is powered off (its `act` is not called).
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ from orchestrator.node.guard_protocol import (
     lease_until,
     parse_status,
 )
-from orchestrator.providers.aws.launch import new_host_key, user_data
+from orchestrator.providers.aws.launch import USER_DATA_LIMIT, new_host_key, packed, user_data
 from tests.support.guard_keys import LeaseKey
 
 NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
@@ -84,7 +85,9 @@ def test_cloud_init_arms_the_guard_as_a_unit_within_ec2s_user_data_limit() -> No
         now=NOW, hourly_usd=Decimal(1), poweroff="shutdown -h now", home="/home/ubuntu"
     )
     text = user_data("ssh-ed25519 AAAA test", new_host_key(), document)
-    assert len(text.encode()) <= 16384
+    sent = packed(text)
+    assert len(sent) <= USER_DATA_LIMIT - 4096, len(sent)  # room for the guard to grow
+    assert gzip.decompress(sent).decode() == text
     config = yaml.safe_load(text)
     paths = {f["path"] for f in config["write_files"]}
     assert {"/opt/orch-guard/guard.py", "/opt/orch-guard/terms.json"} <= paths
@@ -225,15 +228,16 @@ def test_the_controllers_lease_replaces_the_boot_terms(tmp_path: Path) -> None:
     assert node.guard.due(now) is None
 
 
-def test_limits_wait_for_the_run_to_start(tmp_path: Path) -> None:
-    """Sync and restores block the controller: before the run starts only the dead-man acts."""
+def test_limits_hold_from_the_boot_before_the_run_starts(tmp_path: Path) -> None:
+    """A sync or a restore that hangs bills like a run: max_runtime and the budget lease hold
+    from the node's boot, before any run has started (no pid file)."""
     now = time.time()
     node = Node(tmp_path, runtime_deadline=datetime.fromtimestamp(now - 30, UTC))
     node.heartbeat(age_s=60)
-    node.lease(runtime_deadline=now - 30, lease_until=now - 30)
-    assert node.guard.due(now) is None
-    node.training()
+    assert not (node.run_dir / "pid").exists()
     assert node.guard.due(now)[0] == "max_runtime"
+    node.lease(runtime_deadline=now + 3600, lease_until=now - 5)
+    assert node.guard.due(now)[:2] == ("budget", now - 5)
 
 
 def test_nothing_set_trains_on_and_the_dead_man_waits_for_the_run_to_end(tmp_path: Path) -> None:

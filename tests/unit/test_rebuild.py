@@ -5,6 +5,7 @@ ledger's id in the same transaction (`ledger.rebuilt`), on a real SQLite ledger.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -13,10 +14,13 @@ import pytest
 from sqlmodel import Session, select
 
 from orchestrator.config import load_settings
+from orchestrator.control.carried import CARRIED, Carried, CarriedLease
 from orchestrator.control.rebuild import NotRebuildable, rebuild, rebuilt_rows
+from orchestrator.control.stop_rules import budget_order, runtime_order
 from orchestrator.control.supervision import save_job_record
 from orchestrator.errors import LedgerError
 from orchestrator.job_state import JobState
+from orchestrator.ledger.measures import hourly_rate, total_cost
 from orchestrator.ledger.rebuilt import LedgerIdTaken, write_rebuilt_job
 from orchestrator.ledger.store import Job, Lease, Ledger, LedgerMeta, utcnow
 from orchestrator.providers.base import Instance
@@ -174,3 +178,86 @@ def test_rebuild_needs_the_kit_and_leaves_a_known_job_alone(tmp_path: Path, ledg
     settings.keys_dir(other).mkdir(parents=True)
     result = rebuild(settings, ledger, other, lambda _: gone)
     assert result.status == "lost" and "runs any more" in result.detail
+
+
+def carried_figures(as_of: datetime) -> Carried:
+    """What the laptop kept of a 1-node job that first started at T0 on i-0000, lost it at
+    T0+3h and recovered onto i-0001 (running), with i-0002 billing beside it then."""
+    price = Decimal("2.0712")
+
+    def lease(iid: str, launched: datetime, ended: datetime | None) -> CarriedLease:
+        return CarriedLease(iid, f"{JOB}-a0", 0, "spot", "g5.12xlarge", price, launched, ended)
+
+    return Carried(
+        as_of=as_of, started_at=T0, recoveries=1,
+        leases=(
+            lease("i-0000", T0 - timedelta(minutes=2), T0 + timedelta(hours=3)),
+            lease("i-0001", T0 + timedelta(hours=3, minutes=5), None),
+            lease("i-0002", T0 + timedelta(hours=3, minutes=5), None),
+        ),
+    )  # fmt: skip
+
+
+def test_a_rebuilt_job_keeps_its_first_start_its_recoveries_and_its_whole_bill(
+    tmp_path: Path,
+) -> None:
+    """A job that spent most of its runtime and budget before a recovery and its host's death
+    is rebuilt with its first start and every lease: the limits stop it where they would have
+    on the old host, not after a fresh max_runtime and budget from the recovered node."""
+    as_of = T0 + timedelta(hours=4)
+    recovered = replace(node(0, T0 + timedelta(hours=3, minutes=5)), instance_id="i-0001")
+    built = rebuilt_rows(
+        loaded(tmp_path, nodes=1), JOB, [recovered], provider="aws", submitted_at=T0,
+        controller="host:42", owner="ana", now=T0 + timedelta(hours=5),
+        carried=carried_figures(as_of),
+    )  # fmt: skip
+
+    job = built.job
+    assert job.started_at == T0 and job.recoveries == 1
+    by_id = {lease.instance_id: lease for lease in built.leases}
+    assert by_id["i-0001"].ended_at is None  # the running node, billed from its launch
+    assert by_id["i-0000"].ended_at == T0 + timedelta(hours=3)
+    assert by_id["i-0002"].ended_at == as_of  # open then, gone now: billed until then
+    # 4 h 2 min of max_runtime 4 h: over. The bill: 3h02 + 1h55 + 55 min at $2.0712/h.
+    now = T0 + timedelta(hours=5)
+    elapsed = (now - job.started_at).total_seconds()
+    assert runtime_order(elapsed_s=elapsed, max_runtime_s=4 * 3600) is not None
+    spend = total_cost(built.leases, now)
+    assert abs(spend - Decimal("2.0712") * (182 + 115 + 55) / 60) < Decimal("1e-9")
+    order = budget_order(spend=spend, hourly_rate=hourly_rate(built.leases),
+                         max_cost=Decimal(12), max_hourly=None, horizon_s=25)  # fmt: skip
+    assert order is not None and order.exit_code == 4
+    [event] = built.events
+    assert "carried over" in event.message and "i-0002" in event.message, event.message
+    assert "$" in event.message and "1 recovery" in event.message
+
+
+def test_a_rebuild_without_figures_says_what_is_lost(tmp_path: Path) -> None:
+    built = rows(tmp_path, [node(0, T0)])
+    assert built.job.recoveries == 0
+    [event] = built.events
+    assert "holds no figures" in event.message and "oldest" in event.message
+
+
+def test_rebuild_bills_from_the_figures_in_the_kit_and_says_when_they_are_refused(
+    tmp_path: Path, ledger: Ledger
+) -> None:
+    settings = load_settings({"ORCH_HOME": str(tmp_path / "home")})
+    running = replace(node(0, T0 + timedelta(hours=3, minutes=5)), instance_id="i-0001")
+    save_job_record(settings, JOB, loaded(tmp_path, nodes=1))
+    settings.keys_dir(JOB).mkdir(parents=True)
+    figures = settings.job_dir(JOB) / CARRIED
+    figures.write_text(carried_figures(T0 + timedelta(hours=4)).to_json())
+
+    assert rebuild(settings, ledger, JOB, lambda _: ListedNodes([running])).status == "rebuilt"
+    assert ledger.get_job(JOB).started_at == T0
+    assert {lease.instance_id for lease in ledger.leases(JOB)} == {"i-0000", "i-0001", "i-0002"}
+
+    other = "train-000000"
+    save_job_record(settings, other, loaded(tmp_path, nodes=1))
+    settings.keys_dir(other).mkdir(parents=True)
+    (settings.job_dir(other) / CARRIED).write_text('{"as_of": "yesterday"}')
+    theirs = replace(running, job_id=other)
+    assert rebuild(settings, ledger, other, lambda _: ListedNodes([theirs])).status == "rebuilt"
+    [event] = ledger.events(other)
+    assert "figures are refused: as_of is not a time" in event.message, event.message

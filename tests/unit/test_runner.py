@@ -119,6 +119,7 @@ def test_a_node_taken_during_the_sync_is_replaced_alone_and_counts_as_a_recovery
         layout: launch.NodeLayout,
         *,
         low_priority: bool = False,
+        timeout: float | None = None,
     ) -> int:
         pushes.append(len(attempt.instances))
         if len(pushes) == 1:  # the cloud takes node 1 while its workdir is being sent

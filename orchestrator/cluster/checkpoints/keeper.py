@@ -54,7 +54,7 @@ from orchestrator.cluster.checkpoints.streak import PullStreak, pull_failure_rea
 from orchestrator.cluster.checkpoints.units import step_of
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
-from orchestrator.errors import OrchError, RemoteError
+from orchestrator.errors import NodeUnreachable, OrchError, RemoteError, TransferTimeout
 from orchestrator.ledger.store import Ledger
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
@@ -92,6 +92,7 @@ class KeeperOptions:
     failure_min: int = 5  # ... once there were at least this many
     transfer_timeout_s: float = 3600.0  # one node's transfer, at most
     restore_timeout_s: float = 3600.0  # every node's download from the store, at most
+    push_timeout_s: float = 3600.0  # putting the mirror back on a node, at most
 
 
 OVERSIZED_MANIFEST = (
@@ -314,7 +315,10 @@ class CheckpointKeeper:
         return Resume(path, step, name)
 
     def _push(self, cluster: Cluster) -> None:
+        """Put the mirror back on every node, each transfer stopped after the options'
+        `push_timeout_s` (`TransferTimeout`)."""
         started = time.monotonic()
+        limit = self.options.push_timeout_s
         run_parallel(
             [
                 Transfer(
@@ -322,7 +326,11 @@ class CheckpointKeeper:
                     push_argv(self.mirror.root, address, cluster.identity, self.node_dir),
                 )
                 for address in cluster.addresses
-            ]
+            ],
+            timeout=limit,
+            timeout_hint=f"the checkpoint mirror ({_size(self.mirror)}) did not reach the "
+            f"node in time: a larger one needs a longer controller.push_timeout "
+            "(ORCH_PUSH_TIMEOUT); one that makes no progress points at the node's network",
         )
         self.ledger.add_event(
             self.job_id, "PUSHED", f"checkpoints to {len(cluster.addresses)} node(s) in "
@@ -335,18 +343,27 @@ class CheckpointKeeper:
         command = restore_command(self.layout)
         started = time.monotonic()
 
+        limit = self.options.restore_timeout_s
+
         def run(rank: int, connection: NodeConnection) -> None:
-            result = connection.run(
-                command, stdin=plan, timeout=self.options.restore_timeout_s, check=False
-            )
+            try:
+                result = connection.run(command, stdin=plan, timeout=limit, check=False)
+            except NodeUnreachable as exc:
+                if not isinstance(exc.__cause__, TimeoutError):
+                    raise
+                raise TransferTimeout(
+                    f"node {rank}: the restore from the store did not finish within "
+                    f"{limit:g} s ({len(items)} file(s), {_mb(items)} MB)",
+                    hint="the node's download from the store is too slow or hangs: look "
+                    "at its network with `orch ssh`",
+                ) from exc
             problem = restore_error(result.stdout + result.stderr)
             if result.exited != 0 or problem is not None:
                 raise RemoteError(f"node {rank}: restore from the store failed: {problem}")
 
         cluster.map(run)
-        size = sum(i.size for i in items)
         self.ledger.add_event(
-            self.job_id, "RESTORED", f"{len(items)} file(s), {size / 1e6:.1f} MB, from the store "
+            self.job_id, "RESTORED", f"{len(items)} file(s), {_mb(items)} MB, from the store "
             f"to {len(cluster.instances)} node(s) in {time.monotonic() - started:.1f} s",
         )  # fmt: skip
 
@@ -488,6 +505,14 @@ class CheckpointKeeper:
                     "recorded until the job's controller restarts"
                 )
             self.ledger.add_event(self.job_id, "WARNING", message)
+
+
+def _mb(items: list[RestoreItem]) -> str:
+    return f"{sum(i.size for i in items) / 1e6:.1f}"
+
+
+def _size(mirror: CheckpointMirror) -> str:
+    return f"{sum(size for _sha, size in mirror.files().values()) / 1e6:.1f} MB"
 
 
 def _finished(report: AgentReport) -> bool:

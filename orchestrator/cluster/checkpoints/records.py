@@ -25,6 +25,7 @@ from orchestrator.cluster.checkpoints.store import StoreClient, describe, open_c
 from orchestrator.cluster.checkpoints.units import LATEST_POINTER, Unit, present_directories
 from orchestrator.config import Settings
 from orchestrator.errors import OrchError
+from orchestrator.ledger.rebuilt import REBUILT_EVENT
 from orchestrator.ledger.store import CheckpointRecord, Ledger, utcnow
 from orchestrator.node.checkpoint_protocol import RestoreItem, StoreKeys, is_digest, safe_path
 
@@ -250,6 +251,9 @@ class CheckpointRecords:
                 return set()
         return retired
 
+    def _rebuilt(self) -> bool:
+        return any(e.kind == REBUILT_EVENT for e in self.ledger.events(self.job_id))
+
     def _store_client(self) -> StoreClient | None:
         if not self._client_opened and self.store is not None:
             self._client_opened = True
@@ -261,26 +265,42 @@ class CheckpointRecords:
 
     def sweep_store(self) -> None:
         """At the job's end: delete what the job uploaded that no kept version uses (versions
-        superseded meanwhile, or never complete)."""
+        superseded meanwhile, or never complete).
+
+        A job rebuilt on a new controller host (`ledger.rebuilt`) lost its records of what was
+        uploaded before: there only objects of versions this ledger recorded are deleted, and
+        the rest is kept (it may be the only copy of a lost node's shards), with an event."""
         client = self._store_client()
         if client is None or self.store is None or self.keys is None:
             return
+        records = self.ledger.checkpoints(self.job_id)
         kept = {
             key
-            for record in self.ledger.checkpoints(self.job_id, live_only=True)
-            if record.stored_at is not None
+            for record in records
+            if record.stored_at is not None and record.pruned_at is None
             for key in self._keys(record)
         }
+        known = {key for record in records for key in self._keys(record)}
+        rebuilt = self._rebuilt()
         prefix = self.keys.base
         try:
             leftover = set(client.keys()) - kept
             aside = {key for key in leftover if self._under_set_aside(key)}
             leftover -= aside
             odd = {key for key in leftover if not self.keys.owns(key)}
-            client.delete(leftover - odd)
+            unknown = {key for key in leftover - odd if key not in known} if rebuilt else set()
+            client.delete(leftover - odd - unknown)
         except OrchError as exc:
             self.ledger.add_event(self.job_id, "WARNING", f"store cleanup: {exc}")
             return
+        if unknown:
+            self.ledger.add_event(
+                self.job_id, "STORE", f"kept {len(unknown)} object(s) under "
+                f"{describe(self.store, prefix)} that this ledger has no record of: the job was "
+                "rebuilt on a new controller host, and its records of what was stored before "
+                "died with the old one; remove them yourself once nothing needs them",
+            )  # fmt: skip
+        leftover -= unknown
         if leftover - odd:
             self.ledger.add_event(
                 self.job_id, "STORE", f"removed {len(leftover - odd)} object(s) no kept "
