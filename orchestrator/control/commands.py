@@ -334,6 +334,10 @@ def down(
     """
     ended: list[NodesEnded] = []
     others: list[str] = []
+    # Nodes first, then the jobs to leave alone: a job is registered before its nodes launch,
+    # so every listed node's job is known by then; read the other way round, a teammate's job
+    # registered in between would look like nobody's and its new nodes would be ended.
+    listed = [(provider, provider.list_owned()) for provider in providers_in_use(settings, ledger)]
     hands_off = (
         plan_adoption(settings, ledger, ledger.jobs()).hands_off
         if settings.ledger.shared
@@ -347,10 +351,10 @@ def down(
     elsewhere: set[str] = set()
     keepers: list[LeaseKeeper] = []
     try:
-        for provider in providers_in_use(settings, ledger):
+        for provider, instances in listed:
             wanted = [
                 i
-                for i in provider.list_owned()
+                for i in instances
                 if i.job_id not in left_ids and (matches is None or i.cluster in matches)
             ]
             found = ledger_partition(ledger, wanted)

@@ -1,14 +1,18 @@
 """`orch reconcile` racing a teammate's submit on a shared ledger: the teammate's job is
 registered and its node launched while reconcile runs, at the moment its provider is asked
 for the nodes (a hook on the real local provider, so the order is the same every run). The
-node is listed, and its job must be known as the teammate's: reconcile never ends it. Real
+node is listed, and its job must be known as the teammate's: neither reconcile nor
+`orch down --all` ever ends it. Real
 local nodes and controllers, two ORCH_HOMEs on one SQLite ledger."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.config import load_settings
+from orchestrator.control import commands
 from orchestrator.control.reconcile import reconcile
 from orchestrator.providers.base import Instance
 from orchestrator.providers.local.provider import LocalProvider
@@ -57,3 +61,19 @@ def test_reconcile_never_ends_the_node_of_a_job_a_teammate_submits_meanwhile(
         assert state(shared, theirs) not in {"RECOVERING", "FAILED", "CANCELLED"}
         assert open_instances(shared, theirs) == nodes
         assert [e.kind for e in shared.ledger.events(theirs)].count("TERMINATED") == 0
+
+
+def test_down_all_never_ends_the_node_of_a_job_a_teammate_submits_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with shared_homes(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path) as shared:
+        provider = SubmitWhileListing(shared)
+        monkeypatch.setattr(commands, "providers_in_use", lambda _settings, _ledger: [provider])
+        result = commands.down(load_settings(shared.a.env), shared.ledger, None)
+        theirs = provider.submitted
+        assert theirs is not None
+        nodes = open_instances(shared, theirs)
+        assert result.ended == (), result
+        assert theirs in result.elsewhere
+        assert_nodes_alive(nodes)
+        assert open_instances(shared, theirs) == nodes
