@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.node.checkpoint_agent import CONTROL
+from orchestrator.node.checkpoint_files import CONTROL
 from orchestrator.node.checkpoint_protocol import (
     MAX_NOTICES,
     AgentConfig,
