@@ -62,6 +62,7 @@ if __package__:
     from orchestrator.node.checkpoint_capture import (
         QUIET_S,
         TAKE,
+        TRY,
         UNCAPTURED_MIN_S,
         WAIT,
         History,
@@ -73,6 +74,7 @@ if __package__:
         COMPLETE_MARKER,
         DCP_METADATA,
         home_path,
+        identity,
         scan,
         shown,
         version_of,
@@ -82,13 +84,14 @@ if __package__:
     from orchestrator.node.checkpoint_uploads import Uploads
     from orchestrator.node.checkpoint_whole import finished
 else:  # the program on a node: its modules are beside it
-    from checkpoint_capture import QUIET_S, TAKE, UNCAPTURED_MIN_S, WAIT, History, decide
+    from checkpoint_capture import QUIET_S, TAKE, TRY, UNCAPTURED_MIN_S, WAIT, History, decide
     from checkpoint_copy import CHANGED, NOT_WHOLE, stage
     from checkpoint_dcp import dcp_files
     from checkpoint_files import (
         COMPLETE_MARKER,
         DCP_METADATA,
         home_path,
+        identity,
         scan,
         shown,
         version_of,
@@ -114,6 +117,7 @@ EVENTS = "events"
 BASELINE = "baseline.json"
 OBJECTS = "objects"
 INTERVAL_S = 0.5
+POLL_S = 0.05  # between two looks, how often a file being saved is asked whether it is done
 NO_RUN_EXIT_S = 3600.0  # no run was started this long after the agent: nobody wants it
 
 
@@ -152,6 +156,10 @@ class Agent:
         self.dcp: dict[str, dict] = {}
         self.histories: dict[str, History] = {}  # path -> its versions as the looks saw them
         self.uncaptured: dict[str, dict] = {}  # path -> {"every_s", "since_ns", "ever"}
+        # Files being saved at the last look (their format tells when a save is finished), by
+        # path, with their looks then: the agent looks again as soon as one is finished.
+        self.awaited: dict[str, tuple[int, ...]] = {}
+        self._finished_now: dict[str, bool | None] = {}  # `_finished`'s answers this pass
         self.problems: dict[str, str] = {}
         self.generation = 0
         self.dirty = True
@@ -234,10 +242,33 @@ class Agent:
                 return
             if self.dirty:
                 self.write_manifest(done=False)
-            # Looking costs: a huge directory is looked at less often (at most a tenth of the
-            # time spent walking it), and the agent rests at least as long as its last staging
-            # took, so that copying checkpoints saved nonstop takes at most half a core.
-            time.sleep(max(self.interval_s, 10 * self.scan_s, self.stage_s))
+            self._rest()
+
+    def _rest(self) -> None:
+        """Wait until the next look: `interval_s`, or sooner when a file being saved at the
+        last look is a finished write (asked every `POLL_S`, by its looks and its last bytes
+        alone), so its copy starts right after the save. Looking costs: a huge directory is
+        looked at less often (at most a tenth of the time spent walking it), and the agent
+        rests at least as long as its last staging took, so that copying checkpoints saved
+        nonstop takes at most half a core."""
+        began = time.monotonic()
+        until = began + max(self.interval_s, 10 * self.scan_s, self.stage_s)
+        earliest = began + max(10 * self.scan_s, self.stage_s)
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(POLL_S, left))
+            if time.monotonic() >= earliest and self._saved_since():
+                return
+
+    def _saved_since(self) -> bool:
+        """Whether a file awaited since the last look changed and is a finished write now."""
+        for rel, looks in self.awaited.items():
+            try:
+                info = os.lstat(os.path.join(self.root, *rel.split("/")))
+            except OSError:
+                continue
+            if identity(info) != looks and self._finished(rel):
+                return True
+        return False
 
     def pass_once(self, *, ended: bool) -> bool:
         """One look at the checkpoint directory; True when nothing is left to stage."""
@@ -248,6 +279,8 @@ class Agent:
         now_ns, now = time.time_ns(), time.monotonic()
         self.scan_s = now - began
         settled = True
+        self.awaited = {}
+        self._finished_now = {}
         with self.lock:
             for rel in [r for r in self.files if r not in found]:
                 self._forget(rel)
@@ -286,6 +319,8 @@ class Agent:
             )  # fmt: skip
             if how == WAIT:
                 settled = False
+                if self._finished_now.get(rel) is False:  # a save in progress
+                    self.awaited[rel] = identity(info)
                 continue
             link = written_once(rel, marked) or history.linkable
             self._stage(rel, entry, history, link=link, quiet=how == TAKE)
@@ -293,6 +328,8 @@ class Agent:
                 staged = entry["staged"]
                 if staged is None or [staged["size"], staged["mtime_ns"]] != version:
                     settled = False
+                    if how == TRY:  # a save began during the copy
+                        self.awaited[rel] = identity(info)
         self.stage_s = time.monotonic() - now
         self._note_uncaptured(ended)
         self.uploads.queue()
@@ -301,9 +338,11 @@ class Agent:
     def _finished(self, rel: str) -> bool | None:
         """Whether the file looks like a finished write now (`checkpoint_whole.finished`);
         False when taking at a look is switched off."""
-        if not self.take_at_look:
-            return False
-        return finished(os.path.join(self.root, *rel.split("/")), rel.rsplit("/", 1)[-1])
+        answer = self.take_at_look and finished(
+            os.path.join(self.root, *rel.split("/")), rel.rsplit("/", 1)[-1]
+        )
+        self._finished_now[rel] = answer
+        return answer
 
     def _note_refused(self, refused: dict[str, str]) -> None:
         """Files left alone for their names are a problem the controller shows."""

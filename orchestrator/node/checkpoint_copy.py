@@ -61,8 +61,12 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+        def unchanged() -> bool:  # a save that began during the copy ends it at once
+            return identity(os.fstat(fd)) == identity(before)
+
         if linked:
-            digest = hash_fd(fd, None)
+            digest = hash_fd(fd, None, unchanged=unchanged)
         else:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -72,7 +76,7 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
 
                     fcntl.ioctl(out, FICLONE, fd)
                     cloned = True
-                digest = hash_fd(fd, None if cloned else out)
+                digest = hash_fd(fd, None if cloned else out, unchanged=unchanged)
                 # The copy looks like the file: its permissions and mtime travel with it.
                 os.fchmod(out, stat.S_IMODE(before.st_mode))
                 os.utime(out, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -89,7 +93,8 @@ def stage(src: str, rel: str, objects_dir: str, *, link: bool, tag: str) -> dict
         return f"staging failed: {exc.strerror or exc}"
     finally:
         os.close(fd)
-    if named is None or not (identity(before) == identity(after) == identity(named)):
+    same = named is not None and identity(before) == identity(after) == identity(named)
+    if digest is None or not same:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return CHANGED

@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Callable
 
 COMPLETE_MARKER = "COMPLETE"
 DCP_METADATA = ".metadata"
@@ -148,8 +149,9 @@ def new_digest() -> hashlib._Hash:  # type: ignore[name-defined]
     return hashlib.blake2b(digest_size=32)
 
 
-def hash_fd(fd: int, out: int | None) -> str:
-    """The digest (`new_digest`) of what `fd` holds from its start, also written to `out`."""
+def hash_fd(fd: int, out: int | None, *, unchanged: Callable[[], bool] | None = None) -> str | None:
+    """The digest (`new_digest`) of what `fd` holds from its start, also written to `out`;
+    None as soon as `unchanged()`, asked after each chunk, says the file changed meanwhile."""
     digest = new_digest()
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
@@ -158,6 +160,8 @@ def hash_fd(fd: int, out: int | None) -> str:
         count = os.readv(fd, [buffer])
         if not count:
             return digest.hexdigest()
+        if unchanged is not None and not unchanged():
+            return None
         digest.update(view[:count])
         if out is not None:
             written = 0
@@ -168,6 +172,6 @@ def hash_fd(fd: int, out: int | None) -> str:
 def file_digest(path: str) -> str:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return hash_fd(fd, None)
+        return hash_fd(fd, None)  # type: ignore[return-value]  # None only with `unchanged`
     finally:
         os.close(fd)

@@ -101,9 +101,13 @@ def looks_whole(path: str, name: str) -> bool:
 def _zip_end_ends(handle, size: int) -> bool:  # noqa: ANN001 - a binary file
     """Whether the file's last bytes are an end of central directory record, its comment
     included, that ends exactly where the file does."""
-    span = min(size, ZIP_END_SIZE + ZIP_MAX_COMMENT)
-    if span < ZIP_END_SIZE:
+    if size < ZIP_END_SIZE:
         return False
+    handle.seek(size - ZIP_END_SIZE)
+    last = handle.read(ZIP_END_SIZE)
+    if last[:4] == ZIP_END and last[20:22] == b"\0\0":
+        return True  # no comment (what torch writes): the last 22 bytes are all there is to read
+    span = min(size, ZIP_END_SIZE + ZIP_MAX_COMMENT)
     handle.seek(size - span)
     tail = handle.read(span)
     at = tail.rfind(ZIP_END)

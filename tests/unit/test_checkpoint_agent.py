@@ -158,7 +158,7 @@ def test_a_copy_that_changed_while_it_was_copied_is_refused(tmp_path: Path, monk
     src.write_bytes(b"a" * 1000)
     real = checkpoint_copy.hash_fd
 
-    def hash_while_written(fd: int, out: int | None) -> str:
+    def hash_while_written(fd: int, out: int | None, **_: object) -> str | None:
         digest = real(fd, out)
         with open(src, "r+b") as handle:  # a save lands in the middle of the copy
             handle.write(b"b" * 10)
