@@ -45,7 +45,7 @@ from bench.common import machine  # noqa: E402
 from orchestrator.cluster.checkpoints.collector import CheckpointCollector  # noqa: E402
 from orchestrator.cluster.checkpoints.keeper import KeeperOptions  # noqa: E402
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror  # noqa: E402
-from orchestrator.node.checkpoint_agent import new_digest  # noqa: E402
+from orchestrator.node.checkpoint_files import new_digest  # noqa: E402
 from orchestrator.node.checkpoint_protocol import AgentLayout  # noqa: E402
 from orchestrator.remote.sync import ssh_transport_argv  # noqa: E402
 from orchestrator.spec.model import CheckpointSpec  # noqa: E402
@@ -93,9 +93,9 @@ print(steps / (time.monotonic() - started))
 UPLOAD_AGENT = r"""
 import json, sys, time
 sys.path.insert(0, ".")
-import checkpoint_agent
+import checkpoint_stores
 settings, path, key = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-store = checkpoint_agent.open_store(settings)
+store = checkpoint_stores.open_store(settings)
 started = time.perf_counter()
 store.upload(path, key)
 print(time.perf_counter() - started)

@@ -209,7 +209,7 @@ def parse_spot_recovery(text: str) -> list[Figure]:
 
 _CHECKPOINT_ROW = re.compile(
     rf"^\s+(?P<name>\S.*?)\s+orch\s+(?P<ours>{_NUMBER}) (?P<unit>\S+)\s+baseline\s+"
-    rf"(?P<base>{_NUMBER}) \S+\s+\((?P<bname>[^)]*)\)\s+ratio\s+{_NUMBER}\s+"
+    rf"(?P<base>{_NUMBER}) \S+\s+\((?P<bname>[^)]*)\)\s+ratio\s+(?:{_NUMBER}|-)\s+"
     r"target (?P<target>.+?)\s*$",
     re.MULTILINE,
 )
@@ -217,8 +217,9 @@ _TARGET = re.compile(rf"^(?P<ratio>ratio )?(?P<op><=|>=) (?P<bound>{_NUMBER})")
 
 
 def parse_checkpoint_speed(text: str) -> list[Figure]:
-    """Rows of `bench.checkpoint_speed`: each with its own target (`<= N s`, `ratio <= N`,
-    `ratio >= N`, or `-` for none)."""
+    """Rows of `bench.checkpoint_speed` (and of `checkpoint_capture` and `loss_detection`,
+    which print theirs the same way): each with its own target (`<= N s`, `ratio <= N`,
+    `ratio >= N`, `>= N`, or `-` for none); a ratio `-` has a baseline of 0."""
     figures = []
     for m in _CHECKPOINT_ROW.finditer(text):
         target = _TARGET.match(m.group("target"))

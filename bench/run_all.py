@@ -183,6 +183,24 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=2400.0,
     ),
     Benchmark(
+        "checkpoint_capture",
+        "Checkpoint capture on a busy node: the share of saves taken of a 16 MB torch.save "
+        "rewritten in place every 0.5 s, 1 s and 2 s",
+        "the same agent with taking at a look off (the quiet rule alone), watching the same "
+        "saves at the same time",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "1", "--seconds", "15"),
+    ),
+    Benchmark(
+        "loss_detection",
+        "Detection of a node lost without notice while rank 0 saves a checkpoint every second "
+        "(2 nodes x 2 processes)",
+        "the same job saving no checkpoint, in the same trials",
+        parse_checkpoint_speed,
+        quick_args=("--trials", "2"),
+        timeout_s=2400.0,
+    ),
+    Benchmark(
         "team_scale",
         "Team scale: 16 detached jobs from 2 homes on one PostgreSQL ledger, `orch status` and "
         "`orch cost` over 10,000 jobs, controller CPU per node at 8, 32 and 64 nodes",

@@ -165,6 +165,8 @@ def job_detail(doc: dict) -> list[object]:
         summary.add_row("[bold]env[/]", Text(shown))
     if doc.get("secrets"):
         summary.add_row("[bold]secrets[/]", f"{', '.join(doc['secrets'])} (values hidden)")
+    for alert in doc.get("checkpoint_alerts", []):
+        summary.add_row("[bold yellow]checkpoints[/]", Text(alert, style="yellow"))
     gpus = gpu_table(doc)
     leases = Table(title="leases")
     for column in ("rank", "instance", "market", "type", "$/h", "launched", "ended", "cost"):

@@ -17,6 +17,12 @@ then missed the check, and its probe may go on (a dead link can hold a command o
 for much longer) while later checks count as missed, without a second probe to that node. So a
 node cut off from the network is confirmed lost after about `lost_after` x (`probe_timeout` +
 the watch interval), and a shorter outage costs a missed check or two.
+
+A node whose probe is late (no answer after `suspect_after`, or a probe still out from an
+earlier check) is put to `confirm_gone` (the provider: was it taken?) at once and then every
+`CONFIRM_EVERY_S` while the check waits; a yes ends the wait, the node missing this check. So
+a node the provider took is found within `suspect_after` (plus a second) of the first check
+that asks it, not a whole `probe_timeout` later, whatever else the controller does meanwhile.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from orchestrator.remote.ssh import CommandResult, NodeConnection
 UNANSWERED = launch.NodeProbe("unreachable", None, 0, "")
 PROBE_COMMAND_TIMEOUT = 30.0  # a probe still running after this gives up (checks go on missing)
 PEEK_TIMEOUT = 5.0  # a peek gives up sooner: it is only early news, the next tick reads it all
+SUSPECT_AFTER_S = 1.5  # a probe unanswered this long is late: is its node gone? (see above)
+CONFIRM_EVERY_S = 1.0  # how often a late node is put to `confirm_gone` while a check waits
 # A probe prints one status line, then at most PROBE_LOG_LIMIT bytes of log: more is garbage.
 PROBE_MAX_OUTPUT = launch.PROBE_LOG_LIMIT + 64 * 1024
 
@@ -107,6 +115,8 @@ class RunWatch:
         max_log_bytes: int = 0,
         log_keep: int = 3,
         unprefixed_is_rank0: bool = False,
+        confirm_gone: Callable[[list[int]], bool] | None = None,
+        suspect_after: float = SUSPECT_AFTER_S,
     ) -> None:
         self.cluster = cluster
         self.layout = layout
@@ -120,6 +130,9 @@ class RunWatch:
         # `launcher: none`: the run's own output on node 0 has no torchrun prefix; it is read as
         # rank 0's (a launcher of its own that tees with prefixes still works as usual).
         self.unprefixed_is_rank0 = unprefixed_is_rank0
+        # Whether any of the given (late) ranks is known gone, by the provider's word.
+        self.confirm_gone = confirm_gone
+        self.suspect_after = suspect_after
         logs_dir.mkdir(parents=True, exist_ok=True)
         count = len(cluster.instances)
         self.paths = [logs_dir / f"node-{rank}.log" for rank in range(count)]
@@ -206,11 +219,12 @@ class RunWatch:
         than an unreachable node are raised once every answer that came is taken in.
         """
         skipped = set(skip)
+        late = {r for r, f in enumerate(self._pending) if f is not None and r not in skipped}
         for rank, connection in enumerate(self.cluster.connections):
             if self._pending[rank] is None and rank not in skipped:
                 self._pending[rank] = self._pool.submit(self._probe, rank, connection)
         asked = [f for r, f in enumerate(self._pending) if f is not None and r not in skipped]
-        wait(asked, timeout=self.probe_timeout)
+        self._wait(asked, late, skipped)
         answers: list[Answer] = []
         error: BaseException | None = None
         for rank, future in enumerate(self._pending):
@@ -226,6 +240,25 @@ class RunWatch:
         if error is not None:
             raise error
         return answers
+
+    def _wait(self, asked: list[Future[Answer]], late: set[int], skipped: set[int]) -> None:
+        """Wait up to `probe_timeout` for the probes `asked`; sooner once `confirm_gone` says a
+        late node (`late`: probes out from earlier checks) is gone (see the module docstring)."""
+        deadline = time.monotonic() + self.probe_timeout
+        if self.confirm_gone is None:
+            wait(asked, timeout=self.probe_timeout)
+            return
+        if not late:
+            wait(asked, timeout=min(self.suspect_after, self.probe_timeout))
+        while (left := deadline - time.monotonic()) > 0:
+            unanswered = [
+                rank
+                for rank, future in enumerate(self._pending)
+                if future is not None and rank not in skipped and not future.done()
+            ]
+            if not unanswered or self.confirm_gone(unanswered):
+                return
+            wait(asked, timeout=min(CONFIRM_EVERY_S, left))
 
     def _append(self, rank: int, data: bytes) -> None:
         log_files.append(

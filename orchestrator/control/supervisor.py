@@ -37,7 +37,7 @@ from orchestrator.control.stop_rules import (
     runtime_order,
     stall_order,
 )
-from orchestrator.errors import JobCancelled, JobFailed, NodeLost
+from orchestrator.errors import JobCancelled, JobFailed, NodeLost, OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
 from orchestrator.node import launch
@@ -177,7 +177,17 @@ class Supervisor:
             max_log_bytes=p.settings.logs.max_bytes,
             log_keep=p.settings.logs.keep,
             unprefixed_is_rank0=p.spec.launcher == "none",
+            # A late probe asks the provider at once: a node it took is found in seconds.
+            confirm_gone=lambda ranks: self._taken(attempt, ranks),
         )
+
+    def _taken(self, attempt: Attempt, ranks: list[int]) -> bool:
+        """Whether the provider says it took any of these nodes; False when it cannot say now
+        (the check's own miss, later, asks again and fails the check if it must)."""
+        try:
+            return bool(self.parts.provider.preempted(attempt.ids(ranks)))
+        except OrchError:
+            return False
 
     def watch(self, attempt: Attempt) -> Decision:
         """Watch until the run ends, a limit stops it, nodes are interrupted, or the spot

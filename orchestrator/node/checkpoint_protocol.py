@@ -1,10 +1,11 @@
 """How the controller talks to a node's checkpoint agent: the commands it runs, what it reads back.
 
 Pure: command text, the agent's config, and the parser of its manifest. The agent itself is
-`orchestrator.node.checkpoint_agent`, sent to the node as its file's text. On a node, under the
-home directory:
+`orchestrator.node.checkpoint_agent`, sent to the node as the text of its files (`agent_program`).
+On a node, under the home directory:
 
     orch-jobs/<job id>/checkpoint-agent/checkpoint_agent.py   the program
+    .../checkpoint_*.py  the modules it imports from beside it
     .../config.json     what `arm_command` wrote (0600: it may hold store credentials)
     .../manifest.json   what is staged (see `NodeManifest`), replaced atomically
     .../events          one line per new manifest; the controller follows it
@@ -29,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.node import checkpoint_agent
-from orchestrator.node.checkpoint_agent import canonical, refused_name, shown, skipped, store_key
-from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
+from orchestrator.node.checkpoint_capture import QUIET_S
+from orchestrator.node.checkpoint_files import canonical, refused_name, shown, skipped, store_key
+from orchestrator.node.checkpoint_stores import parse_store
+from orchestrator.node.launch import NodeLayout, home_expr
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `$` would let a trailing newline in
 _CLOCK_LINE = re.compile(r"^([0-9]{1,30}) (alive|dead|none)$")
 MAX_NOTICES = 20  # kept per manifest; the rest are counted in one more notice
+MAX_UNCAPTURED = 20  # uncaptured files read per manifest (the first by path)
 
 
 @dataclass(frozen=True)
@@ -56,14 +60,36 @@ class AgentLayout:
         return f"{self.root}/{checkpoint_agent.OBJECTS}"
 
 
-def agent_source() -> str:
-    """The agent program, as it is sent to the nodes."""
-    return Path(checkpoint_agent.__file__).read_text()
+def agent_program() -> dict[str, str]:
+    """The agent program as it is sent to the nodes: file name -> text (`checkpoint_agent.py`,
+    which is run, and the modules it imports from beside it)."""
+    folder = Path(checkpoint_agent.__file__).parent
+    names = ("checkpoint_agent.py", *checkpoint_agent.MODULES)
+    return {name: (folder / name).read_text() for name in names}
+
+
+# Writes each file of a JSON object {name: text} (stdin) into the current directory: a new
+# file made by mkstemp (never an existing file or a link put there), renamed into place whole.
+_INSTALL = (
+    "import json, os, sys, tempfile\n"
+    "for name, text in json.load(sys.stdin).items():\n"
+    "    fd, tmp = tempfile.mkstemp(dir='.', prefix='.tmp-')\n"
+    "    with os.fdopen(fd, 'w') as out:\n"
+    "        out.write(text)\n"
+    "    os.chmod(tmp, 0o644)\n"
+    "    os.replace(tmp, os.path.basename(name))\n"
+)
 
 
 def install_command(layout: AgentLayout) -> str:
-    """Write the agent program (stdin: `agent_source()`) to the node."""
-    return write_file_command(layout.program, "0644")
+    """Write the agent program's files (stdin: `install_input()`) to the node, each whole."""
+    root = home_expr(layout.root)
+    return f"mkdir -p {root} && cd {root} && python3 -c {shlex.quote(_INSTALL)}"
+
+
+def install_input() -> str:
+    """What `install_command` reads: the agent program (`agent_program`) as one JSON object."""
+    return json.dumps(agent_program())
 
 
 @dataclass(frozen=True)
@@ -89,7 +115,7 @@ class StoreAccess:
 @dataclass(frozen=True)
 class StoreKeys:
     """How the controller names one job's objects in its store:
-    `<prefix>/<job id>/<path>@<first 16 hex of its digest>` (`checkpoint_agent.store_key`,
+    `<prefix>/<job id>/<path>@<first 16 hex of its digest>` (`checkpoint_files.store_key`,
     the key the agent uploads to). Keys are computed from a file's checked path and digest,
     never taken from a node."""
 
@@ -98,7 +124,7 @@ class StoreKeys:
 
     @classmethod
     def of(cls, url: str, job_id: str) -> StoreKeys:
-        _scheme, _where, prefix = checkpoint_agent.parse_store(url)
+        _scheme, _where, prefix = parse_store(url)
         return cls(prefix, job_id)
 
     @property
@@ -147,7 +173,7 @@ class AgentConfig:
     checkpoint_dir: str  # home-relative or absolute (NodeLayout.node_path)
     store: StoreAccess | None = None
     restored: Mapping[str, RestoredFile] = field(default_factory=dict)
-    quiet_s: float = checkpoint_agent.QUIET_S
+    quiet_s: float = QUIET_S
     interval_s: float = checkpoint_agent.INTERVAL_S
     node_owner: str = ""  # whose directories the node holds (a kept cluster's id); "": the job's
 
@@ -258,7 +284,7 @@ class StagedCopy:
     digest: str
     size: int
     mtime_ns: int  # the file's mtime when staged, on the node's clock
-    ctime_ns: int  # and its ctime: a hard-linked copy is intact while both are unchanged
+    ctime_ns: int  # and its ctime, when staged
     object: str | None  # name under objects/; None for a file orch restored (nothing to fetch)
     linked: bool  # a hard link to the file itself: valid only while the file is unchanged
     stored: str | None  # its store key once uploaded: the key the controller computed
@@ -298,6 +324,15 @@ class DcpListing:
 
 
 @dataclass(frozen=True)
+class Uncaptured:
+    """A file the agent saw rewritten again and again without taking a copy of it."""
+
+    every_s: float  # its rewrite interval, as the agent's looks saw it
+    since_ns: int  # since when no copy was taken (the last one, or its first look), node clock
+    ever: bool  # whether a copy of it was ever taken
+
+
+@dataclass(frozen=True)
 class NodeManifest:
     """What one node's agent reported. `clock_offset_ns` is the node's clock minus the
     controller's, measured when it was read; `files` mtimes are on the node's clock."""
@@ -311,6 +346,7 @@ class NodeManifest:
     problems: tuple[str, ...]  # the agent's own, printable
     clock_offset_ns: int = 0
     refused: tuple[Notice, ...] = ()  # what the parser dropped and tells about
+    uncaptured: Mapping[str, Uncaptured] = field(default_factory=dict)  # at most MAX_UNCAPTURED
 
 
 @dataclass(frozen=True)
@@ -435,7 +471,7 @@ class _Reader:
 def safe_path(path: object) -> bool:
     """Whether `path` may name a checkpoint file under the checkpoint directory (the node's,
     the mirror): a canonical relative path (no empty, `.` or `..` part, so not absolute), UTF-8,
-    no name orch refuses (`checkpoint_agent.refused_name`), no temporary or build output."""
+    no name orch refuses (`checkpoint_files.refused_name`), no temporary or build output."""
     return isinstance(path, str) and canonical(path) and not skipped(path)
 
 
@@ -468,6 +504,14 @@ def parse_manifest(
         if parsed is not None:
             dcp[directory] = parsed
     problems = document.get("problems")
+    raw_uncaptured = document.get("uncaptured")
+    uncaptured: dict[str, Uncaptured] = {}
+    for path in sorted(raw_uncaptured, key=str) if isinstance(raw_uncaptured, dict) else ():
+        parsed_file = _uncaptured(raw_uncaptured[path])
+        if parsed_file is not None and reader.path_ok(path):
+            uncaptured[path] = parsed_file
+            if len(uncaptured) >= MAX_UNCAPTURED:
+                break
     return NodeManifest(
         rank=rank,
         generation=_int(document.get("generation")) or 0,
@@ -480,7 +524,20 @@ def parse_manifest(
         else (),
         clock_offset_ns=clock_offset_ns,
         refused=reader.refused(),
+        uncaptured=uncaptured,
     )
+
+
+def _uncaptured(value: object) -> Uncaptured | None:
+    """One entry of a manifest's `uncaptured`, or None when it is not one."""
+    if not isinstance(value, dict):
+        return None
+    every, since = value.get("every_s"), _int(value.get("since_ns"))
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or since is None:
+        return None
+    if not 0 < every < 1e7:  # NaN fails this too
+        return None
+    return Uncaptured(float(every), since, value.get("ever") is True)
 
 
 def parse_report(

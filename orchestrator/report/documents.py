@@ -144,7 +144,8 @@ def job_summary(
 def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
     """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
     spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
-    and the names of its `secrets`, never their values)."""
+    and the names of its `secrets`, never their values, and while it runs `checkpoint_alerts`:
+    checkpoint files going without a copy, see `capture_alerts`)."""
     now = utcnow()
     leases = ledger.leases(job.id)
     checkpoints = ledger.checkpoints(job.id, live_only=True)
@@ -179,10 +180,18 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
             }
             for lease in leases
         ]
+        events = ledger.events(job.id)
         doc["events"] = [
             {"at": _time(e.at), "kind": e.kind, "message": e.message, "step": e.step}
-            for e in ledger.events(job.id)
+            for e in events
         ]
+        # Checkpoint files going without a copy (a WARNING each): the line `orch status` shows.
+        from orchestrator.cluster.checkpoints.capture_alerts import active_alerts
+
+        live = not JobState(job.state).is_final
+        doc["checkpoint_alerts"] = (
+            active_alerts((e.kind, e.message) for e in events) if live else []
+        )
     return doc
 
 

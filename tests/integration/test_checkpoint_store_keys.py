@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.cluster.checkpoints.store import StoreError, open_client
 from orchestrator.config import LocalSettings, Settings, StoreSettings
-from orchestrator.node.checkpoint_agent import store_key
+from orchestrator.node.checkpoint_files import store_key
 from orchestrator.spec.model import CheckpointSpec
 from tests.support.checkpoint_nodes import KeeperNodes, keeper_nodes
 from tests.support.forged_manifests import freeze_agent, manifest, staged_entry, write_manifest

@@ -138,6 +138,23 @@ def test_the_checkpoint_figures_are_read_with_their_own_targets() -> None:
     assert slower[-1].met is False
 
 
+def test_the_capture_and_detection_figures_are_read_with_their_targets() -> None:
+    text = (
+        "  saves captured, rewritten every 0.5 s    orch     0.767 share    baseline     0.000"
+        " share    (the quiet rule alone: take_at_look off)  ratio     -  target >= 0.3\n"
+        "  saves captured, rewritten every 1 s    orch     0.400 share    baseline     0.067"
+        " share    (the quiet rule alone: take_at_look off)  ratio  6.00  target >= 0.5\n"
+        "  detection while saving every second  orch     5.200 s        baseline     5.900 s"
+        "        (the same job saving no checkpoint)  ratio  0.88  target <= 10 s\n"
+    )
+    fast, slow, detection = run_all.parse_checkpoint_speed(text)
+    assert (fast.value, fast.baseline, fast.ratio, fast.met) == (0.767, 0.0, None, True)
+    assert (slow.unit, slow.met, slow.target) == ("share", False, ">= 0.5")
+    assert (detection.value, detection.met, detection.baseline_name) == (
+        5.2, True, "the same job saving no checkpoint",
+    )  # fmt: skip
+
+
 def test_the_guard_billing_figure_is_read_with_its_bound() -> None:
     text = (
         "  trial 0: guarded 71.2 instance-s, unlimited 126.0 instance-s over 63 s and still "

@@ -17,28 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import checkpoint_agent as agent
-from orchestrator.node.checkpoint_agent import Agent, dcp_files, looks_whole, skipped, stage
-
-
-def make_agent(tmp_path: Path, **extra: object) -> Agent:
-    for name in ("ckpt", "run", "state"):
-        (tmp_path / name).mkdir(exist_ok=True)
-    (tmp_path / "run" / "pid").write_text(str(os.getpid()))  # "the run": this process
-    config = {
-        "job_id": "j1",
-        "rank": 0,
-        "checkpoint_dir": str(tmp_path / "ckpt"),
-        "run_dir": str(tmp_path / "run"),
-        "state_dir": str(tmp_path / "state"),
-        "exclude": [],
-        "quiet_s": 0.2,
-        "interval_s": 0.05,
-        "store": None,
-        "restored": {},
-        **extra,
-    }
-    return Agent(config)
+from orchestrator.node import checkpoint_copy, checkpoint_files
+from orchestrator.node.checkpoint_agent import Agent
+from orchestrator.node.checkpoint_copy import stage
+from orchestrator.node.checkpoint_dcp import dcp_files
+from orchestrator.node.checkpoint_files import file_digest, skipped
+from orchestrator.node.checkpoint_restore import restore
+from orchestrator.node.checkpoint_whole import looks_whole
+from tests.support.agent_dirs import make_agent
 
 
 def staged(a: Agent, rel: str) -> dict | None:
@@ -76,7 +62,7 @@ def test_names_with_control_characters_are_reported_not_staged(tmp_path: Path) -
     problem = a.problems["names"]
     assert "new\\x0aline.pt" in problem and "esc\\x1b[31m.pt" in problem
     assert "control characters" in problem and "1 more" in problem
-    assert not agent.CONTROL.search(problem)
+    assert not checkpoint_files.CONTROL.search(problem)
     for name in names[1:5]:
         (tmp_path / "ckpt" / name).unlink()
     settle(a, ended=True)
@@ -84,8 +70,8 @@ def test_names_with_control_characters_are_reported_not_staged(tmp_path: Path) -
 
 
 def test_shown_escapes_control_characters_and_bounds_the_length() -> None:
-    assert agent.shown("a\x00b\nc\x9bd ü") == "a\\x00b\\x0ac\\x9bd ü"
-    assert len(agent.shown("x" * 1000, 50)) == 50
+    assert checkpoint_files.shown("a\x00b\nc\x9bd ü") == "a\\x00b\\x0ac\\x9bd ü"
+    assert len(checkpoint_files.shown("x" * 1000, 50)) == 50
 
 
 @pytest.mark.parametrize("rel", ["snapshot.pt", "step-000001/COMPLETE", "a/.metadata", "..dots"])
@@ -170,15 +156,15 @@ def test_a_file_rewritten_in_place_nonstop_is_only_ever_staged_whole(tmp_path: P
 def test_a_copy_that_changed_while_it_was_copied_is_refused(tmp_path: Path, monkeypatch) -> None:
     src = tmp_path / "snapshot.pt"
     src.write_bytes(b"a" * 1000)
-    real = agent._hash_fd
+    real = checkpoint_copy.hash_fd
 
-    def hash_while_written(fd: int, out: int | None) -> str:
+    def hash_while_written(fd: int, out: int | None, **_: object) -> str | None:
         digest = real(fd, out)
         with open(src, "r+b") as handle:  # a save lands in the middle of the copy
             handle.write(b"b" * 10)
         return digest
 
-    monkeypatch.setattr(agent, "_hash_fd", hash_while_written)
+    monkeypatch.setattr(checkpoint_copy, "hash_fd", hash_while_written)
     (tmp_path / "objects").mkdir()
     assert stage(str(src), "snapshot.pt", str(tmp_path / "objects"), link=False, tag="t") == (
         "changed while it was copied"
@@ -304,14 +290,14 @@ def test_the_agent_uploads_every_staged_copy_and_restore_brings_it_back(tmp_path
         "files": [{"path": "snapshot.pt", "key": key, "size": 7, "digest": copy["digest"]}],
     }
     out = io.StringIO()
-    assert agent.restore(plan, out) == 0, out.getvalue()
+    assert restore(plan, out) == 0, out.getvalue()
     assert (new_node / "snapshot.pt").read_bytes() == b"weights"
     assert out.getvalue().splitlines()[-1].startswith("restored 1 7 ")
 
     (store_dir / key).write_bytes(b"tampered")
     (new_node / "snapshot.pt").unlink()
     out = io.StringIO()
-    assert agent.restore(plan, out) == 1
+    assert restore(plan, out) == 1
     assert "digest is not the one recorded" in out.getvalue()
     assert not (new_node / "snapshot.pt").exists()
 
@@ -330,7 +316,7 @@ def test_restore_keeps_a_file_the_node_holds_as_recorded_and_fetches_the_rest(
         key = f"j1/{index}"
         (store_dir / key).write_bytes(data)
         files.append(
-            {"path": rel, "key": key, "size": len(data), "digest": agent.file_digest(str(source))}
+            {"path": rel, "key": key, "size": len(data), "digest": file_digest(str(source))}
         )
     node = tmp_path / "survivor" / "ckpt"
     (node / "step-4").mkdir(parents=True)
@@ -338,10 +324,10 @@ def test_restore_keeps_a_file_the_node_holds_as_recorded_and_fetches_the_rest(
     (store_dir / "j1" / "0").write_bytes(b"corrupted!!!")  # fetched, it would fail the digest
     plan = {"checkpoint_dir": str(node), "store": {"url": f"file://{store_dir}"}, "files": files}
     out = io.StringIO()
-    assert agent.restore(plan, out) == 0, out.getvalue()
+    assert restore(plan, out) == 0, out.getvalue()
     assert (node / "step-4" / "__1_0.distcp").read_bytes() == b"rank 1 shard"
     assert out.getvalue().splitlines()[-1].startswith("restored 2 24 ")
     (node / "step-4" / "__0_0.distcp").write_bytes(b"rank 0 SHARD")  # same size, other bytes
     out = io.StringIO()
-    assert agent.restore(plan, out) == 1  # not as recorded: fetched, and the store's is bad
+    assert restore(plan, out) == 1  # not as recorded: fetched, and the store's is bad
     assert "digest is not the one recorded" in out.getvalue()

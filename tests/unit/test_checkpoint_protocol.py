@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 import posixpath
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.node.checkpoint_agent import CONTROL
+from orchestrator.node.checkpoint_files import CONTROL
 from orchestrator.node.checkpoint_protocol import (
     MAX_NOTICES,
     AgentConfig,
     StoreKeys,
+    agent_program,
     parse_manifest,
     parse_report,
     restore_error,
@@ -49,6 +53,25 @@ def test_unsafe_paths_and_forged_fields_are_dropped() -> None:
     assert manifest.files["ok.pt"].settled
     assert manifest.files["obj.pt"].staged is None  # a copy it cannot name safely
     assert manifest.files["sha.pt"].staged is None
+
+
+def test_the_agent_sent_to_a_node_holds_every_module_it_imports(tmp_path: Path) -> None:
+    """On a node the agent is its files side by side, nothing of orch installed: it starts
+    (its imports resolve among what is sent) from a folder of those files alone."""
+    for name, text in agent_program().items():
+        (tmp_path / name).write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-S", "checkpoint_agent.py", "--help"], cwd=tmp_path,
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    imported = subprocess.run(
+        [sys.executable, "-S", "-c", "import checkpoint_agent, sys; "
+         "print(sorted(m for m in sys.modules if m.startswith(('checkpoint', 'orch'))))"],
+        cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    shipped = sorted(name.removesuffix(".py") for name in agent_program())
+    assert imported.stdout.strip() == str(shipped), imported.stderr
 
 
 def test_not_a_manifest_at_all() -> None:

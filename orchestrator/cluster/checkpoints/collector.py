@@ -43,7 +43,7 @@ from orchestrator.cluster.checkpoints.units import (
 )
 from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import CheckpointError, NodeUnreachable, OrchError
-from orchestrator.node.checkpoint_agent import shown
+from orchestrator.node.checkpoint_files import shown
 from orchestrator.node.checkpoint_protocol import (
     AgentLayout,
     AgentReport,
@@ -348,7 +348,9 @@ class CheckpointCollector:
                     except ValueError:
                         continue  # not what the stat prints: the copy counts as changed
             for name, f in linked.items():
-                if seen.get(name) != (f.size, f.mtime_ns, f.ctime_ns):
+                # Size and mtime: a write moves the mtime. Not the ctime, which a rename
+                # over the file (its next version saved beside it) moves too.
+                if seen.get(name, (None, None, None))[:2] != (f.size, f.mtime_ns):
                     changed.add(f.path)
         return changed
 

@@ -22,6 +22,9 @@ The runner (`orchestrator.control.runner`) calls:
   more. Raises OrchError when that collection fails.
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
+A file an agent saw rewritten again and again with no copy taken is a WARNING event, and a
+line of `orch status JOB` until a copy is taken again (`capture_alerts`).
+
 What a node's word made the controller refuse (a path with control characters, a store key it
 did not compute, a checkpoint over `checkpoint.max_pull_bytes` or with no room on the disk, a
 transfer bigger than reported) is a WARNING event, once per thing refused and at most
@@ -39,6 +42,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from orchestrator.cluster.checkpoints.capture_alerts import CaptureAlerts
 from orchestrator.cluster.checkpoints.collector import (
     MANIFEST_MAX_BYTES,
     CheckpointCollector,
@@ -64,10 +68,10 @@ from orchestrator.node.checkpoint_protocol import (
     RestoredFile,
     RestoreItem,
     StoreAccess,
-    agent_source,
     arm_command,
     follow_command,
     install_command,
+    install_input,
     restore_command,
     restore_error,
     restore_plan,
@@ -149,6 +153,7 @@ class CheckpointKeeper:
         self._noticed: set[str] = set()
         self._resumed: tuple[str, str] | None = None  # (name, version) the last start resumed
         self._held_back: set[tuple[str, str]] = set()  # versions no start resumes again
+        self.alerts = CaptureAlerts(lambda kind, text: ledger.add_event(job_id, kind, text))
         self._streams: list[LineStream] = []
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -246,9 +251,9 @@ class CheckpointKeeper:
             event.set()
 
     def _install(self, cluster: Cluster) -> None:
-        source = agent_source()
+        program = install_input()
         command = install_command(self.layout)
-        cluster.map(lambda rank, c: c.run(command, stdin=source, timeout=60))
+        cluster.map(lambda rank, c: c.run(command, stdin=program, timeout=60))
 
     def _arm(
         self,
@@ -473,6 +478,7 @@ class CheckpointKeeper:
         self.streak.succeeded()
         self._note_problems(collected.reports)
         self._note(collected.notices)
+        self.alerts.update(collected.reports)
         dead = [r for r, rep in collected.reports.items() if _dead_unfinished(rep)]
         if dead:
             self._arm(self.collector.cluster, {}, ranks=dead)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.cluster.checkpoints.units import Unit
-from orchestrator.node.checkpoint_agent import shown
+from orchestrator.node.checkpoint_files import shown
 from orchestrator.node.checkpoint_protocol import Notice
 
 HEADROOM_BYTES = 1024**3  # kept free on the mirror's disk: 1 GiB, or 5% of a smaller disk

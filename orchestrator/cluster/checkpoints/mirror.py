@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from orchestrator.cluster.checkpoints.units import Unit, UnitFile, directory_of, newer
-from orchestrator.node.checkpoint_agent import COMPLETE_MARKER, DCP_METADATA
+from orchestrator.node.checkpoint_files import COMPLETE_MARKER, DCP_METADATA
 from orchestrator.node.checkpoint_protocol import safe_path
 
 INDEX_VERSION = 1

@@ -6,7 +6,7 @@ to reach the store (`node_access`), lists what a job left there, and deletes ver
 rule keeps (`orchestrator.cluster.checkpoints.retention`).
 
 Keys: `<prefix>/<job id>/<path>@<first 16 hex of its digest>`, one per version of a file (the
-digest is BLAKE2b-256: `orchestrator.node.checkpoint_agent.new_digest`). The controller computes
+digest is BLAKE2b-256: `orchestrator.node.checkpoint_files.new_digest`). The controller computes
 them (`StoreKeys`); a client is bound to one job's prefix and refuses to delete any key outside
 it or not canonical, and a `file://` client follows no symlink below the store's directory.
 Credentials: on AWS the nodes use the instance profile the provider attaches; nodes with no
@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 from orchestrator.config import Settings
 from orchestrator.errors import ConfigError, OrchError
-from orchestrator.node.checkpoint_agent import parse_store
 from orchestrator.node.checkpoint_protocol import StoreAccess, StoreKeys
+from orchestrator.node.checkpoint_stores import parse_store
 
 
 class StoreError(OrchError):

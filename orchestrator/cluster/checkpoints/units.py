@@ -29,7 +29,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from orchestrator.node.checkpoint_agent import COMPLETE_MARKER, DCP_METADATA, DCP_SHARD, STEP_DIR
+from orchestrator.node.checkpoint_files import COMPLETE_MARKER, DCP_METADATA, DCP_SHARD, STEP_DIR
 from orchestrator.node.checkpoint_protocol import NodeFile, NodeManifest
 
 CLOCK_SLACK_NS = 250_000_000  # how far two nodes' clocks may disagree after the offset is taken
