@@ -3,15 +3,16 @@
 # except the long soak trials, which `scripts/soak.sh` (`make soak`) runs; each of those has a
 # short version here.
 #
-# Three pytest streams go side by side, so that the suite takes about as long as its longest
-# stream. The e2e tests run one at a time, as they must: each starts real jobs and times nodes,
-# controllers and guards against limits; after them, in the same stream, the unit tests that do
-# not need torch run again on the next supported Python found, 3.12 (scripts/other_pythons.sh;
-# `make soak` runs them on every one, 3.13 too; a machine with none says so and is not failed
-# for it). The integration tests run beside them: they mostly wait on sshd, moto and real
-# jobs' controllers. The unit and infra tests (CPU for a minute or two, then terraform and
-# moto) make the third stream, which ends long before the others. Arguments (`make test` passes none) select tests
-# for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
+# Four streams go side by side, so that the suite takes about as long as its longest one; most
+# tests wait (on sshd, moto, terraform, guards and controllers timed against limits) far more
+# than they compute, so a two-core machine has room for them. The e2e tests run one at a time,
+# as they must: each starts real jobs and times nodes, controllers and guards against limits.
+# The integration tests make two streams: those of the controller host (each drives a host and
+# its jobs for a minute or more) and the others. The unit and infra tests make the fourth, and
+# after them the unit tests that do not need torch run again on the next supported Python
+# found, 3.12 (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too; a
+# machine with none says so and is not failed for it). Arguments (`make test` passes none)
+# select tests for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check orchestrator orch_trainer trainer tests bench
@@ -38,42 +39,53 @@ if [ "$#" -gt 0 ]; then
     exit $?
 fi
 
-# One stream: its pytest run's output in $logs/NAME.log, its exit code in $logs/NAME.code.
+# One stream in the background: its output in $logs/NAME.log, its exit code in $logs/NAME.code.
 stream() {
     local name=$1
     shift
-    set +e
-    pytest_run "$@" >"$logs/$name.log" 2>&1
-    echo $? >"$logs/$name.code"
+    (
+        set +e
+        "$@" >"$logs/$name.log" 2>&1
+        echo $? >"$logs/$name.code"
+    ) &
+    pids+=($!)
 }
 
+unit_then_others() {
+    local code=0
+    pytest_run tests/unit tests/infra || code=$?
+    verdict "$code" "tests/unit, tests/infra" || code=1
+    echo
+    echo "--- unit tests on the next supported Python (after them) ---"
+    bash scripts/other_pythons.sh 1 || code=1
+    return "$code"
+}
+
+hosts=(tests/integration/test_controller_host*.py)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-stream integration tests/integration &
-integration_pid=$!
-stream unit tests/unit tests/infra &
-unit_pid=$!
+pids=()
+stream hosts pytest_run "${hosts[@]}"
+stream integration pytest_run tests/integration --ignore-glob='tests/integration/test_controller_host*.py'
+stream unit unit_then_others
 
 set +e
 pytest_run tests/e2e
 e2e_code=$?
-bash scripts/other_pythons.sh 1 >"$logs/others.log" 2>&1
-others_code=$?
-wait "$integration_pid" "$unit_pid"
+wait "${pids[@]}"
 set -e
 
 status=0
 verdict "$e2e_code" "tests/e2e" || status=1
-for name in unit integration; do
-    what="tests/$name"
-    [ "$name" = unit ] && what="tests/unit, tests/infra"
+for name in hosts integration unit; do
+    case $name in
+        hosts) what="tests/integration, the controller host's" ;;
+        integration) what="tests/integration, the others" ;;
+        unit) what="tests/unit, tests/infra, then tests/unit on the next Python" ;;
+    esac
     echo
     echo "--- $what (run beside the e2e tests) ---"
     cat "$logs/$name.log"
     verdict "$(cat "$logs/$name.code")" "$what" || status=1
 done
-echo
-echo "--- unit tests on the next supported Python (after the e2e tests) ---"
-cat "$logs/others.log"
-[ "$others_code" -eq 0 ] || status=1
 exit "$status"
