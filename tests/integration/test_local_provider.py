@@ -222,6 +222,32 @@ def test_two_nodes_from_launch_to_terminate(
     )
     assert ok(ssh(nodes[1], client_key, tmp_path, lookup)).split() == ["True", "True"]
 
+    # Each node names its own address and its peers', as glibc's getent and Python see them and
+    # as torch's c10d looks up a socket's peer: getnameinfo of the address as a dual-stack
+    # listener sees it (::ffff:<IPv4>), no error (c10d warns "The hostname of the client socket
+    # cannot be retrieved" on one).
+    ips = " ".join(n.private_ip for n in nodes)
+    names = (
+        'python -c "import socket, sys\n'
+        "print(socket.gethostname())\n"
+        "for ip in sys.argv[1:]:\n"
+        "    mapped = ('::ffff:' + ip, 0, 0, 0)\n"
+        "    print(socket.gethostbyaddr(ip)[0], "
+        'socket.getnameinfo(mapped, socket.NI_NUMERICSERV)[0])" ' + ips
+    )
+    for node in nodes:
+        getent = ok(ssh(node, client_key, tmp_path, f"getent hosts {ips}")).splitlines()
+        seen = ok(ssh(node, client_key, tmp_path, names)).splitlines()
+        if mode == "namespace":  # each its own hostname, EC2's way, the same on every node
+            wanted = [local_net.node_hostname(n.private_ip) for n in nodes]
+            assert [line.split() for line in getent] == [
+                [n.private_ip, name] for n, name in zip(nodes, wanted, strict=True)
+            ]
+            assert seen == [wanted[node.rank], *(f"{name} {name}" for name in wanted)]
+        else:  # 127.0.0.1: named by this machine's own /etc/hosts
+            assert getent and all(len(line.split()) > 1 for line in getent), getent
+            assert all(len(line.split()) == 2 for line in seen[1:]), seen
+
     # SFTP (paramiko) works too, and lands in HOME.
     client = paramiko.SSHClient()
     host = (

@@ -158,21 +158,52 @@ def test_sshd_argv_in_a_namespace_mounts_the_disk_then_execs_sshd() -> None:
         Path("/h/log"),
         Path("/h/etc"),
         "start the guard",
+        "ip-10-213-0-2",
     )
     assert argv[:4] == ["ip", "netns", "exec", "orch-l-0123456789"]
-    assert argv[4:8] == ["unshare", "--mount", "--propagation", "private"]
-    assert argv[-7:] == [
+    assert argv[4:9] == ["unshare", "--mount", "--uts", "--propagation", "private"]
+    assert argv[-8:] == [
         "/h/disk", net.NODE_HOME, "/usr/sbin/sshd", "/h/cfg", "/h/log", "/h/etc",
-        "start the guard",
+        "start the guard", "ip-10-213-0-2",
     ]  # fmt: skip
-    # The boot command starts detached, after the mounts and before sshd.
-    script = argv[10]
+    # The hostname is set first; the boot command starts detached, after the mounts and
+    # before sshd.
+    script = argv[11]
+    assert script.index("/proc/sys/kernel/hostname") < script.index("mount")
     assert script.index("/etc/resolv.conf") < script.index('"$7"') < script.index("exec")
-    assert "exec" in argv[10] and "-D" in argv[10]
-    assert "/etc/hosts" in argv[10] and "/etc/resolv.conf" in argv[10]
+    assert "exec" in script and "-D" in script
+    assert "/etc/hosts" in script and "/etc/resolv.conf" in script
     assert net.loopback_sshd_argv("/usr/sbin/sshd", Path("/c"), Path("/l")) == [
         "/usr/sbin/sshd", "-D", "-f", "/c", "-E", "/l",
     ]  # fmt: skip
+
+
+def test_a_node_is_named_after_its_address_as_on_ec2() -> None:
+    assert net.node_hostname("10.213.0.2") == "ip-10-213-0-2"
+
+
+def test_a_node_hosts_file_names_itself_and_every_address_a_peer_can_have() -> None:
+    subnet = IPv4Network("10.213.7.0/24")
+    text = net.node_hosts_text("10.213.7.3", "ip-10-213-7-3", subnet)
+    lines = text.splitlines()
+    assert lines[:3] == ["127.0.0.1 localhost", "::1 localhost", "10.213.7.3 ip-10-213-7-3"]
+    names = dict(line.split() for line in lines[2:])
+    # every host address (the bridge's and 253 nodes'), and each in the IPv4-mapped IPv6 form
+    # a dual-stack listener sees its peers in
+    assert len(names) == 2 * 254
+    assert names["10.213.7.2"] == names["::ffff:10.213.7.2"] == "ip-10-213-7-2"
+    assert names["::ffff:10.213.7.3"] == "ip-10-213-7-3"
+    assert names["10.213.7.254"] == "ip-10-213-7-254" and "10.213.7.255" not in names
+    assert [line.split()[0] for line in lines].count("10.213.7.3") == 1
+
+
+def test_a_large_subnet_names_its_lowest_addresses_only() -> None:
+    text = net.node_hosts_text("10.8.0.2", "ip-10-8-0-2", IPv4Network("10.8.0.0/16"))
+    addresses = [line.split()[0] for line in text.splitlines()[2:]]
+    assert len(addresses) == 2 * net.NAMED_ADDRESSES
+    assert "10.8.4.0" in addresses and "10.8.4.1" not in addresses  # the 1024 lowest
+    # a node beyond them (never, while nodes take the lowest free addresses) still has its own
+    assert "10.8.9.9" in net.node_hosts_text("10.8.9.9", "ip-10-8-9-9", IPv4Network("10.8.0.0/16"))
 
 
 def test_host_key_line_drops_the_comment() -> None:

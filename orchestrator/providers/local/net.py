@@ -8,7 +8,10 @@ Keeping them pure lets the unit tests read like the spec of a local node:
   pair whose host end is `ov-<10 hex>` and whose inner end is `eth0`;
 - the bridge holds the subnet's first address; nodes take the next free ones;
 - in namespace mode every node's private disk is bind-mounted on the same path, `NODE_HOME`,
-  inside a mount namespace of its own, so all nodes see the same HOME path but their own files.
+  inside a mount namespace of its own, so all nodes see the same HOME path but their own files;
+- a namespace node's hostname is its address as EC2 writes it (`ip-10-213-0-2`), and its own
+  /etc/hosts names it and every address its peers can have, so names resolve both ways
+  without a name server.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
+from itertools import islice
 from pathlib import Path
 
 from orchestrator.errors import CapacityError
@@ -248,9 +252,34 @@ def node_session_env(instance_id: str, home: str, venv_bin: Path) -> dict[str, s
     return {"HOME": home, "PATH": node_path(home, venv_bin), NODE_MARKER: instance_id}
 
 
-def node_hosts_text(ip: str, hostname: str) -> str:
-    """/etc/hosts of a namespace node: its own name resolves to its own address."""
-    return f"127.0.0.1 localhost\n::1 localhost\n{ip} {hostname}\n"
+NAMED_ADDRESSES = 1024  # addresses of the subnet a node's hosts file names (the lowest ones)
+
+
+def node_hostname(ip: str) -> str:
+    """The hostname of the namespace node at `ip`, as EC2 names its nodes: `ip-10-213-0-2`."""
+    return "ip-" + str(IPv4Address(ip)).replace(".", "-")
+
+
+def node_hosts_text(ip: str, hostname: str, subnet: IPv4Network | None = None) -> str:
+    """/etc/hosts of a namespace node: its own name resolves to its own address and back.
+
+    With `subnet`, every one of its `NAMED_ADDRESSES` lowest host addresses is named too
+    (`node_hostname`), so that a node resolves its peers' addresses, a replacement node's
+    included, without a name server: torch's c10d looks up the name of every socket's peer
+    and warns ("The hostname of the client socket cannot be retrieved") where it has none.
+    Nodes take the subnet's lowest free addresses, so the named ones are those in use. Each
+    address is named in its IPv4-mapped IPv6 form as well (`::ffff:10.213.0.2`): that is how
+    a dual-stack listener, such as c10d's store, sees an IPv4 peer, and glibc finds a name
+    for it only in a line of that form.
+    """
+    named = [(ip, hostname)]
+    if subnet is not None:
+        addresses = (str(a) for a in islice(subnet.hosts(), NAMED_ADDRESSES))
+        named += [(a, node_hostname(a)) for a in addresses if a != ip]
+    lines = ["127.0.0.1 localhost", "::1 localhost"]
+    lines += [f"{address} {name}" for address, name in named]
+    lines += [f"::ffff:{address} {name}" for address, name in named]
+    return "\n".join(lines) + "\n"
 
 
 # A namespace node has no route to the host's name servers: a lookup that is not in its hosts
@@ -267,16 +296,20 @@ def namespaced_sshd_argv(
     log: Path,
     etc_dir: Path,
     boot: str = "",
+    hostname: str = "",
 ) -> list[str]:
-    """Start sshd inside the node's namespace, with the node's disk mounted on `NODE_HOME`
-    and its own `hosts` and `resolv.conf` (from `etc_dir`) over the host's.
+    """Start sshd inside the node's namespace, with the node's disk mounted on `NODE_HOME`,
+    its own `hosts` and `resolv.conf` (from `etc_dir`) over the host's, and `hostname` as its
+    own (the host's when empty).
 
     `boot` (shell text) is what the node starts at boot, before sshd: it runs detached, in
     the node's namespaces, as cloud-init's commands run before anyone logs in to a machine.
-    The mounts live in a private mount namespace, so other nodes and the host never see them.
+    The mounts live in a private mount namespace and the hostname in a UTS namespace, so other
+    nodes and the host never see them.
     sshd replaces each process in the chain (`exec`), so the started pid is sshd's own.
     """
     script = (
+        '{ [ -z "$8" ] || echo "$8" > /proc/sys/kernel/hostname; } && '
         'mkdir -p "$2" && mount --bind "$1" "$2" && mount --bind "$6/hosts" /etc/hosts && '
         'mount --bind "$6/resolv.conf" /etc/resolv.conf && '
         '{ [ -z "$7" ] || setsid sh -c "$7" </dev/null >/dev/null 2>&1 & } && '
@@ -284,9 +317,9 @@ def namespaced_sshd_argv(
     )
     return [
         "ip", "netns", "exec", netns_name(instance_id),
-        "unshare", "--mount", "--propagation", "private",
+        "unshare", "--mount", "--uts", "--propagation", "private",
         "sh", "-c", script, "orch-node", str(disk), NODE_HOME, sshd, str(config), str(log),
-        str(etc_dir), boot,
+        str(etc_dir), boot, hostname,
     ]  # fmt: skip
 
 

@@ -6,9 +6,10 @@ For each node of a launch, `NodeStarter`:
   address or port and saves it);
 - `arm_guard`: writes the job's guard and its terms on the node's disk, and returns the boot
   command that starts the guard inside the node;
-- `start`: writes the node's sshd_config, starts the boot command and sshd, both detached and
-  carrying `ORCH_LOCAL_NODE=<id>`, and saves the record with sshd's pid. Billing starts now:
-  the record's `launched_at` is set to this moment;
+- `start`: writes the node's sshd_config (in namespace mode also its hosts file, which names
+  every address of the subnet a peer can have, and its resolv.conf), starts the boot command
+  and sshd, both detached and carrying `ORCH_LOCAL_NODE=<id>`, and saves the record with
+  sshd's pid. Billing starts now: the record's `launched_at` is set to this moment;
 - `wait_ready`: returns once every node's sshd sends its SSH banner. A loopback sshd whose port
   another program took before sshd bound it is restarted on a fresh port (`PORT_RETRIES` times);
   an sshd that dies otherwise, or does not answer in time, is a `ProviderError` with the tail of
@@ -164,10 +165,12 @@ class NodeStarter:
             Path(net.NODE_HOME).mkdir(parents=True, exist_ok=True)
             etc_dir = node_dir / "etc"
             etc_dir.mkdir(exist_ok=True)
-            (etc_dir / "hosts").write_text(net.node_hosts_text(rec.ip, os.uname().nodename))
+            hostname = net.node_hostname(rec.ip)
+            hosts = net.node_hosts_text(rec.ip, hostname, self.settings.local.subnet)
+            (etc_dir / "hosts").write_text(hosts)
             (etc_dir / "resolv.conf").write_text(net.NODE_RESOLV_CONF)
             argv = net.namespaced_sshd_argv(
-                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir, boot
+                rec.instance_id, node_dir / "disk", sshd, config, log, etc_dir, boot, hostname
             )
         else:
             argv = net.loopback_sshd_argv(sshd, config, log)
