@@ -195,6 +195,10 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     # torchrun tees the ranks' output through its own stdout, a file here: unbuffered, lines
     # reach node.log (and the controller's live view) as they are printed.
     lines.append("export PYTHONUNBUFFERED=1")
+    if cluster.launcher == "torchrun" and cluster.procs_per_node > 1:
+        # What torchrun does itself, without its banner on every node: one OpenMP thread a
+        # process unless the job or the node says otherwise (set, even empty, is kept).
+        lines.append('export OMP_NUM_THREADS="${OMP_NUM_THREADS-1}"')
     lines.append(f"export ORCH_CHECKPOINT_DIR={home_expr(cluster.checkpoint_dir)}")
     resume = home_expr(cluster.resume_from) if cluster.resume_from else "''"
     lines.append(f"export ORCH_RESUME_FROM={resume}")
