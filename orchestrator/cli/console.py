@@ -6,48 +6,45 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from orchestrator.node.progress import Metrics
 
 
 class RichReporter:
-    """Shows the job's phase and rank 0's step/loss/img/s on one live line; log lines above it.
+    """Shows the job's phase and rank 0's step/loss/img/s on one live line, log lines above it,
+    on an interactive terminal. Elsewhere (a pipe, a file, a dumb terminal) it prints plain
+    lines only, as they come: one per phase, one per new progress reading, the log lines; never
+    a spinner frame, a redrawn line or a carriage return.
 
-    Use as a context manager; on a terminal that is not interactive rich prints plain lines.
+    Use as a context manager.
     """
 
     def __init__(self, console: Console, job_id: str) -> None:
-        # imported here: the read commands' tables, from this module too, need none of it
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         self.console = console
         self.job_id = job_id
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.fields[job]}[/]"),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task = self._progress.add_task("submitted", job=job_id, total=None)
-        self._phase = "submitted"
+        self._progress = _live_line(console, job_id) if console.is_interactive else None
+        self._shown = ""  # the progress text last printed off a terminal
         self._first: tuple[float, int] | None = None  # (monotonic time, step) of the first report
 
     def __enter__(self) -> RichReporter:
-        self._progress.start()
+        if self._progress is not None:
+            self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
     def phase(self, text: str) -> None:
-        self._phase = text
-        self._progress.update(self._task, description=text)
-        self._progress.console.print(f"[cyan]orch[/] {self.job_id}: {text}")
+        if self._progress is not None:
+            self._progress.update(self._progress.task_ids[0], description=text)
+        self.console.print(f"[cyan]orch[/] {escape(self.job_id)}: {escape(text)}")
 
     def metrics(self, metrics: Metrics) -> None:
         now = time.monotonic()
@@ -61,12 +58,31 @@ class RichReporter:
         if metrics.img_s is not None:
             parts.append(f"{metrics.img_s:,.0f} img/s")
         text = "running | " + " | ".join(parts)
-        self._progress.update(self._task, description=text)
-        if not self.console.is_terminal:
-            self.console.print(text, highlight=False)
+        if self._progress is not None:
+            self._progress.update(self._progress.task_ids[0], description=text)
+        elif text != self._shown:
+            self._shown = text
+            self.console.print(text, highlight=False, markup=False)
 
     def line(self, text: str) -> None:
-        self._progress.console.print(Text(text, style="dim"), highlight=False)
+        self.console.print(Text(text, style="dim"), highlight=False)
+
+
+def _live_line(console: Console, job_id: str) -> Progress:
+    """The live line of an interactive terminal: spinner, job id, phase, time elapsed."""
+    # imported here: the read commands' tables, from this module too, need none of it
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[job]}[/]"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    progress.add_task("submitted", job=job_id, total=None)
+    return progress
 
 
 def step_text(metrics: Metrics, first: tuple[float, int], now: float) -> str:

@@ -50,6 +50,16 @@ def test_demo_job_round_trip(tmp_path: Path) -> None:
     text = (logs / "node-0.log").read_text() + (logs / "node-1.log").read_text()
     for rank in range(4):
         assert f"trainer rank={rank} world_size=4" in text, text[-3000:]
+    # Without noise: the nodes name each other's addresses (c10d warns on every rank where
+    # they cannot), and torchrun had no OMP_NUM_THREADS to set (the template sets none).
+    assert "hostname of the client socket" not in text, text[-3000:]
+    assert "Setting OMP_NUM_THREADS" not in text, text[-3000:]
+    # Into a pipe: one plain line per phase, no spinner frame or carriage return.
+    assert "\r" not in output and not re.search("[\u2800-\u28ff]", output), output
+    phases = [line for line in output.splitlines() if line.startswith(f"orch {job_id}: ")]
+    assert [line.split(": ")[1].split()[0] for line in phases] == [
+        "provisioning", "syncing", "running", "stopping", "succeeded",
+    ], output  # fmt: skip
 
     # The pulled checkpoint is complete, loads, and holds the final step.
     from orch_trainer.checkpoint import find_latest, load_state
