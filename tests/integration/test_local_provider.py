@@ -236,8 +236,8 @@ def test_two_nodes_from_launch_to_terminate(
         'socket.getnameinfo(mapped, socket.NI_NUMERICSERV)[0])" ' + ips
     )
     for node in nodes:
-        getent = ok(ssh(node, client_key, tmp_path, f"getent hosts {ips}")).splitlines()
-        seen = ok(ssh(node, client_key, tmp_path, names)).splitlines()
+        out = ok(ssh(node, client_key, tmp_path, f"getent hosts {ips} && echo -- && {names}"))
+        getent, seen = (part.strip().splitlines() for part in out.split("--\n"))
         if mode == "namespace":  # each its own hostname, EC2's way, the same on every node
             wanted = [local_net.node_hostname(n.private_ip) for n in nodes]
             assert [line.split() for line in getent] == [
