@@ -30,13 +30,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from ipaddress import IPv4Network
 from pathlib import Path
 
 import orchestrator
 from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.errors import SandboxError
-from orchestrator.sandbox.network import SandboxNetwork
+from orchestrator.sandbox.network import SUBNET_PREFIX, SandboxNetwork
 
 SFTP_SERVERS = (
     "/usr/lib/openssh/sftp-server",
@@ -188,7 +189,10 @@ class HostFleet:
         shell = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
         passwd = Path("/etc/passwd").read_text()
         (etc / "passwd").write_text(hostnet.passwd_text(passwd, str(self.home), shell))
-        (etc / "hosts").write_text(kit.node_hosts_text(spec.private_ip, os.uname().nodename))
+        # its peers are in its zone's subnet: named too, so torch's c10d finds their names
+        zone = IPv4Network(f"{spec.private_ip}/{SUBNET_PREFIX}", strict=False)
+        hosts = kit.node_hosts_text(spec.private_ip, os.uname().nodename, zone)
+        (etc / "hosts").write_text(hosts)
         (etc / "resolv.conf").write_text(kit.NODE_RESOLV_CONF)
         venv_bin = Path(sys.prefix) / "bin"
         env = {
