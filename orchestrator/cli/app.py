@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.config import Settings
     from orchestrator.control.commands import PreparedSubmit
     from orchestrator.control.team_caps import SubmitBudget
+    from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec
 
@@ -47,6 +48,16 @@ def _kept_where(checkpoint: CheckpointSpec, mirror: Path) -> str:
     if checkpoint.store:
         places.append(checkpoint.store)
     return " and ".join(places)
+
+
+def _kept_phrase(ledger: Ledger, job_id: str) -> tuple[str, bool]:
+    """What the job holds in words (`kept_phrase`: the newest checkpoints, each with its step
+    and age), and whether it holds any."""
+    from orchestrator.cluster.checkpoints.kept_summary import kept_phrase, newest_kept
+    from orchestrator.ledger.measures import utcnow
+
+    kept = newest_kept(ledger.checkpoints(job_id, live_only=True))
+    return kept_phrase(kept, utcnow()), bool(kept)
 
 
 def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
@@ -287,12 +298,14 @@ def submit(
         print_json(document)
     else:
         style = "green" if outcome.state is JobState.SUCCEEDED else "red"
+        held, any_kept = _kept_phrase(ledger, job.id)
+        where = _kept_where(loaded.spec.checkpoint, settings.job_dir(job.id) / "checkpoints")
         step = "" if document["step"] is None else f"step {document['step']}, "
         console.print(
             f"[{style}]{outcome.state.value}[/] job {job.id}: {step}"
             f"spend ${document['spend_usd']:.4f}, "
-            f"{len(document['checkpoints'])} checkpoint(s) kept: "
-            f"{_kept_where(loaded.spec.checkpoint, settings.job_dir(job.id) / 'checkpoints')}"
+            + escape(f"{held}{', in ' + where if any_kept and where else ''}"),
+            highlight=False,
         )
         if outcome.reason and outcome.state is not JobState.SUCCEEDED:
             console.print(outcome.reason, markup=False, highlight=False)
@@ -354,8 +367,9 @@ def cancel(
         ),
     ] = False,
 ) -> None:
-    """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down. A
-    job another machine drives is cancelled by that machine's controller, asked through the
+    """Cancel a job: its trainers checkpoint, the checkpoint is pulled, nodes shut down; then
+    it says what the job keeps (the newest checkpoints, with their steps and ages). A job
+    another machine drives is cancelled by that machine's controller, asked through the
     ledger."""
     from orchestrator.control.cancel import CancelRoute
     from orchestrator.control.cancel import cancel as cancel_job
@@ -382,17 +396,20 @@ def cancel(
             highlight=False,
         )
 
+    ledger = open_ledger(settings)
     result = cancel_job(
-        settings, open_ledger(settings), job_id, force=force, on_signalled=signalled,
+        settings, ledger, job_id, force=force, on_signalled=signalled,
         on_asked=asked, on_forced=forced,
     )  # fmt: skip
     if result.route is CancelRoute.ALREADY_ENDED:
         console.print(f"job {job_id} already ended: {result.state}")
-    elif result.route in (CancelRoute.CONTROLLER, CancelRoute.ASKED):
+        return
+    if result.route in (CancelRoute.CONTROLLER, CancelRoute.ASKED):
         console.print(f"job {job_id}: {result.state.value}")
     else:
         how = " by force" if result.route is CancelRoute.FORCED else ""
         console.print(f"job {job_id}: CANCELLED{how} ({len(result.terminated)} node(s) terminated)")
+    console.print(_kept_phrase(ledger, job_id)[0], highlight=False, markup=False)
 
 
 app.command(name="cost")(cost_command)

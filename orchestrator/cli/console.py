@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from orchestrator.node.progress import Metrics
 
 
+RECENT_EVENTS = 15  # the newest rows of events `orch status JOB` shows (and state changes)
+
+
 class RichReporter:
     """Shows the job's phase and rank 0's step/loss/img/s on one live line, log lines above it,
     on an interactive terminal. Elsewhere (a pipe, a file, a dumb terminal) it prints plain
@@ -152,26 +155,39 @@ def gpu_table(doc: dict) -> Table:
     return gpus
 
 
-def events_table(doc: dict, *, limit: int) -> Table:
-    """The job's last `limit` events, first line of each message."""
+def events_table(doc: dict, *, limit: int | None) -> Table:
+    """The job's events: repeats collapsed, the newest `limit` rows and every state change
+    before them (`event_rows.shown`), with a caption counting those left out; every event as
+    it is when `limit` is None."""
+    from orchestrator.cli.event_rows import as_row, shown
+
     events = Table(title="events")
     for column in ("at", "kind", "step", "message"):
         events.add_column(column)
-    for item in doc.get("events", [])[-limit:]:
+    if limit is None:
+        rows, left_out = [as_row(e) for e in doc.get("events", [])], 0
+    else:
+        rows, left_out = shown(doc.get("events", []), limit)
+    for row in rows:
         events.add_row(
-            item["at"][11:19],
-            item["kind"],
-            "" if item["step"] is None else str(item["step"]),
-            item["message"].splitlines()[0] if item["message"] else "",
+            row.at[11:19], row.kind, "" if row.step is None else str(row.step), Text(row.message)
+        )
+    if left_out:
+        events.caption = (
+            f"{left_out} earlier event(s) not shown: orch status {doc['id']} --events all"
         )
     return events
 
 
-def job_detail(doc: dict) -> list[object]:
-    """Renderables describing one job: summary, GPUs, leases, checkpoints, recent events."""
+def job_detail(doc: dict, *, events: int | None = RECENT_EVENTS) -> list[object]:
+    """Renderables describing one job: summary (with its recoveries and planned moves, when
+    there were any), GPUs, leases, checkpoints, its events (`events_table`, `events` rows)."""
     summary = Table.grid(padding=(0, 2))
     for key in ("id", "state", "provider", "step", "loss", "created_at", "ended_at", "reason"):
         if doc.get(key) is not None:
+            summary.add_row(f"[bold]{key}[/]", str(doc[key]))
+    for key in ("recoveries", "switches"):
+        if doc.get(key):
             summary.add_row(f"[bold]{key}[/]", str(doc[key]))
     summary.add_row("[bold]spend[/]", f"${doc['spend_usd']:.4f} (now ${doc['hourly_usd']:g}/h)")
     if doc.get("elapsed_s") is not None:
@@ -205,14 +221,13 @@ def job_detail(doc: dict) -> list[object]:
         where = [item["path"]] if item.get("path") else []
         if item.get("stored"):
             where.append("the store")
-        checkpoints.add_row(
-            item["name"], str(item["step"]), str(item["size_bytes"]), " and ".join(where)
-        )
-    events = events_table(doc, limit=15)
+        step = "" if item["step"] is None else str(item["step"])
+        checkpoints.add_row(item["name"], step, str(item["size_bytes"]), " and ".join(where))
+    table = events_table(doc, limit=events)
     parts: list[object] = [summary]
     if doc.get("gpus"):
         parts.append(gpus)
-    return [*parts, leases, checkpoints, events]
+    return [*parts, leases, checkpoints, table]
 
 
 COST_ROWS = 50  # jobs `orch cost` shows a row each (the older summed in one row)

@@ -12,6 +12,22 @@ from orchestrator.cli.context import load_settings, open_ledger
 from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.kept import kept_clusters
 from orchestrator.cli.output import make_console, print_json
+from orchestrator.errors import SpecError
+
+ALL_EVENTS = -1  # --events all
+
+
+def event_rows(text: str) -> int:
+    """`--events`: `all` (ALL_EVENTS), or a number of rows (1 or more)."""
+    if text.strip().lower() == "all":
+        return ALL_EVENTS
+    try:
+        rows = int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: `all` or a number of rows") from None
+    if rows < 1:
+        raise typer.BadParameter(f"{text!r}: `all` or a number of rows, 1 or more")
+    return rows
 
 
 def status_command(
@@ -27,14 +43,33 @@ def status_command(
             help="time between --watch refreshes (2, 5s) [2s]",
         ),
     ] = None,
+    events: Annotated[
+        int | None,
+        typer.Option(
+            "--events",
+            parser=event_rows,
+            metavar="all|N",
+            help="a job's events: all of them as recorded, or the newest N rows (repeats "
+            "collapsed) and every state change before them [15]",
+        ),
+    ] = None,
 ) -> None:
     """Show jobs, or one job with its leases, checkpoints and events (--watch: live).
 
     Without JOB_ID: the newest 50 jobs and every older unfinished one, and how many older
-    finished jobs are not listed (`orch cost` lists every job)."""
+    finished jobs are not listed (`orch cost` lists every job).
+
+    With JOB_ID: the job's recoveries, and its events with repeats collapsed (a run of
+    CHECKPOINT events is one row): the newest 15 rows and every state change, recovery and
+    move before them; a line counts the events left out (--events all: every event)."""
+    if events is not None and (job_id is None or json_out or watch):
+        raise SpecError(
+            "--events goes with one job's view: `orch status JOB --events all`",
+            hint="--json lists every event already",
+        )
     if job_id is None and not watch and interval is None and _status_from_view(json_out):
         return
-    from orchestrator.cli.console import job_detail
+    from orchestrator.cli.console import RECENT_EVENTS, job_detail
     from orchestrator.ledger.measures import utcnow
     from orchestrator.ledger.view import EngineView
     from orchestrator.report.documents import job_document, status_list
@@ -54,7 +89,8 @@ def status_command(
         if json_out:
             print_json(document)
         else:
-            for renderable in job_detail(document):
+            rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
+            for renderable in job_detail(document, events=rows):
                 console.print(renderable)
         return
     with EngineView(ledger.engine) as view:  # rows, not a model object per job

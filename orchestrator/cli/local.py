@@ -107,7 +107,13 @@ def preempt(
         }  # fmt: skip
         sys.stdout.write(json.dumps(document) + "\n")
     elif taken is None:
-        console.print(f"node {target.rank} ({target.instance_id}) was let go by its job first")
+        console.print(
+            f"node {target.rank} ({target.instance_id}) was not reclaimed: orch ended it "
+            f"during the {notice:g} s notice (a job that sees a notice saves a checkpoint and "
+            "ends the node itself), so nothing was left to take; "
+            f"`orch status {job_id}` shows what the job did",
+            highlight=False,
+        )
     else:
         console.print(f"node {target.rank} ({target.instance_id}) reclaimed at {taken:%H:%M:%S}")
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from orchestrator.cluster.checkpoints.kept_summary import describe_kept
 from orchestrator.control.attempt import Attempt, AttemptOpener
 from orchestrator.control.ownership import check_identity
 from orchestrator.control.parts import JobParts
@@ -279,11 +280,17 @@ class Launcher:
             started_at=job.started_at or utcnow(),
         )
         if self.journal.job.recoveries or resume_from:
-            self.journal.event(
-                "RESUMED", f"from {resume_from}" if resume_from else
-                "from the checkpoint files pulled so far (no complete step-* directory)",
-                step=resume_step,
-            )  # fmt: skip
+            self.journal.event("RESUMED", self._resumed_from(resume_from), step=resume_step)
+
+    def _resumed_from(self, resume_from: str) -> str:
+        """The RESUMED event's text: the directory resumed, else the single files put back
+        (each with its step and age), else that there was none."""
+        if resume_from:
+            return f"from {resume_from}"
+        files = [k for k in self.parts.keeper.kept() if not k.directory]
+        if not files:
+            return "with no checkpoint put back: orch holds none of this job"
+        return f"from the checkpoint files put back: {describe_kept(files, utcnow())}"
 
     def _arm_guards(self, attempt: Attempt) -> None:
         self.parts.guards.check(attempt)

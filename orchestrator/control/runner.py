@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
+from orchestrator.cluster.checkpoints.kept_summary import kept_phrase
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
@@ -429,12 +430,12 @@ class JobRunner(Recovering):
             self.journal.switching(message, switches=switches)
         started = time.monotonic()
         self._end_nodes()
-        newest = self.keeper.newest()
+        kept = self.keeper.kept()
         self.journal.event(
             SWITCHED_EVENT, f"{move.source.value} -> {move.to.value}: nodes ended "
-            f"{time.monotonic() - started:.1f} s after the decision, newest checkpoint "
-            f"{newest.name if newest else 'none'}",
-            step=newest.step if newest else None,
+            f"{time.monotonic() - started:.1f} s after the decision, "
+            f"{kept_phrase(kept, utcnow())}",
+            step=kept[0].step if kept else None,
         )  # fmt: skip
 
     def _finish_move(self) -> None:

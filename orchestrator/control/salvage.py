@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from orchestrator.cluster.checkpoints.kept_summary import kept_phrase
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.parts import JobParts
 from orchestrator.control.recovery_rules import Interruption, salvage_seconds
@@ -72,13 +73,16 @@ class Salvage:
         self._salvaged(started)
 
     def _salvaged(self, started: float) -> None:
+        """SALVAGED: what the job holds now (the newest directory checkpoint and single
+        files, each with its step and age) and how long the salvage took."""
         p = self.parts
-        newest = p.keeper.newest()
+        kept = p.keeper.kept()
+        held = kept_phrase(kept, utcnow())
         p.journal.event(
-            "SALVAGED", f"newest checkpoint {newest.name if newest else 'none'}, "
-            f"{time.monotonic() - started:.1f} s after detection",
-            step=newest.step if newest else None,
+            "SALVAGED", f"{held}, {time.monotonic() - started:.1f} s after detection",
+            step=kept[0].step if kept else None,
         )  # fmt: skip
+        p.reporter.line(f"[orch] salvaged: {held}")
 
     def _unanswering(self, attempt: Attempt, interruption: Interruption) -> set[int]:
         """Nodes not to ask for checkpoints after an interruption: those lost or taken, and

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.helpers import (
     REPO,
     assert_nothing_left,
@@ -28,6 +29,7 @@ from tests.support.helpers import (
     events,
     fast_env,
     preempt,
+    run_orch,
     wait_for,
     wait_for_state,
 )
@@ -72,10 +74,13 @@ def test_a_snapshot_saved_every_second_is_mirrored_and_resumed_after_node_0_is_l
     env = env_for(home)
     job_id = detach(spec, env)
     snapshots = lambda j: [e for e in events(j, "CHECKPOINT") if "snapshot.pt" in e["message"]]  # noqa: E731
-    before = wait_for(
-        job_id, env, lambda j: len(snapshots(j)) >= 3 and (j["step"] or 0) >= 10,
-        "three mirrored snapshots, ten epochs",
-    )  # fmt: skip
+    seen: set[str] = set()  # versions of snapshot.pt seen in the mirror while the job runs
+
+    def mirrored(j: dict) -> bool:
+        seen.update(c["digest"] for c in j["checkpoints"] if c["name"] == "snapshot.pt")
+        return len(seen) >= 3 and (j["step"] or 0) >= 10
+
+    before = wait_for(job_id, env, mirrored, "three mirrored snapshots, ten epochs")
     assert before["state"] == "RUNNING"  # mirrored while it runs, not at the end
     taken = preempt(job_id, env, node=0, notice=0)
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=300)
@@ -97,11 +102,20 @@ def test_a_snapshot_saved_every_second_is_mirrored_and_resumed_after_node_0_is_l
         assert loaded["epoch"] > max(saved.values()), (loaded, sorted(saved.values()))
     # A recent save, not the start: at most a few epochs before the last step seen running.
     assert loaded["epoch"] >= before["step"] - 4
-    killed_at = events(job, "PREEMPTED")[0]["at"]
-    mirrored_before = [e for e in snapshots(job) if e["at"] < killed_at]
-    assert len(mirrored_before) >= 3
+    killed_at = datetime.fromisoformat(events(job, "PREEMPTED")[0]["at"])
+    versions = Ledger(make_engine(home / "orch.db")).checkpoints(job_id)  # pruned ones too
+    assert len([v for v in versions if v.pulled_at < killed_at]) >= 3
+    # a version per save, but not an event per version: a minute's versions share one
+    assert 1 <= len(snapshots(job)) < len(versions), (len(snapshots(job)), len(versions))
     # Only what the run wrote is a checkpoint: not the script or the spec copy orch synced.
     assert {c["name"] for c in job["checkpoints"]} == {"snapshot.pt"}
+    # Long after, `orch status` shows the recovery: its events, what it kept, its count.
+    shown = run_orch(["status", job_id], {**env, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    for kind in ("PREEMPTED", "SALVAGED", "RECOVERING", "RESUMED"):
+        assert f"│ {kind} " in shown.stdout, shown.stdout
+    assert re.search(r"SALVAGED .*│ newest checkpoint snapshot\.pt \(pulled at step", shown.stdout)
+    assert re.search(r"^recoveries\s+1\s*$", shown.stdout, re.M), shown.stdout
     assert_nothing_left(job)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import Clusters
-from orchestrator.ledger.store import CheckpointRecord, Job, Lease, Ledger
+from orchestrator.ledger.store import CheckpointRecord, Event, Job, Lease, Ledger
 
 T0 = datetime(2026, 12, 6, 9, 0, 0, 250_000, tzinfo=UTC)
 NOW = T0 + timedelta(hours=3, seconds=7.5)  # every document is read at this instant
@@ -94,3 +94,48 @@ def fill(ledger: Ledger, store_dir: Path) -> None:
     clusters.release(gone.id, [("i-g0", 0, PRICE)], at(500))
     ledger.close_leases(["i-g0"], at(1500))
     clusters.down(gone.id, at(1500), "autostop")
+
+
+def add_events(ledger: Ledger, job_id: str, rows: list[tuple[float, str, str, int | None]]) -> None:
+    """Events of a job at the given seconds after T0: (seconds, kind, message, step)."""
+    from sqlmodel import Session
+
+    with Session(ledger.engine) as session:
+        session.add_all(
+            Event(job_id=job_id, at=at(s), kind=kind, message=message, step=step)
+            for s, kind, message, step in rows
+        )
+        session.commit()
+
+
+def add_recovered_job(ledger: Ledger, job_id: str, *, pulls: int = 40) -> None:
+    """A SUCCEEDED job of a tutorial-style script (rank 0 saves `snapshot.pt` in place) that
+    lost node 0 once and resumed: `pulls` CHECKPOINT events before the loss and as many after
+    it, its recovery's events between, and its live `snapshot.pt` record."""
+    add_job(ledger, job_id, JobState.SUCCEEDED, 0, started_at=at(30), ended_at=at(900),
+            step=400, exit_code=0, recoveries=1)  # fmt: skip
+    rows: list[tuple[float, str, str, int | None]] = [
+        (1, "PROVISIONING", "launching 2 node(s)", None),
+        (20, "SYNCING", "workdir to 2 node(s)", None),
+        (30, "RUNNING", "torchrun on 2 node(s)", None),
+    ]
+    rows += [(40 + i, "CHECKPOINT", "pulled snapshot.pt (4096 bytes)", 5 * i) for i in range(pulls)]
+    rows += [
+        (300, "PREEMPTED", "preempted: node 0 (i-0) taken by the provider", 200),
+        (302, "SALVAGED", "newest checkpoint snapshot.pt (pulled at step 195, 4 s old), "
+                          "2.0 s after detection", 195),
+        (303, "RECOVERING", "recovery 1 of 3: replacing 1 lost node(s)", 200),
+        (304, "PROVISIONING", "launching 1 node(s)", 200),
+        (330, "SYNCING", "workdir to 2 node(s)", 200),
+        (340, "RUNNING", "torchrun on 2 node(s)", 200),
+        (341, "RESUMED", "from the checkpoint files put back: snapshot.pt (pulled at step "
+                         "195, 39 s old)", None),
+    ]  # fmt: skip
+    rows += [(350 + i, "CHECKPOINT", "pulled snapshot.pt (4096 bytes)", 200 + 5 * i)
+             for i in range(pulls)]  # fmt: skip
+    rows += [(890, "STOPPING", "SUCCEEDED: finished", 400), (900, "SUCCEEDED", "", 400)]
+    add_events(ledger, job_id, rows)
+    ledger.add_checkpoint(
+        CheckpointRecord(job_id=job_id, name="snapshot.pt", step=395, size_bytes=4096,
+                         pulled_at=at(350 + pulls - 1), kind="file", digest="s1")
+    )  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
+from orchestrator.cluster.checkpoints.kept_summary import Kept, newest_kept
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Answer, Attempt
@@ -176,11 +177,14 @@ def open_fake(instances: list[Instance], identity: Identity, connect_timeout: fl
 
 
 class FakeKeeper:
-    """Checkpoints nobody writes: nothing to resume from, every pull returns at once."""
+    """Checkpoints nobody writes: nothing to resume from, every pull returns at once. With a
+    `ledger`, what it keeps (`kept`) is what the ledger's live records of the job say, as the
+    real keeper's is."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: Ledger | None = None) -> None:
         self.finished: list[tuple[set[int], float]] = []
         self.adopted = 0
+        self.ledger = ledger
 
     def prepare(self, cluster: object, **access: object) -> Resume:
         return Resume("", None)
@@ -193,6 +197,11 @@ class FakeKeeper:
 
     def newest(self) -> None:
         return None
+
+    def kept(self) -> list[Kept]:
+        if self.ledger is None:
+            return []
+        return newest_kept(self.ledger.checkpoints(JOB_ID, live_only=True))
 
     def sweep_store(self) -> None:
         pass

@@ -19,7 +19,8 @@ The runner (`orchestrator.control.runner`) calls:
   is handed a stop with the reason.
 - `finish(...)` at the end of a run (teardown, salvage, a planned move): waits, at most
   `wait_s`, until the agents have staged and uploaded what the run left, then collects once
-  more. Raises OrchError when that collection fails.
+  more. Raises OrchError when that collection fails. It and `stop_watching` write the
+  CHECKPOINT events of single-file versions held back (`pulled_events`).
 - `node_gone(rank)`: a transfer from that node in progress is cut short.
 
 A file an agent saw rewritten again and again with no copy taken is a WARNING event, and a
@@ -48,6 +49,7 @@ from orchestrator.cluster.checkpoints.collector import (
     CheckpointCollector,
     Collected,
 )
+from orchestrator.cluster.checkpoints.kept_summary import Kept
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
 from orchestrator.cluster.checkpoints.set_aside import set_aside_newer
@@ -241,6 +243,11 @@ class CheckpointKeeper:
         but one held back (`hold_back`)."""
         return self.records.newest(skip=self._held_back)
 
+    def kept(self) -> list[Kept]:
+        """The newest directory checkpoint and the newest version of every single file kept,
+        but a version held back (`hold_back`); see `kept_summary`."""
+        return self.records.kept(skip=self._held_back)
+
     def sweep_store(self) -> None:
         """At the job's end: delete what the job left in the store that no kept version uses."""
         self.records.sweep_store()
@@ -413,6 +420,7 @@ class CheckpointKeeper:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.records.flush_events()
 
     def _loop(self, gone: Callable[[], Collection[int]], on_failure: Callable[[str], None]) -> None:
         next_at = time.monotonic() + self.options.pull_every
@@ -470,7 +478,9 @@ class CheckpointKeeper:
             if time.monotonic() >= deadline:
                 break
             time.sleep(FINISH_POLL_S)
-        return self.collect(skip=skip)
+        collected = self.collect(skip=skip)
+        self.records.flush_events()
+        return collected
 
     def collect(self, *, skip: Collection[int] = ()) -> Collected:
         """One collection, recorded in the ledger; raises OrchError when it failed."""

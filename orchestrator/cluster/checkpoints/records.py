@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.cluster.checkpoints.collector import Collected
+from orchestrator.cluster.checkpoints.kept_summary import Kept, newest_kept
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
+from orchestrator.cluster.checkpoints.pulled_events import Arrival, Due, PullThrottle
 from orchestrator.cluster.checkpoints.retention import StoredVersion, keys_to_delete, retire
 from orchestrator.cluster.checkpoints.store import StoreClient, describe, open_client
 from orchestrator.cluster.checkpoints.units import LATEST_POINTER, Unit, present_directories
@@ -76,6 +78,7 @@ class CheckpointRecords:
         # What a restart moved aside on the nodes (`set_aside`): the store keeps its versions
         # as if the nodes still held them, and the job's end leaves its objects there.
         self.set_aside: set[str] = set()
+        self.throttle = PullThrottle()  # single files: an event per minute, not per version
 
     # --- reading ----------------------------------------------------------------------------
     def newest(self, skip: Collection[tuple[str, str]] = ()) -> Newest | None:
@@ -95,6 +98,11 @@ class CheckpointRecords:
         if not candidates:
             return None
         return max(candidates, key=lambda n: -1 if n.step is None else n.step)
+
+    def kept(self, skip: Collection[tuple[str, str]] = ()) -> list[Kept]:
+        """The newest directory checkpoint and the newest version of each single file the
+        ledger holds live (`kept_summary.newest_kept`), but the versions in `skip`."""
+        return newest_kept(self.ledger.checkpoints(self.job_id, live_only=True), skip)
 
     def store_plan(self, skip: Collection[tuple[str, str]] = ()) -> StorePlan | None:
         """What to download from the store on a restart (never a version in `skip`, nor one
@@ -165,13 +173,14 @@ class CheckpointRecords:
             if record is None:
                 if not (in_mirror or stored):
                     continue
-                known[key] = self.ledger.add_checkpoint(self._new(unit, now, in_mirror, stored))
-                self._announce(unit, "pulled" if in_mirror else "stored")
+                record = self.ledger.add_checkpoint(self._new(unit, now, in_mirror, stored))
+                known[key] = record
+                self._announce(unit, "pulled" if in_mirror else "stored", record.step)
                 continue
             fields: dict[str, object] = {}
             if stored and record.stored_at is None:
                 fields.update(stored_at=now, files_json=files_json(unit))
-                self._announce(unit, "stored")
+                self._announce(unit, "stored", record.step)
             if in_mirror and not record.in_mirror:
                 fields["in_mirror"] = True
             if fields and record.id is not None:
@@ -185,7 +194,7 @@ class CheckpointRecords:
         return CheckpointRecord(
             job_id=self.job_id,
             name=unit.name,
-            step=unit.step,
+            step=self._step(unit),
             size_bytes=unit.size_bytes,
             pulled_at=now,
             kind=unit.kind,
@@ -196,13 +205,31 @@ class CheckpointRecords:
             files_json=files_json(unit),
         )
 
-    def _announce(self, unit: Unit, how: str) -> None:
-        where = "" if how == "pulled" else f" to {self.store}"
-        self.ledger.add_event(
-            self.job_id, "CHECKPOINT", f"{how} {unit.name}{where} ({unit.size_bytes} bytes)",
-            step=unit.step,
-        )  # fmt: skip
-        self.line(f"[orch] checkpoint {how}: {unit.name}")
+    def _step(self, unit: Unit) -> int | None:
+        """A checkpoint's step: the one its name gives; for a single file without one, the
+        step the run has reported by now (the job's row), which its contents may trail."""
+        if unit.step is not None or unit.kind != "file":
+            return unit.step
+        return self.ledger.get_job(self.job_id).step
+
+    def _announce(self, unit: Unit, how: str, step: int | None) -> None:
+        """A CHECKPOINT event for a version that arrived: each directory checkpoint's, a
+        single file's coalesced (`pulled_events`)."""
+        arrival = Arrival(how, unit.name, unit.size_bytes, step, self.store)
+        if unit.kind != "file":
+            self._write(Due(arrival, 1, None))
+        elif (due := self.throttle.offer(arrival, utcnow())) is not None:
+            self._write(due)
+
+    def flush_events(self) -> None:
+        """Write the events of single-file versions held back (`PullThrottle`): at a run's end,
+        so that the newest version has its event."""
+        for due in self.throttle.flush():
+            self._write(due)
+
+    def _write(self, due: Due) -> None:
+        self.ledger.add_event(self.job_id, "CHECKPOINT", due.message, step=due.arrival.step)
+        self.line(f"[orch] checkpoint {due.message}")
 
     def _drop_gone(
         self,
