@@ -553,6 +553,15 @@ def _revive_lost_controllers(
             make_console(stderr=True).print(line, highlight=False, markup=False)
 
 
+def command() -> None:
+    """Run the app as a click command whose help reads as paragraphs (`help_text.tidy`)."""
+    import typer.main
+
+    from orchestrator.cli.help_text import tidy
+
+    tidy(typer.main.get_command(app))()
+
+
 def main() -> None:
     """Console-script entry: run the app and turn OrchErrors into messages and exit codes."""
     try:
@@ -560,7 +569,7 @@ def main() -> None:
 
         if (code := route(sys.argv)) is not None:
             sys.exit(code)
-        app()
+        command()
     except OrchError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)
