@@ -31,7 +31,7 @@ def test_reconcile_spares_an_up_kept_cluster_and_down_ends_it(tmp_path: Path) ->
         clusters.release(cluster.id, [(node.instance_id, 0, node.price_per_hour)], utcnow())
 
         report = reconcile(settings, ledger, [provider])
-        assert report.terminated == {}
+        assert report.terminated == {} and report.nodes == 1
         assert [i.instance_id for i in provider.list_owned()] == [node.instance_id]
         assert clusters.get(cluster.id).state == UP
 
