@@ -77,7 +77,9 @@ def test_ssh_runs_commands_forwards_a_port_and_prints_a_working_ssh_config(
     assert quoted.stdout.strip() == "['a b', \"it's\"]", quoted.stderr
 
     # -L: a server on node 0's loopback, reached from this machine.
-    started = ssh("--", f"cd {workdir} && setsid nohup python3 -m http.server 8000 "
+    # as with ssh: one command in the background, its output redirected (a backgrounded list
+    # would hold the session open)
+    started = ssh("--", f"cd {workdir} || exit 1; setsid nohup python3 -m http.server 8000 "
                   "--bind 127.0.0.1 > /dev/null 2>&1 < /dev/null &")  # fmt: skip
     assert started.returncode == 0, started.stderr
     port = free_port()
