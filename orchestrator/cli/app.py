@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from orchestrator.control.team_caps import SubmitBudget
     from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
-    from orchestrator.spec.model import CheckpointSpec, JobSpec
+    from orchestrator.spec.model import CheckpointSpec, JobSpec, LoadedJob
+    from orchestrator.spec.script_check import ScriptWarning
 
 app = typer.Typer(
     name="orch",
@@ -106,6 +107,21 @@ def _assignments(flag: str, what: str) -> typer.models.OptionInfo:
     return typer.Option(
         flag, metavar="NAME[=VALUE]", help=f"set {what}; without =VALUE: this shell's $NAME"
     )
+
+
+def _script_warnings(loaded: LoadedJob, *, strict: bool, shown: bool) -> list[ScriptWarning]:
+    """The scripts and modules of run and setup the workdir does not hold
+    (`control.script_check`): printed as warnings on stderr when `shown`, refused (SpecError,
+    exit 2) with --strict."""
+    from orchestrator.control import script_check
+
+    found = script_check.script_warnings(loaded)
+    if strict:
+        script_check.refuse(found)
+    console = make_console(stderr=True)
+    for warning in found if shown else []:
+        console.print(f"warning: {warning.message()}", markup=False, highlight=False)
+    return found
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -184,6 +200,14 @@ def submit(
             help="on the controller host (`orch controller up`); the default once one is set up",
         ),
     ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="refuse (exit 2) a run or setup that names a script or module the workdir "
+            "does not hold, rather than warn",
+        ),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run a job: provision nodes, sync, train, pull checkpoints, shut the nodes down.
@@ -204,6 +228,9 @@ def submit(
     With --remote (or whenever a controller host is set up, unless --no-remote) the job goes
     to the controller host, which drives it while this machine is off; `orch status`, `logs`
     and `cancel` of the job ask the host.
+
+    A `python X.py` or `python -m MODULE` in run or setup that the workdir (as synced) does
+    not hold is a warning with the closest names it does hold; with --strict, an error.
     """
     from orchestrator.control import commands
     from orchestrator.report.documents import job_document
@@ -237,10 +264,12 @@ def submit(
     if kept is not None:
         prepared = dataclasses.replace(prepared, cluster=kept)
     loaded, plan = prepared.loaded, prepared.plan
+    scripts = _script_warnings(loaded, strict=strict, shown=not (dry_run and json_out))
     if dry_run:
         team = _team_view(settings, prepared)
         if json_out:
             document = {**prepared.dry_run.document, "spec": loaded.spec.public_document()}
+            document["script_warnings"] = [warning.as_dict() for warning in scripts]
             print_json(document if team is None else {**document, "team_budget": team.as_dict()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""
@@ -541,6 +570,15 @@ def _revive_lost_controllers(
             make_console(stderr=True).print(line, highlight=False, markup=False)
 
 
+def command() -> None:
+    """Run the app as a click command whose help reads as paragraphs (`help_text.tidy`)."""
+    import typer.main
+
+    from orchestrator.cli.help_text import tidy
+
+    tidy(typer.main.get_command(app))()
+
+
 def main() -> None:
     """Console-script entry: run the app and turn OrchErrors into messages and exit codes."""
     try:
@@ -548,7 +586,7 @@ def main() -> None:
 
         if (code := route(sys.argv)) is not None:
             sys.exit(code)
-        app()
+        command()
     except OrchError as exc:
         make_console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(exc.exit_code)

@@ -136,6 +136,7 @@ def reconcile_command(
                 "live_elsewhere": report.live_elsewhere,
                 "stranded": [s.job_id for s in report.stranded],
                 "dry_run": dry_run,
+                "nodes": report.nodes,
             }
         )
         return
@@ -154,4 +155,10 @@ def reconcile_command(
     for stranded in report.stranded:
         console.print(stranded.line(), highlight=False, markup=False)
     if not (report.terminated or report.revived or report.recorded or report.stranded):
-        console.print("nothing to reconcile: every node belongs to a job with a live controller")
+        if report.nodes:
+            console.print(
+                f"nothing to reconcile: each of this ledger's {report.nodes} running node(s) "
+                "belongs to a job with a live controller or to a kept cluster"
+            )
+        else:
+            console.print("nothing to reconcile: no nodes of this ledger are running")

@@ -4,7 +4,7 @@ read-only view when they can: no SQLModel, no configuration models, no SSH witho
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +28,9 @@ def event_rows(text: str) -> int:
     if rows < 1:
         raise typer.BadParameter(f"{text!r}: `all` or a number of rows, 1 or more")
     return rows
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.view import LedgerView
 
 
 def status_command(
@@ -178,6 +181,8 @@ def cost_command(
         view = EngineView(open_ledger(load_settings()).engine)
     with view:
         document = cost_from(view, view.clusters, utcnow(), job_id)
+        if job_id is not None:
+            document["spot_auto"] = _spot_auto(view, job_id)
     if job_id is None and (found := host_rows("cost")) is not None:
         from orchestrator.host.listing import merged_jobs, merged_total
 
@@ -189,3 +194,20 @@ def cost_command(
         from orchestrator.cli.console import COST_ROWS, cost_table
 
         make_console().print(cost_table(document, limit=None if all_jobs else COST_ROWS))
+        if document.get("spot_auto"):
+            make_console().print(document["spot_auto"]["line"], markup=False, highlight=False)
+
+
+def _spot_auto(view: LedgerView, job_id: str) -> dict | None:
+    """`report.spot_choice.spot_auto_choice` of one job: compared with the on-demand price its
+    own on-demand nodes were billed at, else (local nodes) the configured one."""
+    from orchestrator.report.spot_choice import asked_spot, spot_auto_choice
+
+    leases = view.leases(job_id)
+    if not any(lease.market == "spot" for lease in leases):
+        return None
+    spot = asked_spot(view, job_id)
+    on_demand = max((ls.price_per_hour for ls in leases if ls.market == "on-demand"), default=None)
+    if on_demand is None and spot == "auto" and all(ls.provider == "local" for ls in leases):
+        on_demand = load_settings().local.price_per_hour
+    return spot_auto_choice(spot, leases, on_demand)

@@ -4,7 +4,8 @@
     orch ssh-config NAME|JOB
 
 `orch ssh` runs the system's `ssh` with the cluster's key and pinned host keys, in the
-foreground; its exit status is the command's (255: ssh could not reach the node). Registered on
+foreground; its exit status is the command's (255: ssh could not reach the node). COMMAND is
+handed to the node's shell as OpenSSH hands it: its words joined by spaces. Registered on
 the app by `orchestrator.cli.app`.
 """
 
@@ -31,7 +32,10 @@ def ssh_command(
     name: NameArgument,
     command: Annotated[
         list[str] | None,
-        typer.Argument(help="command to run on the node (after --); none: a shell"),
+        typer.Argument(
+            help="command to run on the node (after --), read by its shell as ssh does: "
+            "the words joined by spaces; none: a shell"
+        ),
     ] = None,
     node: Annotated[int, typer.Option("--node", "-n", help="node rank (0 is the master)")] = 0,
     forward: Annotated[
@@ -41,7 +45,11 @@ def ssh_command(
 ) -> None:
     """Open a shell on a node of a running cluster, or run one command there (its exit code is
     passed through); -L forwards a port, e.g. to TensorBoard on node 0. Uses the cluster's own
-    key and pinned host keys: nothing is written into ~/.ssh."""
+    key and pinned host keys: nothing is written into ~/.ssh.
+
+    As with ssh, the words after -- are joined by spaces and read by the node's shell: `orch
+    ssh dev -- ls -la` and `orch ssh dev -- 'hostname; ls'` both work, and an argument that
+    holds spaces or shell characters needs quotes of its own for that shell."""
     from orchestrator.control.node_access import cluster_access, forwards
 
     tunnels = forwards(forward or [])
@@ -52,7 +60,7 @@ def ssh_command(
         )
     settings = load_settings()
     access = cluster_access(settings, open_ledger(settings), name)
-    argv = access.ssh_argv(node, command=command or [], forwards=tunnels)
+    argv = access.ssh_argv(node, command=remote_command(command or []), forwards=tunnels)
     # Ctrl-C belongs to the remote shell or command while ssh runs, not to this process.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -66,6 +74,12 @@ def ssh_command(
             highlight=False,
         )
     raise typer.Exit(code)
+
+
+def remote_command(words: list[str]) -> str:
+    """The command line `orch ssh NAME -- WORDS` hands the node's shell: the words joined by
+    spaces, as OpenSSH's `ssh HOST WORDS` does ("" when there are none: a shell)."""
+    return " ".join(words)
 
 
 def ssh_config_command(name: NameArgument) -> None:

@@ -47,8 +47,9 @@ class ClusterAccess:
             )
         return self.nodes[rank]
 
-    def ssh_argv(self, rank: int, *, command: list[str], forwards: list[Forward]) -> list[str]:
-        """The `ssh` to node `rank` (`orchestrator.remote.shell.shell_argv`)."""
+    def ssh_argv(self, rank: int, *, command: str, forwards: list[Forward]) -> list[str]:
+        """The `ssh` to node `rank` (`orchestrator.remote.shell.shell_argv`): `command` is a
+        command line for the node's shell ("": a shell)."""
         return shell_argv(
             self.node(rank), self.identity, self.known_hosts, command=command, forwards=forwards
         )

@@ -52,6 +52,7 @@ class ReconcileReport:
     # there: `Stranded.line`)
     live_elsewhere: list[str] = field(default_factory=list)
     stranded: list[Stranded] = field(default_factory=list)
+    nodes: int = 0  # this ledger's nodes the providers listed as running, ended ones included
 
 
 def lease_unrecorded(
@@ -222,6 +223,7 @@ def reconcile(
     for provider, instances in listed:
         found = partition(instances, ledger.ledger_id, leased=leased)
         report.not_ours.extend(i.instance_id for i in found.others)
+        report.nodes += len(found.ours)
         by_job: dict[str, list[str]] = defaultdict(list)
         for instance in found.ours:
             by_job[instance.job_id].append(instance.instance_id)

@@ -164,7 +164,9 @@ def host_free_ports(settings: Settings, count: int) -> list[int]:
 def ssh_via_host(settings: Settings, rest: Sequence[str], *, interactive: bool) -> int:
     """`orch ssh JOB [--node N] [-L ...] [-- COMMAND]` (`rest`) of a job on the host: the
     host's own `orch ssh` (it holds the job's key), over a terminal when `interactive` and no
-    command is given; returns its exit status. Each `-L` becomes two hops (`two_hop_forwards`)."""
+    command is given; returns its exit status. COMMAND's words reach the host's `orch ssh` as
+    they are, which joins them for the node's shell as ssh does. Each `-L` becomes two hops
+    (`two_hop_forwards`)."""
     split = list(rest).index("--") if "--" in rest else len(rest)
     head, command = list(rest[:split]), list(rest[split:])
     texts: list[str] = []
@@ -182,7 +184,7 @@ def ssh_via_host(settings: Settings, rest: Sequence[str], *, interactive: bool) 
     forwards = [parse_forward(text) for text in texts]
     ports = host_free_ports(settings, len(forwards)) if forwards else []
     here, there = two_hop_forwards(forwards, ports)
-    tty = interactive and not command
+    tty = interactive and not command[1:]  # command: "--" and its words
     return stream(settings, ["ssh", *kept, *there, *command], tty=tty, forwards=here)
 
 

@@ -10,6 +10,12 @@ with the exception line (`RuntimeError: CUDA out of memory ...`). `find_failure`
 prints its uncaught exception with torch's own `[rank<global rank>]: ` prefix as well, which
 is taken off. On several nodes, the node whose torchrun saw a failure first holds the cause;
 the others' ranks mostly fail because a peer went away (`cluster_failure`).
+
+A rank that fails before its script runs prints no exception but one line of its own (python's
+`can't open file '...'`, `No module named ...`, bash's `command not found`): that line is the
+error. A rank whose own output is nothing but its error (such a line, or an exception raised
+at startup, as a ModuleNotFoundError at import) failed before its first line of output: its
+report leaves torchrun's own traceback (its ChildFailedError) to the log (`orch logs`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ _EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::.*)?$"
 )
 _LAUNCHER_ERROR = "ChildFailedError"  # torchrun's own exception, never the script's
+# The one line a process prints when it fails before its script runs: python without its
+# script or module, bash without the program or directory named.
+_STARTUP_ERROR = re.compile(
+    r"can't open file|No module named |Error while finding module specification"
+    r"|: command not found$|: No such file or directory$|: Permission denied$|: not found$"
+)
+_ORCH_LINE = "[orch] "  # the launch script's own lines (setup running, failed, skipped)
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's, on stderr
 # torchrun's (glog) line as it sees a worker fail: `E1204 19:10:35.510000 PID file:line] failed
 # (exitcode: -6) local_rank: 1 ...`; month, day and time to the microsecond.
@@ -67,6 +80,7 @@ class Failure:
     exit_code: int | None  # its exit code, from torchrun's report (negative: killed by a signal)
     error: str | None  # its last exception line, e.g. "RuntimeError: boom"
     traceback: tuple[str, ...] = ()  # the traceback that ends with `error` (last lines)
+    early: bool = False  # its own output is only its error: it failed before printing anything
 
 
 def _root_cause(lines: list[str]) -> tuple[int | None, int | None, int | None]:
@@ -121,10 +135,10 @@ def find_failure(log_text: str) -> Failure | None:
     rank, local, code = _root_cause(lines)
     if local is not None:
         own = _own_lines(log_text, local)
-        error, traceback = last_exception(own)
+        error, traceback = _own_error_line(own)
         if error is None and code == SIGABRT_EXIT and any(_TERMINATE in line for line in own):
             error = f"aborted (SIGABRT): {_TERMINATE}"
-        return Failure(local, rank, code, error, traceback)
+        return Failure(local, rank, code, error, traceback, _early(own, error))
     last_rank: int | None = None
     for line in reversed(lines):
         local_rank, text = local_rank_line(line)
@@ -133,12 +147,32 @@ def find_failure(log_text: str) -> Failure | None:
             last_rank = local_rank
             break
     if last_rank is not None:
-        error, traceback = last_exception(_own_lines(log_text, last_rank))
-        return Failure(last_rank, None, None, error, traceback)
+        own = _own_lines(log_text, last_rank)
+        error, traceback = last_exception(own)
+        return Failure(last_rank, None, None, error, traceback, _early(own, error))
     if any(local_rank_line(line)[0] is not None for line in lines):
         return None
-    error, traceback = last_exception(lines)
+    error, traceback = _own_error_line(lines)
     return Failure(None, None, None, error, traceback) if error else None
+
+
+def _own_error_line(lines: list[str]) -> tuple[str | None, tuple[str, ...]]:
+    """`last_exception` of a process's lines, else its last line when that is the error of a
+    process that failed before its script ran (`_STARTUP_ERROR`); orch's own lines aside."""
+    error, traceback = last_exception(lines)
+    if error is not None:
+        return error, traceback
+    said = [line.strip() for line in lines if line.strip() and not line.startswith(_ORCH_LINE)]
+    if said and _STARTUP_ERROR.search(said[-1]):
+        return said[-1], ()
+    return None, ()
+
+
+def _early(own: list[str], error: str | None) -> bool:
+    """Whether a process whose error is `error` printed nothing before it: its first line is
+    its error line or the start of a traceback."""
+    first = next((line.strip() for line in own if line.strip()), None)
+    return error is not None and first in (error, _TRACEBACK)
 
 
 def _own_lines(log_text: str, local_rank: int) -> list[str]:
@@ -196,8 +230,12 @@ def failure_report(node: int, what: str, log_text: str) -> str:
     (when the log holds one), then `what` happened (e.g. "torchrun exited with code 1"),
     that rank's traceback, and the last `TAIL_LINES` lines of the node log. Control characters
     (but tab and newline) are replaced by U+FFFD."""
-    tail = "\n".join(log_text.rstrip().splitlines()[-TAIL_LINES:])
     failure = find_failure(log_text)
+    lines = log_text.rstrip().splitlines()
+    trimmed = failure is not None and failure.early and _without_launcher_trace(lines) != lines
+    if trimmed:
+        lines = _without_launcher_trace(lines)
+    tail = "\n".join(lines[-TAIL_LINES:])
     parts: list[str] = []
     if failure is not None and failure.error is not None:
         who = _who(node, failure)
@@ -208,9 +246,25 @@ def failure_report(node: int, what: str, log_text: str) -> str:
     if failure is not None and failure.traceback:
         parts.append(f"--- {_who(node, failure)}'s traceback ---")
         parts.extend(failure.traceback)
-    parts.append(f"--- last lines of node {node}'s log ---")
+    left_out = ", torchrun's own traceback left out (orch logs shows it)" if trimmed else ""
+    parts.append(f"--- last lines of node {node}'s log{left_out} ---")
     parts.append(tail)
     return _CONTROL.sub("\ufffd", "\n".join(parts))
+
+
+def _without_launcher_trace(lines: list[str]) -> list[str]:
+    """A node log's lines without torchrun's own traceback and failure report (from its
+    `Traceback` line to the `====` line that closes its ChildFailedError report), the last
+    one; the lines as they are when there is none."""
+    raised = [i for i, line in enumerate(lines) if _LAUNCHER_ERROR in line and line[:1] != "["]
+    if not raised:
+        return lines
+    start = next(
+        (i for i in range(raised[-1], -1, -1) if lines[i].startswith(_TRACEBACK)), raised[-1]
+    )
+    closes = [i for i in range(raised[-1] + 1, len(lines)) if lines[i].startswith("=")]
+    end = closes[1] if len(closes) >= 2 else len(lines) - 1  # the report opens and closes so
+    return lines[:start] + lines[end + 1 :]
 
 
 def _who(node: int, failure: Failure) -> str:

@@ -100,12 +100,31 @@ def placement_notes(request: LaunchRequest, *, provider: str) -> tuple[str, ...]
     return tuple(notes)
 
 
+def spot_auto_note(spot_price: Decimal, on_demand_price: Decimal) -> str:
+    """The dry run's line when `spot: auto` chose spot: its price and how far below on-demand
+    it is (spot can be taken back at any time; on-demand cannot)."""
+    if on_demand_price <= 0 or spot_price >= on_demand_price:
+        return (
+            f"spot: auto chose spot at ${spot_price}/node-hour, no dearer than on-demand "
+            f"(${on_demand_price}/node-hour)"
+        )
+    off = (1 - spot_price / on_demand_price) * 100
+    return (
+        f"spot: auto chose spot at ${spot_price}/node-hour, {off:.0f}% below on-demand "
+        f"(${on_demand_price}/node-hour); spot nodes can be taken back (spot: false for "
+        "on-demand)"
+    )
+
+
 def local_plan(
     request: LaunchRequest, budget: Budget, on_demand_price: Decimal, spot_price: Decimal
 ) -> LaunchPlan:
     """The local provider has one offer per market, at its configured prices per node-hour;
     `spot: auto` plans spot when it is the cheaper (as the provider launches it when granted)."""
     spot = request.spot is True or (request.spot == "auto" and spot_price <= on_demand_price)
+    chose = (
+        (spot_auto_note(spot_price, on_demand_price),) if spot and request.spot == "auto" else ()
+    )
     return LaunchPlan(
         provider="local",
         nodes=request.count,
@@ -115,7 +134,7 @@ def local_plan(
         price_per_node_hour=spot_price if spot else on_demand_price,
         max_runtime_s=budget.max_runtime,
         max_cost_usd=budget.max_cost_usd,
-        notes=placement_notes(request, provider="local"),
+        notes=placement_notes(request, provider="local") + chose,
     )
 
 
@@ -129,6 +148,9 @@ def offer_plan(
     request: LaunchRequest, budget: Budget, offer: Offer, *, provider: str = "aws"
 ) -> LaunchPlan:
     """The plan a submit would follow with `offer` (the first offer it would try)."""
+    chose: tuple[str, ...] = ()
+    if request.spot == "auto" and offer.market == "spot":
+        chose = (spot_auto_note(offer.price_per_hour, offer.on_demand_price),)
     return LaunchPlan(
         provider=provider,
         nodes=request.count,
@@ -139,7 +161,7 @@ def offer_plan(
         max_runtime_s=budget.max_runtime,
         max_cost_usd=budget.max_cost_usd,
         zone=offer.zone,
-        notes=placement_notes(request, provider=provider),
+        notes=placement_notes(request, provider=provider) + chose,
     )
 
 

@@ -74,16 +74,18 @@ def shell_argv(
     identity: Identity,
     known_hosts: Path,
     *,
-    command: Sequence[str] = (),
+    command: Sequence[str] | str = (),
     forwards: Sequence[Forward] = (),
     connect_timeout: int = 15,
     tty: bool = False,
 ) -> list[str]:
     """`ssh` to one node: an interactive shell when `command` is empty, else `command` run
-    there with exactly these arguments (quoted for the node's shell), its exit status passed
-    through (255: ssh itself failed). With forwards, ssh fails at once if a port cannot be
-    bound (`ExitOnForwardFailure`) rather than leaving a shell without its tunnel. `tty` asks
-    for a terminal for `command` too (an interactive program run through another host)."""
+    there, its exit status passed through (255: ssh itself failed). A sequence is run with
+    exactly these arguments (quoted for the node's shell); a string is a command line the
+    node's shell reads as it is, as OpenSSH's `ssh HOST COMMAND` hands it over. With
+    forwards, ssh fails at once if a port cannot be bound (`ExitOnForwardFailure`) rather
+    than leaving a shell without its tunnel. `tty` asks for a terminal for `command` too (an
+    interactive program run through another host)."""
     argv = [
         "ssh",
         "-F", "/dev/null",
@@ -105,7 +107,7 @@ def shell_argv(
         argv.append("-t")
     argv.append(address.host)
     if command:
-        argv += ["--", shlex.join(command)]
+        argv += ["--", command if isinstance(command, str) else shlex.join(command)]
     return argv
 
 

@@ -69,14 +69,17 @@ def test_ssh_runs_commands_forwards_a_port_and_prints_a_working_ssh_config(
     assert on_node_1.strip() == "1"
     assert ssh("--", "cat", f"{workdir}/rank.txt").stdout.strip() == "0"
 
-    # Exit statuses and arguments come through as they are.
+    # Exit statuses come through; the words after -- are a command line for the node's shell,
+    # as with ssh: joined by spaces, so quoting for that shell is the caller's.
     assert ssh("--", "false").returncode == 1
-    assert ssh("--", "sh", "-c", "exit 7").returncode == 7
-    quoted = ssh("--", "python3", "-c", "import sys; print(sys.argv[1:])", "a b", "$HOME", "it's")
-    assert quoted.stdout.strip() == "['a b', '$HOME', \"it's\"]", quoted.stderr
+    assert ssh("--", "exit 7").returncode == 7
+    quoted = ssh("--", "python3", "-c", "'import sys; print(sys.argv[1:])'", "'a b'", "it\\'s")
+    assert quoted.stdout.strip() == "['a b', \"it's\"]", quoted.stderr
 
     # -L: a server on node 0's loopback, reached from this machine.
-    started = ssh("--", "sh", "-c", f"cd {workdir} && setsid nohup python3 -m http.server 8000 "
+    # as with ssh: one command in the background, its output redirected (a backgrounded list
+    # would hold the session open)
+    started = ssh("--", f"cd {workdir} || exit 1; setsid nohup python3 -m http.server 8000 "
                   "--bind 127.0.0.1 > /dev/null 2>&1 < /dev/null &")  # fmt: skip
     assert started.returncode == 0, started.stderr
     port = free_port()

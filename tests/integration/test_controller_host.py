@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -82,8 +83,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
         assert result.returncode == 0, result.stderr
         job = json.loads(result.stdout)
         if job["state"] == "RUNNING" and (job["step"] or 0) >= 1 and not said:
-            # a command on the job's node, through the host; its exit status comes back
-            command = ["ssh", job_id, "--node", "0", "--", "sh", "-c", "echo on-node; exit 3"]
+            # a command line for the node's shell, through the host, as ssh hands it over;
+            # its exit status comes back
+            command = ["ssh", job_id, "--node", "0", "--", "echo on-node; exit 3"]
             said.append(run_orch(command, env, timeout=60))
             tunnelled.append(through_a_tunnel(job_id, env))
         return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
@@ -161,7 +163,7 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
     `orch ssh JOB -L LOCAL:localhost:REMOTE` (two hops: here -> the host -> the node)."""
     local, remote = free_port(), free_port()
     argv = ["ssh", job_id, "-L", f"{local}:localhost:{remote}", "--",
-            "python3", "-c", ONE_ANSWER, str(remote)]  # fmt: skip
+            shlex.join(["python3", "-c", ONE_ANSWER, str(remote)])]  # fmt: skip
     session = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", *argv], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

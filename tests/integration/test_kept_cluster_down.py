@@ -17,9 +17,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import DOWN, UP, Clusters
 from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
-from orchestrator.providers.base import LaunchRequest
-from orchestrator.providers.local.provider import LocalProvider
-from orchestrator.remote.keys import ensure_identity
+from tests.support.kept_node import launch_kept_node
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -28,29 +26,12 @@ def test_reconcile_spares_an_up_kept_cluster_and_down_ends_it(tmp_path: Path) ->
     settings = Settings(home=tmp_path / "orch", local=LocalSettings(network="loopback"))  # type: ignore[arg-type]
     ledger = Ledger(make_engine(settings.db_path))
     clusters = Clusters(ledger)
-    cluster = clusters.create(
-        "dev", provider="local", nodes=1, gpus_per_node=1, autostop_s=600.0, now=utcnow()
-    )
-    ledger.add_job(
-        Job(
-            id="first-1", name="first", provider="local", nodes=1, gpus_per_node=1,
-            spec_json="{}", spec_path="job.yaml", created_at=utcnow(), cluster_id=cluster.id,
-            state=JobState.SUCCEEDED,
-        )
-    )  # fmt: skip
-    provider = LocalProvider(settings)
-    identity = ensure_identity(settings.keys_dir(cluster.id), f"orch-{cluster.id}")
-    (node,) = provider.launch(
-        LaunchRequest(
-            job_id=cluster.id, cluster=cluster.id, count=1, gpus_per_node=1,
-            public_key=identity.public_key, ledger_id=ledger.ledger_id,
-        )
-    )  # fmt: skip
+    cluster, provider, node = launch_kept_node(settings, ledger)
     try:
         clusters.release(cluster.id, [(node.instance_id, 0, node.price_per_hour)], utcnow())
 
         report = reconcile(settings, ledger, [provider])
-        assert report.terminated == {}
+        assert report.terminated == {} and report.nodes == 1
         assert [i.instance_id for i in provider.list_owned()] == [node.instance_id]
         assert clusters.get(cluster.id).state == UP
 

@@ -9,6 +9,11 @@ tests/fixtures/torchrun_ddp_node{0,1}.log are the two node logs of one gloo DDP 
 (two torchruns, two processes each, an all_reduce every step): rank 3 on node 1 raises at step
 20; its peers then fail in all_reduce ("Connection reset by peer"), node 0's two seconds later.
 torch.distributed prefixes an uncaught exception's lines with `[rank<N>]: `.
+
+tests/fixtures/torchrun_missing_script_node{0,1}.log are the two node logs of `run: python
+train.py` in a workdir that holds multinode.py, as orch starts it (two torchruns, two processes
+each, `--no-python bash -c 'python train.py'` in the workdir; venv paths shortened): every rank
+prints python's `can't open file` and nothing else, and each torchrun raises ChildFailedError.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from tests.support.helpers import REPO
 FIXTURES = REPO / "tests" / "fixtures"
 SAMPLE = (FIXTURES / "torchrun_root_cause.log").read_text()
 DDP = {node: (FIXTURES / f"torchrun_ddp_node{node}.log").read_text() for node in (0, 1)}
+MISSING = {
+    node: (FIXTURES / f"torchrun_missing_script_node{node}.log").read_text() for node in (0, 1)
+}
+CANT_OPEN = (
+    "python: can't open file '/root/orch-jobs/tutorial-3f9c1a/workdir/train.py': "
+    "[Errno 2] No such file or directory"
+)
 BOOM = "RuntimeError: boom: CUDA out of memory (simulated)"
 WHAT = "torchrun exited with code 1"
 
@@ -194,3 +206,76 @@ def test_a_report_carries_no_control_character_of_the_node_log() -> None:
     assert report.splitlines()[0] == error
     assert not any(c in report for c in "\x00\x07\x1b\r")
     assert report.replace("\ufffd[2J\ufffdboom\ufffd", "boom") == failure_report(0, WHAT, SAMPLE)
+
+
+def test_a_script_that_is_not_there_is_the_headline_and_torchruns_trace_stays_in_the_log() -> None:
+    # Node 1's torchrun saw its worker fail first: its rank 2 (local rank 0) is the headline.
+    node, reason = cluster_failure(MISSING, 0, 1)
+    lines = reason.splitlines()
+    assert node == 1 and lines[0] == f"rank 2 (node 1): {CANT_OPEN}"
+    assert lines[1].startswith("node 1: a worker failed here first, at 18:07:12.")
+    # The ranks' own lines are shown; torchrun's traceback and report are left to the log.
+    assert f"[default1]:{CANT_OPEN}" in lines
+    assert "ChildFailedError" not in reason and "bash FAILED" not in reason
+    assert lines[2] == (
+        "--- last lines of node 1's log, torchrun's own traceback left out (orch logs shows it) ---"
+    )
+    # Node 0 alone reads the same.
+    assert failure_report(0, WHAT, MISSING[0]).splitlines()[0] == f"rank 0 (node 0): {CANT_OPEN}"
+    failure = find_failure(MISSING[0])
+    assert failure is not None and (failure.rank, failure.error, failure.early) == (
+        0,
+        CANT_OPEN,
+        True,
+    )
+
+
+def rank_failed(*own: str, rank: int = 0) -> str:
+    """A node log whose local rank `rank` printed `own`, then torchrun's report of it."""
+    report = MISSING[0].splitlines()[6:]  # from torchrun's `failed (exitcode: 2)` line on
+    report = [line.replace("rank      : 0 (local_rank: 0)", f"rank      : {rank} (local_rank: 0)")
+              for line in report]  # fmt: skip
+    return "\n".join([*(f"[default0]:{line}" for line in own), *report]) + "\n"
+
+
+def test_failures_before_the_first_line_of_output_are_named_by_the_rank_s_own_line() -> None:
+    no_module = "/opt/venv/bin/python: No module named trainr"
+    not_found = "bash: line 1: pyhton: command not found"
+    no_dir = "bash: line 1: cd: sub: No such file or directory"
+    for line in (no_module, not_found, no_dir):
+        report = failure_report(0, WHAT, rank_failed(line))
+        assert report.splitlines()[0] == f"rank 0 (node 0): {line}"
+        assert "ChildFailedError" not in report
+    # An import that fails at startup: the exception is the headline, the trace left out.
+    startup = ["Traceback (most recent call last):", '  File "/w/train.py", line 1, in <module>',
+               "    import wandb", "ModuleNotFoundError: No module named 'wandb'"]  # fmt: skip
+    report = failure_report(0, WHAT, rank_failed(*startup))
+    assert report.splitlines()[0] == "rank 0 (node 0): ModuleNotFoundError: No module named 'wandb'"
+    assert "ChildFailedError" not in report
+
+
+def test_a_run_that_printed_first_keeps_torchruns_report_in_its_tail() -> None:
+    log = rank_failed("epoch 1 loss 0.3", "ValueError: bad batch")
+    report = failure_report(0, WHAT, log)
+    assert report.splitlines()[0] == "rank 0 (node 0): ValueError: bad batch"
+    assert "bash FAILED" in report  # as before: the log's last lines, whatever they are
+    # A last line of the usual kind after progress is still the rank's own error.
+    cant = "python: can't open file '/w/eval.py': [Errno 2] No such file or directory"
+    failure = find_failure(rank_failed("epoch 1 loss 0.3", cant))
+    assert failure is not None and (failure.error, failure.early) == (cant, False)
+    assert "bash FAILED" in failure_report(0, WHAT, rank_failed("epoch 1 loss 0.3", cant))
+    # Progress and then nothing recognisable: no error is made up.
+    failure = find_failure(rank_failed("epoch 1 loss 0.3", "saving to /tmp/x"))
+    assert failure is not None and failure.error is None
+
+
+def test_a_setup_that_cannot_find_its_script_is_named() -> None:
+    log = (
+        "[orch] setup: running\n"
+        "bash: line 1: ./prepare.sh: No such file or directory\n"
+        "[orch] setup failed with exit code 127\n"
+    )
+    assert failure_report(0, "the setup command failed", log).splitlines()[:2] == [
+        "node 0: bash: line 1: ./prepare.sh: No such file or directory",
+        "node 0: the setup command failed",
+    ]
