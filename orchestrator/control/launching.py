@@ -18,6 +18,7 @@ from orchestrator.errors import CapacityError, IdentityMismatch, OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import utcnow
 from orchestrator.node import launch
+from orchestrator.node.clear_protocol import fresh_command
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.providers.requests import launch_request
 from orchestrator.remote.keys import Identity, ensure_identity
@@ -255,6 +256,12 @@ class Launcher:
             transfers = attempt.push(p.loaded, p.layout, timeout=p.options.push_timeout)
         seconds = time.monotonic() - started
         self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
+        if p.loaded.left_out and self.journal.job.started_at is None:
+            # Before the first start no node holds a file of the run's own: a copy of a left
+            # out file there came from an earlier job's sync (a kept cluster) and goes too.
+            command = fresh_command(p.layout, p.loaded.left_out)
+            with node_step("removal of the files --fresh leaves out from the nodes", SYNC_HINT):
+                attempt.cluster.map(lambda rank, c: c.run(command, timeout=120))
 
     def start(self, attempt: Attempt) -> None:
         """Start the run (from the newest checkpoint), then RUNNING.

@@ -1,7 +1,8 @@
 """The node-side steps of a job's start on real loopback nodes: the reset of a kept node after
 a job with `checkpoint: {dir: .}` whose real checkpoint agent staged the run's `snapshot.pt`
-(that file goes, the workdir stays), and a reset and an agent install that fail and say which
-step and what to do."""
+(that file goes, the workdir stays), a reset and an agent install that fail and say which
+step and what to do, and a `--fresh` sync that neither sends a stale snapshot nor leaves the
+copy an earlier job's sync put on the node."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ import pytest
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, KeeperOptions
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.config import Settings
+from orchestrator.control.attempt import Attempt
 from orchestrator.control.kept_nodes import reset_nodes
 from orchestrator.errors import RemoteError
 from orchestrator.ledger.store import Ledger, make_engine
+from orchestrator.node.clear_protocol import fresh_command
 from orchestrator.node.launch import NodeLayout, home_expr
+from orchestrator.spec.loading import load_job
 from orchestrator.spec.model import CheckpointSpec
 from tests.support.checkpoint_nodes import end_run, keeper_nodes
 from tests.support.helpers import loopback_cluster
@@ -115,3 +119,30 @@ def test_an_agent_that_cannot_be_sent_names_the_step(node, tmp_path: Path) -> No
         keeper.prepare(node)
     assert failed.value.message.startswith("sending the checkpoint agents to the nodes failed: ")
     assert "python3" in (failed.value.hint or "")
+
+
+def test_fresh_leaves_a_stale_snapshot_out_of_the_sync_and_off_the_node(
+    node,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    (work / "conf").mkdir(parents=True)
+    for rel, text in WORKDIR_FILES.items():
+        (work / rel).write_text(text)
+    (work / "snapshot.pt").write_text("epoch 10 of a trial run here\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: tut\nworkdir: work\nrun: python train.py\ncheckpoint: {dir: .}\n")
+    loaded = load_job(spec, {})
+    loaded = type(loaded)(**{**vars(loaded), "left_out": ("snapshot.pt",)})
+    layout = NodeLayout("tut-4")
+    # an earlier job's sync on this kept node brought the stale file already
+    node.connections[0].run(
+        f"mkdir -p {home_expr(layout.workdir)} && printf stale > "
+        f"{home_expr(layout.workdir)}/snapshot.pt"
+    )
+    Attempt(node.instances, node).push(loaded, layout)
+    assert node_file(node, f"{layout.workdir}/train.py") == WORKDIR_FILES["train.py"]
+    assert node_file(node, f"{layout.workdir}/snapshot.pt") == "stale"  # not sent
+    node.connections[0].run(fresh_command(layout, loaded.left_out))
+    assert node_file(node, f"{layout.workdir}/snapshot.pt") == ""
+    assert node_file(node, f"{layout.workdir}/conf/base.yaml") == WORKDIR_FILES["conf/base.yaml"]
