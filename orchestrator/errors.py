@@ -79,6 +79,8 @@ class IdentityMismatch(OrchError):
 class RemoteError(OrchError):
     """A command or transfer on a node failed; `result` carries what the node said."""
 
+    step: str | None = None  # the launch step it failed in, once named (`cluster.steps`)
+
     def __init__(self, message: str, *, hint: str | None = None, result: object = None) -> None:
         super().__init__(message, hint=hint)
         self.result = result

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -193,6 +194,14 @@ def submit(
         bool,
         typer.Option("--no-wait", help="with --cluster: fail (exit 3) while another job runs"),
     ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="leave out of the sync the workdir's files under checkpoint.dir that the run "
+            "may take for a checkpoint (the submit names them), so it starts without them",
+        ),
+    ] = False,
     remote: Annotated[
         bool,
         typer.Option(
@@ -232,6 +241,7 @@ def submit(
     A `python X.py` or `python -m MODULE` in run or setup that the workdir (as synced) does
     not hold is a warning with the closest names it does hold; with --strict, an error.
     """
+    from orchestrator.cli.stale_files import print_stale
     from orchestrator.control import commands
     from orchestrator.report.documents import job_document
     from orchestrator.spec.loading import assignment_overrides
@@ -258,7 +268,9 @@ def submit(
         **assignment_overrides("--secret", "secrets", secret or [], os.environ),
     }
     kept = kept_request(cluster, autostop, no_wait, yes)
-    prepared = commands.prepare_submit(settings, job_file, overrides)
+    prepared = commands.prepare_submit(settings, job_file, overrides, fresh=fresh)
+    if not (dry_run and json_out):  # the JSON document carries them
+        print_stale(prepared.stale)
     if notify:
         prepared = dataclasses.replace(prepared, notify=notify)
     if kept is not None:
@@ -270,6 +282,8 @@ def submit(
         if json_out:
             document = {**prepared.dry_run.document, "spec": loaded.spec.public_document()}
             document["script_warnings"] = [warning.as_dict() for warning in scripts]
+            if prepared.stale is not None:
+                document["stale_checkpoints"] = prepared.stale.as_dict(datetime.now(UTC))
             print_json(document if team is None else {**document, "team_budget": team.as_dict()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""

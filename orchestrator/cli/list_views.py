@@ -29,6 +29,7 @@ def event_rows(text: str) -> int:
         raise typer.BadParameter(f"{text!r}: `all` or a number of rows, 1 or more")
     return rows
 
+
 if TYPE_CHECKING:
     from orchestrator.ledger.view import LedgerView
 

@@ -123,7 +123,8 @@ class Attempt:
     ) -> int:
         """Copy the workdir and every data path to every node; returns the transfers made.
         A checkpoint directory inside the workdir keeps what a node holds in it (a node that
-        stayed through a recovery resumes from its own files). `low_priority`: under `nice`,
+        stayed through a recovery resumes from its own files); the files `orch submit --fresh`
+        left out are not sent (`loaded.left_out`). `low_priority`: under `nice`,
         giving way to more urgent work beside it. A transfer not done within `timeout`
         seconds is stopped, and `TransferTimeout` says which and what to do."""
         cluster = self.cluster
@@ -142,6 +143,7 @@ class Attempt:
                         layout.workdir,
                         workdir=True,
                         protect=protect,
+                        leave_out=loaded.left_out,
                         low_priority=low_priority,
                     ),  # fmt: skip
                 )

@@ -23,6 +23,7 @@ from orchestrator.control.lease_keeper import LeaseKeeper, keep_lease
 from orchestrator.control.notify import notify_end, save_notify
 from orchestrator.control.ownership import Partition, partition
 from orchestrator.control.reconcile import end_nodes
+from orchestrator.control.stale_files import StaleCheckpoints, find_stale
 from orchestrator.control.supervision import (
     ControllerLock,
     controller_running,
@@ -64,6 +65,8 @@ class PreparedSubmit:
     notify: str | None = None  # the job's own end-of-job hook (`orch submit --notify`)
     cluster: KeptRequest | None = None  # run on a kept cluster (`orch submit --cluster`)
     team: SubmitBudget | None = None  # the monthly caps' view of it (`check_team_budget`)
+    # workdir files under checkpoint.dir that may be taken for a checkpoint (`stale_files`)
+    stale: StaleCheckpoints | None = None
 
     @property
     def plan(self) -> LaunchPlan:
@@ -91,11 +94,13 @@ def prepare_submit(
     overrides: Mapping[str, object],
     *,
     now: datetime | None = None,
+    fresh: bool = False,
 ) -> PreparedSubmit:
     """Load `job_file` with the flags' `overrides` (keys such as "resources.nodes"; None: not
     given), give it `controller.default_max_runtime` when it has no max_runtime, check its
     deadline against `now`, and plan it on its provider (`Provider.plan`; may ask the cloud
-    for prices). Registers and launches nothing.
+    for prices). Registers and launches nothing. The workdir's files that may be taken for a
+    checkpoint are found (`stale`); with `fresh`, the job's sync leaves them out.
 
     Raises `SpecError` for a bad spec or flags and for a deadline already passed, and
     `CapacityError` when no offer fits the job's resources.
@@ -111,10 +116,14 @@ def prepare_submit(
             f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
             hint="give a later time, or a duration after submit such as deadline: 36h",
         )
+    stale = find_stale(loaded, fresh=fresh)
+    if fresh and stale is not None:
+        loaded = dataclasses.replace(loaded, left_out=tuple(f.path for f in stale.files))
     provider = get_provider(loaded.spec.provider, settings)
     # No job id yet: the request is named after the spec, which a plan does not look at.
     request = launch_request(loaded.spec, loaded.spec.name)
-    return PreparedSubmit(loaded, provider, provider.plan(request, loaded.spec.budget))
+    plan = provider.plan(request, loaded.spec.budget)
+    return PreparedSubmit(loaded, provider, plan, stale=stale)
 
 
 def check_hourly_cap(prepared: PreparedSubmit) -> None:
@@ -176,6 +185,7 @@ def submit_detached(settings: Settings, ledger: Ledger, prepared: PreparedSubmit
             cluster_id=_cluster_of(settings, ledger, prepared),
         )  # fmt: skip
         _reserve(settings, ledger, admitted, job_id)
+    _note_stale(ledger, job_id, prepared)
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     wait_for_controller(settings, job_id, spawn_controller(settings, job_id))
@@ -247,6 +257,7 @@ def submit_foreground(
                 cluster_id=_cluster_of(settings, ledger, prepared),
             )  # fmt: skip
             _reserve(settings, ledger, admitted, job_id)
+        _note_stale(ledger, job_id, prepared)
         lease = keep_lease(settings, ledger, job_id)
     except BaseException:
         lock.release()
@@ -254,6 +265,13 @@ def submit_foreground(
     if prepared.notify:
         save_notify(settings, job_id, prepared.notify)
     return ForegroundJob(settings, ledger, prepared, job, lock, lease)
+
+
+def _note_stale(ledger: Ledger, job_id: str, prepared: PreparedSubmit) -> None:
+    """The job's event about the workdir's files that may be taken for a checkpoint: a
+    WARNING when they are synced, LEFT_OUT when `--fresh` leaves them out."""
+    if prepared.stale is not None:
+        ledger.add_event(job_id, *prepared.stale.event(utcnow()))
 
 
 def _cluster_of(settings: Settings, ledger: Ledger, prepared: PreparedSubmit) -> str | None:

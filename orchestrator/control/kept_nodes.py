@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.steps import node_step
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.ending import NodeEnder
 from orchestrator.control.kept import ClusterTurn, live_nodes, settle, setup_digest
@@ -23,7 +25,8 @@ from orchestrator.control.parts import JobParts
 from orchestrator.errors import OrchError
 from orchestrator.ledger.clusters import UP, Clusters
 from orchestrator.ledger.store import KeptCluster, Lease, utcnow
-from orchestrator.node import launch
+from orchestrator.node.clear_protocol import Cleared, parse_cleared, reset_command
+from orchestrator.node.launch import NodeLayout
 from orchestrator.providers.base import Instance
 
 QUEUE_POLL_S = 1.0
@@ -100,9 +103,28 @@ class KeptNodes:
         )  # fmt: skip
         attempt = self.launcher.reopen(live)
         keep(attempt)
-        reset = launch.reset_command(p.layout, p.layout.node_path(p.spec.checkpoint.dir))
-        attempt.cluster.map(lambda rank, connection: connection.run(reset))
+        self._reset(attempt, cluster.name)
         return True
+
+    def _reset(self, attempt: Attempt, name: str) -> None:
+        """Clear what the nodes hold of the last job (`reset_nodes`); a RESET event says what
+        was removed, or left where it lies outside the job's folder."""
+        p = self.parts
+        where = p.spec.checkpoint.dir
+        answers = reset_nodes(
+            attempt.cluster, p.layout, p.layout.node_path(where), cluster_name=name
+        )
+        removed = sum(answer.removed for answer in answers)
+        if removed:
+            self.journal.event(
+                "RESET", f"removed the last job's {removed} checkpoint file(s) from "
+                f"checkpoint.dir {where} on the nodes: this run starts without them",
+            )  # fmt: skip
+        if any(answer.dir == "outside" for answer in answers):
+            self.journal.event(
+                "RESET", f"checkpoint.dir {where} lies outside the job's folder on the nodes: "
+                "what earlier jobs left there stays, and this run may resume from it",
+            )  # fmt: skip
 
     def launched(self) -> None:
         """New nodes were launched for the cluster (its first job, or nodes replaced)."""
@@ -158,3 +180,23 @@ class KeptNodes:
                 return
         self.clusters.down(self.cluster_id, at, reason)
         self.held = False
+
+
+def reset_nodes(
+    cluster: Cluster, layout: NodeLayout, checkpoint_dir: str, *, cluster_name: str
+) -> list[Cleared]:
+    """Clear, on every node of a kept cluster, what it holds of its last job before the next
+    starts (`clear_protocol.reset_command`: the run, the agent's state, and the last job's
+    checkpoints where they lie in the job's own folder; never the workdir or anything outside).
+    Each node's answer, by rank. A node that fails raises a `RemoteError` that names the step
+    and what to do."""
+    command = reset_command(layout, checkpoint_dir)
+    with node_step(
+        f"reset of kept cluster {cluster_name}'s nodes for this job",
+        hint=f"the nodes may still hold the last job's files: end the cluster with `orch down "
+        f"{cluster_name}` and submit again (new nodes start clean), or look with `orch ssh "
+        f"{cluster_name}`",
+    ):
+        return cluster.map(
+            lambda rank, connection: parse_cleared(connection.run(command, timeout=120).stdout)
+        )

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.cluster.checkpoints.kept_summary import describe_kept
+from orchestrator.cluster.steps import node_step
 from orchestrator.control.attempt import Attempt, AttemptOpener
 from orchestrator.control.ownership import check_identity
 from orchestrator.control.parts import JobParts
@@ -18,9 +19,20 @@ from orchestrator.errors import CapacityError, IdentityMismatch, OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import utcnow
 from orchestrator.node import launch
+from orchestrator.node.clear_protocol import fresh_command
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.providers.requests import launch_request
 from orchestrator.remote.keys import Identity, ensure_identity
+
+SYNC_HINT = (
+    "the lines above say what rsync met: a workdir or data file that cannot be read here, or a "
+    "node whose disk is full or that lacks rsync; fix it (or leave the file out with "
+    ".orchignore) and submit again"
+)
+START_HINT = (
+    "the nodes need bash and python3 (3.8 or newer) on their PATH, a writable home and free "
+    "disk; the lines above say what failed: fix the node image (or `setup`) and submit again"
+)
 
 
 class Launcher:
@@ -238,14 +250,19 @@ class Launcher:
     def sync(self, attempt: Attempt) -> None:
         """SYNCING, then copy the workdir and the data paths to every node; a transfer not
         done within the options' `push_timeout` is stopped (`TransferTimeout`)."""
-        spec = self.parts.spec
+        p, spec = self.parts, self.parts.spec
         self.journal.syncing(f"workdir and {len(spec.data)} data path(s)")
         started = time.monotonic()
-        transfers = attempt.push(
-            self.parts.loaded, self.parts.layout, timeout=self.parts.options.push_timeout
-        )
+        with node_step("sync of the workdir and data to the nodes", SYNC_HINT):
+            transfers = attempt.push(p.loaded, p.layout, timeout=p.options.push_timeout)
         seconds = time.monotonic() - started
         self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
+        if p.loaded.left_out and self.journal.job.started_at is None:
+            # Before the first start no node holds a file of the run's own: a copy of a left
+            # out file there came from an earlier job's sync (a kept cluster) and goes too.
+            command = fresh_command(p.layout, p.loaded.left_out)
+            with node_step("removal of the files --fresh leaves out from the nodes", SYNC_HINT):
+                attempt.cluster.map(lambda rank, c: c.run(command, timeout=120))
 
     def start(self, attempt: Attempt) -> None:
         """Start the run (from the newest checkpoint), then RUNNING.
@@ -259,7 +276,7 @@ class Launcher:
         controller's own."""
         p = self.parts
         with ThreadPoolExecutor(3, thread_name_prefix="orch-prestart") as pool:
-            port_asked = pool.submit(attempt.free_port)
+            port_asked = pool.submit(self._free_port, attempt)
             resume_asked = pool.submit(
                 p.keeper.prepare, attempt.cluster, restart=self.journal.job.recoveries > 0,
                 **attempt.node_access(),
@@ -270,7 +287,8 @@ class Launcher:
         resume_from, resume_step = resume.path, resume.step
         instances = attempt.instances
         cluster_launch = launch_plan(p, instances, port, resume_from, self.setup_key)
-        pids = attempt.start(cluster_launch)
+        with node_step("start of the run on the nodes", START_HINT):
+            pids = attempt.start(cluster_launch)
         self.journal.await_progress()
         if p.driver is not None:
             p.driver.new_run()
@@ -292,9 +310,14 @@ class Launcher:
             return "with no checkpoint put back: orch holds none of this job"
         return f"from the checkpoint files put back: {describe_kept(files, utcnow())}"
 
+    def _free_port(self, attempt: Attempt) -> int:
+        with node_step("search for a free port on node 0 (torchrun's rendezvous)", START_HINT):
+            return attempt.free_port()
+
     def _arm_guards(self, attempt: Attempt) -> None:
-        self.parts.guards.check(attempt)
-        self.parts.guards.renew(attempt)  # heard from, and the run's own deadline
+        with node_step("arming of the node guards", START_HINT):
+            self.parts.guards.check(attempt)
+            self.parts.guards.renew(attempt)  # heard from, and the run's own deadline
 
     def adopt(self, instances: list[Instance]) -> Attempt:
         """Take over `instances`, on which another controller started the run; it goes on."""

@@ -169,6 +169,7 @@ def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
         "base_dir": str(loaded.base_dir),
         "workdir": str(loaded.workdir),
         "data_sources": [str(p) for p in loaded.data_sources],
+        "left_out": list(loaded.left_out),
     }
     path = directory / JOB_RECORD
     tmp = path.with_suffix(".tmp")
@@ -201,6 +202,7 @@ def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
         base_dir=Path(record["base_dir"]),
         workdir=Path(record["workdir"]),
         data_sources=[Path(p) for p in record["data_sources"]],
+        left_out=tuple(record.get("left_out", ())),  # absent from records of older orchs
     )
 
 

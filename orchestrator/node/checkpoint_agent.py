@@ -139,7 +139,7 @@ class Agent:
 
     def __init__(self, config: dict) -> None:
         self.config = config
-        self.root = home_path(config["checkpoint_dir"])
+        self.root = os.path.abspath(home_path(config["checkpoint_dir"]))
         self.state_dir = home_path(config["state_dir"])
         self.run_dir = home_path(config["run_dir"])
         self.objects = os.path.join(self.state_dir, OBJECTS)

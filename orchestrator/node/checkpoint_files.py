@@ -84,10 +84,15 @@ def scan(
 ) -> dict[str, os.stat_result]:
     """Every regular file under `root` that may be a checkpoint, by '/'-separated relative
     path; symlinks are neither followed nor returned, `exclude` (absolute paths) is skipped.
-    Names orch refuses go to `refused` (name -> why) instead."""
+    Names orch refuses go to `refused` (name -> why) instead.
+
+    `root` and `exclude` are compared as real paths: a root given as `$HOME/.` (`dir: ~`), with
+    a `..` or through a symlink still leaves out every excluded folder below it."""
     found: dict[str, os.stat_result] = {}
+    root = os.path.realpath(root)
     if not os.path.isdir(root):
         return found
+    exclude = {os.path.realpath(path) for path in exclude}
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir

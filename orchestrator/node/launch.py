@@ -14,6 +14,7 @@ On every node, under the home directory:
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -54,15 +55,19 @@ class NodeLayout:
     def node_path(self, path: str | None) -> str:
         """A spec path as seen from the node's home: `~/x` -> `x`, relative -> under workdir.
 
-        Absolute paths stay absolute. None means the job's default checkpoint directory.
+        Absolute paths stay absolute. None means the job's default checkpoint directory. The
+        result is normalised (no `.` or `..` part, no trailing `/`): `.` and `./` name the
+        workdir itself, `~` and `~/` the home (`.`), and `ckpt/../..` what it leads to, so a
+        path compared with the layout's folders is compared as the node will resolve it
+        (symlinks aside: only the node sees those).
         """
         if path is None:
             return self.default_checkpoint_dir
         if path.startswith("/"):
-            return path.rstrip("/") or "/"
+            return "/" + posixpath.normpath(path).lstrip("/")  # POSIX keeps a leading `//`
         if path == "~" or path.startswith("~/"):
-            return path[2:].rstrip("/") or "."
-        return f"{self.workdir}/{path}".rstrip("/")
+            return posixpath.normpath(path[2:] or ".")
+        return posixpath.normpath(f"{self.workdir}/{path}")
 
 
 def home_expr(path: str) -> str:
@@ -236,25 +241,6 @@ def setup_lines(setup: str, key: str | None, layout: NodeLayout) -> list[str]:
         f"  echo {shlex.quote(key)} > {marker}",
         "fi",
     ]
-
-
-def reset_command(layout: NodeLayout, checkpoint_dir: str | None) -> str:
-    """Shell command that clears what a kept node holds of its last job before the next one
-    starts: its run, its checkpoint agent's state and, when it is orch's own (under the
-    layout's root), its checkpoint directory. The workdir stays (the sync sends only what
-    changed), and so does the setup marker. The run's heartbeat is touched: the controller
-    that reset the node is alive."""
-    paths = [layout.run_dir, f"{layout.root}/checkpoint-agent"]
-    if checkpoint_dir and checkpoint_dir.startswith(f"{layout.root}/"):
-        paths.append(checkpoint_dir)
-    # The new run's heartbeat at once: the node's guard takes it for a live controller. Without
-    # it, a job that came just before the autostop was due saw its node power off meanwhile.
-    heartbeat = home_expr(f"{layout.run_dir}/heartbeat")
-    return (
-        "rm -rf "
-        + " ".join(home_expr(path) for path in paths)
-        + f" && mkdir -p {home_expr(layout.run_dir)} && touch {heartbeat}"
-    )
 
 
 def rerun_command(layout: NodeLayout) -> str:

@@ -37,6 +37,16 @@ WORKDIR_FILTERS = (
 )
 
 
+def literal_pattern(name: str) -> str:
+    """`name` as an rsync filter pattern that matches it and nothing else. rsync reads a
+    backslash as an escape only in a pattern that holds a wildcard (`*`, `?`, `[`): so a name
+    without one is its own pattern, and in one with them every wildcard and backslash is
+    escaped."""
+    if not any(char in name for char in "*?["):
+        return name
+    return "".join(f"\\{char}" if char in "\\*?[" else char for char in name)
+
+
 FAST_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 """ssh's ciphers for transfers where this CPU has AES instructions: AES-GCM first (two to three
 times ChaCha20's throughput there, and rsync over ssh is bound by it), ssh's default after."""
@@ -196,6 +206,7 @@ def push_argv(
     connect_timeout: int = 10,
     workdir: bool = False,
     protect: Sequence[str] = (),
+    leave_out: Sequence[str] = (),
     low_priority: bool = False,
 ) -> list[str]:
     """rsync argv pushing a local file or directory (its contents) to `destination` on a node.
@@ -203,8 +214,10 @@ def push_argv(
     With `workdir`, `.gitignore`/`.orchignore` are honoured and `.git` is left out; files
     removed locally are removed on the node so the node holds exactly the synced tree, except
     under the directories of `protect` (relative to `local`: a checkpoint directory inside the
-    workdir, whose files the node keeps). `low_priority` runs both ends under `nice`: a copy
-    made beside more urgent work (a spot notice's emergency checkpoint) gives way to it.
+    workdir, whose files the node keeps). The files of `leave_out` (relative to `local`: those
+    `orch submit --fresh` leaves out) are neither sent nor removed where a node has them.
+    `low_priority` runs both ends under `nice`: a copy made beside more urgent work (a spot
+    notice's emergency checkpoint) gives way to it.
     """
     source = f"{local}/" if local.is_dir() else str(local)
     target = remote_path(destination)
@@ -219,6 +232,7 @@ def push_argv(
         delete=workdir,
         extra=[
             *mkpath,
+            *(f"--exclude=/{literal_pattern(path)}" for path in leave_out),
             *(f"--filter=P /{path.strip('/')}/***" for path in protect),
             *(WORKDIR_FILTERS if workdir else ()),
             *([f"--rsync-path=nice -n {LOW_PRIORITY_NICE} rsync"] if low_priority else ()),

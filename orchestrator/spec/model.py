@@ -526,6 +526,8 @@ class LoadedJob:
     base_dir: Path  # the YAML file's directory; relative local paths resolve against it
     workdir: Path  # absolute local workdir (exists and is a directory)
     data_sources: list[Path]  # absolute local path of each spec.data[i].src (each exists)
+    # workdir files the sync leaves out (`orch submit --fresh`), relative to it
+    left_out: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,12 +2,18 @@
 jobs run on the first job's nodes (same instances, nothing launched, setup skipped while
 unchanged, the same torchrun environment), a job submitted meanwhile queues (or fails at once
 with --no-wait), and the idle cluster ends itself through its guards with its last
-controller killed, its bill covering every second of the nodes, idle gaps included."""
+controller killed, its bill covering every second of the nodes, idle gaps included.
+
+The jobs keep their checkpoints in the workdir (`checkpoint: {dir: .}`) as the tutorials'
+scripts do (the first runs `tests/fixtures/snapshot_train.py`: an in-place `snapshot.pt`, left
+out of the sync by `.orchignore`): the second job finds no snapshot to resume from, and the
+workdir on every node is intact after it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -16,6 +22,7 @@ import pytest
 
 from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.helpers import (
+    REPO,
     assert_nothing_left,
     detach,
     events,
@@ -47,14 +54,25 @@ if len(sys.argv) > 1:
 """
 
 
+# Two epochs of the tutorial-style script, a snapshot.pt saved after each.
+SNAPSHOTS = "python snapshot_train.py --epochs 2 --epoch-s 0 --save-every 1"
+
+
 def spec(tmp_path: Path, name: str, run: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         f"name: {name}\nworkdir: work\nresources: {{nodes: 2, gpus_per_node: 1}}\n"
         "setup: echo ran >> ~/setup-runs.txt\n"  # outside the workdir: the sync keeps it
+        "checkpoint: {dir: .}\n"
         f"run: {run}\n"
     )
     return path
+
+
+def node_workdirs(home: Path, nodes: set[str]) -> list[Path]:
+    """The kept cluster's workdir on each node (a local node's home is its `disk/` here)."""
+    disks = [home / "local/nodes" / iid / "disk" for iid in sorted(nodes)]
+    return [workdir for disk in disks for workdir in disk.glob("orch-jobs/*/workdir")]
 
 
 def node_ids(job: dict) -> set[str]:
@@ -72,11 +90,14 @@ def test_jobs_share_a_kept_cluster_queue_for_it_and_its_guards_stop_it_when_idle
     work.mkdir()
     (work / "probe.py").write_text(ENV_PROBE)
     (work / "requirements.txt").write_text("numpy\n")
+    shutil.copy(REPO / "tests" / "fixtures" / "snapshot_train.py", work)
+    (work / ".orchignore").write_text("snapshot.pt\n")  # not synced, so not removed either
     home = tmp_path / "orch"
     env = fast_env(home, ORCH_STOP_GRACE="3")
     cluster = ["--cluster", "dev", "--autostop", f"{AUTOSTOP_S}s"]
 
-    first = run_orch(["submit", str(spec(tmp_path, "one", "python probe.py")), *cluster], env)
+    one_spec = spec(tmp_path, "one", f"python probe.py && {SNAPSHOTS}")
+    first = run_orch(["submit", str(one_spec), *cluster], env)
     assert first.returncode == 0, first.stdout + first.stderr
     one = job_json(first.stdout.split()[1], env)
     assert one["state"] == "SUCCEEDED"
@@ -86,7 +107,10 @@ def test_jobs_share_a_kept_cluster_queue_for_it_and_its_guards_stop_it_when_idle
     # The second job holds the cluster until the test lets it go; meanwhile a --no-wait
     # submit is refused and a third job queues.
     go_two, go_three = tmp_path / "go-two", tmp_path / "go-three"
-    two_id = detach(spec(tmp_path, "two", f"python probe.py {go_two}"), env, *cluster)
+    # It fails if the first job's snapshot.pt is still in the workdir, where a tutorial-style
+    # script would resume from it.
+    two_spec = spec(tmp_path, "two", f"python probe.py {go_two} && test ! -e snapshot.pt")
+    two_id = detach(two_spec, env, *cluster)
     wait_for_state(two_id, env, {"RUNNING"})
     refused = run_orch(
         ["submit", str(spec(tmp_path, "refused", "python probe.py")), *cluster, "--no-wait"], env
@@ -128,8 +152,19 @@ def test_jobs_share_a_kept_cluster_queue_for_it_and_its_guards_stop_it_when_idle
         assert rank_1["MASTER_ADDR"] == rank_1["ORCH_MASTER_ADDR"]
 
     go_two.touch()
-    wait_for_state(two_id, env, {"SUCCEEDED"})
-    assert "setup: unchanged since it last ran on this node, skipped" in node_log(home, two_id)
+    two = wait_for_state(two_id, env, {"SUCCEEDED"})
+    two_log = node_log(home, two_id)
+    assert "setup: unchanged since it last ran on this node, skipped" in two_log
+    # The first job's snapshot.pt was cleared from node 0's workdir by the reset, and the
+    # workdir's own files are there, unchanged, on every node.
+    assert '"event": "snapshot-saved", "epoch": 2' in node_log(home, one["id"])
+    (reset,) = events(two, "RESET")
+    assert "removed the last job's 1 checkpoint file(s)" in reset["message"]
+    workdirs = node_workdirs(home, nodes)
+    assert len(workdirs) == 2
+    for workdir in workdirs:
+        for name in ("probe.py", "requirements.txt", "snapshot_train.py", ".orchignore"):
+            assert (workdir / name).read_bytes() == (work / name).read_bytes(), workdir / name
     # The third job runs; its controller is killed, and no orch command runs until the
     # idle cluster's guards have ended it.
     wait_for_state(three_id, env, {"RUNNING"})

@@ -196,7 +196,7 @@ def test_a_launched_node_is_a_host_orch_logs_into(
         # its peer's address has a name, in the form a dual-stack listener sees it too, so
         # torch's c10d does not warn "The hostname of the client socket cannot be retrieved"
         named = cluster.connections[0].run(
-            "python -c \"import socket; "
+            'python -c "import socket; '
             f"print(socket.getnameinfo(('::ffff:{peer}', 0), socket.NI_NAMEREQD)[0])\"",
             check=False,
         )

@@ -70,10 +70,12 @@ def keeper_nodes(
     options: KeeperOptions | None = None,
     settings: Settings | None = None,
     before_arm: str | None = None,
+    node_dir: str = CHECKPOINT_DIR,
 ) -> Iterator[KeeperNodes]:
     """Nodes with armed agents; `before_arm` runs on every node first, as a workdir sync or a
     checkpoint push would (what it leaves is the agents' baseline). The job's ledger row and
-    mirror are kept between uses of the same `home`, as across a job's restarts."""
+    mirror are kept between uses of the same `home`, as across a job's restarts. `node_dir`:
+    the checkpoint directory on the nodes (`NodeLayout.node_path` of the spec's)."""
     settings = settings or Settings(home=home, local=LocalSettings(network="loopback"))
     ledger = Ledger(make_engine(home / "orch.db"))
     try:
@@ -89,12 +91,12 @@ def keeper_nodes(
     mirror = CheckpointMirror(settings.job_dir(job_id) / "checkpoints")
     mirror.root.parent.mkdir(parents=True, exist_ok=True)
     keeper = CheckpointKeeper(
-        job_id=job_id, checkpoint=spec, node_dir=CHECKPOINT_DIR, mirror=mirror, ledger=ledger,
+        job_id=job_id, checkpoint=spec, node_dir=node_dir, mirror=mirror, ledger=ledger,
         settings=settings, line=lambda _text: None,
         options=options or KeeperOptions(pull_every=3600),
     )  # fmt: skip
     with loopback_cluster(home, job_id, count=count) as cluster:
-        cluster.map(lambda rank, c: c.run(f"mkdir -p {CHECKPOINT_DIR}"))
+        cluster.map(lambda rank, c: c.run(f"mkdir -p {launch.home_expr(node_dir)}"))
         if before_arm:
             cluster.map(lambda rank, c: c.run(["bash", "-c", before_arm]))
         start_run(cluster, job_id)

@@ -331,3 +331,32 @@ def test_restore_keeps_a_file_the_node_holds_as_recorded_and_fetches_the_rest(
     out = io.StringIO()
     assert restore(plan, out) == 1  # not as recorded: fetched, and the store's is bad
     assert "digest is not the one recorded" in out.getvalue()
+
+
+@pytest.mark.parametrize("form", ["~", "~/", "link", "dotdot"])
+def test_a_home_wide_checkpoint_dir_leaves_orchs_own_tree_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """`dir: ~` (and a path to the home through a symlink or a `..`): the agent's root is the
+    home, and orch's own folders below it (the synced workdir, the run, the agent's staged
+    copies) are no checkpoints of the run."""
+    from orchestrator.node.checkpoint_protocol import AgentConfig
+    from orchestrator.node.launch import NodeLayout
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "link").symlink_to(home)
+    written = {
+        "~": "~", "~/": "~/", "link": str(tmp_path / "link"),
+        "dotdot": f"{home}/orch-jobs/../.",
+    }[form]  # fmt: skip
+    for rel in (
+        "orch-jobs/j/workdir/train.py", "orch-jobs/j/run/node.log",
+        "orch-jobs/j/checkpoint-agent/objects/0a1b", "orch-jobs/j/checkpoints/x.pt",
+    ):  # fmt: skip
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text("orch's own\n")
+    (home / "snapshot.pt").write_text("the run's\n")
+    document = AgentConfig("j", 0, NodeLayout("j").node_path(written)).document()
+    agent = Agent(json.loads(json.dumps(document)))
+    assert set(checkpoint_files.scan(agent.root, agent.exclude)) == {"snapshot.pt"}

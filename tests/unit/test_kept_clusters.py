@@ -28,8 +28,9 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import DOWN, Clusters, autostop_left
 from orchestrator.ledger.store import Job, Lease, Ledger, lease_cost, make_engine
 from orchestrator.node import guard
+from orchestrator.node.clear_protocol import reset_command
 from orchestrator.node.guard_protocol import GuardLease, cleared_lease
-from orchestrator.node.launch import NodeLayout, reset_command, setup_lines
+from orchestrator.node.launch import NodeLayout, setup_lines
 from orchestrator.report.clusters import cluster_document
 from orchestrator.report.documents import cost_document
 from tests.unit.test_guard_program import Node
@@ -288,15 +289,6 @@ def test_a_failed_setup_is_not_remembered_as_done(tmp_path: Path) -> None:
     assert failed.returncode != 0
     run_setup(tmp_path, "echo try >> tries.txt; exit 3", "k1")
     assert (tmp_path / "tries.txt").read_text() == "try\ntry\n"
-
-
-def test_the_reset_between_jobs_keeps_the_workdir_and_the_setup_marker() -> None:
-    layout = NodeLayout("dev-1")
-    command = reset_command(layout, f"{layout.root}/ckpt")
-    assert layout.run_dir in command and "checkpoint-agent" in command
-    assert f"{layout.root}/ckpt" in command
-    assert "workdir" not in command and "setup.key" not in command
-    assert "/data/ckpt" not in reset_command(layout, "/data/ckpt")  # the user's own: kept
 
 
 # --- the guard's autostop ---------------------------------------------------------------------

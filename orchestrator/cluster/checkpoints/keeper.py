@@ -59,6 +59,7 @@ from orchestrator.cluster.checkpoints.store import (
 from orchestrator.cluster.checkpoints.streak import PullStreak, pull_failure_reason
 from orchestrator.cluster.checkpoints.units import step_of
 from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.steps import node_step
 from orchestrator.config import Settings
 from orchestrator.errors import NodeUnreachable, OrchError, RemoteError, TransferTimeout
 from orchestrator.ledger.store import Ledger
@@ -85,6 +86,17 @@ from orchestrator.spec.model import CheckpointSpec
 
 FINISH_POLL_S = 0.2  # between two looks at the agents while waiting (one SSH command per node)
 MAX_NOTICE_EVENTS = 100  # refusals written as events per keeper; then one event says so
+
+
+AGENT_HINT = (
+    "the agents need python3 (3.8 or newer) on the nodes' PATH and room in their home; the "
+    "lines above say what failed: fix the node image (or `setup`) and submit again"
+)
+RESTORE_HINT = (
+    "the checkpoint stays where orch keeps it (`orch status JOB` lists it); the lines above "
+    "say what failed (a full disk, a store the nodes cannot reach): fix it and submit again, "
+    "and the new run resumes from it"
+)
 
 
 @dataclass(frozen=True)
@@ -194,11 +206,14 @@ class CheckpointKeeper:
         """Before a start: agents sent, the newest checkpoint put back, newer steps the nodes
         hold set aside (with `restart`, or once a version was held back), agents armed."""
         self._bind(cluster, nodes_have_credentials=nodes_have_credentials, region=region)
-        self._install(cluster)
-        restored, resume = self._put_back(cluster)
+        with node_step("sending the checkpoint agents to the nodes", AGENT_HINT):
+            self._install(cluster)
+        with node_step("putting the newest checkpoint back on the nodes", RESTORE_HINT):
+            restored, resume = self._put_back(cluster)
         if restart or self._held_back:
             self._set_aside(cluster, resume)
-        self._arm(cluster, restored)
+        with node_step("arming the checkpoint agents", AGENT_HINT):
+            self._arm(cluster, restored)
         return resume
 
     def hold_back(self) -> Newest | None:
