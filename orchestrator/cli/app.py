@@ -269,8 +269,7 @@ def submit(
     }
     kept = kept_request(cluster, autostop, no_wait, yes)
     prepared = commands.prepare_submit(settings, job_file, overrides, fresh=fresh)
-    if not (dry_run and json_out):  # the JSON document carries them
-        print_stale(prepared.stale)
+    print_stale(prepared.stale)  # on stderr, also beside a JSON document
     if notify:
         prepared = dataclasses.replace(prepared, notify=notify)
     if kept is not None:
