@@ -18,6 +18,7 @@ from orchestrator.config import Settings
 from orchestrator.ledger.store import Ledger
 from orchestrator.report.documents import job_document
 from orchestrator.report.render import (
+    CATEGORY_STYLE,
     MARK_LEGEND,
     draw_figure,
     label_rows,
@@ -173,15 +174,27 @@ def recovered_job(tmp_path: Path) -> Ledger:
     return ledger_with(tmp_path, make_job(state="SUCCEEDED", ended=at(300)), rows)
 
 
+EVENT_LABELS = sorted(
+    ["RUNNING", "ADOPTED", "RESTARTED", "SUCCEEDED"]
+    + [f"{kind} @40" for kind in ("PREEMPTED", "SALVAGED", "RECOVERING", "RESUMED")] * 2
+)
+
+
+def event_lines(axes: Axes) -> list[Line2D]:
+    """The vertical lines of the events drawn across `axes`."""
+    return [
+        line
+        for line in axes.get_lines()
+        if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]
+    ]
+
+
 def test_event_labels_never_overlap_however_close_the_events(tmp_path: Path) -> None:
     figure = draw_figure(report_data(recovered_job(tmp_path), "rep-1", now=at(400)))
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
-    labels = [t for t in figure.findobj(Text) if t.get_gid() == "event-label"]
-    assert sorted(t.get_text() for t in labels) == sorted(
-        ["RUNNING", "ADOPTED", "RESTARTED", "SUCCEEDED"]
-        + [f"{kind} @40" for kind in ("PREEMPTED", "SALVAGED", "RECOVERING", "RESUMED")] * 2
-    )  # every event is labelled: none left out
+    labels = [t for t in figure.findobj(Text) if t.get_text().strip() in EVENT_LABELS]
+    assert sorted(t.get_text().strip() for t in labels) == EVENT_LABELS  # none left out
     boxes = [t.get_window_extent(renderer) for t in labels]
     overlapping = [
         (labels[i].get_text(), labels[j].get_text())
@@ -190,14 +203,14 @@ def test_event_labels_never_overlap_however_close_the_events(tmp_path: Path) -> 
         if a.overlaps(b)
     ]
     assert overlapping == []
-    util = panels(figure)["GPU utilization (%)"].get_window_extent(renderer)
-    assert all(util.x0 <= box.x0 and box.x1 <= util.x1 for box in boxes)  # inside its panel
     util_axes = panels(figure)["GPU utilization (%)"]
+    util = util_axes.get_window_extent(renderer)
+    assert all(util.x0 <= box.x0 and box.x1 <= util.x1 for box in boxes)  # inside its panel
     for text, box in zip(labels, boxes, strict=True):  # each beside a line of its colour
         lines = [
             line.get_transform().transform((line.get_xdata()[0], 0))[0]
-            for line in util_axes.get_lines()
-            if (line.get_gid() or "").startswith("mark:") and line.get_color() == text.get_color()
+            for line in event_lines(util_axes)
+            if line.get_color() == text.get_color()
         ]
         assert min(min(abs(box.x0 - x), abs(box.x1 - x)) for x in lines) < 6, text.get_text()
 
@@ -211,12 +224,12 @@ def test_label_rows_stack_close_labels_and_leave_out_what_does_not_fit() -> None
 
 def test_the_legend_tells_every_kind_of_mark_drawn(tmp_path: Path) -> None:
     figure = draw_figure(report_data(recovered_job(tmp_path), "rep-1", now=at(400)))
-    drawn = {
-        (line.get_gid() or "")[len("mark:") :]: line
-        for axes in figure.axes
-        for line in axes.get_lines()
-        if (line.get_gid() or "").startswith("mark:")
-    }
+    by_colour = {style["color"]: kind for kind, style in CATEGORY_STYLE.items()}
+    drawn: dict[str, Line2D] = {}
+    for axes in figure.axes:
+        drawn.update((by_colour[line.get_color()], line) for line in event_lines(axes))
+        drawn.update(("unknown", line) for line in axes.get_lines() if line.get_marker() == "x")
+        drawn.update(("checkpoint", line) for line in axes.get_lines() if line.get_marker() == "|")
     assert set(drawn) == {
         "start", "interruption", "recovery", "controller", "end", "checkpoint", "unknown",
     }  # fmt: skip
@@ -228,8 +241,9 @@ def test_the_legend_tells_every_kind_of_mark_drawn(tmp_path: Path) -> None:
                 zip([t.get_text() for t in legend.get_texts()], legend.legend_handles, strict=True)
             )
     for kind, line in drawn.items():
-        (name,) = [n for n in entries if n.startswith(MARK_LEGEND[kind])]
-        handle = entries[name]
+        named = [n for n in entries if n.startswith(MARK_LEGEND[kind])]
+        assert len(named) == 1, f"{kind}: no legend entry in {sorted(entries)}"
+        handle = entries[named[0]]
         assert (handle.get_color(), handle.get_linestyle(), handle.get_marker()) == (
             line.get_color(), line.get_linestyle(), line.get_marker()
         ), kind  # fmt: skip
