@@ -66,7 +66,10 @@ class GpuWatcher:
       reconnect it) and restarts the command then.
 
     Readings are stamped with `now()` (default `time.monotonic`); pass the same clock to
-    `latest`. The restart pace and hang detection always use `time.monotonic`. Thread-safe.
+    `latest`. The restart pace and hang detection always use `time.monotonic`. `wait_answer`
+    waits for nvidia-smi's first word (a record, its exit, or a failure to start or read it;
+    not a line of garbage, which a missing nvidia-smi's shell prints before its exit), so that
+    a first look right after `start()` is not a look at nothing. Thread-safe.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class GpuWatcher:
         self._error: str | None = None
         self._updated_at: float | None = None
         self._starts = 0
+        self._answered = threading.Event()  # nvidia-smi said something, or could not be run
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -123,6 +127,10 @@ class GpuWatcher:
             name = f"gpu-watch {self.connection.address.name}"
             self._thread = threading.Thread(target=self._run, name=name, daemon=True)
             self._thread.start()
+
+    def wait_answer(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the node's first answer since `start()`; whether it came."""
+        return self._answered.wait(max(0.0, timeout_s))
 
     def latest(self, now: float | None = None) -> NodeGpuState:
         """The node's current readings; GPUs without a record in `stale_after_s` are unknown."""
@@ -210,18 +218,20 @@ class GpuWatcher:
         sample = parse_line(text)
         now = self._now()
         with self._lock:
-            if sample.index is None:
+            if sample.index is None:  # not an answer yet: the shell's "not found" comes so
                 tail.append(text[:200])
                 self._error = f"unexpected output from nvidia-smi: {text[:120]!r}"
                 self._invalidate_locked(now)
                 return
             self._samples[sample.index] = (sample, now)
             self._available = True
+            self._answered.set()
             if sample.ok:  # an unknown utilization is told by the sample itself
                 self._updated_at = now
                 self._error = None
 
     def _exited(self, code: int | None, tail: list[str]) -> None:
+        self._answered.set()
         said = " | ".join(tail)
         lowered = said.lower()
         status = "without an exit status" if code is None or code < 0 else f"with status {code}"
@@ -237,6 +247,7 @@ class GpuWatcher:
             self._invalidate_locked(self._now())
 
     def _problem(self, message: str) -> None:
+        self._answered.set()
         with self._lock:
             self._error = message
             self._invalidate_locked(self._now())
@@ -254,12 +265,13 @@ class GpuWatcher:
 class CpuWatcher:
     """CPU use of a job's processes on one node, for nodes without nvidia-smi.
 
-    Each `sample()` runs `cpu_ticks_command` once on the node's existing connection (no new
-    connection, nothing left running) and returns the job's CPU use since the previous good
-    reading, in percent of one core, or None when unknown: on the first call, when the job
-    has no session yet (no pid file), when the node cannot be reached, or when two readings
-    cannot be compared (see `cpu_percent`). Never raises for a node's failure; `error` says
-    what went wrong last (None after a good reading).
+    Each `sample(now)` runs `cpu_ticks_command` once on the node's existing connection (no
+    new connection, nothing left running) and returns the job's CPU use since the previous
+    good reading, in percent of one core, or None when unknown: on the first call, when the
+    job has no session yet (no pid file), when the node cannot be reached, or when two
+    readings cannot be compared (see `cpu_percent`). `since` is when the use it returned
+    began: the time (`now`, the caller's clock) of that previous reading. Never raises for a
+    node's failure; `error` says what went wrong last (None after a good reading).
     """
 
     def __init__(
@@ -269,6 +281,8 @@ class CpuWatcher:
         self.command = cpu_ticks_command(pid_file_expr)
         self.timeout_s = timeout_s
         self.last: CpuReading | None = None
+        self.last_at: float | None = None  # when `last` was read (the caller's clock)
+        self.since: float | None = None  # when the use the last sample returned began
         self.error: str | None = None
 
     @classmethod
@@ -293,12 +307,15 @@ class CpuWatcher:
             self.error = f"no CPU reading for the job's session: {detail}"
         return reading
 
-    def sample(self) -> float | None:
-        """Percent of one core used by the job since the previous good reading (None: unknown)."""
+    def sample(self, now: float | None = None) -> float | None:
+        """Percent of one core used by the job since the previous good reading (None: unknown),
+        read at `now` (default `time.monotonic()`)."""
+        now = time.monotonic() if now is None else now
         reading = self.read()
         if reading is None:
             return None
         previous, self.last = self.last, reading
+        self.since, self.last_at = self.last_at, now
         percent = None if previous is None else cpu_percent(previous, reading)
         self.error = None if percent is not None or previous is None else "readings not comparable"
         return percent

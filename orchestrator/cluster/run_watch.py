@@ -38,12 +38,7 @@ from orchestrator.cluster import log_files
 from orchestrator.cluster.connections import Cluster
 from orchestrator.errors import NodeLost, NodeUnreachable
 from orchestrator.node import launch
-from orchestrator.node.progress import (
-    Metrics,
-    describe_event,
-    local_rank_line,
-    parse_metrics,
-)
+from orchestrator.node.progress import Metrics, ProgressReader, describe_event, local_rank_line
 from orchestrator.node.run_progress import LAUNCH_MARK, ProgressClock
 from orchestrator.remote.lines import Line, LineSplitter
 from orchestrator.remote.ssh import CommandResult, NodeConnection
@@ -100,7 +95,10 @@ class RunWatch:
     from the local copies, so an adopting controller neither repeats nor skips log lines.
 
     `on_metrics(metrics, read_at)` gets each progress line of rank 0 with the time
-    (`time.monotonic()`) of the check that read it: every line of one check has the same."""
+    (`time.monotonic()`) of the check that read it: every line of one check has the same. Its
+    step lines (JSON, or those `progress_pattern` matches) each; the progress read from the
+    output's shape (`node.progress_shapes`: progress bars redrawn many times a second), the
+    last of each check. Rank 0's lines end at a carriage return too (a bar's redraw)."""
 
     def __init__(
         self,
@@ -117,6 +115,7 @@ class RunWatch:
         unprefixed_is_rank0: bool = False,
         confirm_gone: Callable[[list[int]], bool] | None = None,
         suspect_after: float = SUSPECT_AFTER_S,
+        progress_pattern: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.layout = layout
@@ -145,7 +144,9 @@ class RunWatch:
         # Rank 0's progress as this watch reads it (`run_progress`), on time.monotonic(); the
         # supervisor puts in the clock of the run it watches.
         self.clock = ProgressClock(time.monotonic(), starting=False)
-        self._rank0 = LineSplitter()  # rank 0's lines: a line that never ends is cut
+        # rank 0's lines: a line that never ends is cut
+        self._rank0 = LineSplitter(split_cr=True)
+        self._progress = ProgressReader(progress_pattern)  # the job's `progress.pattern`
         # Its own threads: a probe stuck on a dead link must not hold up the cluster's pool.
         self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="probe")
         self._pending: list[Future[Answer] | None] = [None] * count
@@ -298,6 +299,7 @@ class RunWatch:
         return probe_answer(result)
 
     def _show(self, lines: list[Line], read_at: float) -> None:
+        shaped: Metrics | None = None  # the last progress read from the output's shape
         for line in lines:
             local_rank, text = local_rank_line(line.text)
             if local_rank is None:
@@ -310,13 +312,23 @@ class RunWatch:
                 local_rank = 0
             if local_rank != 0:
                 continue
-            metrics = parse_metrics(text)
-            self.clock.saw(None if metrics is None else metrics.step, read_at)
-            if metrics is None:
+            metrics = self._progress.read(text)
+            if metrics is None or not metrics.step_line:
+                if metrics is not None:  # a step read from the output's shape (no step line)
+                    # Its lines are its progress, whatever an earlier run's step (one of
+                    # these, in the ledger) made the clock take it for.
+                    self.clock.steps = False
+                    self.progress_seen, shaped = True, metrics
+                self.clock.saw(None, read_at)
                 self.on_line(describe_event(text) or text)
-            else:
-                self.progress_seen = True
-                self.on_metrics(metrics, read_at)
+                continue
+            self.clock.saw(metrics.step, read_at)
+            if self._progress.pattern is not None:
+                self.on_line(text)  # the job's own line; JSON step lines are not shown
+            self.progress_seen = True
+            self.on_metrics(metrics, read_at)
+        if shaped is not None:
+            self.on_metrics(shaped, read_at)
 
 
 def probe_answer(result: CommandResult) -> Answer:

@@ -113,6 +113,7 @@ class Guards:
             lease_key=self._identity().public_key,
             start_timeout_s=self.spec.recovery.start_timeout,
             stall_timeout_s=budget.stall_timeout,
+            progress_pattern=self.spec.progress.pattern,
             runtime_ceiling=deadline if job.started_at is not None else None,
             others_hourly_usd=others,
             transfer_hold_s=options.push_timeout,
@@ -199,7 +200,7 @@ class Guards:
             renewed_at=now, runtime_deadline=deadline, lease_until=until,
             idle_timeout_s=budget.idle_timeout, job_limits=job.cluster_id is not None,
             autostop_s=self.autostop_s, start_timeout_s=self.spec.recovery.start_timeout,
-            stall_timeout_s=budget.stall_timeout,
+            stall_timeout_s=budget.stall_timeout, progress_pattern=self.spec.progress.pattern,
         )  # fmt: skip
 
     def renew(self, attempt: Attempt) -> None:

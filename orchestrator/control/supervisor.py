@@ -179,6 +179,7 @@ class Supervisor:
             unprefixed_is_rank0=p.spec.launcher == "none",
             # A late probe asks the provider at once: a node it took is found in seconds.
             confirm_gone=lambda ranks: self._taken(attempt, ranks),
+            progress_pattern=p.spec.progress.pattern,
         )
 
     def _taken(self, attempt: Attempt, ranks: list[int]) -> bool:

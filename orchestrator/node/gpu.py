@@ -357,12 +357,14 @@ class WindowSample:
     start: float
     count: int  # samples averaged (known or not)
     sample: GpuSample  # averages of the known values; ok when some utilization was known
+    first: float = 0.0  # the caller's clock at its first sample (the window's own time)
 
 
 @dataclass
 class _Window:
     start: float
     samples: list[GpuSample]
+    first: float  # the clock at its first sample
 
 
 class Downsampler:
@@ -403,7 +405,7 @@ class Downsampler:
         if window is not None and start <= window.start:
             window.samples.append(sample)
             return None
-        self._open[key] = _Window(start, [sample])
+        self._open[key] = _Window(start, [sample], now)
         return None if window is None else _average(key, window)
 
     def flush(self) -> list[WindowSample]:
@@ -429,4 +431,4 @@ def _average(key: Hashable, window: _Window) -> WindowSample:
         mem_total_mib=_mean([s.mem_total_mib for s in samples]),
         ok=util is not None,
     )
-    return WindowSample(key, window.start, len(samples), averaged)
+    return WindowSample(key, window.start, len(samples), averaged, window.first)

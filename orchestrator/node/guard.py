@@ -29,6 +29,7 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     idle_util_pct, idle_cpu_pct   the controller's idle thresholds
     start_timeout_s            a start with no progress this long (`run_progress`)
     stall_timeout_s            a run whose progress stopped this long (`run_progress`)
+    progress_pattern           the job's progress.pattern: which lines are its steps
     stop_grace_s               SIGTERM, then this long for the emergency checkpoint, then SIGKILL
     upload_wait_s              then at most this long for the checkpoint agent's uploads
     poweroff                   the node's poweroff command (shell)
@@ -58,8 +59,8 @@ ends; then, with no controller for `deadman_s`, the node powers off. At arming t
 checks its poweroff path (`sudo -n true` when the command uses sudo): a guard that cannot act
 says so in `<job>/guard/status.json`, which the controller reports.
 
-On a kept cluster the lease also carries the job's `start_timeout_s` and `stall_timeout_s`,
-which `run_progress` holds against the run's progress.
+On a kept cluster the lease also carries the job's `start_timeout_s`, `stall_timeout_s` and
+`progress_pattern`, which `run_progress` holds against the run's progress.
 """
 
 import contextlib
@@ -395,7 +396,8 @@ class Guard:
         t = self.terms
         start_s = lease.get("start_timeout_s", t.get("start_timeout_s"))
         stall_s = lease.get("stall_timeout_s", t.get("stall_timeout_s"))
-        return self.progress.due(now, leader, start_s, stall_s)
+        pattern = lease.get("progress_pattern", t.get("progress_pattern"))
+        return self.progress.due(now, leader, start_s, stall_s, pattern)
 
     def autostop_due(self, now, autostop_s):
         """A kept cluster with no job: its nodes end once neither a controller nor the GPUs

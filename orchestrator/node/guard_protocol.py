@@ -110,6 +110,7 @@ class GuardTerms:
     lease_key: str | None = None
     start_timeout_s: float | None = None  # recovery.start_timeout (see `run_progress`)
     stall_timeout_s: float | None = None  # budget.stall_timeout
+    progress_pattern: str | None = None  # progress.pattern: which lines of rank 0 are steps
     # The latest deadline any lease may set (None: none): max_runtime from the job's start,
     # known once it has started (a first launch's nodes boot before it).
     runtime_ceiling: datetime | None = None
@@ -195,8 +196,9 @@ def lease_until(
 class GuardLease:
     """What the controller grants the guards at each budget check, on its own clock. With
     `job_limits` (nodes of a kept cluster, which serve one job after another) it carries the
-    job's idle, start and stall timeouts and the cluster's autostop too, so that no job's
-    limit outlives it on the node and the latest submit's autostop holds."""
+    job's idle, start and stall timeouts, its progress pattern and the cluster's autostop
+    too, so that no job's limit outlives it on the node and the latest submit's autostop
+    holds."""
 
     renewed_at: datetime
     runtime_deadline: datetime | None
@@ -206,6 +208,7 @@ class GuardLease:
     autostop_s: float | None = None
     start_timeout_s: float | None = None
     stall_timeout_s: float | None = None
+    progress_pattern: str | None = None
 
     def fields(self, job_id: str, clock_offset_s: float) -> dict[str, object]:
         """The lease as a node whose clock is `clock_offset_s` ahead of the controller's reads
@@ -225,6 +228,7 @@ class GuardLease:
             doc["autostop_s"] = self.autostop_s
             doc["start_timeout_s"] = self.start_timeout_s
             doc["stall_timeout_s"] = self.stall_timeout_s
+            doc["progress_pattern"] = self.progress_pattern
         return doc
 
     def for_node(

@@ -10,6 +10,9 @@ Progress is rank 0's: the lines of local rank 0 on node 0 (torchrun prefixes the
 
 - A step line (a JSON object with an integer `step` and no `event` but "done", the lines
   `orchestrator.node.progress` reads) is progress when its step differs from the last one.
+  With the job's `progress.pattern` (a regular expression with a named group `step`), the
+  lines it matches are the step lines instead, their step that group's digits; JSON lines
+  are then not.
 - For a job that has never printed a step line, any line of rank 0 is progress: a plain-text
   script is judged by its output growing. Once a step line was seen, only steps count.
 
@@ -50,6 +53,10 @@ READ_CHUNK = 256 * 1024  # bytes of new log read in one look at most (older ones
 FOLLOW_LOOKS = 3  # looks in a row the master must refuse before a node follows rank 0's
 ORPHANED = "orphaned"  # the decision of a node that followed rank 0's: no limit of its own
 
+PATTERN_SPAN = 500  # characters of a line a progress pattern is matched against, at most
+STEP_DIGITS = re.compile(r"[0-9]{1,18}")  # a step: plain digits, an integer of 64 bits
+PATTERN_GROUPS = ("step", "total", "loss")  # the named groups a progress pattern may have
+
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$")
 _EXPORT = re.compile(r"export ORCH_(NODE_RANK|MASTER_ADDR|MASTER_PORT)=(\S{1,64})$")
 
@@ -74,8 +81,39 @@ def json_object(text):
     return data if isinstance(data, dict) else None
 
 
-def step_of(text):
-    """The step a line of rank 0 reports, or None when it is not a progress line."""
+def compile_pattern(text):
+    """The job's `progress.pattern` compiled, or None: none given, or one that does not
+    compile here (the spec checks it; a node that cannot compile it keeps the JSON rule)."""
+    if not text:
+        return None
+    try:
+        pattern = re.compile(text)
+    except (re.error, TypeError, ValueError, OverflowError, RecursionError):
+        return None
+    return pattern if "step" in pattern.groupindex else None
+
+
+def pattern_fields(text, pattern):
+    """The named groups of `pattern`'s first match in `text` (its first PATTERN_SPAN
+    characters), with `step` an integer; None when it does not match or `step` is not
+    plain digits."""
+    match = pattern.search(text[:PATTERN_SPAN])
+    if match is None:
+        return None
+    fields = match.groupdict()
+    step = (fields.get("step") or "").strip()
+    if not STEP_DIGITS.fullmatch(step):
+        return None
+    fields["step"] = int(step)
+    return fields
+
+
+def step_of(text, pattern=None):
+    """The step a line of rank 0 reports, or None when it is not a progress line: with the
+    job's compiled `pattern`, the lines it matches; without, JSON step lines."""
+    if pattern is not None:
+        fields = pattern_fields(text, pattern)
+        return None if fields is None else fields["step"]
     data = json_object(text)
     # Event lines are not progress, except the final `{"event": "done", "step": N}`.
     if data is None or data.get("event", "done") != "done":
@@ -90,11 +128,13 @@ class ProgressClock:
     `started_at`: when the run started (or, for a run taken over while it trains, when it was
     taken over: `starting` False, its start is past and the stall clock runs from then).
     `steps`: the job printed a step line before (an earlier run): only steps count.
+    `pattern`: the job's compiled `progress.pattern` (None: JSON step lines), for `feed`.
     """
 
-    def __init__(self, started_at, steps=False, starting=True):
+    def __init__(self, started_at, steps=False, starting=True, pattern=None):
         self.origin = started_at  # when the start's clock began
         self.steps = steps
+        self.pattern = pattern
         self.step = None  # the last step read
         self.progress_at = None if starting else started_at
         self.in_setup = False
@@ -105,7 +145,7 @@ class ProgressClock:
         if rank is None and text.startswith(LAUNCH_MARK):
             self.launch_line(text, at)
         elif rank == 0 or (rank is None and unprefixed_is_rank0):
-            self.saw(step_of(text), at)
+            self.saw(step_of(text, self.pattern), at)
 
     def launch_line(self, text, at):
         """A line of the launch script: the setup holds the start's clock."""
@@ -174,19 +214,24 @@ class RunProgress:
         self.steps = False  # a step line was read on this node (in any run)
         self.seen = False  # the master answered during this run
         self.missed = 0  # looks in a row it did not since
+        self.pattern = (None, None)  # the job's progress.pattern: (text, compiled)
 
-    def due(self, now, leader, start_s, stall_s):
+    def due(self, now, leader, start_s, stall_s, pattern=None):
         """(kind, since, message) once the run's start failed ("start"), it stalled
         ("stall"), or its master ended it (ORPHANED); None otherwise, and always while no
-        run trains or neither timeout is set."""
+        run trains or neither timeout is set. `pattern`: the job's `progress.pattern`."""
         if not (start_s or stall_s):
             return None
+        if pattern != self.pattern[0]:
+            self.pattern = (pattern, compile_pattern(pattern))
         rank, master, torchrun = launch_facts(self.guard.job_read("run", "launch.sh"))
         pid = self.guard.job_stat("run", "pid")
         run = None if leader is None else (leader, now if pid is None else min(now, pid.st_mtime))
         if run != self.run:
             self.run, self.seen, self.missed = run, False, 0
             self.clock = run and ProgressClock(run[1], steps=self.steps)
+        if self.clock:
+            self.clock.pattern = self.pattern[1]
         for line in self.new_lines():
             if self.clock and rank == 0:
                 self.clock.feed(line, now, unprefixed_is_rank0=not torchrun)

@@ -19,6 +19,7 @@ from orchestrator.report.data import Marker, ReportData, time_unit
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
 CATEGORY_STYLE: dict[str, dict[str, Any]] = {
     "start": {"color": "#2ca02c", "linestyle": "-", "linewidth": 1.2},
@@ -28,12 +29,34 @@ CATEGORY_STYLE: dict[str, dict[str, Any]] = {
     "controller": {"color": "#9467bd", "linestyle": "-.", "linewidth": 1.2},
     "end": {"color": "#000000", "linestyle": "-", "linewidth": 1.4},
 }
+# What each kind of mark means, in the legend (events by MARKED_EVENTS' categories).
+MARK_LEGEND: dict[str, str] = {
+    "start": "run started (RUNNING)",
+    "interruption": "interrupted (PREEMPTED)",
+    "recovery": "recovery (SALVAGED, RECOVERING, RESUMED)",
+    "controller": "controller (ADOPTED, REBUILT, RESTARTED)",
+    "end": "job ended",
+    "checkpoint": "checkpoint",
+    "unknown": "unknown reading (node gave none)",
+}
+UNKNOWN_STYLE: dict[str, Any] = {"linestyle": "none", "marker": "x", "color": "#555555"}
 # Checkpoints are ticks on the time axis; at most this many of them carry their step.
 MAX_CHECKPOINT_LABELS = 3
 # Two labelled checkpoints are at least this share of the axis apart.
 CHECKPOINT_LABEL_GAP = 0.12
-# Labels of events closer than this share of the axis are put on both sides of their lines.
-LABEL_SPACING = 0.015
+# Event labels: points between a label and its line, and between two labels of a row.
+LABEL_PAD_PT = 2.0
+# Without a loss or throughput from rank 0, what to print so that there is one.
+NO_PROGRESS_HINT = (
+    "rank 0 reported no progress. To draw it, print JSON lines such as\n"
+    '{"step": 12, "loss": 0.53}, or give the job a pattern for its own lines:\n'
+    "progress: {pattern: 'Epoch (?P<step>\\d+)'}  (docs/spec.md#progress)"
+)
+NO_LOSS_HINT = (
+    'rank 0 reported no loss. To draw it, add "loss" to its JSON lines,\n'
+    "or a (?P<loss>...) group to progress.pattern"
+)
+NO_THROUGHPUT_HINT = 'rank 0 reported no throughput ("img_s" in its JSON lines)'
 # A budget more than this many times the spend is noted, not drawn: the curve would be flat.
 BUDGET_SCALE_LIMIT = 4
 # A loss whose largest value is this many times its smallest is drawn on a log scale.
@@ -83,6 +106,29 @@ def labelled_checkpoints(
     return sorted(chosen)
 
 
+def label_rows(
+    spans: Sequence[tuple[float, float]], *, rows: int, gap: float = 0.0
+) -> list[int | None]:
+    """The row (0: the top) of each label, given its horizontal extent (start, end) and in
+    time order: the first row where it keeps `gap` from every label already there; None when
+    no row of `rows` has room (the label is left out, its line stays)."""
+    taken: list[list[tuple[float, float]]] = [[] for _ in range(max(0, rows))]
+    placed: list[int | None] = []
+    for start, end in spans:
+        row = next(
+            (
+                r
+                for r, there in enumerate(taken)
+                if all(end + gap <= a or start >= b + gap for a, b in there)
+            ),
+            None,
+        )
+        if row is not None:
+            taken[row].append((start, end))
+        placed.append(row)
+    return placed
+
+
 def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
     """The report as a matplotlib figure on an Agg canvas of its own: GPU utilization per
     node (or the job's CPU use without GPUs), rank 0's loss and step, its throughput, and
@@ -125,9 +171,11 @@ def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
     decimals = _decimals_for(spend_axes.get_ylim()[1])
     spend_axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _: rf"\${v:,.{decimals}f}"))
     panels = (util_axes, loss_axes, rate_axes, spend_axes)
+    event_labels: list[tuple[Text, float]] = []
     for axes in panels:
         axes.set_xlim(0, span / divisor)
-        _draw_markers(axes, data.markers, x, labelled=axes is util_axes)
+        labels_here = _draw_markers(axes, data.markers, x, labelled=axes is util_axes)
+        event_labels += labels_here
         _draw_checkpoints(axes, data.markers, x, labelled=axes is spend_axes)
         axes.grid(True, alpha=0.3)
         if axes is not spend_axes:
@@ -136,6 +184,9 @@ def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
         handles, labels = axes.get_legend_handles_labels()
         if axes is loss_axes and step_axes is not None:
             more = step_axes.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        if axes is spend_axes:  # every kind of event line drawn, explained once
+            more = _event_legend(data.markers)
             handles, labels = handles + more[0], labels + more[1]
         if handles:
             # The step axis's numbers and label sit right of the loss panel: its legend goes
@@ -149,6 +200,9 @@ def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
     spend_axes.set_xlabel(
         f"time since submission ({unit}); submitted {data.start:%Y-%m-%d %H:%M:%S} UTC"
     )
+    if event_labels:
+        figure.draw_without_rendering()  # the panels' places and the labels' sizes
+        _place_event_labels(util_axes, event_labels)
     return figure
 
 
@@ -162,7 +216,9 @@ def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
 def _note(axes: Axes, text: str) -> None:
     """A grey note in the middle of a panel that has nothing to draw."""
     axes.text(
-        0.5, 0.5, text, transform=axes.transAxes, ha="center", va="center", color="#555555",
+        0.5, 0.5, _text(text), transform=axes.transAxes, ha="center", va="center",
+        color="#555555", zorder=5,
+        bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#cccccc"},
     )  # fmt: skip
 
 
@@ -200,8 +256,8 @@ def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
         unknown = [x(t) for t in series.unknown_times]
         if unknown:
             axes.plot(
-                unknown, [0.0] * len(unknown), linestyle="none", marker="x", color="#555555",
-                label=None if unknown_drawn else "unknown reading", clip_on=False,
+                unknown, [0.0] * len(unknown), **UNKNOWN_STYLE, clip_on=False, gid="mark:unknown",
+                label="_" if unknown_drawn else MARK_LEGEND["unknown"],
             )  # fmt: skip
             unknown_drawn = True
         top = max([top, *(v for v in values if not math.isnan(v))])
@@ -224,7 +280,7 @@ def _draw_progress(loss_axes: Axes, rate_axes: Axes, data: ReportData, x: Any) -
         if low > 0 and high / low >= LOG_LOSS_RATIO:
             loss_axes.set_yscale("log")
     else:
-        _note(loss_axes, "rank 0 reported no loss" if points else "rank 0 reported no progress")
+        _note(loss_axes, NO_LOSS_HINT if points else NO_PROGRESS_HINT)
     steps = None
     if points:
         steps = loss_axes.twinx()
@@ -241,7 +297,7 @@ def _draw_progress(loss_axes: Axes, rate_axes: Axes, data: ReportData, x: Any) -
         )  # fmt: skip
         rate_axes.set_ylim(0, max(v for _, v in rates) * 1.15 or 1.0)
     else:
-        _note(rate_axes, "rank 0 reported no throughput")
+        _note(rate_axes, NO_THROUGHPUT_HINT)
     return steps
 
 
@@ -271,28 +327,71 @@ def _draw_spend(axes: Axes, data: ReportData, x: Any) -> None:
         _note(axes, "nothing billed")
 
 
-def _draw_markers(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool) -> None:
-    """Every event but the checkpoints: a vertical line, labelled on the `labelled` panel."""
-    low, high = axes.get_xlim()
-    near = (high - low) * LABEL_SPACING
-    previous: tuple[float, str] | None = None  # position and side of the last label
+def _draw_markers(
+    axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool
+) -> list[tuple[Text, float]]:
+    """Every event but the checkpoints: a vertical line; on the `labelled` panel its label,
+    returned with its line's position to be placed (`_place_event_labels`) once the figure's
+    layout is known."""
+    labels = []
     for marker in markers:
         if marker.category == "checkpoint":
             continue
         position = x(marker.at)
-        axes.axvline(position, alpha=0.8, **CATEGORY_STYLE[marker.category])
+        axes.axvline(
+            position, alpha=0.8, gid=f"mark:{marker.category}", **CATEGORY_STYLE[marker.category]
+        )
         if not labelled:
             continue
-        # A label sits left of its line; one close to the previous label goes to the right.
-        side = "right"
-        if previous is not None and position - previous[0] < near and previous[1] == "right":
-            side = "left"
-        previous = (position, side)
-        axes.text(
-            position, 0.98, f" {_text(marker.label)} ", transform=axes.get_xaxis_transform(),
-            rotation=90, va="top", ha=side, fontsize=7,
-            color=CATEGORY_STYLE[marker.category]["color"],
+        text = axes.text(
+            position, 0.98, _text(marker.label), transform=axes.get_xaxis_transform(),
+            va="top", ha="left", fontsize=7, color=CATEGORY_STYLE[marker.category]["color"],
+            gid="event-label", bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                                     "alpha": 0.85, "edgecolor": "none"},
         )  # fmt: skip
+        text.set_in_layout(False)  # placed after the layout: it must not move the panels
+        labels.append((text, position))
+    return labels
+
+
+def _place_event_labels(axes: Axes, labels: Sequence[tuple[Text, float]]) -> None:
+    """Each label beside its line (right of it, or left where the panel ends), in the first
+    row from the top where it overlaps no other label (`label_rows`); one that finds no row
+    in the panel's upper part is left out (the legend still tells its line)."""
+    renderer = axes.figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    frame = axes.get_window_extent(renderer)
+    pad = LABEL_PAD_PT * axes.figure.dpi / 72
+    spans: list[tuple[float, float]] = []
+    height = 0.0
+    for text, position in labels:
+        box = text.get_window_extent(renderer)
+        line = axes.transData.transform((position, 0.0))[0]
+        start = line + pad if line + pad + box.width <= frame.x1 else line - pad - box.width
+        spans.append((start, start + box.width))
+        height = max(height, box.height)
+    row_height = height + pad
+    rows = int(frame.height * 0.75 // row_height) if row_height > 0 else 0
+    top = frame.y1 - pad
+    placed = label_rows(spans, rows=rows, gap=pad)
+    for (text, _), (start, _end), row in zip(labels, spans, placed, strict=True):
+        if row is None:
+            text.remove()
+            continue
+        # Its box's corner in the panel's own fractions, so the placement holds at any size.
+        text.set_transform(axes.transAxes)
+        text.set_position(
+            ((start - frame.x0) / frame.width, (top - row * row_height - frame.y0) / frame.height)
+        )
+        text.set_horizontalalignment("left")
+
+
+def _event_legend(markers: Sequence[Marker]) -> tuple[list[Any], list[str]]:
+    """Legend entries for the kinds of event line drawn, in the order they are first met."""
+    from matplotlib.lines import Line2D
+
+    kinds = list(dict.fromkeys(m.category for m in markers if m.category != "checkpoint"))
+    handles = [Line2D([], [], **CATEGORY_STYLE[kind]) for kind in kinds]
+    return handles, [MARK_LEGEND[kind] for kind in kinds]
 
 
 def _draw_checkpoints(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled: bool) -> None:
@@ -306,7 +405,8 @@ def _draw_checkpoints(axes: Axes, markers: Sequence[Marker], x: Any, *, labelled
     axes.plot(
         positions, [0.0] * len(positions), linestyle="none", marker="|", markersize=12,
         markeredgewidth=1.5, color=color, transform=axes.get_xaxis_transform(), clip_on=False,
-        label=f"checkpoint ({len(positions)})" if labelled else None,
+        label=f"{MARK_LEGEND['checkpoint']} ({len(positions)})" if labelled else "_",
+        gid="mark:checkpoint",
     )  # fmt: skip
     if not labelled:
         return

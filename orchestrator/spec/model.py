@@ -11,6 +11,7 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
     checkpoint: {dir: ~/ckpt, pull_every: 60, store: s3://bucket/prefix, mirror: latest}
     budget: {max_cost_usd: 20, idle_timeout: 600, max_runtime: 4h}
     recovery: {max_recoveries: 5}
+    progress: {pattern: 'Epoch (?P<step>[0-9]+)'}   # steps of a script that prints plain text
     env: {NCCL_DEBUG: WARN, RUN_NAME: "${USER}-cifar"}   # ${VAR}: from the submitting shell
     secrets: {WANDB_API_KEY: null}  # null: the submitting shell's $WANDB_API_KEY; never shown
     deadline: 36h                   # or an absolute time: 2025-07-01T18:00:00Z
@@ -60,6 +61,7 @@ from pydantic import (
 )
 
 from orchestrator.spec.placement import Image, InstanceTypes, Ports, Regions, Zones, zone_region
+from orchestrator.spec.progress import ProgressSpec
 from orchestrator.spec.values import (
     _DEADLINE_POLICIES,
     MAX_DURATION_S,
@@ -91,6 +93,7 @@ __all__ = [
     "Launcher",
     "MirrorMode",
     "JobSpec",
+    "ProgressSpec",
     "LoadedJob",
     "Recovery",
     "Resources",
@@ -361,7 +364,7 @@ class Recovery(_Model):
 SECRET_HIDDEN = "(hidden)"
 """What `JobSpec.public_document` shows instead of a `secrets` value."""
 
-_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env", "secrets")
+_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env", "secrets", "progress")
 
 
 class JobSpec(_Model):
@@ -391,6 +394,9 @@ class JobSpec(_Model):
     )
     budget: Budget = Field(default_factory=Budget, description="spend and time limits")
     recovery: Recovery = Field(default_factory=Recovery, description="spot/node-loss recovery")
+    progress: ProgressSpec = Field(
+        default_factory=ProgressSpec, description="how rank 0's steps are read from its output"
+    )
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         description="extra environment variables for setup and run: settings, shown by status "

@@ -20,6 +20,7 @@ from orchestrator.spec.model import (
     CheckpointSpec,
     DataMount,
     JobSpec,
+    ProgressSpec,
     Recovery,
     Resources,
 )
@@ -40,6 +41,7 @@ _KNOWN_FIELDS: dict[tuple[str, ...], list[str]] = {
     ("checkpoint",): _fields_of(CheckpointSpec),
     ("budget",): _fields_of(Budget),
     ("recovery",): _fields_of(Recovery),
+    ("progress",): _fields_of(ProgressSpec),
     ("data", "[]"): _fields_of(DataMount),
 }
 

@@ -4,7 +4,8 @@
   workdir every second (as Lightning rewrites `last.ckpt` every epoch): never quiet for the
   agent's second, the snapshot still reaches the mirror while the job runs, and when node 0
   dies without notice the loss is found within 10 s and the job resumes from a recent save
-  instead of starting over;
+  instead of starting over. It prints the tutorial's plain `[GPU0] Epoch N | ...` lines, no
+  JSON step line: its `progress.pattern` makes its epochs the job's steps;
 - a sharded DCP job whose ranks each own a tensor and that resumes the newest step it finds
   (as torchtitan does): when node 1 dies without notice right after a save, its shards of that
   step never taken, the step node 0 still holds is set aside and every rank loads exactly what
@@ -65,9 +66,10 @@ def test_a_snapshot_saved_every_second_is_mirrored_and_resumed_after_node_0_is_l
     spec.write_text(
         "name: tutorial\n"
         f"workdir: {work}\n"
-        "run: python snapshot_train.py --epochs 40 --epoch-s 0.9 --save-every 1\n"
+        "run: python snapshot_train.py --epochs 40 --epoch-s 0.9 --save-every 1 --plain\n"
         "resources: {nodes: 2, gpus_per_node: 2, spot: true}\n"
         "checkpoint: {dir: .}\n"  # the default pull_every (60 s): saves are seen, not polled
+        "progress: {pattern: '\\[GPU0\\] Epoch (?P<step>\\d+) \\|'}\n"
         "env: {OMP_NUM_THREADS: '1'}\n"
     )
     home = tmp_path / "orch"
@@ -85,7 +87,7 @@ def test_a_snapshot_saved_every_second_is_mirrored_and_resumed_after_node_0_is_l
     taken = preempt(job_id, env, node=0, notice=0)
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=300)
     assert job["state"] == "SUCCEEDED", job["events"][-10:]
-    assert job["recoveries"] == 1 and job["step"] == 40
+    assert job["recoveries"] == 1 and job["step"] == 39  # the last epoch's line: `Epoch 39`
     detected = datetime.fromisoformat(events(job, "PREEMPTED")[0]["at"])
     assert (detected - datetime.fromisoformat(taken["reclaimed_at"])).total_seconds() <= 10
 

@@ -15,8 +15,10 @@ from typing import TypeVar
 
 import pytest
 
+from orchestrator.cluster.activity import CPU_KEY, ActivityThresholds, JobActivity
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.gpu_watch import CpuWatcher, GpuWatcher
+from orchestrator.ledger.store import GpuSampleRecord, utcnow
 from orchestrator.node.gpu import DEFAULT_CPU_THRESHOLD_PCT, IdlePolicy, NodeGpuState, node_busy
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 from orchestrator.remote.ssh import NodeConnection
@@ -251,3 +253,51 @@ def test_cpu_fallback_reads_the_jobs_session(node: NodeConnection) -> None:
             f"for d in {layout.run_dir} sleeper; do kill -9 -- -$(cat $d/pid) 2>/dev/null; done; "
             "true"
         )
+
+
+# --- the samples a job's report draws start with its run ------------------------------------
+SAMPLED_EVERY = 2.0  # the watch interval of the tests below
+
+
+def sampled_from_running(cluster: Cluster, layout: NodeLayout) -> list[tuple[float, int, bool]]:
+    """Watch the job's activity as the supervisor does from RUNNING (started, then a check at
+    once and one each interval) for three checks: each sample kept, as (seconds after RUNNING
+    of its time, GPU index, known), in time order."""
+    recorded: list[GpuSampleRecord] = []
+    activity = JobActivity(
+        layout.job_id, cluster, layout, interval_s=SAMPLED_EVERY, gpus_per_node=2,
+        idle_timeout_s=None, thresholds=ActivityThresholds(sample_every=30.0),
+        record=recorded.extend,
+    )  # fmt: skip
+    running_at = utcnow()
+    activity.start()
+    try:
+        for check in range(3):
+            activity.tick()
+            if check < 2:
+                time.sleep(SAMPLED_EVERY)
+    finally:
+        activity.stop()
+    return sorted(((r.at - running_at).total_seconds(), r.gpu, r.ok) for r in recorded)
+
+
+def test_gpu_samples_start_when_the_run_does(cluster: Cluster, node: NodeConnection) -> None:
+    samples = sampled_from_running(cluster, NodeLayout("gpu-job"))
+    assert {gpu for _, gpu, _ in samples} == {0, 1} and all(ok for *_, ok in samples), samples
+    # nvidia-smi's first record, not the check an interval later that would have kept it
+    assert [at for at, gpu, _ in samples if gpu == 0][0] <= 1.5, samples
+    assert [at for at, gpu, _ in samples if gpu == 1][0] <= 1.5, samples
+
+
+def test_cpu_samples_start_when_the_run_does(cluster: Cluster, node: NodeConnection) -> None:
+    layout = NodeLayout("busy-job")
+    node.run("rm -f bin/nvidia-smi")  # a CPU node: the job's own CPU use is read
+    start_session(node, layout.run_dir, "busy", "/bin/bash", "-c", "while :; do :; done")
+    try:
+        samples = sampled_from_running(cluster, layout)
+    finally:
+        node.run(f"kill -9 -- -$(cat {layout.run_dir}/pid) 2>/dev/null; true")
+    assert samples and {gpu for _, gpu, _ in samples} == {CPU_KEY}, samples  # no phantom GPU
+    at, _, known = samples[0]
+    # the first rate covers the run from its first check on, and is drawn from there
+    assert known and at <= 1.5, samples

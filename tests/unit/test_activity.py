@@ -24,6 +24,9 @@ class FakeGpu:
     def latest(self, now: float) -> NodeGpuState:
         return self.state
 
+    def wait_answer(self, timeout_s: float) -> bool:
+        return self.state.available is not None
+
     def start(self) -> None:
         self.started = True
 
@@ -35,8 +38,12 @@ class FakeGpu:
 class FakeCpu:
     percent: float | None = None
     error: str | None = None  # why the last sample was unknown, as CpuWatcher says
+    since: float | None = None  # when the use the last sample returned began
+    last_at: float | None = None
 
-    def sample(self) -> float | None:
+    def sample(self, now: float) -> float | None:
+        if self.percent is not None or self.error is None:  # a good reading
+            self.since, self.last_at = self.last_at, now
         return self.percent
 
 

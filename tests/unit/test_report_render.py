@@ -17,7 +17,15 @@ from PIL import Image
 from orchestrator.config import Settings
 from orchestrator.ledger.store import Ledger
 from orchestrator.report.documents import job_document
-from orchestrator.report.render import draw_figure, labelled_checkpoints, render_html, render_png
+from orchestrator.report.render import (
+    CATEGORY_STYLE,
+    MARK_LEGEND,
+    draw_figure,
+    label_rows,
+    labelled_checkpoints,
+    render_html,
+    render_png,
+)
 from orchestrator.report.write import report_data, write_report
 from tests.unit.test_report_data import (
     at,
@@ -131,12 +139,115 @@ def test_the_report_draws_rank_0_s_loss_step_and_throughput_beside_gpu_use_and_s
     assert {axes.get_xlim() for axes in by_label.values()} == {(0.0, 200.0)}
 
 
-def test_a_job_without_progress_says_so_instead_of_drawing_nothing(tmp_path: Path) -> None:
+def test_a_job_without_progress_says_how_to_report_it(tmp_path: Path) -> None:
     ledger = ledger_with(tmp_path, make_job(), [lease("a", "1", 1, 30)])
     figure = draw_figure(report_data(ledger, "rep-1", now=at(60)))
-    assert "rank 0 reported no progress" in texts(figure)
-    assert "rank 0 reported no throughput" in texts(figure)
+    (note,) = [t for t in texts(figure) if t.startswith("rank 0 reported no progress")]
+    assert '{"step": 12, "loss": 0.53}' in note  # what to print
+    assert "progress: {pattern: 'Epoch (?P<step>\\d+)'}" in note  # or the pattern to give
+    assert "docs/spec.md#progress" in note
+    assert any(t.startswith("rank 0 reported no throughput") for t in texts(figure))
     assert "step" not in panels(figure)
+    stepped = ledger_with(tmp_path / "s", make_job(), [lease("a", "1", 1, 30), progress(9, 3)])
+    figure = draw_figure(report_data(stepped, "rep-1", now=at(60)))
+    (note,) = [t for t in texts(figure) if t.startswith("rank 0 reported no loss")]
+    assert "(?P<loss>...) group to progress.pattern" in note
+
+
+def recovered_job(tmp_path: Path) -> Ledger:
+    """A spot job whose node was reclaimed, recovered within seconds, reclaimed again and
+    recovered, its controller taken over in between: eleven events inside 15 s of 300."""
+    rows: list[object] = [lease("a", "1", 1, 95), lease("b", "1", 96, 300), event("RUNNING", 5)]
+    for start in (90, 100):
+        rows += [
+            event("PREEMPTED", start, "node 0 reclaimed", step=40),
+            event("SALVAGED", start + 1, "kept snapshot.pt", step=40),
+            event("RECOVERING", start + 1.5, step=40),
+            event("RESUMED", start + 4, "from snapshot.pt", step=40),
+        ]
+    rows += [event("ADOPTED", 97), event("RESTARTED", 103), event("SUCCEEDED", 290)]
+    rows += [event("CHECKPOINT", 20 + 10 * i, "pulled snapshot.pt", step=4 * i) for i in range(25)]
+    rows += [
+        sample(0, 0, 10 + 5 * i, None if i % 9 == 4 else 80.0, ok=i % 9 != 4) for i in range(56)
+    ]
+    rows += [progress(10 + 10 * i, 4 * i, 2.0 - 0.05 * i) for i in range(28)]
+    return ledger_with(tmp_path, make_job(state="SUCCEEDED", ended=at(300)), rows)
+
+
+EVENT_LABELS = sorted(
+    ["RUNNING", "ADOPTED", "RESTARTED", "SUCCEEDED"]
+    + [f"{kind} @40" for kind in ("PREEMPTED", "SALVAGED", "RECOVERING", "RESUMED")] * 2
+)
+
+
+def event_lines(axes: Axes) -> list[Line2D]:
+    """The vertical lines of the events drawn across `axes`."""
+    return [
+        line
+        for line in axes.get_lines()
+        if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]
+    ]
+
+
+def test_event_labels_never_overlap_however_close_the_events(tmp_path: Path) -> None:
+    figure = draw_figure(report_data(recovered_job(tmp_path), "rep-1", now=at(400)))
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    labels = [t for t in figure.findobj(Text) if t.get_text().strip() in EVENT_LABELS]
+    assert sorted(t.get_text().strip() for t in labels) == EVENT_LABELS  # none left out
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    overlapping = [
+        (labels[i].get_text(), labels[j].get_text())
+        for i, a in enumerate(boxes)
+        for j, b in enumerate(boxes[i + 1 :], start=i + 1)
+        if a.overlaps(b)
+    ]
+    assert overlapping == []
+    util_axes = panels(figure)["GPU utilization (%)"]
+    util = util_axes.get_window_extent(renderer)
+    assert all(util.x0 <= box.x0 and box.x1 <= util.x1 for box in boxes)  # inside its panel
+    for text, box in zip(labels, boxes, strict=True):  # each beside a line of its colour
+        lines = [
+            line.get_transform().transform((line.get_xdata()[0], 0))[0]
+            for line in event_lines(util_axes)
+            if line.get_color() == text.get_color()
+        ]
+        assert min(min(abs(box.x0 - x), abs(box.x1 - x)) for x in lines) < 6, text.get_text()
+
+
+def test_label_rows_stack_close_labels_and_leave_out_what_does_not_fit() -> None:
+    spans = [(0.0, 10.0), (5.0, 15.0), (12.0, 20.0), (30.0, 40.0), (6.0, 7.0)]
+    assert label_rows(spans, rows=3) == [0, 1, 0, 0, 2]
+    assert label_rows(spans, rows=2) == [0, 1, 0, 0, None]
+    assert label_rows([(0.0, 10.0), (10.5, 12.0)], rows=2, gap=1.0) == [0, 1]
+
+
+def test_the_legend_tells_every_kind_of_mark_drawn(tmp_path: Path) -> None:
+    figure = draw_figure(report_data(recovered_job(tmp_path), "rep-1", now=at(400)))
+    by_colour = {style["color"]: kind for kind, style in CATEGORY_STYLE.items()}
+    drawn: dict[str, Line2D] = {}
+    for axes in figure.axes:
+        drawn.update((by_colour[line.get_color()], line) for line in event_lines(axes))
+        drawn.update(("unknown", line) for line in axes.get_lines() if line.get_marker() == "x")
+        drawn.update(("checkpoint", line) for line in axes.get_lines() if line.get_marker() == "|")
+    assert set(drawn) == {
+        "start", "interruption", "recovery", "controller", "end", "checkpoint", "unknown",
+    }  # fmt: skip
+    entries: dict[str, Line2D] = {}
+    for axes in figure.axes:
+        legend = axes.get_legend()
+        if legend is not None:
+            entries.update(
+                zip([t.get_text() for t in legend.get_texts()], legend.legend_handles, strict=True)
+            )
+    for kind, line in drawn.items():
+        named = [n for n in entries if n.startswith(MARK_LEGEND[kind])]
+        assert len(named) == 1, f"{kind}: no legend entry in {sorted(entries)}"
+        handle = entries[named[0]]
+        assert (handle.get_color(), handle.get_linestyle(), handle.get_marker()) == (
+            line.get_color(), line.get_linestyle(), line.get_marker()
+        ), kind  # fmt: skip
+    assert "unknown reading (node gave none)" in entries
 
 
 def test_checkpoints_are_ticks_on_the_time_axis_with_a_few_labels_that_do_not_overlap(

@@ -46,7 +46,10 @@ class FakeNode:
         return SimpleNamespace(stdout=new.decode(), stdout_bytes=new, cut=False)
 
 
-def watch_of(nodes: list[FakeNode], tmp_path: Path) -> tuple[RunWatch, list[Metrics], list[str]]:
+def watch_of(
+    nodes: list[FakeNode], tmp_path: Path, **options: Any
+) -> tuple[RunWatch, list[Metrics], list[str]]:
+    """A run watch of `nodes`, with the watch's `options`: what it reports, and its lines."""
     cluster = SimpleNamespace(
         instances=[SimpleNamespace(instance_id=f"i-{rank}") for rank in range(len(nodes))],
         connections=nodes,
@@ -56,6 +59,7 @@ def watch_of(nodes: list[FakeNode], tmp_path: Path) -> tuple[RunWatch, list[Metr
     watch = RunWatch(
         cast(Cluster, cluster), launch.NodeLayout("job-1"), tmp_path / "logs",
         on_metrics=lambda m, _at: metrics.append(m), on_line=lines.append, probe_timeout=5,
+        **options,
     )  # fmt: skip
     return watch, metrics, lines
 
