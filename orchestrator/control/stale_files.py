@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from orchestrator.cluster.checkpoints.kept_summary import age_text
 from orchestrator.node.checkpoint_files import DCP_METADATA, skipped
 from orchestrator.remote.listing import synced_files
 from orchestrator.spec.model import LoadedJob
@@ -82,18 +83,6 @@ class StaleFile:
             "modified_at": self.modified_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "age_s": round(max(0.0, (now - self.modified_at).total_seconds())),
         }
-
-
-def age_text(seconds: float) -> str:
-    """How old, as people say it: "40 s", "12 min", "5 h", "3 days"."""
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 36 * 3600:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} days"
 
 
 def size_text(size: int) -> str:
