@@ -28,6 +28,7 @@ from orchestrator.config import Settings
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.local.provider import LocalProvider
 from tests.support.helpers import REPO, Background, job_json, orch_env, run_orch, wait_for_state
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -59,11 +60,20 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     )
     spec = base / "job.yaml"
     spec.write_text(
-        f"name: report\nworkdir: work\n"
-        f'run: python -c "import time; time.sleep({RUN_SECONDS})"\n'
+        "name: report\nworkdir: work\n"
+        "run: python hold.py\n"
         "data: [{src: node-bin, dst: ~/bin}]\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"
         "budget: {max_cost_usd: 0.05}\n"
+    )
+    # The run lasts RUN_SECONDS at least, and until the test has seen node 1's new reading
+    # recorded: under load, a fixed run could end before the reading changed.
+    (base / "work" / "hold.py").write_text(
+        "import os, time\n"
+        "start = time.monotonic()\n"
+        f"while time.monotonic() - start < {RUN_SECONDS} or not os.path.exists("
+        "os.path.expanduser('~/go')):\n"
+        "    time.sleep(0.2)\n"
     )
     home = base / "orch"
     env = orch_env(
@@ -91,6 +101,14 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         leaver.proc.send_signal(signal.SIGINT)
         left_code = leaver.finish(timeout=30)
         state_after_leaving = job_json(job_id, env)["state"]
+        wait_until(
+            lambda: any(
+                (g["node"], g["util_pct"]) == (1, 45) for g in job_json(job_id, env)["gpus"]
+            ),
+            "node 1's new GPU reading recorded", timeout=120, interval=0.5,
+        )  # fmt: skip
+        for lease in job["leases"]:
+            (home / "local" / "nodes" / lease["instance_id"] / "disk" / "go").touch()
         watch_code = watcher.finish(timeout=240)
         watch_seconds = time.monotonic() - started
         state_after_watch = job_json(job_id, env)["state"]
