@@ -83,6 +83,7 @@ if __package__:
     from orchestrator.node.checkpoint_restore import restore
     from orchestrator.node.checkpoint_uploads import Uploads
     from orchestrator.node.checkpoint_whole import finished
+    from orchestrator.node.node_kit import dumps, write_file
 else:  # the program on a node: its modules are beside it
     from checkpoint_capture import QUIET_S, TAKE, TRY, UNCAPTURED_MIN_S, WAIT, History, decide
     from checkpoint_copy import CHANGED, NOT_WHOLE, stage
@@ -100,6 +101,7 @@ else:  # the program on a node: its modules are beside it
     from checkpoint_restore import restore
     from checkpoint_uploads import Uploads
     from checkpoint_whole import finished
+    from node_kit import dumps, write_file
 
 MODULES = (
     "checkpoint_capture.py",
@@ -110,6 +112,7 @@ MODULES = (
     "checkpoint_stores.py",
     "checkpoint_uploads.py",
     "checkpoint_whole.py",
+    "node_kit.py",
 )  # sent to the node beside this file
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
@@ -122,11 +125,7 @@ NO_RUN_EXIT_S = 3600.0  # no run was started this long after the agent: nobody w
 
 
 def _write_json(path: str, document: object, mode: int = 0o644) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump(document, handle, separators=(",", ":"))
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_file(path, dumps(document), mode)
 
 
 class Agent:

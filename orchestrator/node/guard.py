@@ -84,25 +84,19 @@ if __package__:
     )
     from orchestrator.node.guard_limits import TransferWatch, armed_anchor, in_force
     from orchestrator.node.guard_seal import lease_problem
+    from orchestrator.node.node_kit import log, utc
     from orchestrator.node.run_progress import RunProgress
 else:  # the program on a node: its modules are beside it
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
     from guard_limits import TransferWatch, armed_anchor, in_force
     from guard_seal import lease_problem
+    from node_kit import log, utc
     from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
 # sent to the node beside this file
-MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "run_progress.py")
-
-
-def utc(epoch):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
-def log(message):
-    print(f"{utc(time.time())} {message}", flush=True)
+MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "node_kit.py", "run_progress.py")
 
 
 def session_pids(leader):
