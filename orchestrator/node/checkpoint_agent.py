@@ -1,8 +1,9 @@
 """The checkpoint agent: runs detached on every node of a job and makes checkpoints safe to copy.
 
-orch sends this file to the node, with the modules it imports from beside it (`MODULES`), and
-starts it (`watch`) after the sync and before the run. It looks at the job's checkpoint
-directory every `interval_s` seconds and stages what the run writes there:
+The `checkpoint-agent` program of the node runtime (`orchestrator.node.runtime`), which holds
+the modules it imports beside it (`MODULES`). orch starts it (`watch`) after the sync and
+before the run. It looks at the job's checkpoint directory every `interval_s` seconds and
+stages what the run writes there:
 
 - A file is staged when its current version has no copy yet and `checkpoint_capture.decide`
   says so: a zip (what `torch.save` writes) or a `.safetensors` file at the first look where
@@ -43,8 +44,8 @@ checkpoint directory (`checkpoint_restore`).
 
 Stdlib only, Python 3.8 or newer (boto3 for an `s3://` store); it never imports torch.
 
-    python3 checkpoint_agent.py watch --config agent.json
-    python3 checkpoint_agent.py restore < plan.json
+    python3 orch-node-<version>.pyz checkpoint-agent watch --config agent.json
+    python3 orch-node-<version>.pyz checkpoint-agent restore < plan.json
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ MODULES = (
     "checkpoint_uploads.py",
     "checkpoint_whole.py",
     "node_kit.py",
-)  # sent to the node beside this file
+)  # in the node runtime beside this file (`orchestrator.node.runtime`)
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
 EVENTS = "events"

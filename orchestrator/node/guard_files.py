@@ -1,6 +1,6 @@
 """What the node's guard reads and writes, never through a symlink.
 
-Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+Part of the guard program (`orchestrator.node.guard`), in the node runtime beside it: standard
 library only, Python 3.8 or newer. A guard that runs as root reads and writes in folders the
 login user (and so the job's code) owns: every part of such a path is opened with
 O_NOFOLLOW from a folder the guard trusts, every file it reads must be a regular one (a FIFO
