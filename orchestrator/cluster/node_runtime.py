@@ -10,10 +10,12 @@ from orchestrator.node import runtime
 from orchestrator.remote.ssh import NodeConnection
 
 
-def ensure_runtime(connection: NodeConnection, timeout: float = 60.0) -> bool:
+def ensure_runtime(connection: NodeConnection, timeout: float = 60.0, before: str = "") -> bool:
     """Make sure the node of `connection` holds this version of the runtime; True when it
-    had to be sent. Raises what `NodeConnection.run` raises."""
-    if runtime.has_runtime(connection.run(runtime.check_command(), timeout=timeout).stdout):
+    had to be sent. `before`: shell text run first, in the same command (a program's folder
+    made); its failure fails the call. Raises what `NodeConnection.run` raises."""
+    check = f"{before} && {runtime.check_command()}" if before else runtime.check_command()
+    if runtime.has_runtime(connection.run(check, timeout=timeout).stdout):
         return False
     connection.run(runtime.install_command(), stdin=runtime.install_input(), timeout=timeout)
     return True

@@ -161,6 +161,11 @@ class AgentConfig:
         }
 
 
+def folder_command(layout: AgentLayout) -> str:
+    """Make the agent's folder (run with the runtime's check, when the agents are sent)."""
+    return f"mkdir -p {home_expr(layout.root)}"
+
+
 def arm_command(layout: AgentLayout) -> str:
     """Start the agent detached (stdin: the config as JSON); a no-op while one runs.
 

@@ -106,7 +106,7 @@ def program_command(program: str, *args: str, path: str | None = None) -> str:
 
 def check_command() -> str:
     """Print `HAVE_MARK` when the node holds this version of the runtime (`has_runtime`)."""
-    return f"if [ -f {home_expr(node_path())} ]; then echo {HAVE_MARK}; fi; true"
+    return f"if [ -f {home_expr(node_path())} ]; then echo {HAVE_MARK}; fi"  # exits 0 either way
 
 
 def has_runtime(output: str) -> bool:

@@ -73,6 +73,7 @@ from orchestrator.node.checkpoint_protocol import (
     RestoreItem,
     StoreAccess,
     arm_command,
+    folder_command,
     follow_command,
     restore_command,
     restore_error,
@@ -272,7 +273,8 @@ class CheckpointKeeper:
             event.set()
 
     def _install(self, cluster: Cluster) -> None:
-        cluster.map(lambda rank, c: ensure_runtime(c))
+        folder = folder_command(self.layout)
+        cluster.map(lambda rank, c: ensure_runtime(c, before=folder))
 
     def _arm(
         self,
