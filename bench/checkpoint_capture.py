@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import machine  # noqa: E402
-from orchestrator.node.checkpoint_protocol import agent_program  # noqa: E402
+from orchestrator.node import runtime  # noqa: E402
 
 RATES_S = (0.5, 1.0, 2.0)
 TARGETS = {0.5: ">= 0.3", 1.0: ">= 0.5", 2.0: ">= 0.8"}  # share of saves captured
@@ -97,7 +97,7 @@ def start_agent(program: Path, root: Path, label: str, *, take_at_look: bool) ->
     }  # fmt: skip
     (state / "config.json").write_text(json.dumps(config))
     process = subprocess.Popen(
-        [sys.executable, str(program / "checkpoint_agent.py"), "watch", "--config",
+        [sys.executable, str(program), "checkpoint-agent", "watch", "--config",
          str(state / "config.json")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -110,10 +110,8 @@ def trial(every: float, seconds: float, mb: int, burners: int) -> dict[str, tupl
     """One rate: {agent: (saves, captured, not a save)}."""
     with tempfile.TemporaryDirectory(prefix="orch-capture-bench-") as tmp:
         root = Path(tmp)
-        program = root / "program"
-        program.mkdir()
-        for name, text in agent_program().items():
-            (program / name).write_text(text)
+        program = root / runtime.file_name()  # the node runtime, as on a node
+        program.write_bytes(runtime.build())
         (root / "ckpt").mkdir()
         (root / "run").mkdir()
         sleeper = subprocess.Popen(["sleep", str(seconds + 60)])  # the run the agents watch

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.node_runtime import ensure_runtime
 from orchestrator.errors import OrchError
 from orchestrator.node.spot_notice import SpotNotice, parse_poller_line, poller_command
 from orchestrator.remote.ssh import NodeConnection
@@ -82,6 +83,7 @@ class NoticeWatcher:
 
     def _run_poller(self, rank: int, connection: NodeConnection) -> bool:
         """Run the poller until it exits; True when it said the node has no endpoint."""
+        ensure_runtime(connection)
         lines = connection.stream(self.commands[rank])
         with self._lock:
             self._streams[rank] = lines

@@ -1,8 +1,9 @@
 """The checkpoint agent: runs detached on every node of a job and makes checkpoints safe to copy.
 
-orch sends this file to the node, with the modules it imports from beside it (`MODULES`), and
-starts it (`watch`) after the sync and before the run. It looks at the job's checkpoint
-directory every `interval_s` seconds and stages what the run writes there:
+The `checkpoint-agent` program of the node runtime (`orchestrator.node.runtime`), which holds
+the modules it imports beside it (`MODULES`). orch starts it (`watch`) after the sync and
+before the run. It looks at the job's checkpoint directory every `interval_s` seconds and
+stages what the run writes there:
 
 - A file is staged when its current version has no copy yet and `checkpoint_capture.decide`
   says so: a zip (what `torch.save` writes) or a `.safetensors` file at the first look where
@@ -43,8 +44,8 @@ checkpoint directory (`checkpoint_restore`).
 
 Stdlib only, Python 3.8 or newer (boto3 for an `s3://` store); it never imports torch.
 
-    python3 checkpoint_agent.py watch --config agent.json
-    python3 checkpoint_agent.py restore < plan.json
+    python3 orch-node-<version>.pyz checkpoint-agent watch --config agent.json
+    python3 orch-node-<version>.pyz checkpoint-agent restore < plan.json
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ if __package__:
     from orchestrator.node.checkpoint_restore import restore
     from orchestrator.node.checkpoint_uploads import Uploads
     from orchestrator.node.checkpoint_whole import finished
+    from orchestrator.node.node_kit import dumps, write_file
 else:  # the program on a node: its modules are beside it
     from checkpoint_capture import QUIET_S, TAKE, TRY, UNCAPTURED_MIN_S, WAIT, History, decide
     from checkpoint_copy import CHANGED, NOT_WHOLE, stage
@@ -100,6 +102,7 @@ else:  # the program on a node: its modules are beside it
     from checkpoint_restore import restore
     from checkpoint_uploads import Uploads
     from checkpoint_whole import finished
+    from node_kit import dumps, write_file
 
 MODULES = (
     "checkpoint_capture.py",
@@ -110,7 +113,8 @@ MODULES = (
     "checkpoint_stores.py",
     "checkpoint_uploads.py",
     "checkpoint_whole.py",
-)  # sent to the node beside this file
+    "node_kit.py",
+)  # in the node runtime beside this file (`orchestrator.node.runtime`)
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
 EVENTS = "events"
@@ -122,11 +126,7 @@ NO_RUN_EXIT_S = 3600.0  # no run was started this long after the agent: nobody w
 
 
 def _write_json(path: str, document: object, mode: int = 0o644) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump(document, handle, separators=(",", ":"))
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_file(path, dumps(document), mode)
 
 
 class Agent:

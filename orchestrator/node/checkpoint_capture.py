@@ -1,6 +1,6 @@
 """When the checkpoint agent copies a file, and when it says that no copy was taken.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer. Pure: every time is passed in.
 
 At each look at the checkpoint directory, a file whose current version has no staged copy is:

@@ -1,6 +1,6 @@
 """Staging one version of a checkpoint file: a copy that is never torn.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer.
 
 `stage` takes the cheapest copy the file and the filesystem allow: a hard link (for a file that

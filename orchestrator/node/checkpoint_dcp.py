@@ -1,6 +1,6 @@
 """Which files a sharded checkpoint (torch.distributed.checkpoint, DCP) is made of.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer. A DCP `.metadata` is a pickle: it is read with a
 stand-in for every class it names, so nothing in it is ever run.
 """

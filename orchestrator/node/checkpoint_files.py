@@ -1,6 +1,6 @@
 """What the checkpoint agent takes for a checkpoint file, and how it finds them.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer. The controller uses the same rules (names it
 refuses, paths it accepts, the store's keys), so a node and its controller never disagree on
 what a checkpoint file is called.

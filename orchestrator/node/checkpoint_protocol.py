@@ -1,12 +1,11 @@
 """How the controller talks to a node's checkpoint agent: the commands it runs, what it reads back.
 
 Pure: command text, the agent's config, and the parser of its manifest. The agent itself is
-`orchestrator.node.checkpoint_agent`, sent to the node as the text of its files (`agent_program`).
-On a node, under the home directory:
+`orchestrator.node.checkpoint_agent`, the `checkpoint-agent` program of the node runtime
+(`orchestrator.node.runtime`, put on the node once). On a node, under the home directory:
 
-    orch-jobs/<job id>/checkpoint-agent/checkpoint_agent.py   the program
-    .../checkpoint_*.py  the modules it imports from beside it
-    .../config.json     what `arm_command` wrote (0600: it may hold store credentials)
+    orch-jobs/<job id>/checkpoint-agent/config.json   what `arm_command` wrote (0600: it may
+                        hold store credentials)
     .../manifest.json   what is staged (see `NodeManifest`), replaced atomically
     .../events          one line per new manifest; the controller follows it
     .../objects/        the staged copies
@@ -24,12 +23,10 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from orchestrator.node import checkpoint_agent
+from orchestrator.node import checkpoint_agent, runtime
 from orchestrator.node.checkpoint_capture import QUIET_S
 from orchestrator.node.checkpoint_files import canonical, refused_name, shown, skipped, store_key
 from orchestrator.node.checkpoint_stores import parse_store
@@ -52,44 +49,8 @@ class AgentLayout:
         return f"{NodeLayout(self.job_id).root}/checkpoint-agent"
 
     @property
-    def program(self) -> str:
-        return f"{self.root}/checkpoint_agent.py"
-
-    @property
     def objects(self) -> str:
         return f"{self.root}/{checkpoint_agent.OBJECTS}"
-
-
-def agent_program() -> dict[str, str]:
-    """The agent program as it is sent to the nodes: file name -> text (`checkpoint_agent.py`,
-    which is run, and the modules it imports from beside it)."""
-    folder = Path(checkpoint_agent.__file__).parent
-    names = ("checkpoint_agent.py", *checkpoint_agent.MODULES)
-    return {name: (folder / name).read_text() for name in names}
-
-
-# Writes each file of a JSON object {name: text} (stdin) into the current directory: a new
-# file made by mkstemp (never an existing file or a link put there), renamed into place whole.
-_INSTALL = (
-    "import json, os, sys, tempfile\n"
-    "for name, text in json.load(sys.stdin).items():\n"
-    "    fd, tmp = tempfile.mkstemp(dir='.', prefix='.tmp-')\n"
-    "    with os.fdopen(fd, 'w') as out:\n"
-    "        out.write(text)\n"
-    "    os.chmod(tmp, 0o644)\n"
-    "    os.replace(tmp, os.path.basename(name))\n"
-)
-
-
-def install_command(layout: AgentLayout) -> str:
-    """Write the agent program's files (stdin: `install_input()`) to the node, each whole."""
-    root = home_expr(layout.root)
-    return f"mkdir -p {root} && cd {root} && python3 -c {shlex.quote(_INSTALL)}"
-
-
-def install_input() -> str:
-    """What `install_command` reads: the agent program (`agent_program`) as one JSON object."""
-    return json.dumps(agent_program())
 
 
 @dataclass(frozen=True)
@@ -200,13 +161,18 @@ class AgentConfig:
         }
 
 
+def folder_command(layout: AgentLayout) -> str:
+    """Make the agent's folder (run with the runtime's check, when the agents are sent)."""
+    return f"mkdir -p {home_expr(layout.root)}"
+
+
 def arm_command(layout: AgentLayout) -> str:
     """Start the agent detached (stdin: the config as JSON); a no-op while one runs.
 
     The config is written 0600, since it may hold store credentials; it never appears in a
     command line."""
     root = home_expr(layout.root)
-    program = shlex.quote(Path(layout.program).name)
+    watch = runtime.program_command("checkpoint-agent", "watch", "--config", "config.json")
     return "\n".join(
         [
             f"mkdir -p {root} && cd {root} || exit 2",
@@ -214,8 +180,7 @@ def arm_command(layout: AgentLayout) -> str:
             "umask 077",
             "cat > config.json.tmp && mv -f config.json.tmp config.json || exit 2",
             "touch events",
-            f"setsid nohup python3 -u {program} watch --config config.json "
-            "> agent.log 2>&1 < /dev/null &",
+            f"setsid nohup {watch} > agent.log 2>&1 < /dev/null &",
             "echo $! > pid",
         ]
     )
@@ -242,7 +207,7 @@ def follow_command(layout: AgentLayout) -> str:
 def restore_command(layout: AgentLayout) -> str:
     """Run the agent's `restore` (stdin: `restore_plan(...)`); see `parse_restore_output`."""
     root = home_expr(layout.root)
-    return f"cd {root} && python3 -u {shlex.quote(Path(layout.program).name)} restore"
+    return f"cd {root} && {runtime.program_command('checkpoint-agent', 'restore')}"
 
 
 @dataclass(frozen=True)

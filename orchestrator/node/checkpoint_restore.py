@@ -1,6 +1,6 @@
 """Putting checkpoint files back on a node from the store, before a run starts.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer. The controller sends the plan (which files, from
 which keys, with which sizes and digests); every file is downloaded beside the checkpoint
 directory, its digest checked, and only then moved into place. A file the node already holds

@@ -1,6 +1,6 @@
 """Where staged checkpoint copies are uploaded and restored from: `checkpoint.store`.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer; boto3 only for an `s3://` store, imported when one
 is opened.
 """

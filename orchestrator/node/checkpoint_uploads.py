@@ -1,6 +1,6 @@
 """Uploading every staged checkpoint copy to the store (`checkpoint.store`), beside the looks.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer (boto3 for an `s3://` store).
 
 Each staged copy is uploaded to `<prefix>/<job>/<path>@<sha16>` (`checkpoint_files.store_key`),

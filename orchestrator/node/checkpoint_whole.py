@@ -1,6 +1,6 @@
 """Whether a checkpoint file holds one whole write, for the formats that can tell.
 
-Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), sent to nodes beside it:
+Part of the checkpoint agent (`orchestrator.node.checkpoint_agent`), in the node runtime beside it:
 standard library only, Python 3.8 or newer.
 
 Two formats say by themselves whether all their bytes are there:

@@ -1,10 +1,11 @@
 """The guard of a node: the job's limits, enforced on the node itself, whoever else is gone.
 
-Standard library only, Python 3.8 or newer: this file is copied to every node (cloud-init on
-AWS, the provider's own start on local and sandbox nodes) and started there at boot, before
-any code is synced, with the job's terms in a JSON file:
+Standard library only, Python 3.8 or newer: the `guard` program of the node runtime
+(`orchestrator.node.runtime`), put on every node (its part of it by cloud-init on AWS and
+sandbox nodes, the whole runtime by the provider's own start on local nodes) and started there
+at boot, before any code is synced, with the job's terms in a JSON file:
 
-    python3 guard.py TERMS_JSON
+    python3 orch-node-<version>.pyz guard TERMS_JSON
 
 Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
 
@@ -84,25 +85,19 @@ if __package__:
     )
     from orchestrator.node.guard_limits import TransferWatch, armed_anchor, in_force
     from orchestrator.node.guard_seal import lease_problem
+    from orchestrator.node.node_kit import log, utc
     from orchestrator.node.run_progress import RunProgress
 else:  # the program on a node: its modules are beside it
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
     from guard_limits import TransferWatch, armed_anchor, in_force
     from guard_seal import lease_problem
+    from node_kit import log, utc
     from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
-# sent to the node beside this file
-MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "run_progress.py")
-
-
-def utc(epoch):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
-def log(message):
-    print(f"{utc(time.time())} {message}", flush=True)
+# in the node runtime beside this file (`orchestrator.node.runtime`)
+MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "node_kit.py", "run_progress.py")
 
 
 def session_pids(leader):

@@ -1,6 +1,6 @@
 """What the node's guard reads and writes, never through a symlink.
 
-Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+Part of the guard program (`orchestrator.node.guard`), in the node runtime beside it: standard
 library only, Python 3.8 or newer. A guard that runs as root reads and writes in folders the
 login user (and so the job's code) owns: every part of such a path is opened with
 O_NOFOLLOW from a folder the guard trusts, every file it reads must be a regular one (a FIFO
@@ -9,12 +9,17 @@ a new one (O_EXCL) given to its owner through its descriptor and renamed into pl
 state lives in a folder of its user's, mode 0700.
 """
 
-import binascii
 import contextlib
 import errno
-import json
 import os
 import stat
+
+if __package__:
+    from orchestrator.node.node_kit import read_json, write_at
+else:  # the program on a node: its modules are beside it
+    from node_kit import read_json, write_at
+
+__all__ = ["open_dir", "own_dir", "read_at", "read_json", "read_terms", "write_at"]
 
 READ_LIMIT = 1 << 20  # bytes the guard reads of any file at most
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -72,29 +77,6 @@ def read_at(dir_fd, name):
         os.close(fd)
 
 
-def write_at(dir_fd, name, text, owner=None, mode=0o644):
-    """Replace `name` in `dir_fd` by `text`: written to a new file of a random name (O_EXCL:
-    never an existing file or a symlink), given to `owner` through its descriptor, then
-    renamed over `name` within the same directory."""
-    tmp = f".{name}.{binascii.hexlify(os.urandom(8)).decode()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
-    try:
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fchmod(fd, mode)
-        if owner is not None:
-            os.fchown(fd, owner[0], owner[1])
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-
-
 def own_dir(path):
     """A descriptor of the guard's own state directory `path`, made 0700 when missing; one
     that is a symlink, or not the guard's user's, is refused (OSError)."""
@@ -106,16 +88,6 @@ def own_dir(path):
         raise OSError(errno.EPERM, f"{path} belongs to another user")
     os.fchmod(fd, 0o700)
     return fd
-
-
-def read_json(text):
-    """The JSON object `text` holds; None for anything else (deep nesting included, which
-    job code could write to make the parser raise RecursionError)."""
-    try:
-        value = json.loads(text) if text is not None else None
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def read_terms(path):

@@ -1,6 +1,6 @@
 """Which limits a node's guard holds, and when a transfer counts as a live controller.
 
-Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+Part of the guard program (`orchestrator.node.guard`), in the node runtime beside it: standard
 library only, Python 3.8 or newer.
 
 Boot terms are written by the controller before the node exists, on the controller's clock, at

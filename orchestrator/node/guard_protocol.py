@@ -1,12 +1,12 @@
 """How orch arms and feeds the guard of a node: its terms, its lease, how it starts at boot.
 
 Pure: the terms document, the lease arithmetic, command text and the cloud-init part, and the
-parser of the guard's status. The guard itself is `orchestrator.node.guard`, sent to a node as
-its file's text. On a node, under the home directory:
+parser of the guard's status. The guard itself is `orchestrator.node.guard`, the `guard`
+program of the node runtime (`orchestrator.node.runtime`). On a node, under the home directory:
 
-    orch-jobs/<job id>/guard/guard.py       the program, its modules beside it (local nodes;
-                                            AWS: /opt/orch-guard/, root's)
-    .../terms.json      the job's limits as of the launch (see `GuardTerms`)
+    orch-jobs/.node/orch-node-<version>.pyz  the program: the node runtime's `guard`
+                                            (AWS: its part in /opt/orch-guard/, root's)
+    orch-jobs/<job id>/guard/terms.json      the job's limits as of the launch (see `GuardTerms`)
     .../state/          the guard's own folder, 0700 (AWS: /opt/orch-guard/state/)
     .../lease.json      what the controller renews (`GuardLease`), signed with the job's key
     .../status.json     written by the guard at arming: its pid and any problem it found
@@ -24,21 +24,18 @@ after a limit.
 
 from __future__ import annotations
 
-import ast
 import base64
 import binascii
-import io
 import json
 import math
 import shlex
-import tokenize
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator.node import guard, guard_seal
+from orchestrator.node import guard, guard_seal, runtime
 from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
 
 AWS_GUARD_DIR = "/opt/orch-guard"  # where cloud-init writes the program and its terms
@@ -57,10 +54,6 @@ class GuardLayout:
     @property
     def root(self) -> str:
         return f"{NodeLayout(self.job_id).root}/guard"
-
-    @property
-    def program(self) -> str:
-        return f"{self.root}/guard.py"
 
     @property
     def terms(self) -> str:
@@ -271,45 +264,13 @@ def raw_public_key(openssh: str) -> str:
 
 
 def guard_program() -> dict[str, str]:
-    """The guard program as it is sent to the nodes: file name -> text (`guard.py`, which is
-    run, and the modules it imports from beside it), each without its comments and
-    docstrings (`compact_source`): all of it travels in an EC2 node's user data."""
-    folder = Path(guard.__file__).parent
-    names = ("guard.py", *guard.MODULES)
-    return {name: compact_source((folder / name).read_text()) for name in names}
-
-
-def compact_source(source: str) -> str:
-    """Python `source` without its comments, and with every docstring cut to `""`: the same
-    program, half the size."""
-    lines = source.splitlines(keepends=True)
-    cuts: list[tuple[tuple[int, int], tuple[int, int], str]] = []
-    for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if not isinstance(node, _DOCUMENTED) or not body:
-            continue
-        first = body[0]
-        value = first.value if isinstance(first, ast.Expr) else None
-        if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            start = (first.lineno, _column(lines, first.lineno, first.col_offset))
-            end_row = first.end_lineno or first.lineno
-            end = (end_row, _column(lines, end_row, first.end_col_offset or 0))
-            cuts.append((start, end, '""'))
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            cuts.append((token.start, token.end, ""))
-    for (row, col), (end_row, end_col), text in sorted(cuts, reverse=True):
-        head = lines[row - 1][:col] + text if text else lines[row - 1][:col].rstrip(" ")
-        lines[row - 1 : end_row] = [head + lines[end_row - 1][end_col:]]
-    return "".join(lines)
-
-
-_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-
-
-def _column(lines: list[str], row: int, byte_offset: int) -> int:
-    """The character column of `ast`'s UTF-8 `byte_offset` in line `row`."""
-    return len(lines[row - 1].encode()[:byte_offset].decode())
+    """The guard's part of the node runtime, as cloud-init writes it into `AWS_GUARD_DIR`:
+    file name -> text (the runtime's `__main__.py`, `guard.py` and the modules it imports
+    from beside it), each without its comments and docstrings (`runtime.sources`): all of it
+    travels in an EC2 node's user data, where the whole runtime would not fit. The folder is
+    run as the zipapp is (`python3 FOLDER guard TERMS`)."""
+    files = runtime.sources()
+    return {name: files[name] for name in ("__main__.py", "guard.py", *guard.MODULES)}
 
 
 def renew_command(layout: GuardLayout) -> str:
@@ -367,12 +328,14 @@ def parse_status(output: str) -> GuardStatus:
     return GuardStatus(armed=alive, problem=str(problem)[:500] if problem else None)
 
 
-def local_boot_command(home: str, program: str, terms: str, path: str) -> str:
-    """What a local node runs at boot, in its own namespaces, to start its guard detached."""
+def local_boot_command(home: str, node_runtime: str, terms: str, path: str) -> str:
+    """What a local node runs at boot, in its own namespaces, to start its guard detached:
+    the `guard` program of the runtime at `node_runtime` (its zipapp on the node's disk)."""
     log = str(Path(terms).with_name("guard.log"))
+    guard_run = runtime.program_command("guard", terms, path=node_runtime)
     return (
         f"cd {shlex.quote(home)} && HOME={shlex.quote(home)} PATH={shlex.quote(path)} "
-        f"exec python3 -u {shlex.quote(program)} {shlex.quote(terms)} >> {shlex.quote(log)} 2>&1"
+        f"exec {guard_run} >> {shlex.quote(log)} 2>&1"
     )
 
 
@@ -380,6 +343,7 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
     """The cloud-config entries that arm the guard at boot on an EC2 node: the program and its
     terms in `AWS_GUARD_DIR`, a systemd unit that restarts it (and starts it again after a
     reboot), and its start. Where there is no systemd it is started detached instead."""
+    run = runtime.program_command("guard", f"{AWS_GUARD_DIR}/terms.json", path=AWS_GUARD_DIR)
     unit = "\n".join(
         [
             "[Unit]",
@@ -387,8 +351,7 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
             "After=network.target",
             "",
             "[Service]",
-            f"ExecStart=/usr/bin/env python3 -u {AWS_GUARD_DIR}/guard.py "
-            f"{AWS_GUARD_DIR}/terms.json",
+            f"ExecStart=/usr/bin/env {run}",
             "Restart=always",
             "RestartSec=5",
             "",
@@ -397,10 +360,7 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
             "",
         ]
     )
-    fallback = (
-        f"setsid nohup python3 -u {AWS_GUARD_DIR}/guard.py {AWS_GUARD_DIR}/terms.json "
-        f">> {AWS_GUARD_DIR}/guard.log 2>&1 < /dev/null &"
-    )
+    fallback = f"setsid nohup {run} >> {AWS_GUARD_DIR}/guard.log 2>&1 < /dev/null &"
     program = [
         {
             "path": f"{AWS_GUARD_DIR}/{name}",

@@ -1,6 +1,6 @@
 """The seal on the guard's lease: only the controller that holds the job's key can renew it.
 
-Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+Part of the guard program (`orchestrator.node.guard`), in the node runtime beside it: standard
 library only, Python 3.8 or newer. The controller signs each lease with the Ed25519 key it
 reaches the job's nodes with (`ORCH_HOME/keys/<id>/`); the terms carry the public half
 (`lease_key`), which is all a node ever holds. The guard verifies here (RFC 8032, in pure

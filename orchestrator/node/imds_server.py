@@ -33,6 +33,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+if __package__:
+    from orchestrator.node.node_kit import write_file
+else:  # in the node runtime: its modules are beside it
+    from node_kit import write_file
+
 TOKEN_PATH = "/latest/api/token"
 INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
@@ -158,7 +163,10 @@ def serve(bind: str, port: int, state: MetadataState) -> ThreadingHTTPServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # not the module's docstring: the runtime ships its modules without docstrings
+    parser = argparse.ArgumentParser(
+        prog="imds_server", description="A node's instance metadata endpoint (EC2's IMDSv2)."
+    )
     parser.add_argument("--bind", default="169.254.169.254")
     parser.add_argument("--port", type=int, default=80)
     parser.add_argument("--instance-id", required=True)
@@ -169,9 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     state = MetadataState(args.instance_id, args.notice_file, args.role)
     server = serve(args.bind, args.port, state)
     if args.ready_file:
-        tmp = args.ready_file.with_suffix(".tmp")
-        tmp.write_text(str(server.server_address[1]))
-        tmp.replace(args.ready_file)
+        write_file(str(args.ready_file), str(server.server_address[1]))
     server.serve_forever()
 
 

@@ -2,7 +2,7 @@
 stall (`ProgressClock`, pure: the controller's run watch and the node guard both judge by it),
 and the guard's reading of it on a node (`RunProgress`).
 
-Part of the guard program (`orchestrator.node.guard`), sent to nodes beside it: standard
+Part of the guard program (`orchestrator.node.guard`), in the node runtime beside it: standard
 library only, Python 3.8 or newer.
 
 Progress is rank 0's: the lines of local rank 0 on node 0 (torchrun prefixes them

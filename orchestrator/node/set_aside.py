@@ -1,7 +1,7 @@
 """Setting checkpoints aside on a node before a restart: list the checkpoint directory, and move
 named entries out of it into orch's own folder of the job, where no script looks.
 
-The controller runs this program (sent as text on the command line, nothing installed) on
+The controller runs this program (the node runtime's `set-aside`, `orchestrator.node.runtime`) on
 every node of a restarted run, after the resume checkpoint was put back and before the run
 starts: first `list`, then, for what its rule (`orchestrator.cluster.checkpoints.resume_point`)
 says must go, `move`. Both read their request as JSON on stdin and print one JSON document.

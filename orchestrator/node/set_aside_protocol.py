@@ -1,4 +1,5 @@
-"""How the controller runs `orchestrator.node.set_aside` on a node, and reads its answers.
+"""How the controller runs `orchestrator.node.set_aside` on a node (the node runtime's
+`set-aside`), and reads its answers.
 
 Pure: the command text, the requests, and parsers of what the node prints. A node's answer
 comes from a machine the job's own code runs on, so nothing in it is trusted: a listed path
@@ -10,12 +11,10 @@ does not fit is dropped.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from orchestrator.node import set_aside
+from orchestrator.node import runtime
 from orchestrator.node.checkpoint_agent import shown
 from orchestrator.node.checkpoint_protocol import AgentLayout, safe_path
 from orchestrator.node.launch import NodeLayout
@@ -30,19 +29,15 @@ def folder(owner: str) -> str:
     return f"{NodeLayout(owner).root}/set-aside"
 
 
-def _command(verb: str) -> str:
-    source = Path(set_aside.__file__).read_text()
-    return f"python3 -c {shlex.quote(source)} {verb}"
-
-
 def list_command() -> str:
-    """`set_aside.py list` (stdin: `list_request(...)`)."""
-    return _command("list")
+    """The runtime's `set-aside list` (stdin: `list_request(...)`); the node holds the runtime
+    (`orchestrator.node.runtime`): the checkpoint agents were sent first."""
+    return runtime.program_command("set-aside", "list")
 
 
 def move_command() -> str:
-    """`set_aside.py move` (stdin: `move_request(...)`)."""
-    return _command("move")
+    """The runtime's `set-aside move` (stdin: `move_request(...)`)."""
+    return runtime.program_command("set-aside", "move")
 
 
 def list_request(owner: str, checkpoint_dir: str, limit: int = MAX_LISTED) -> str:

@@ -182,7 +182,8 @@ def test_a_root_guard_over_another_users_job_keeps_its_limit_and_its_writes_its_
     run = subprocess.Popen(as_nobody("exec sleep 1000"), start_new_session=True)
     (run_dir / "pid").write_text(f"{run.pid}\n")
     guard = subprocess.Popen(
-        [sys.executable, "-u", str(program / "guard.py"), str(program / "terms.json")],
+        # as its systemd unit starts it: the folder, run as the runtime's zipapp is
+        [sys.executable, "-u", str(program), "guard", str(program / "terms.json")],
         cwd=machine, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

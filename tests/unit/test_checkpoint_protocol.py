@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.node import runtime
 from orchestrator.node.checkpoint_files import CONTROL
 from orchestrator.node.checkpoint_protocol import (
     MAX_NOTICES,
     AgentConfig,
     StoreKeys,
-    agent_program,
     parse_manifest,
     parse_report,
     restore_error,
@@ -55,22 +55,27 @@ def test_unsafe_paths_and_forged_fields_are_dropped() -> None:
     assert manifest.files["sha.pt"].staged is None
 
 
-def test_the_agent_sent_to_a_node_holds_every_module_it_imports(tmp_path: Path) -> None:
-    """On a node the agent is its files side by side, nothing of orch installed: it starts
-    (its imports resolve among what is sent) from a folder of those files alone."""
-    for name, text in agent_program().items():
-        (tmp_path / name).write_text(text)
+def test_the_agent_in_the_node_runtime_holds_every_module_it_imports(tmp_path: Path) -> None:
+    """On a node the agent is a program of the node runtime, nothing of orch installed: it
+    starts (its imports resolve among what the zipapp holds) from that one file alone."""
+    zipapp = tmp_path / runtime.file_name()
+    zipapp.write_bytes(runtime.build())
     result = subprocess.run(
-        [sys.executable, "-S", "checkpoint_agent.py", "--help"], cwd=tmp_path,
+        [sys.executable, "-S", str(zipapp), "checkpoint-agent", "--help"], cwd=tmp_path,
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     imported = subprocess.run(
-        [sys.executable, "-S", "-c", "import checkpoint_agent, sys; "
-         "print(sorted(m for m in sys.modules if m.startswith(('checkpoint', 'orch'))))"],
+        [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(zipapp)!r}); "
+         "import checkpoint_agent; "
+         "print(sorted(m for m in sys.modules if m.startswith(('checkpoint', 'orch', 'node'))))"],
         cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
-    shipped = sorted(name.removesuffix(".py") for name in agent_program())
+    shipped = sorted(
+        name.removesuffix(".py")
+        for name in runtime.MODULES
+        if name.startswith(("checkpoint", "node_kit"))
+    )
     assert imported.stdout.strip() == str(shipped), imported.stderr
 
 

@@ -1,7 +1,7 @@
 """The node program that lists a checkpoint directory and moves entries out of it
-(`orchestrator.node.set_aside`), run as the controller runs it (`python3 -c SOURCE VERB`, the
-request on stdin) on real directories with HOME set to a temporary one; and the parsers of
-its answers, which trust nothing a node prints."""
+(`orchestrator.node.set_aside`), run as the controller runs it (the node runtime's
+`set-aside VERB`, the request on stdin) on real directories with HOME set to a temporary one
+that holds the runtime; and the parsers of its answers, which trust nothing a node prints."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.node import runtime
 from orchestrator.node.set_aside_protocol import (
     MAX_LISTED,
     folder,
@@ -54,6 +55,7 @@ def home(tmp_path: Path) -> Path:
     (outside / "secret.pt").write_bytes(b"x")
     (ckpt / "linked").symlink_to(outside)  # never followed, never listed
     (ckpt / "link.pt").symlink_to(outside / "secret.pt")
+    run(home, runtime.install_command(), runtime.install_input())  # as the agents' sending does
     return home
 
 

@@ -25,14 +25,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.node import launch
+from orchestrator.node import launch, runtime
 from orchestrator.node.checkpoint_files import CONTROL, refused_name
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
     AgentLayout,
     arm_command,
-    install_command,
-    install_input,
     parse_report,
     read_command,
 )
@@ -303,7 +301,7 @@ def test_the_checkpoint_agent_reports_hostile_names_under_a_hostile_home(home: P
     directory = "ck $(x) `y`"
     (home / directory).mkdir()
     layout = AgentLayout(job)
-    bash(install_command(layout), home, stdin=install_input().encode())
+    bash(runtime.install_command(), home, stdin=runtime.install_input().encode())
     run_dir = home / launch.NodeLayout(job).run_dir
     run_dir.mkdir(parents=True)
     (run_dir / "pid").write_text(str(os.getpid()))  # "the run": this process

@@ -48,7 +48,11 @@ def test_notice_document_is_what_ec2_posts() -> None:
 
 def test_poller_command_quotes_the_url_and_defaults_to_ec2() -> None:
     argv = shlex.split(poller_command(None, 5))
-    assert argv[:4] == ["python3", "-u", "-c", argv[3]] and argv[-2:] == [DEFAULT_METADATA_URL, "5"]
+    assert argv[:2] == ["python3", "-u"] and argv[-3:] == [
+        "notice-poller",
+        DEFAULT_METADATA_URL,
+        "5",
+    ]
     hostile = "http://127.0.0.1:1/'; rm -rf / #"
     assert shlex.split(poller_command(hostile, 0.5))[-2:] == [hostile, "0.5"]
     with pytest.raises(ValueError):

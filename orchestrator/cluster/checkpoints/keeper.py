@@ -59,6 +59,7 @@ from orchestrator.cluster.checkpoints.store import (
 from orchestrator.cluster.checkpoints.streak import PullStreak, pull_failure_reason
 from orchestrator.cluster.checkpoints.units import step_of
 from orchestrator.cluster.connections import Cluster
+from orchestrator.cluster.node_runtime import ensure_runtime
 from orchestrator.cluster.steps import node_step
 from orchestrator.config import Settings
 from orchestrator.errors import NodeUnreachable, OrchError, RemoteError, TransferTimeout
@@ -72,9 +73,8 @@ from orchestrator.node.checkpoint_protocol import (
     RestoreItem,
     StoreAccess,
     arm_command,
+    folder_command,
     follow_command,
-    install_command,
-    install_input,
     restore_command,
     restore_error,
     restore_plan,
@@ -273,9 +273,8 @@ class CheckpointKeeper:
             event.set()
 
     def _install(self, cluster: Cluster) -> None:
-        program = install_input()
-        command = install_command(self.layout)
-        cluster.map(lambda rank, c: c.run(command, stdin=program, timeout=60))
+        folder = folder_command(self.layout)
+        cluster.map(lambda rank, c: ensure_runtime(c, before=folder))
 
     def _arm(
         self,

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 from orchestrator.errors import ProviderError
-from orchestrator.node.guard_protocol import GuardLayout, guard_program, local_boot_command
+from orchestrator.node import node_kit, runtime
+from orchestrator.node.guard_protocol import GuardLayout, local_boot_command
 from orchestrator.providers.base import LaunchRequest, Market
 from orchestrator.providers.local import net
 from orchestrator.providers.local.host import answers_ssh, pid_alive, run_checked
@@ -116,15 +117,18 @@ class NodeStarter:
         )
 
     def arm_guard(self, rec: NodeRecord, request: LaunchRequest, hourly: Decimal) -> str:
-        """Put the job's guard and its terms on the node's disk; returns the node's boot
-        command that starts it ("" when the request has no guard)."""
+        """Put the node runtime (`orchestrator.node.runtime`, unless the node holds this
+        version) and the job's guard terms on the node's disk; returns the node's boot command
+        that starts the guard ("" when the request has no guard)."""
         if request.guard is None:
             return ""
         layout = GuardLayout(request.job_id)
         disk = self.store.node_dir(rec.instance_id) / "disk"
         (disk / layout.root).mkdir(parents=True, exist_ok=True)
-        for name, text in guard_program().items():
-            (disk / layout.root / name).write_text(text)
+        node_runtime = disk / runtime.node_path()
+        if not node_runtime.exists():
+            node_runtime.parent.mkdir(parents=True, exist_ok=True)
+            node_kit.write_file(str(node_runtime), runtime.build())
         (disk / layout.terms).write_text(
             request.guard.for_node(
                 now=datetime.now(UTC),
@@ -136,8 +140,9 @@ class NodeStarter:
             )
         )
         path = net.node_path(rec.home, node_venv_bin(self.settings))
-        inside = f"{rec.home}/{layout.root}"
-        return local_boot_command(rec.home, f"{inside}/guard.py", f"{inside}/terms.json", path)
+        return local_boot_command(
+            rec.home, f"{rec.home}/{runtime.node_path()}", f"{rec.home}/{layout.terms}", path
+        )
 
     def start(self, rec: NodeRecord, sshd: str, boot: str = "") -> int:
         """Write the node's sshd_config, start `boot` (shell text, detached, in the node) and
