@@ -117,8 +117,10 @@ class HostJobs:
 
         import yaml
 
+        from orchestrator.host import record as records
         from orchestrator.host.submission import split_args
 
+        records.require(self.settings.home)
         argv = request.argv()
         try:
             yaml.safe_load(Path(argv[0]).read_text())

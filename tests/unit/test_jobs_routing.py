@@ -83,3 +83,28 @@ def test_a_job_not_on_the_host_is_this_ledgers(
     _host_of(home, JOB)
     code, out, err = run_main(["status", "--events", "all", "here-a1b2c3"])
     assert code != 0 and "controller host" not in err, err
+
+
+def _parsed_submit(argv: list[str]) -> dict[str, object]:
+    """What typer makes of `orch submit ARGV`: the submit command's parameters."""
+    import typer.main
+
+    from orchestrator.cli.app import app
+
+    submit = typer.main.get_command(app).commands["submit"]  # type: ignore[attr-defined]
+    return dict(submit.make_context("submit", list(argv)).params)
+
+
+def test_a_submit_for_the_host_carries_every_option_typer_parsed() -> None:
+    from orchestrator.control.jobs import SubmitRequest
+
+    argv = ["job.yaml", "--nodes", "2", "--gpus", "4", "--provider", "aws", "--no-spot",
+            "--max-cost", "12.5", "--idle-timeout", "10m", "--env", "A=1", "--env", "B",
+            "--secret", "TOKEN", "--notify", "curl -d @- x", "-c", "dev", "--autostop", "never",
+            "--no-wait", "--fresh", "--strict", "-y", "--json", "--remote"]  # fmt: skip
+    params = _parsed_submit(argv)
+    fields = {k: v for k, v in params.items() if k not in ("remote", "detach")}
+    fields = {**fields, "env": tuple(fields["env"]), "secret": tuple(fields["secret"])}
+    request = SubmitRequest(**fields)  # type: ignore[arg-type]
+    again = _parsed_submit(request.argv())
+    assert again == {**params, "remote": False}  # the same job, without the routing flag
