@@ -14,11 +14,14 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.control import job_wire
 from orchestrator.control.jobs import CancelOutcome, LogsRequest, Say, SubmitRequest, View
 from orchestrator.errors import ControllerHostError, OrchError, SpecError
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
 
 ANSWER = ("controller", "answer")  # the host's hidden command that answers one request
 
@@ -44,7 +47,7 @@ class HostJobs:
     """The jobs `settings`' ORCH_HOME submitted to its controller host. `stderr` receives
     what the host's orch said on stderr beside an answer (warnings, revived controllers)."""
 
-    def __init__(self, settings: Any, stderr: Callable[[str], None] | None = None) -> None:
+    def __init__(self, settings: Settings, stderr: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self._stderr = stderr or (lambda text: None)
         self.submitted_output = ""  # what the host's `orch submit` printed, after `schedule`
@@ -72,8 +75,8 @@ class HostJobs:
                 f"the controller host's answer to `{request.kind}` was refused: longer than "
                 f"the {job_wire.MAX_REPLY_BYTES} bytes orch reads"
             )
-        if not result.stdout.strip():  # no answer at all: its orch failed before answering
-            raise HostRefused(result.stdout, result.stderr, result.exited or 1)
+        if not result.stdout.strip() and not result.ok:  # its orch failed before answering
+            raise HostRefused(result.stdout, result.stderr, result.exited)
         reply = job_wire.read_reply(result.stdout, request)
         self._stderr(result.stderr)
         if reply.failure is not None:
