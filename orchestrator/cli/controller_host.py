@@ -1,13 +1,13 @@
-"""`orch controller up|status|logs|down`, and the routing of a job that lives on the host.
+"""`orch controller up|status|logs|down`, and the host's side of `HostJobs`: `orch controller
+answer` (hidden) answers one request of another ORCH_HOME from this one's `LocalJobs`.
 
-`route` runs before the app parses anything: `orch submit ... --remote` (or any `orch submit`
-once a controller host is set up, unless `--no-remote` or `--dry-run`) submits on the host, and
-`orch status|logs|cancel JOB` for a job submitted there ask the host's orch and show its answer
-here (`--json` stays one document: the host's).
+A job that lives on the host is routed there by each command once typer has parsed it
+(`cli.on_host`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -298,210 +298,41 @@ def rebuild(
                       markup=False)  # fmt: skip
 
 
-# --- routing of jobs that live on the host ----------------------------------------------------
-
-
-# Commands that, for a job living on the controller host, run there (see `route`).
-ROUTED = ("submit", "status", "logs", "cancel", "wait", "report", "ssh")
-# Their options that take a value as the next argument, never a job id.
-VALUE_OPTIONS = frozenset(
-    {"--out", "--node", "-n", "-L", "--tail", "--since", "--interval", "--rank", "--timeout"}
-)
-
-
-def _first_positional(args: list[str]) -> int | None:
-    """The index of the first argument that is neither an option nor an option's value."""
-    skip = False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-        elif arg == "--":
-            return None
-        elif arg in VALUE_OPTIONS:
-            skip = True
-        elif not arg.startswith("-"):
-            return i
-    return None
-
-
-def route(argv: list[str]) -> int | None:
-    """Handle `argv` (sys.argv) here when it concerns the controller host; returns the exit
-    status, or None to let the app run it (after removing `--no-remote` from `argv`)."""
-    args = argv[1:]
-    if args and args[0] == "cost" and (job := _option_value(args, "--job")) is not None:
-        return _route_job_cost(args, job)
-    if not args or args[0] not in ROUTED or "--help" in args:
-        return None
-    verb, rest = args[0], args[1:]
-    if verb == "submit":
-        return _route_submit(argv, rest)
-    index = _first_positional(rest)
-    if index is None:
-        return None
-    from orchestrator.host.remote_jobs import ask, lives_on_host, refresh_kit, stream
-
-    settings = load_settings()
-    if not lives_on_host(settings, rest[index]):
-        return None
-    if verb == "report":
-        return _route_report(settings, rest, rest[index])
-    if verb == "ssh":
-        return _route_ssh(settings, rest, rest[index])
-    if verb in ("logs", "wait"):
-        # passed through as it comes: a job's whole log can be far larger than what a captured
-        # command keeps (`NodeConnection.run`'s max_output)
-        return stream(settings, [verb, *rest])
-    if verb == "status":
-        from contextlib import suppress
-
-        from orchestrator.errors import OrchError
-
-        with suppress(OrchError):  # the host's answer below says what is wrong
-            refresh_kit(settings, rest[index])  # a kit the submit left without the job's key
-    if verb == "status" and "--json" in rest and "--watch" not in rest:
-        result = ask(settings, ["status", *rest])
-        if result.ok:
-            document = json.loads(result.stdout)
-            _keep_carried(settings, rest[index], document)
-            _print_json(_with_host_line(settings, document))
-            sys.stderr.write(result.stderr)
-            return 0
-    elif verb == "status" and "--watch" not in rest:
-        result = ask(settings, ["status", *rest, "--json"])
-        if result.ok:
-            from orchestrator.cli.console import job_detail
-
-            document = json.loads(result.stdout)
-            _keep_carried(settings, rest[index], document)
-            console = make_console()
-            for renderable in job_detail(document):
-                console.print(renderable)
-            return 0
-    else:
-        result = ask(settings, [verb, *rest], timeout=3600)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    return result.exited
-
-
-def _keep_carried(settings: Settings, job_id: str, document: object) -> None:
-    """Keep in the job's kit what the host said of it (`control.carried`), for a rebuild if
-    the host dies; an answer out of shape is said on stderr and the figures kept before stay."""
-    from orchestrator.control.carried import from_status
+@app.command(hidden=True)
+def answer() -> None:
+    """Run on the controller host by `HostJobs`: read one request (`control.job_wire`) on
+    stdin and print the reply of this ORCH_HOME's `LocalJobs` to it, one line of JSON; a refusal
+    (an `OrchError`) is a reply too."""
+    from orchestrator.control import job_wire
+    from orchestrator.control.local_jobs import LocalJobs
     from orchestrator.errors import OrchError
-    from orchestrator.host.handover import save_carried
 
+    said: list[job_wire.Said] = []
     try:
-        figures = from_status(document, job_id=job_id, as_of=datetime.now(UTC))
-        save_carried(settings.home, job_id, figures.to_json())
-    except (ValueError, OrchError, OSError) as exc:
-        sys.stderr.write(
-            f"[orch] the controller host's figures of job {job_id} were not kept for a "
-            f"hand-over: {exc}\n"
+        request = job_wire.read_request(sys.stdin.read(job_wire.MAX_REPLY_BYTES))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    try:
+        jobs = LocalJobs(load_settings())
+        if isinstance(request, job_wire.DescribeRequest):
+            document = jobs.describe(request.job_id)
+        elif isinstance(request, job_wire.ListRequest):
+            document = jobs.list(request.view)
+        elif isinstance(request, job_wire.CostRequest):
+            document = jobs.cost(request.job_id)
+        else:
+            outcome = jobs.cancel(
+                request.job_id,
+                force=request.force,
+                say=lambda text, err: said.append(
+                    job_wire.Said(text=text[: job_wire.MAX_TEXT], err=err)
+                ),
+            )
+            document = dataclasses.asdict(outcome)
+        reply = job_wire.Reply(
+            document=job_wire.document_of(document), said=said[-job_wire.MAX_SAID :]
         )
-
-
-def _route_job_cost(args: list[str], job_id: str) -> int | None:
-    """`orch cost --job JOB` of a job on the host: the host's answer, passed through. Any
-    other job costs one small file's read here (no settings, no SSH)."""
-    from orchestrator.cli.context import orch_home
-    from orchestrator.host.record import load
-
-    record = load(orch_home())
-    if record is None or job_id not in record.jobs:
-        return None
-    from orchestrator.host.remote_jobs import ask
-
-    result = ask(load_settings(), args)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    return result.exited
-
-
-def _route_ssh(settings: Settings, rest: list[str], job_id: str) -> int:
-    """`orch ssh JOB` of a job on the host (see `remote_jobs.ssh_via_host`)."""
-    from orchestrator.host.remote_jobs import ssh_via_host
-
-    return ssh_via_host(settings, rest, interactive=sys.stdin.isatty())
-
-
-def _route_report(settings: Settings, rest: list[str], job_id: str) -> int:
-    """`orch report JOB` of a job on the host: drawn there (its ledger holds the job), the
-    picture or page written here, where `--out` says or at this ORCH_HOME's default path."""
-    from orchestrator.host.remote_jobs import fetch_report
-    from orchestrator.report.write import default_report_path
-
-    html = "--html" in rest
-    out_arg = _option_value(rest, "--out")
-    out = Path(out_arg) if out_arg else default_report_path(settings, job_id, html=html)
-    out = out.expanduser().absolute()
-    flags = [flag for flag in ("--html", "--json") if flag in rest]
-    result = fetch_report(settings, ["report", job_id, *flags], out)
-    if not result.ok:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        return result.exited
-    if "--json" in rest:
-        _print_json({**json.loads(result.stdout), "path": str(out)})
-    else:
-        sys.stdout.write(f"{out}\n")
-    return 0
-
-
-def _option_value(args: list[str], name: str) -> str | None:
-    """The value of `name VALUE` or `name=VALUE` in `args`; None when absent."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(f"{name}="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _with_host_line(settings: Settings, job: dict[str, Any]) -> dict[str, Any]:
-    """The host's document of a job it drives, with the host's own line of the bill
-    (`controller_host`; None for an adopted host, which orch does not bill) and the sum of
-    both (`spend_with_host_usd`: the host's whole line, not a share of it)."""
-    from decimal import Decimal
-
-    from orchestrator.cli.host_billing import host_line
-
-    line = host_line(settings)
-    job = {**job, "controller_host": line}
-    if line is not None and job.get("spend_usd") is not None:
-        total = Decimal(str(job["spend_usd"])) + Decimal(str(line["spend_usd"]))
-        job["spend_with_host_usd"] = float(total)
-    return job
-
-
-def _route_submit(argv: list[str], rest: list[str]) -> int | None:
-    from orchestrator.host.record import load
-
-    if "--no-remote" in rest:
-        argv.remove("--no-remote")
-        return None
-    settings = load_settings()
-    wanted = "--remote" in rest or ("--dry-run" not in rest and load(settings.home) is not None)
-    if not wanted:
-        return None
-    index = _first_positional(rest)
-    if index is None:
-        raise SpecError("orch submit --remote needs the job spec file")
-    from orchestrator.host.remote_jobs import submit
-
-    job_id, result = submit(settings, rest, index, dict(os.environ))
-    if not result.ok:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        return result.exited
-    if "--json" in rest:
-        sys.stdout.write(result.stdout)
-    else:
-        make_console(stderr=True).print(
-            f"job {job_id} submitted to the controller host; follow it with "
-            f"`orch status {job_id}` or `orch logs {job_id}`",
-            highlight=False,
-            markup=False,
-        )
-        sys.stdout.write(f"{job_id}\n")
-    return 0
+    except OrchError as exc:
+        failure = job_wire.Failure(message=str(exc)[: job_wire.MAX_TEXT], exit_code=exc.exit_code)
+        reply = job_wire.Reply(said=said[-job_wire.MAX_SAID :], failure=failure)
+    sys.stdout.write(job_wire.write_reply(reply) + "\n")

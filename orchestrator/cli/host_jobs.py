@@ -8,15 +8,18 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.control.jobs import View
 
 
-def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | None:
-    """The host's `orch COMMAND --json` document's jobs, the ids submitted from here and the
-    host's address, for `orch status` and `orch cost` to list the jobs that live there; None
-    without a host or such jobs.
+def host_rows(view: View) -> tuple[list[dict[str, Any]], list[str], str] | None:
+    """The host's `orch VIEW --json` document's jobs (`HostJobs.list`), the ids submitted from
+    here and the host's address, for `orch status` and `orch cost` to list the jobs that live
+    there; None without a host or such jobs.
 
-    The host's last answer is kept (`controller-host/listing-COMMAND.json`). When it shows
+    The host's last answer is kept (`controller-host/listing-VIEW.json`). When it shows
     every such job finished, it is the answer, and the host is not asked: a host that powered
     itself off after its last job costs no SSH timeout. A host that does not answer is said
     on stderr, and its last answer is shown, with its time; without one its jobs are missing
@@ -31,24 +34,20 @@ def host_rows(command: str) -> tuple[list[dict[str, Any]], list[str], str] | Non
     from orchestrator.host.listing import all_final
 
     where = f"{record.user}@{record.host}"
-    kept_path = host_dir(home) / f"listing-{command}.json"
+    kept_path = host_dir(home) / f"listing-{view}.json"
     kept = _kept(kept_path)
     if kept is not None and all_final(kept["jobs"], record.jobs):
         return kept["jobs"], record.jobs, where
     from orchestrator.cli.context import load_settings
     from orchestrator.cli.output import make_console
+    from orchestrator.control.host_jobs import HostJobs
     from orchestrator.errors import OrchError
-    from orchestrator.host.remote_jobs import ask
 
-    settings = load_settings()
     try:
-        result = ask(settings, [command, "--json"], timeout=60)
-        jobs = json.loads(result.stdout)["jobs"] if result.ok else None
-    except (OrchError, ValueError, KeyError) as exc:
-        result, jobs = None, None
-        why = str(exc)
-    else:
-        why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+        jobs: list[dict[str, Any]] | None = HostJobs(load_settings()).list(view)["jobs"]
+    except OrchError as exc:
+        jobs = None
+        why = (str(exc).strip().splitlines() or ["no answer"])[-1]
     if jobs is not None:
         wanted = set(record.jobs)
         _keep(kept_path, [row for row in jobs if row.get("id") in wanted])

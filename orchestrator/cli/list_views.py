@@ -73,6 +73,8 @@ def status_command(
         )
     if job_id is None and not watch and interval is None and _status_from_view(json_out):
         return
+    if _on_host(job_id, json_out=json_out, watch=watch, interval=interval, events=events):
+        return
     from orchestrator.cli.console import RECENT_EVENTS, job_detail
     from orchestrator.ledger.measures import utcnow
     from orchestrator.ledger.view import EngineView
@@ -171,9 +173,15 @@ def cost_command(
     from orchestrator.cli.context import ledger_view, orch_home
     from orchestrator.cli.host_billing import settle_recorded
     from orchestrator.cli.host_jobs import host_rows
+    from orchestrator.cli.on_host import jobs_for, lives_on_host, passed_on
     from orchestrator.ledger.measures import utcnow
     from orchestrator.report.documents import cost_from
 
+    if lives_on_host(job_id):  # its bill is the host's
+        with passed_on():
+            document = jobs_for(job_id).cost(str(job_id))
+        _print_cost(document, json_out=json_out, all_jobs=all_jobs)
+        return
     settle_recorded(orch_home())  # a controller host that powered itself off stopped billing
     view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
     if view is None:  # another database, or a file to migrate first: rows, no model objects
@@ -189,6 +197,10 @@ def cost_command(
 
         document["total_usd"] = merged_total(document["total_usd"], found[0], found[1])
         document["jobs"] = merged_jobs(document["jobs"], *found)
+    _print_cost(document, json_out=json_out, all_jobs=all_jobs)
+
+
+def _print_cost(document: dict, *, json_out: bool, all_jobs: bool) -> None:
     if json_out:
         print_json(document)
     else:
@@ -199,16 +211,29 @@ def cost_command(
             make_console().print(document["spot_auto"]["line"], markup=False, highlight=False)
 
 
-def _spot_auto(view: LedgerView, job_id: str) -> dict | None:
-    """`report.spot_choice.spot_auto_choice` of one job: compared with the on-demand price its
-    own on-demand nodes were billed at, else (local nodes) the configured one."""
-    from orchestrator.report.spot_choice import asked_spot, spot_auto_choice
+def _on_host(
+    job_id: str | None, *, json_out: bool, watch: bool, interval: float | None, events: int | None
+) -> bool:
+    """`orch status JOB` of a job that lives on the controller host, shown (`cli.on_host`);
+    False for any other."""
+    from orchestrator.cli.on_host import describe_on_host, lives_on_host, watch_on_host
 
-    leases = view.leases(job_id)
-    if not any(lease.market == "spot" for lease in leases):
-        return None
-    spot = asked_spot(view, job_id)
-    on_demand = max((ls.price_per_hour for ls in leases if ls.market == "on-demand"), default=None)
-    if on_demand is None and spot == "auto" and all(ls.provider == "local" for ls in leases):
-        on_demand = load_settings().local.price_per_hour
-    return spot_auto_choice(spot, leases, on_demand)
+    if not lives_on_host(job_id):
+        return False
+    assert job_id is not None
+    if watch:
+        argv = ["status", job_id, "--watch", *(["--json"] if json_out else [])]
+        argv += ["--interval", str(interval)] if interval is not None else []
+        raise typer.Exit(watch_on_host(argv))
+    from orchestrator.cli.console import RECENT_EVENTS
+
+    rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
+    describe_on_host(job_id, json_out=json_out, events=rows)
+    return True
+
+
+def _spot_auto(view: LedgerView, job_id: str) -> dict | None:
+    """`report.spot_choice.spot_auto_of` of one job, with this machine's local price."""
+    from orchestrator.report.spot_choice import spot_auto_of
+
+    return spot_auto_of(view, job_id, lambda: load_settings().local.price_per_hour)

@@ -50,6 +50,12 @@ def ssh_command(
     As with ssh, the words after -- are joined by spaces and read by the node's shell: `orch
     ssh dev -- ls -la` and `orch ssh dev -- 'hostname; ls'` both work, and an argument that
     holds spaces or shell characters needs quotes of its own for that shell."""
+    from orchestrator.cli.on_host import lives_on_host
+
+    if lives_on_host(name):  # the host holds the job's key: its orch ssh, through the host
+        from orchestrator.cli.on_host import ssh_on_host
+
+        raise typer.Exit(ssh_on_host(name, node, forward or [], command or []))
     from orchestrator.control.node_access import cluster_access, forwards
 
     tunnels = forwards(forward or [])

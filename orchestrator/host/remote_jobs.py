@@ -6,8 +6,9 @@ whose stdin carries the secrets into that orch's environment (`submission.submit
 job id the host prints is checked against the job-id shape before it names anything here. The
 job's ledger, controller and logs are the host's; this ORCH_HOME remembers the job's id
 (host.json's `jobs`) and keeps its hand-over kit (`handover`), so that a new host can take the
-job over if this one dies. `ask` runs any `orch` command there for such a job and returns what
-it printed and its exit status.
+job over if this one dies. `ask` runs an `orch` command there for such a job (the live view of
+`orch status --watch`) and returns what it printed and its exit status; the job commands' typed
+requests go through `control.host_jobs`.
 """
 
 from __future__ import annotations
@@ -117,11 +118,6 @@ def refresh_kit(settings: Settings, job_id: str) -> bool:
         return handover.fetch(session, settings.home, job_id, wait_s=0)
     finally:
         session.close()
-
-
-def lives_on_host(settings: Settings, job_id: str) -> bool:
-    record = records.load(settings.home)
-    return record is not None and job_id in record.jobs
 
 
 def stream(

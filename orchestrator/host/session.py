@@ -12,7 +12,7 @@ from pathlib import Path
 from orchestrator.host.layout import HostLayout
 from orchestrator.host.record import HostRecord, host_dir
 from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, write_known_hosts
-from orchestrator.remote.ssh import CommandResult, NodeConnection
+from orchestrator.remote.ssh import DEFAULT_MAX_OUTPUT, CommandResult, NodeConnection
 from orchestrator.remote.sync import pull_file_argv, push_argv, run_rsync
 
 
@@ -45,9 +45,18 @@ class HostSession:
         self.connection = NodeConnection(self.address, self.identity, command_timeout=300)
 
     def run(
-        self, command: str, *, check: bool = True, stdin: str | None = None, timeout: float = 300
+        self,
+        command: str,
+        *,
+        check: bool = True,
+        stdin: str | None = None,
+        timeout: float = 300,
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> CommandResult:
-        return self.connection.run(command, check=check, stdin=stdin, timeout=timeout)
+        """`NodeConnection.run` on the host: at most `max_output` bytes of its output read."""
+        return self.connection.run(
+            command, check=check, stdin=stdin, timeout=timeout, max_output=max_output
+        )
 
     def push(self, local: Path, destination: str, *, workdir: bool = False) -> None:
         """rsync `local` (a file, or a folder's contents) to `destination` on the host, for

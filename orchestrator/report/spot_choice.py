@@ -5,7 +5,7 @@ billed (`orch cost --job JOB`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
@@ -18,6 +18,10 @@ class _Lease(Protocol):
 
 class _Reads(Protocol):
     def rows(self, kind: type[Any], table: str, clause: str = "", *args: object) -> list[Any]: ...
+
+
+class _LeaseReads(_Reads, Protocol):
+    def leases(self, job_id: str) -> Sequence[Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +68,18 @@ def spot_auto_choice(
         "discount_pct": discount,
         "line": line + "; spot: false runs on-demand",
     }
+
+
+def spot_auto_of(
+    view: _LeaseReads, job_id: str, local_price: Callable[[], Decimal]
+) -> dict[str, Any] | None:
+    """`spot_auto_choice` of one job: compared with the on-demand price its own on-demand nodes
+    were billed at, else (local nodes) the configured one (`local_price`, asked only then)."""
+    leases = view.leases(job_id)
+    if not any(lease.market == "spot" for lease in leases):
+        return None
+    spot = asked_spot(view, job_id)
+    on_demand = max((ls.price_per_hour for ls in leases if ls.market == "on-demand"), default=None)
+    if on_demand is None and spot == "auto" and all(ls.provider == "local" for ls in leases):
+        on_demand = local_price()
+    return spot_auto_choice(spot, leases, on_demand)

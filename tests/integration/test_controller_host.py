@@ -116,6 +116,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert bill["total_usd"] >= line["spend_usd"]
     one = json.loads(run_orch(["cost", "--job", job_id, "--json"], env, timeout=60).stdout)
     assert [r["id"] for r in one["jobs"]] == [job_id]
+    ended = run_orch(["cancel", job_id], env, timeout=60)  # the host's answer, said here
+    assert (ended.returncode, ended.stdout.strip()) == (0, f"job {job_id} already ended: "
+                                                           "SUCCEEDED"), ended.stderr  # fmt: skip
     picture = tmp_path / "remote-report.png"
     drawn = run_orch(["report", job_id, "--out", str(picture), "--json"], env, timeout=120)
     assert drawn.returncode == 0, drawn.stdout + drawn.stderr

@@ -165,6 +165,13 @@ def test_a_remote_job_leaves_no_secret_on_the_host_whose_folders_are_private(
     assert job_id in records.require(node.home).jobs and "../../x" not in str(
         records.require(node.home).jobs
     )
+    # A host whose orch answers a request about one job with another's document is refused.
+    other = '{"document": {"id": "other-0a0a0a", "state": "RUNNING"}}'
+    real.write_text(f'#!/bin/sh\nif [ "$1 $2" = "controller answer" ]; then echo \'{other}\'; '
+                    'exit 0; fi\nexec "$(dirname "$0")/orch.real" "$@"\n')  # fmt: skip
+    lied = run_orch(["status", job_id, "--json"], env, timeout=60)
+    assert lied.returncode == 3 and "describes job 'other-0a0a0a'" in lied.stderr, lied
+    assert lied.stdout == "", "a refused answer is shown"
     down = run_orch(["controller", "down", "--json"], env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
 

@@ -187,6 +187,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "cluster",
             "config",
             "errors",
+            "host",  # HostJobs asks the controller host through its session (`host_jobs`)
             "job_state",
             "ledger",
             "node",
