@@ -54,34 +54,39 @@ def check_settings() -> None:
 
 
 def ledger_view() -> LedgerView | None:
-    """The read-only view of this ORCH_HOME's ledger (`Settings.db_path`); None when it does
-    not apply and the command must `open_ledger` (see `orchestrator.ledger.view`): the ledger
-    is another database (ORCH_DATABASE_URL, or `ledger.url` in config.yaml, which
-    `check_settings` has read already), or the file is not one the view can read as is."""
-    from orchestrator.ledger.view import open_view
+    """The read-only view of this ORCH_HOME's ledger: the database of `ledger.url`
+    (ORCH_DATABASE_URL, or config.yaml, which `check_settings` has read already), else the
+    file `Settings.db_path`; None when it does not apply and the command must `open_ledger`
+    (see `orchestrator.ledger.view`): the ledger is not one the view can read as is."""
+    from orchestrator.ledger.view import open_url_view, open_view
 
-    if os.environ.get("ORCH_DATABASE_URL"):
-        return None
-    if (orch_home() / "config.yaml").exists() and load_settings().ledger.url:
-        return None
+    url = ledger_url()
+    return open_view(orch_home() / "orch.db") if url is None else open_url_view(url)
 
-    return open_view(orch_home() / "orch.db")
+
+def ledger_url() -> str | None:
+    """`ledger.url` (ORCH_DATABASE_URL, or config.yaml), loading the settings only when one
+    of them may give it; None: the ledger is ORCH_HOME's own file."""
+    if os.environ.get("ORCH_DATABASE_URL") or (orch_home() / "config.yaml").exists():
+        return load_settings().ledger.url or None
+    return None
 
 
 def unfinished_job_ids(ledger: Ledger) -> list[str]:
     """The ids of the ledger's unfinished jobs (the only ones that can need a controller), in
     one read of ids and states: no model object for each of a shared ledger's many jobs."""
     from orchestrator.job_state import JobState
-    from orchestrator.ledger.view import EngineView
+    from orchestrator.ledger.view import LedgerView
 
-    with EngineView(ledger.engine) as view:
+    with LedgerView.of_engine(ledger.engine) as view:
         return [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
 
 
 def no_controller_lost() -> bool:
     """True when no unfinished job has lost its controller, found through the ledger's view
-    alone; False when some job has (or the view does not apply), and `revive_controllers`
-    must look with the configuration and the ledger."""
+    alone; False when some job has, when a shared ledger (`ledger.url`) holds unfinished
+    jobs, or when the view does not apply: `revive_controllers` must look with the
+    configuration and the ledger."""
     from orchestrator.control.liveness import controller_lost
     from orchestrator.job_state import JobState
 
@@ -90,5 +95,7 @@ def no_controller_lost() -> bool:
         return False
     with view:
         unfinished = [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
+    if unfinished and ledger_url() is not None:
+        return False  # a shared ledger: which job is whose is `revive`'s to judge
     jobs = orch_home() / "jobs"  # Settings.job_dir
     return not any(controller_lost(jobs / job_id) for job_id in unfinished)

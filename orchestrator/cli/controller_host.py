@@ -305,8 +305,9 @@ def rebuild(
 ROUTED = ("submit", "status", "logs", "cancel", "wait", "report", "ssh")
 # Their options that take a value as the next argument, never a job id.
 VALUE_OPTIONS = frozenset(
-    {"--out", "--node", "-n", "-L", "--tail", "--since", "--interval", "--rank", "--timeout"}
-)
+    {"--out", "--node", "-n", "-L", "--tail", "--since", "--interval", "--rank", "--timeout",
+     "--limit"}
+)  # fmt: skip
 
 
 def _first_positional(args: list[str]) -> int | None:

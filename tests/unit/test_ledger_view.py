@@ -23,7 +23,6 @@ from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.ledger.view import (
     LAYOUT,
     SCHEMA_REVISION,
-    EngineView,
     LedgerView,
     open_view,
 )
@@ -69,7 +68,7 @@ def test_rows_have_the_models_values_and_types(
     filled: tuple[Settings, Ledger], reader: str
 ) -> None:
     settings, ledger = filled
-    opened = view_of(settings) if reader == "sqlite3" else EngineView(ledger.engine)
+    opened = view_of(settings) if reader == "sqlite3" else LedgerView.of_engine(ledger.engine)
     assert_rows_are_the_models(opened, ledger)
 
 
@@ -246,7 +245,7 @@ def test_the_view_writes_nothing(filled: tuple[Settings, Ledger]) -> None:
     with view_of(settings) as view:
         cost_from(view, view.clusters, NOW)
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            view._db.execute("DELETE FROM job")  # type: ignore[union-attr]
+            view.fetch("DELETE FROM job")
     assert settings.db_path.read_bytes() == before
 
 
