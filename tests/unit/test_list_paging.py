@@ -112,7 +112,7 @@ def _statements(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> int:
     return len(seen)
 
 
-LISTINGS = (["status", "--json"], ["status"], ["cost", "--json"], ["status", "--limit", "5"])
+LISTINGS = (["status", "--json"], ["status"], ["cost", "--json"], ["cost"])
 
 
 @pytest.mark.usefixtures("path")
