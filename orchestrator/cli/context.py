@@ -82,20 +82,44 @@ def unfinished_job_ids(ledger: Ledger) -> list[str]:
         return [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
 
 
-def no_controller_lost() -> bool:
-    """True when no unfinished job has lost its controller, found through the ledger's view
-    alone; False when some job has, when a shared ledger (`ledger.url`) holds unfinished
-    jobs, or when the view does not apply: `revive_controllers` must look with the
-    configuration and the ledger."""
+def reports_without_revival() -> list[str] | None:
+    """What the check before every command says when no unfinished job needs a new controller
+    here, found through the ledger's read model alone: nothing on a ledger of this ORCH_HOME's
+    own; on a shared ledger (`ledger.url`), a line for each job stranded on another machine
+    (`adoption.Stranded.line`). None when some job needs a controller from here, or the view
+    does not apply: `supervision.revive` must look with the configuration and the ledger."""
     from orchestrator.control.liveness import controller_lost
     from orchestrator.job_state import JobState
 
     view = ledger_view()
     if view is None:
-        return False
+        return None
     with view:
         unfinished = [job_id for job_id, state in view.job_states() if not JobState(state).is_final]
-    if unfinished and ledger_url() is not None:
-        return False  # a shared ledger: which job is whose is `revive`'s to judge
-    jobs = orch_home() / "jobs"  # Settings.job_dir
-    return not any(controller_lost(jobs / job_id) for job_id in unfinished)
+        if not unfinished:
+            return []
+        if ledger_url() is None:
+            jobs = orch_home() / "jobs"  # Settings.job_dir
+            return None if any(controller_lost(jobs / job_id) for job_id in unfinished) else []
+        from orchestrator.control.adoption import plan_adoption
+
+        live = {job.id: job for job in view.live_jobs()}  # in `unfinished`'s order, as revive
+        jobs_ = [live[job_id] for job_id in unfinished if job_id in live]
+        adoption = plan_adoption(load_settings(), view, jobs_)
+    return None if adoption.revive else [stranded.line() for stranded in adoption.stranded]
+
+
+def no_controller_lost() -> bool:
+    """True when no unfinished job needs a new controller from here, found through the
+    ledger's read model alone (`reports_without_revival`, whose lines it prints on stderr
+    first); False when some job does, or the view does not apply: `revive_controllers` must
+    look with the configuration and the ledger."""
+    reports = reports_without_revival()
+    if reports is None:
+        return False
+    if reports:
+        from orchestrator.cli.output import make_console
+
+        for report in reports:
+            make_console(stderr=True).print(report, highlight=False, markup=False)
+    return True

@@ -32,6 +32,7 @@ def event_rows(text: str) -> int:
 
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
     from orchestrator.ledger.view import LedgerView
 
 
@@ -121,12 +122,14 @@ def status_command(
     page = _Page(limit, since)
     if job_id is None and not watch and interval is None and _status_from_view(json_out, page):
         return
-    from orchestrator.cli.console import RECENT_EVENTS, job_detail
     from orchestrator.ledger.measures import utcnow
     from orchestrator.ledger.view import LedgerView
-    from orchestrator.report.documents import job_document, status_list
+    from orchestrator.report.documents import status_list
 
     settings = load_settings()
+    if job_id and not watch and interval is None:
+        _print_job(settings, job_id, json_out, events)
+        return
     ledger = open_ledger(settings)
     console = make_console()
     if watch or interval is not None:
@@ -136,18 +139,29 @@ def status_command(
             settings, ledger, console, job_id, watch=watch, json_out=json_out, interval=interval
         )
         return
-    if job_id:
-        document = job_document(ledger, settings, ledger.get_job(job_id))
-        if json_out:
-            print_json(document)
-        else:
-            rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
-            for renderable in job_detail(document, events=rows):
-                console.print(renderable)
-        return
     with LedgerView.of_engine(ledger.engine) as view:  # rows, not a model object per job
         jobs, hidden = status_list(view, settings.home, utcnow(), limit=limit, since=since)
     _print_status(jobs, kept_clusters(settings, ledger), hidden, json_out, page)
+
+
+def _print_job(settings: Settings, job_id: str, json_out: bool, events: int | None) -> None:
+    """`orch status JOB`: its document (`job_document`) read through the ledger's read model,
+    printed as JSON or as its detail with `events` rows of events."""
+    from orchestrator.cli.console import RECENT_EVENTS, job_detail
+    from orchestrator.cli.context import ledger_view
+    from orchestrator.ledger.view import LedgerView
+    from orchestrator.report.documents import job_document
+
+    view = ledger_view() or LedgerView.of_engine(open_ledger(settings).engine)
+    with view:
+        document = job_document(view, settings, view.job_detail(job_id))
+    if json_out:
+        print_json(document)
+        return
+    console = make_console()
+    rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
+    for renderable in job_detail(document, events=rows):
+        console.print(renderable)
 
 
 class _Page(NamedTuple):

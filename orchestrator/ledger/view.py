@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -36,8 +36,23 @@ from typing import Any, Protocol, TypeVar
 
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
-from orchestrator.ledger.measures import UP, Billed, lease_cost
+from orchestrator.ledger.measures import UP
 from orchestrator.ledger.migrations import HEAD
+from orchestrator.ledger.rows import (
+    CheckpointRow,
+    ClusterRow,
+    ControllerLeaseRow,
+    EventRow,
+    GpuSampleRow,
+    HostLeaseRow,
+    IdleLeaseRow,
+    JobBill,
+    JobDetailRow,
+    JobRow,
+    LeaseRow,
+    SpanRow,
+    bills_of,
+)
 
 SCHEMA_REVISION = HEAD  # the revision whose tables and columns `LAYOUT` lists
 
@@ -68,157 +83,6 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A `store.Job` without its spec and controller bookkeeping."""
-
-    id: str
-    name: str
-    state: str
-    provider: str
-    nodes: int
-    gpus_per_node: int
-    created_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    step: int | None
-    loss: float | None
-    exit_code: int | None
-    reason: str | None
-    recoveries: int
-    switches: int
-    cluster_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRow:
-    """A `store.Lease`."""
-
-    id: int
-    job_id: str
-    cluster: str
-    provider: str
-    instance_id: str
-    rank: int
-    market: str
-    instance_type: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class HostLeaseRow:
-    """A `store.HostLease`: a launched controller host's billable life."""
-
-    instance_id: str
-    provider: str
-    host: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class SpanRow:
-    """What a bill reads of a `store.Lease`: whose it is, its price and its span."""
-
-    job_id: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobBill:
-    """A job's bill from its leases: how many, their node-seconds, what they cost (exact USD),
-    and whether one of them still bills."""
-
-    leases: int
-    node_seconds: float
-    spend: Decimal
-    running: bool
-
-
-NO_BILL = JobBill(0, 0.0, Decimal(0), False)
-
-
-class JobSpan(Billed, Protocol):
-    """A lease's span with its job: a `SpanRow`, `LeaseRow` or `store.Lease`."""
-
-    @property
-    def job_id(self) -> str: ...
-
-
-def bills_of(spans: Iterable[JobSpan], now: datetime) -> dict[str, JobBill]:
-    """Each job's bill from its leases' spans, at `now` (a lease still open bills until then),
-    with `measures.lease_cost`'s arithmetic. Anything with a lease's job, price and span
-    will do (`SpanRow`, `LeaseRow`, `store.Lease`)."""
-    count: dict[str, int] = {}
-    seconds: dict[str, float] = {}
-    spend: dict[str, Decimal] = {}
-    running: dict[str, bool] = {}
-    for span in spans:
-        job = span.job_id
-        count[job] = count.get(job, 0) + 1
-        seconds[job] = (
-            seconds.get(job, 0.0) + ((span.ended_at or now) - span.launched_at).total_seconds()
-        )
-        spend[job] = spend.get(job, Decimal(0)) + lease_cost(span, now)
-        running[job] = running.get(job, False) or span.ended_at is None
-    return {job: JobBill(count[job], seconds[job], spend[job], running[job]) for job in count}
-
-
-@dataclass(frozen=True, slots=True)
-class IdleLeaseRow:
-    """A `store.IdleLease`."""
-
-    id: int
-    cluster_id: str
-    instance_id: str
-    rank: int
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterRow:
-    """A `store.KeptCluster`."""
-
-    id: str
-    name: str
-    provider: str
-    state: str
-    nodes: int
-    gpus_per_node: int
-    autostop_s: float | None
-    created_at: datetime
-    ended_at: datetime | None
-    job_id: str | None
-    idle_since: datetime | None
-    reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRow:
-    """A `store.CheckpointRecord`."""
-
-    id: int
-    job_id: str
-    name: str
-    step: int | None
-    size_bytes: int
-    pulled_at: datetime
-    kind: str | None
-    digest: str | None
-    in_mirror: bool
-    stored_at: datetime | None
-    store_url: str | None
-    files_json: str | None
-    pruned_at: datetime | None
-
-
 def _utc(value: str | datetime) -> datetime:
     """`store.UTCDateTime`'s reading: ISO text (SQLite) or a timestamptz (PostgreSQL)."""
     return value.astimezone(UTC) if isinstance(value, datetime) else datetime.fromisoformat(value)
@@ -235,6 +99,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
             "launched_at",
             "idle_since",
             "pulled_at",
+            "expires_at",
+            "at",
             "stored_at",
             "pruned_at",
         ),
@@ -242,6 +108,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     ),  # fmt: skip
     "price_per_hour": Decimal,
     "in_mirror": bool,
+    "ok": bool,
 }
 
 _Row = TypeVar("_Row")
@@ -405,6 +272,28 @@ class LedgerView:
             raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
         return found[0]
 
+    def job_detail(self, job_id: str) -> JobDetailRow:
+        """`get_job` with the job's spec (one job's view)."""
+        found = self.rows(JobDetailRow, "job", "WHERE id = ?", job_id)
+        if not found:
+            raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
+        return found[0]
+
+    def events(self, job_id: str) -> list[EventRow]:
+        """A job's events, oldest first (`Ledger.events`)."""
+        return self.rows(EventRow, "event", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def latest_gpu_samples(self, job_id: str) -> list[GpuSampleRow]:
+        """The newest sample of each (node, GPU) of a job, among its newest 512
+        (`Ledger.latest_gpu_samples`)."""
+        found = self.rows(
+            GpuSampleRow, "gpu_sample", "WHERE job_id = ? ORDER BY id DESC LIMIT 512", job_id
+        )
+        newest: dict[tuple[int, int], GpuSampleRow] = {}
+        for sample in found:
+            newest.setdefault((sample.rank, sample.gpu), sample)
+        return [newest[key] for key in sorted(newest)]
+
     def leases(self, job_id: str | None = None) -> list[LeaseRow]:
         """A job's leases, oldest first; every job's with no `job_id` (`Ledger.leases`)."""
         if job_id is None:
@@ -452,6 +341,18 @@ class LedgerView:
         if limit:
             query, args = f"{query} LIMIT ?", [*args, limit]
         return [(row[0], row[1], row[2]) for row in self.fetch(query, *args)]
+
+    def controller_leases(self) -> dict[str, ControllerLeaseRow]:
+        """Every job's controller lease, by job id (`ControllerLeases.all`)."""
+        found = self.rows(ControllerLeaseRow, "controller_lease")
+        return {lease.job_id: lease for lease in found}
+
+    def clock(self) -> datetime:
+        """The ledger's clock (`ledger.clock.database_now`): the time leases are judged by."""
+        if self._source is not None and self._source.sums_bills:  # PostgreSQL
+            return _utc(self.fetch("SELECT clock_timestamp()")[0][0])
+        found = self.fetch("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(found[0][0]).replace(tzinfo=UTC)
 
     def _since(self, since: datetime | None) -> tuple[str, list[object]]:
         """The WHERE clause (and its argument) of the jobs created at or after `since`."""

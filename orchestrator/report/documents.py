@@ -21,23 +21,28 @@ from orchestrator.ledger.sharing import shown_env
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
+    from orchestrator.ledger.rows import (
+        CheckpointRow,
+        ClusterRow,
+        EventRow,
+        GpuSampleRow,
+        HostLeaseRow,
+        IdleLeaseRow,
+        JobBill,
+        JobDetailRow,
+        JobRow,
+        LeaseRow,
+    )
     from orchestrator.ledger.store import (
         CheckpointRecord,
+        Event,
+        GpuSampleRecord,
         HostLease,
         IdleLease,
         Job,
         KeptCluster,
         Lease,
         Ledger,
-    )
-    from orchestrator.ledger.view import (
-        CheckpointRow,
-        ClusterRow,
-        HostLeaseRow,
-        IdleLeaseRow,
-        JobBill,
-        JobRow,
-        LeaseRow,
     )
 
 
@@ -50,6 +55,13 @@ class JobReads(Protocol):
     def checkpoints(
         self, job_id: str, *, live_only: bool = False
     ) -> Sequence[CheckpointRecord | CheckpointRow]: ...
+
+
+class DetailReads(JobReads, Protocol):
+    """The reads of one job's view: `store.Ledger`'s, or `view.LedgerView`'s."""
+
+    def events(self, job_id: str) -> Sequence[Event | EventRow]: ...
+    def latest_gpu_samples(self, job_id: str) -> Sequence[GpuSampleRecord | GpuSampleRow]: ...
 
 
 class ListReads(Protocol):
@@ -158,7 +170,9 @@ def job_summary(
     }
 
 
-def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
+def job_document(
+    ledger: DetailReads, settings: Settings, job: Job | JobDetailRow, *, detail: bool = True
+) -> dict:
     """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
     spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
     and the names of its `secrets`, never their values, and while it runs `checkpoint_alerts`:
@@ -288,7 +302,7 @@ def cost_from(
     job. `limit` and `since` (a page for scripts) keep the rows of the jobs created at or
     after `since`, newest first, at most `limit`; the clusters, hosts and `total_usd` are the
     whole ledger's whatever the page."""
-    from orchestrator.ledger.view import NO_BILL, bills_of
+    from orchestrator.ledger.rows import NO_BILL, bills_of
     from orchestrator.report.clusters import clusters_from
 
     if job_id:
