@@ -243,7 +243,15 @@ READ_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("status", "--json"),
     ("cost",),
     ("cost", "--json"),
+    ("status", "--json", "--limit", "20"),  # a page for scripts
+    ("cost", "--json", "--since", "7d"),
 )
+
+
+def read_commands(count: int) -> tuple[tuple[str, ...], ...]:
+    """`READ_COMMANDS` and one job's view (the newest of `count` seeded jobs)."""
+    newest = f"seed-{count - 1:06d}"
+    return (*READ_COMMANDS, ("status", newest), ("status", newest, "--json"))
 
 
 def time_command(args: Sequence[str], env: dict[str, str], repeats: int) -> tuple[float, str]:
@@ -271,6 +279,12 @@ def check_reads(outputs: dict[tuple[str, ...], str], count: int) -> list[str]:
     cost = json.loads(outputs[("cost", "--json")])
     if len(cost["jobs"]) != count:
         problems.append(f"orch cost --json lists {len(cost['jobs'])} jobs, not {count}")
+    page = json.loads(outputs[("status", "--json", "--limit", "20")])["jobs"]
+    if [job["id"] for job in page] != [job["id"] for job in status["jobs"][:20]]:
+        problems.append("orch status --json --limit 20 is not the newest 20 jobs")
+    newest = json.loads(outputs[("status", f"seed-{count - 1:06d}", "--json")])
+    if newest.get("id") != f"seed-{count - 1:06d}":
+        problems.append("orch status JOB --json does not show that job")
     return problems
 
 
@@ -288,7 +302,7 @@ def reads_round(root: Path, url: str | None, label: str, rows: Seed, repeats: in
     baseline, _ = time_command(["--help"], env, repeats)
     figures: dict[tuple[str, ...], float] = {}
     outputs: dict[tuple[str, ...], str] = {}
-    for args in READ_COMMANDS:
+    for args in read_commands(len(rows.jobs)):
         figures[args], outputs[args] = time_command(args, env, repeats)
     return {
         "baseline": baseline,

@@ -4,7 +4,8 @@ read-only view when they can: no SQLModel, no configuration models, no SSH witho
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 
@@ -31,7 +32,44 @@ def event_rows(text: str) -> int:
 
 
 if TYPE_CHECKING:
+    from orchestrator.config import Settings
     from orchestrator.ledger.view import LedgerView
+
+
+def page_limit(text: str) -> int:
+    """`--limit`: a number of jobs, 1 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: a number of jobs") from None
+    if count < 1:
+        raise typer.BadParameter(f"{text!r}: a number of jobs, 1 or more")
+    return count
+
+
+def since_time(text: str) -> datetime:
+    """`--since`: `orch logs --since`'s times (a duration back from now, or an ISO time)."""
+    from orchestrator.cli.logs import since_time as parse
+
+    return parse(text)
+
+
+LimitFlag = Annotated[
+    int | None,
+    typer.Option(
+        "--limit", parser=page_limit, metavar="N", help="at most N jobs, the newest first"
+    ),
+]
+SinceFlag = Annotated[
+    datetime | None,
+    typer.Option(
+        "--since",
+        parser=since_time,
+        metavar="WHEN",
+        help="only jobs created since WHEN: a duration back from now (10m, 2h, 7d) or an "
+        "ISO time (UTC unless it names its zone)",
+    ),
+]
 
 
 def status_command(
@@ -57,6 +95,8 @@ def status_command(
             "collapsed) and every state change before them [15]",
         ),
     ] = None,
+    limit: LimitFlag = None,
+    since: SinceFlag = None,
 ) -> None:
     """Show jobs, or one job with its leases, checkpoints and events (--watch: live).
 
@@ -65,22 +105,33 @@ def status_command(
 
     With JOB_ID: the job's recoveries, and its events with repeats collapsed (a run of
     CHECKPOINT events is one row): the newest 15 rows and every state change, recovery and
-    move before them; a line counts the events left out (--events all: every event)."""
+    move before them; a line counts the events left out (--events all: every event).
+
+    --limit N / --since WHEN (a page, for scripts): the jobs created since WHEN, newest
+    first, at most N, and no others."""
     if events is not None and (job_id is None or json_out or watch):
         raise SpecError(
             "--events goes with one job's view: `orch status JOB --events all`",
             hint="--json lists every event already",
         )
-    if job_id is None and not watch and interval is None and _status_from_view(json_out):
+    if (limit is not None or since is not None) and (job_id is not None or watch):
+        raise SpecError(
+            "--limit and --since page the list of jobs: `orch status --limit 20 --json`",
+            hint="`orch status JOB` shows one job",
+        )
+    page = _Page(limit, since)
+    if job_id is None and not watch and interval is None and _status_from_view(json_out, page):
         return
     if _on_host(job_id, json_out=json_out, watch=watch, interval=interval, events=events):
         return
-    from orchestrator.cli.console import RECENT_EVENTS, job_detail
     from orchestrator.ledger.measures import utcnow
-    from orchestrator.ledger.view import EngineView
-    from orchestrator.report.documents import job_document, status_list
+    from orchestrator.ledger.view import LedgerView
+    from orchestrator.report.documents import status_list
 
     settings = load_settings()
+    if job_id and not watch and interval is None:
+        _print_job(settings, job_id, json_out, events)
+        return
     ledger = open_ledger(settings)
     console = make_console()
     if watch or interval is not None:
@@ -90,23 +141,47 @@ def status_command(
             settings, ledger, console, job_id, watch=watch, json_out=json_out, interval=interval
         )
         return
-    if job_id:
-        document = job_document(ledger, settings, ledger.get_job(job_id))
-        if json_out:
-            print_json(document)
-        else:
-            rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
-            for renderable in job_detail(document, events=rows):
-                console.print(renderable)
+    with LedgerView.of_engine(ledger.engine) as view:  # rows, not a model object per job
+        jobs, hidden = status_list(view, settings.home, utcnow(), limit=limit, since=since)
+    _print_status(jobs, kept_clusters(settings, ledger), hidden, json_out, page)
+
+
+def _print_job(settings: Settings, job_id: str, json_out: bool, events: int | None) -> None:
+    """`orch status JOB`: its document (`job_document`) read through the ledger's read model,
+    printed as JSON or as its detail with `events` rows of events."""
+    from orchestrator.cli.console import RECENT_EVENTS, job_detail
+    from orchestrator.cli.context import ledger_view
+    from orchestrator.ledger.view import LedgerView
+    from orchestrator.report.documents import job_document
+
+    view = ledger_view() or LedgerView.of_engine(open_ledger(settings).engine)
+    with view:
+        document = job_document(view, settings, view.job_detail(job_id))
+    if json_out:
+        print_json(document)
         return
-    with EngineView(ledger.engine) as view:  # rows, not a model object per job
-        jobs, hidden = status_list(view, view.job_states(), settings.home, utcnow())
-    _print_status(jobs, kept_clusters(settings, ledger), hidden, json_out)
+    console = make_console()
+    rows = RECENT_EVENTS if events is None else None if events == ALL_EVENTS else events
+    for renderable in job_detail(document, events=rows):
+        console.print(renderable)
 
 
-def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out: bool) -> None:
-    """`orch status`'s list of jobs and kept clusters, and how many finished jobs it left
-    out (`status_list`)."""
+class _Page(NamedTuple):
+    """`--limit` and `--since` of a list: a page for scripts when either is given."""
+
+    limit: int | None
+    since: datetime | None
+
+    @property
+    def paged(self) -> bool:
+        return self.limit is not None or self.since is not None
+
+
+def _print_status(
+    jobs: list[dict], clusters: list[dict], hidden: int, json_out: bool, page: _Page
+) -> None:
+    """`orch status`'s list of jobs and kept clusters, and how many jobs it left out
+    (`status_list`)."""
     jobs = _with_host_jobs(jobs, "status")
     if json_out:
         print_json({"jobs": jobs, "clusters": clusters})  # the document as it always was
@@ -117,7 +192,9 @@ def _print_status(jobs: list[dict], clusters: list[dict], hidden: int, json_out:
     console.print(jobs_table(jobs))
     if hidden:
         console.print(
-            f"{hidden} older finished job(s) not listed: `orch status JOB` shows one, "
+            f"{hidden} more job(s) not listed: raise --limit"
+            if page.paged
+            else f"{hidden} older finished job(s) not listed: `orch status JOB` shows one, "
             "`orch cost` lists every job",
             highlight=False,
             markup=False,
@@ -135,7 +212,7 @@ def _with_host_jobs(jobs: list[dict], command: str) -> list[dict]:
     return jobs if found is None else merged_jobs(jobs, *found)
 
 
-def _status_from_view(json_out: bool) -> bool:
+def _status_from_view(json_out: bool, page: _Page) -> bool:
     """`orch status` of all jobs, read through the ledger's read-only view: the same documents
     without SQLModel or the configuration's models. False, with nothing printed, when the view
     does not apply (`ledger_view`) or a kept cluster is past its autostop: only its provider
@@ -154,9 +231,9 @@ def _status_from_view(json_out: bool) -> bool:
             left = autostop_left(cluster, now)
             if left is not None and left < 0:
                 return False
-        jobs, hidden = status_list(view, view.job_states(), orch_home(), now)
+        jobs, hidden = status_list(view, orch_home(), now, limit=page.limit, since=page.since)
         clusters = clusters_from(view, view.clusters, now, up_only=True)
-    _print_status(jobs, clusters, hidden, json_out)
+    _print_status(jobs, clusters, hidden, json_out, page)
     return True
 
 
@@ -166,10 +243,21 @@ def cost_command(
         bool, typer.Option("--all", help="a row for every job [the newest 50, and the rest summed]")
     ] = False,
     json_out: JsonFlag = False,
+    limit: LimitFlag = None,
+    since: SinceFlag = None,
 ) -> None:
     """What jobs cost: node-seconds x the price recorded at launch. The table has a row for
     each of the newest 50 jobs and one summing the older ones (--all: a row each); --json
-    lists every job."""
+    lists every job.
+
+    --limit N / --since WHEN (a page, for scripts): rows of the jobs created since WHEN,
+    newest first, at most N; the kept clusters, controller hosts and total stay the whole
+    ledger's."""
+    if (limit is not None or since is not None) and job_id is not None:
+        raise SpecError(
+            "--limit and --since page the list of jobs; --job shows one",
+            hint="`orch cost --since 7d --json` lists the jobs of the last week",
+        )
     from orchestrator.cli.context import ledger_view, orch_home
     from orchestrator.cli.host_billing import settle_recorded
     from orchestrator.cli.host_jobs import host_rows
@@ -184,12 +272,12 @@ def cost_command(
         return
     settle_recorded(orch_home())  # a controller host that powered itself off stopped billing
     view = ledger_view()  # the ledger's read-only view: no SQLModel, no configuration models
-    if view is None:  # another database, or a file to migrate first: rows, no model objects
-        from orchestrator.ledger.view import EngineView
+    if view is None:  # a ledger to migrate first, or one that does not answer: rows still
+        from orchestrator.ledger.view import LedgerView
 
-        view = EngineView(open_ledger(load_settings()).engine)
+        view = LedgerView.of_engine(open_ledger(load_settings()).engine)
     with view:
-        document = cost_from(view, view.clusters, utcnow(), job_id)
+        document = cost_from(view, view.clusters, utcnow(), job_id, limit=limit, since=since)
         if job_id is not None:
             document["spot_auto"] = _spot_auto(view, job_id)
     if job_id is None and (found := host_rows("cost")) is not None:

@@ -23,13 +23,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from orchestrator.config import Settings
 from orchestrator.control.liveness import JOB_RECORD, JOB_SECRETS, controller_lost, lock_held
 from orchestrator.control.machine_id import machine_id, machine_of
 from orchestrator.job_state import JobState
-from orchestrator.ledger.controller_leases import ControllerLeases
-from orchestrator.ledger.store import Job, Ledger
+from orchestrator.ledger.view import LedgerView
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.rows import JobRow
+    from orchestrator.ledger.store import Job, Ledger
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Adoption:
         return set(self.live_elsewhere) | {s.job_id for s in self.stranded}
 
 
-def can_drive_here(settings: Settings, ledger: Ledger, job: Job) -> bool:
+def can_drive_here(settings: Settings, ledger: Ledger | LedgerView, job: Job | JobRow) -> bool:
     """Whether this ORCH_HOME holds what driving `job` takes: its record and secrets file,
     and its nodes' SSH keys once it launched any."""
     job_dir = settings.job_dir(job.id)
@@ -78,11 +82,16 @@ def can_drive_here(settings: Settings, ledger: Ledger, job: Job) -> bool:
 
 
 def plan_adoption(
-    settings: Settings, ledger: Ledger, jobs: Iterable[Job], *, now: datetime | None = None
+    settings: Settings,
+    ledger: Ledger | LedgerView,
+    jobs: Iterable[Job | JobRow],
+    *,
+    now: datetime | None = None,
 ) -> Adoption:
     """Sort the unfinished ones of `jobs` as the module docstring says; final jobs are left
     out. `now`: the time leases are judged at (UTC); by default the ledger's clock, the one
-    every machine judges leases by (`ledger.clock`)."""
+    every machine judges leases by (`ledger.clock`). `ledger` is the SQLModel ledger, or its
+    read model (`ledger.view`: the same reads, as rows, in one snapshot)."""
     unfinished = [job for job in jobs if not JobState(job.state).is_final]
     adoption = Adoption()
     if not settings.ledger.shared:
@@ -90,8 +99,14 @@ def plan_adoption(
         return adoption
     if not unfinished:
         return adoption
-    now = now or ControllerLeases(ledger).now()  # before the leases: never judged too late
-    leases = ControllerLeases(ledger).all()
+    if isinstance(ledger, LedgerView):
+        now = now or ledger.clock()  # before the leases: never judged too late
+        leases = ledger.controller_leases()
+    else:
+        from orchestrator.ledger.controller_leases import ControllerLeases
+
+        now = now or ControllerLeases(ledger).now()  # before the leases, as above
+        leases = ControllerLeases(ledger).all()  # type: ignore[assignment]
     me = machine_id(settings.home)
     starting = timedelta(seconds=settings.ledger.controller_lease)
     for job in unfinished:

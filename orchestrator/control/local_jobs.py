@@ -67,24 +67,24 @@ class LocalJobs:
 
     def list(self, view: View) -> dict[str, Any]:
         from orchestrator.ledger.measures import utcnow
-        from orchestrator.ledger.view import EngineView
+        from orchestrator.ledger.view import LedgerView
         from orchestrator.report.documents import cost_from, status_list
 
-        with EngineView(self.ledger.engine) as reads:
+        with LedgerView.of_engine(self.ledger.engine) as reads:
             if view == "cost":
                 return cost_from(reads, reads.clusters, utcnow())
-            jobs, _ = status_list(reads, reads.job_states(), self.settings.home, utcnow())
+            jobs, _ = status_list(reads, self.settings.home, utcnow())
         from orchestrator.report.clusters import clusters_document
 
         return {"jobs": jobs, "clusters": clusters_document(self.ledger, utcnow(), up_only=True)}
 
     def cost(self, job_id: str) -> dict[str, Any]:
         from orchestrator.ledger.measures import utcnow
-        from orchestrator.ledger.view import EngineView
+        from orchestrator.ledger.view import LedgerView
         from orchestrator.report.documents import cost_from
         from orchestrator.report.spot_choice import spot_auto_of
 
-        with EngineView(self.ledger.engine) as reads:
+        with LedgerView.of_engine(self.ledger.engine) as reads:
             document = cost_from(reads, reads.clusters, utcnow(), job_id)
             document["spot_auto"] = spot_auto_of(
                 reads, job_id, lambda: self.settings.local.price_per_hour

@@ -129,7 +129,7 @@ def revive(settings: Settings, ledger: Ledger, job_ids: Iterable[str] | None = N
     among `job_ids` when given; `adoption.plan_adoption` says which); the plan says what was
     revived and, on a shared ledger, which jobs are another machine's. A job whose record
     was never written is left alone."""
-    jobs = ledger.jobs() if job_ids is None else [ledger.get_job(job_id) for job_id in job_ids]
+    jobs = ledger.jobs() if job_ids is None else ledger.jobs_of(job_ids)  # one read
     adoption = plan_adoption(settings, ledger, jobs)
     for job_id in adoption.revive:
         spawn_controller(settings, job_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from orchestrator.errors import ConfigError, OrchError
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
+    from sqlalchemy.engine import URL, Engine
 
 EXAMPLE = "postgresql+psycopg://orch@db.example.com:5432/orch"
 _SETTING = "ledger.url in ORCH_HOME/config.yaml, or ORCH_DATABASE_URL"
@@ -99,3 +99,21 @@ def unreachable(url: URL, exc: BaseException) -> LedgerUnreachable:
         f"cannot reach the ledger database {shown(url)}: {reason[0] if reason else exc}",
         hint=hint,
     )
+
+
+def postgresql_engine(url: URL, **options: object) -> Engine:
+    """A pool of psycopg 3 connections to `url`; a dropped connection (server restart) is
+    replaced before use, and a server that does not answer fails the connect within 10 s.
+    `options` go to `sqlalchemy.create_engine` (e.g. a `poolclass`)."""
+    from sqlalchemy import create_engine
+
+    connect_args: dict[str, object] = {"application_name": "orch"}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = 10
+    try:
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **options)
+    except ImportError as exc:
+        raise LedgerUrlError(
+            f"the ledger URL {shown(url)} needs psycopg 3, which is not installed ({exc})",
+            hint="pip install 'psycopg[binary]>=3.1' (orch's own dependencies include it)",
+        ) from exc

@@ -24,7 +24,7 @@ from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
-from orchestrator.ledger.database import LedgerUrlError, database_url, shown
+from orchestrator.ledger.database import database_url, postgresql_engine
 from orchestrator.ledger.fencing import Fence, LeaseLost, claim, lost_reason
 from orchestrator.ledger.measures import hourly_rate as hourly_rate
 from orchestrator.ledger.measures import lease_cost as lease_cost
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from orchestrator.providers.base import Instance
 
 
-def _utc_column(nullable: bool = True) -> Column:
-    return Column(UTCDateTime(), nullable=nullable)
+def _utc_column(nullable: bool = True, *, index: bool = False) -> Column:
+    return Column(UTCDateTime(), nullable=nullable, index=index)
 
 
 class Job(SQLModel, table=True):
@@ -52,7 +52,7 @@ class Job(SQLModel, table=True):
     gpus_per_node: int
     spec_json: str  # the validated JobSpec as JSON, flags applied
     spec_path: str  # the YAML file it was loaded from
-    created_at: datetime = Field(sa_column=_utc_column(nullable=False))
+    created_at: datetime = Field(sa_column=_utc_column(nullable=False, index=True))
     started_at: datetime | None = Field(default=None, sa_column=_utc_column())
     ended_at: datetime | None = Field(default=None, sa_column=_utc_column())
     step: int | None = None  # last step reported by rank 0
@@ -297,7 +297,7 @@ def make_engine(location: Path | str) -> Engine:
                 create_sqlite(path, lock_file=lock_file)
         engine = _sqlite_engine(url)
     else:
-        engine = _postgresql_engine(url)
+        engine = postgresql_engine(url)
     try:
         upgrade(engine, lock_file=lock_file)
     except BaseException:
@@ -325,21 +325,6 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.close()
 
     return engine
-
-
-def _postgresql_engine(url: URL) -> Engine:
-    """A pool of psycopg 3 connections; a dropped connection (server restart) is replaced
-    before use, and a server that does not answer fails the connect within 10 s."""
-    connect_args: dict[str, object] = {"application_name": "orch"}
-    if "connect_timeout" not in url.query:
-        connect_args["connect_timeout"] = 10
-    try:
-        return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-    except ImportError as exc:
-        raise LedgerUrlError(
-            f"the ledger URL {shown(url)} needs psycopg 3, which is not installed ({exc})",
-            hint="pip install 'psycopg[binary]>=3.1' (orch's own dependencies include it)",
-        ) from exc
 
 
 _Row = TypeVar("_Row", bound=SQLModel)
@@ -445,6 +430,17 @@ class Ledger:
             if limit:
                 query = query.limit(limit)
             return list(session.exec(query))
+
+    def jobs_of(self, job_ids: Iterable[str]) -> list[Job]:
+        """The jobs of `job_ids`, in their order, in one read; raises UnknownJob for an id
+        that is not in the ledger (as `get_job`)."""
+        wanted = list(job_ids)
+        if not wanted:
+            return []
+        with Session(self.engine) as session:
+            query = select(Job).where(Job.id.in_(wanted))  # type: ignore[attr-defined]
+            found = {job.id: job for job in session.exec(query)}
+        return [found[job_id] if job_id in found else self.get_job(job_id) for job_id in wanted]
 
     def update_job(self, job_id: str, **fields: object) -> Job:
         return self._update(Job, job_id, f"no job {job_id!r} in the ledger", fields)

@@ -1,24 +1,23 @@
-"""A read-only view of the ledger for the list views: through the stdlib sqlite3 module for
-the SQLite file, through SQLAlchemy Core for a ledger in another database.
+"""The ledger's one read model for the read commands (`orch status`, `orch cost`, the
+checks before every command): typed rows, never ORM objects, through the stdlib sqlite3 module
+for the SQLite file (`open_view`) and through SQLAlchemy Core for a ledger in another database
+(`open_url_view`, or `LedgerView.of_engine` over an engine the caller opened).
 
-`orch status` (all jobs, human or --json) and `orch cost` read a few tables and print; through
-SQLModel and SQLAlchemy their start-up would be mostly imports. This view reads the same
-tables with sqlite3 alone. A ledger in PostgreSQL (`ledger.url`) is read by `EngineView`, the
-same reads as plain typed rows (no ORM objects): `orch cost` over ten thousand jobs then costs
-two queries and no object per row.
+Through SQLModel the read commands' start-up would be mostly imports, and a list of jobs one
+query per job. Here a list is a bounded number of statements whatever the number of jobs (the
+jobs, then the leases and checkpoints of those listed, each in one read), and `orch cost` over
+ten thousand jobs is two queries (on PostgreSQL the database sums the bills).
 
 Contract:
 - Read only: the file is opened with `mode=ro`, and all reads of one view see one snapshot
   (one read transaction). It never creates, checks or migrates anything.
-- Only a ledger this orch would open as is: `open_view` returns None (the caller then takes
-  the full path, `store.make_engine`, which migrates or reports the problem) unless the file
-  is a SQLite database stamped with this orch's newest schema revision (`alembic_version`
-  holds `SCHEMA_REVISION`, `migrations.HEAD`). `LAYOUT` lists the models' tables and columns
-  at that revision; tests hold it to the models and the models to the migrations.
-- `open_view` is SQLite only; `EngineView` reads a ledger in another database (`ledger.url`)
-  through an engine that `store.make_engine` opened (and so checked or migrated), in one
-  transaction.
-- An absent ledger reads as an empty one (nothing is created).
+- Only a ledger this orch would open as is: `open_view` and `open_url_view` return None (the
+  caller then takes the full path, `store.make_engine`, which migrates or reports the
+  problem) unless the ledger is stamped with this orch's newest schema revision
+  (`alembic_version` holds `SCHEMA_REVISION`, `migrations.HEAD`). `LAYOUT` lists the models'
+  tables and columns at that revision; tests hold it to the models and the models to the
+  migrations.
+- An absent ledger file reads as an empty one (nothing is created).
 - The rows carry the columns the list views read, with the names and Python types the
   SQLModel models give them (aware datetimes, exact Decimals, bools), and the reads return
   them in the same order as `Ledger`'s and `Clusters`' reads of the same name, so the
@@ -28,16 +27,32 @@ Contract:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from orchestrator.errors import UnknownJob
-from orchestrator.ledger.measures import UP, Billed, lease_cost
+from orchestrator.job_state import JobState
+from orchestrator.ledger.measures import UP
 from orchestrator.ledger.migrations import HEAD
+from orchestrator.ledger.rows import (
+    CheckpointRow,
+    ClusterRow,
+    ControllerLeaseRow,
+    EventRow,
+    GpuSampleRow,
+    HostLeaseRow,
+    IdleLeaseRow,
+    JobBill,
+    JobDetailRow,
+    JobRow,
+    LeaseRow,
+    SpanRow,
+    bills_of,
+)
 
 SCHEMA_REVISION = HEAD  # the revision whose tables and columns `LAYOUT` lists
 
@@ -68,155 +83,9 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A `store.Job` without its spec and controller bookkeeping."""
-
-    id: str
-    name: str
-    state: str
-    provider: str
-    nodes: int
-    gpus_per_node: int
-    created_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    step: int | None
-    loss: float | None
-    exit_code: int | None
-    reason: str | None
-    recoveries: int
-    switches: int
-    cluster_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRow:
-    """A `store.Lease`."""
-
-    id: int
-    job_id: str
-    cluster: str
-    provider: str
-    instance_id: str
-    rank: int
-    market: str
-    instance_type: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class HostLeaseRow:
-    """A `store.HostLease`: a launched controller host's billable life."""
-
-    instance_id: str
-    provider: str
-    host: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class SpanRow:
-    """What a bill reads of a `store.Lease`: whose it is, its price and its span."""
-
-    job_id: str
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobBill:
-    """A job's bill from its leases: how many, their node-seconds, what they cost (exact USD),
-    and whether one of them still bills."""
-
-    leases: int
-    node_seconds: float
-    spend: Decimal
-    running: bool
-
-
-NO_BILL = JobBill(0, 0.0, Decimal(0), False)
-
-
-class JobSpan(Billed, Protocol):
-    """A lease's span with its job: a `SpanRow`, `LeaseRow` or `store.Lease`."""
-
-    @property
-    def job_id(self) -> str: ...
-
-
-def bills_of(spans: Iterable[JobSpan], now: datetime) -> dict[str, JobBill]:
-    """Each job's bill from its leases' spans, at `now` (a lease still open bills until then),
-    with `measures.lease_cost`'s arithmetic. Anything with a lease's job, price and span
-    will do (`SpanRow`, `LeaseRow`, `store.Lease`)."""
-    count: dict[str, int] = {}
-    seconds: dict[str, float] = {}
-    spend: dict[str, Decimal] = {}
-    running: dict[str, bool] = {}
-    for span in spans:
-        job = span.job_id
-        count[job] = count.get(job, 0) + 1
-        seconds[job] = (
-            seconds.get(job, 0.0) + ((span.ended_at or now) - span.launched_at).total_seconds()
-        )
-        spend[job] = spend.get(job, Decimal(0)) + lease_cost(span, now)
-        running[job] = running.get(job, False) or span.ended_at is None
-    return {job: JobBill(count[job], seconds[job], spend[job], running[job]) for job in count}
-
-
-@dataclass(frozen=True, slots=True)
-class IdleLeaseRow:
-    """A `store.IdleLease`."""
-
-    id: int
-    cluster_id: str
-    instance_id: str
-    rank: int
-    price_per_hour: Decimal
-    launched_at: datetime
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterRow:
-    """A `store.KeptCluster`."""
-
-    id: str
-    name: str
-    provider: str
-    state: str
-    nodes: int
-    gpus_per_node: int
-    autostop_s: float | None
-    created_at: datetime
-    ended_at: datetime | None
-    job_id: str | None
-    idle_since: datetime | None
-    reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRow:
-    """A `store.CheckpointRecord`."""
-
-    id: int
-    job_id: str
-    name: str
-    step: int | None
-    size_bytes: int
-    pulled_at: datetime
-    kind: str | None
-    digest: str | None
-    in_mirror: bool
-    stored_at: datetime | None
-    store_url: str | None
-    files_json: str | None
-    pruned_at: datetime | None
+def _utc(value: str | datetime) -> datetime:
+    """`store.UTCDateTime`'s reading: ISO text (SQLite) or a timestamptz (PostgreSQL)."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
 # Columns whose stored text or integer SQLModel turns into another type (store.UTCDateTime,
@@ -230,16 +99,27 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
             "launched_at",
             "idle_since",
             "pulled_at",
+            "expires_at",
+            "at",
             "stored_at",
             "pruned_at",
         ),
-        datetime.fromisoformat,
+        _utc,
     ),  # fmt: skip
     "price_per_hour": Decimal,
     "in_mirror": bool,
+    "ok": bool,
 }
 
 _Row = TypeVar("_Row")
+
+
+class _OfJob(Protocol):
+    @property
+    def job_id(self) -> str: ...
+
+
+_Keyed = TypeVar("_Keyed", bound=_OfJob)
 
 
 def _names(kind: type[_Row]) -> list[str]:
@@ -263,18 +143,87 @@ def _as_rows(
     ]
 
 
-class LedgerView:
-    """The ledger's reads that the list views make, with `Ledger`'s names and orders; its
-    kept clusters' reads are `clusters` (those of `ledger.clusters.Clusters`)."""
+class _Source(Protocol):
+    """Where a `LedgerView` reads: SQL with `?` parameters in, every row fetched out."""
 
-    def __init__(self, connection: sqlite3.Connection | None) -> None:
-        self._db = connection  # None: no ledger file, every read is empty
-        self.clusters = ClustersView(self)
+    sums_bills: bool  # the database sums bills exactly (PostgreSQL `numeric`)
+
+    def moment(self, at: datetime) -> object:
+        """`at` as a parameter compared with a stored time (`store.UTCDateTime`)."""
+        ...
+
+    def fetch(self, query: str, args: Sequence[object]) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+class _SqliteSource:
+    """The ledger file through the stdlib sqlite3 module, read-only, in one read transaction."""
+
+    sums_bills = False
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+
+    def moment(self, at: datetime) -> object:
+        return _iso(at)
+
+    def fetch(self, query: str, args: Sequence[object]) -> list[Any]:
+        return self.connection.execute(query, tuple(args)).fetchall()
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        self.connection.close()
+
+
+class _EngineSource:
+    """A ledger in any database through a SQLAlchemy engine: one connection, one transaction,
+    the SQL run as the driver's own statement (no ORM object, no per-value type processing).
+    The engine is disposed on close only when `owned`."""
+
+    def __init__(self, engine: Any, *, owned: bool = False) -> None:
+        self.connection: Any = engine.connect()
+        self.connection.begin()
+        self._engine = engine if owned else None
+        self._qmark = engine.dialect.paramstyle == "qmark"
+        self.sums_bills = engine.dialect.name == "postgresql"
+
+    def moment(self, at: datetime) -> object:
+        return at.astimezone(UTC) if self.sums_bills else _iso(at)
+
+    def fetch(self, query: str, args: Sequence[object]) -> list[Any]:
+        if not self._qmark:  # psycopg: format style
+            query = query.replace("%", "%%").replace("?", "%s")
+        return list(self.connection.exec_driver_sql(query, tuple(args)).fetchall())
+
+    def close(self) -> None:
+        self.connection.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+_LIVE = tuple(sorted(state.value for state in JobState if not state.is_final))
+
+
+class LedgerView:
+    """The ledger's one read model for the read commands: typed rows (never ORM objects),
+    with `Ledger`'s names and orders, over the SQLite file (`open_view`) or any database
+    (`LedgerView.of_engine`, `open_url_view`); its kept clusters' reads are `clusters`
+    (those of `ledger.clusters.Clusters`). Every read is one statement, whatever the number
+    of jobs: the list reads take the ids they need (`leases_of`, `checkpoints_of`)."""
+
+    def __init__(self, source: _Source | None) -> None:
+        self._source = source  # None: no ledger file, every read is empty
+        self.clusters = ClustersView(self)
+
+    @classmethod
+    def of_engine(cls, engine: Any) -> LedgerView:
+        """A view through `engine` (opened with `store.make_engine`, so checked or
+        migrated), which stays the caller's: closing the view does not dispose it."""
+        return cls(_EngineSource(engine))
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
     def __enter__(self) -> LedgerView:
         return self
@@ -282,23 +231,40 @@ class LedgerView:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def fetch(self, query: str, *args: object) -> list[Any]:
+        """The rows of one statement (`?` parameters) as tuples; none without a ledger."""
+        return [] if self._source is None else self._source.fetch(query, args)
+
     def rows(self, kind: type[_Row], table: str, clause: str = "", *args: object) -> list[_Row]:
         """Rows of `table` as `kind` (a row dataclass), `clause` after FROM (WHERE, ORDER BY)."""
-        if self._db is None:
-            return []
         names = _names(kind)
         query = f'SELECT {", ".join(names)} FROM "{table}" {clause}'
-        return _as_rows(kind, [_CONVERT.get(name) for name in names], self._db.execute(query, args))
+        return _as_rows(kind, [_CONVERT.get(name) for name in names], self.fetch(query, *args))
 
-    def jobs(self, *, limit: int | None = None) -> list[JobRow]:
-        """Newest first, like `Ledger.jobs`."""
+    def jobs(self, *, limit: int | None = None, since: datetime | None = None) -> list[JobRow]:
+        """Newest first, like `Ledger.jobs`; at most `limit`, those created at or after
+        `since`."""
+        where, args = self._since(since)
         if limit:
-            return self.rows(JobRow, "job", "ORDER BY created_at DESC LIMIT ?", limit)
-        return self.rows(JobRow, "job", "ORDER BY created_at DESC")
+            return self.rows(JobRow, "job", f"{where}ORDER BY created_at DESC LIMIT ?",
+                             *args, limit)  # fmt: skip
+        return self.rows(JobRow, "job", f"{where}ORDER BY created_at DESC", *args)
+
+    def live_jobs(self) -> list[JobRow]:
+        """Every unfinished job, newest first."""
+        marks = ", ".join("?" * len(_LIVE))
+        return self.rows(JobRow, "job", f"WHERE state IN ({marks}) ORDER BY created_at DESC",
+                         *_LIVE)  # fmt: skip
+
+    def job_count(self, *, since: datetime | None = None) -> int:
+        """How many jobs the ledger holds (created at or after `since`)."""
+        where, args = self._since(since)
+        found = self.fetch(f"SELECT count(*) FROM job {where}", *args)
+        return int(found[0][0]) if found else 0
 
     def job_states(self) -> list[tuple[str, str]]:
         """(id, state) of every job."""
-        return [] if self._db is None else self._db.execute("SELECT id, state FROM job").fetchall()
+        return [(row[0], row[1]) for row in self.fetch("SELECT id, state FROM job")]
 
     def get_job(self, job_id: str) -> JobRow:
         found = self.rows(JobRow, "job", "WHERE id = ?", job_id)
@@ -306,11 +272,55 @@ class LedgerView:
             raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
         return found[0]
 
+    def job_detail(self, job_id: str) -> JobDetailRow:
+        """`get_job` with the job's spec (one job's view)."""
+        found = self.rows(JobDetailRow, "job", "WHERE id = ?", job_id)
+        if not found:
+            raise UnknownJob(f"no job {job_id!r} in the ledger", hint="`orch status` lists jobs")
+        return found[0]
+
+    def events(self, job_id: str) -> list[EventRow]:
+        """A job's events, oldest first (`Ledger.events`)."""
+        return self.rows(EventRow, "event", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def latest_gpu_samples(self, job_id: str) -> list[GpuSampleRow]:
+        """The newest sample of each (node, GPU) of a job, among its newest 512
+        (`Ledger.latest_gpu_samples`)."""
+        found = self.rows(
+            GpuSampleRow, "gpu_sample", "WHERE job_id = ? ORDER BY id DESC LIMIT 512", job_id
+        )
+        newest: dict[tuple[int, int], GpuSampleRow] = {}
+        for sample in found:
+            newest.setdefault((sample.rank, sample.gpu), sample)
+        return [newest[key] for key in sorted(newest)]
+
     def leases(self, job_id: str | None = None) -> list[LeaseRow]:
         """A job's leases, oldest first; every job's with no `job_id` (`Ledger.leases`)."""
         if job_id is None:
             return self.rows(LeaseRow, "lease", "ORDER BY id")
         return self.rows(LeaseRow, "lease", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def leases_of(self, job_ids: Sequence[str]) -> dict[str, list[LeaseRow]]:
+        """The leases of each of `job_ids`, oldest first, in one read; a job with none is
+        absent."""
+        return _by_job(self._of(LeaseRow, "lease", job_ids, ""))
+
+    def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRow]:
+        live = " AND pruned_at IS NULL" if live_only else ""
+        return self.rows(CheckpointRow, "checkpoint", f"WHERE job_id = ?{live} ORDER BY id", job_id)
+
+    def checkpoints_of(
+        self, job_ids: Sequence[str], *, live_only: bool = False
+    ) -> dict[str, list[CheckpointRow]]:
+        """`checkpoints` of each of `job_ids` in one read; a job with none is absent."""
+        live = " AND pruned_at IS NULL" if live_only else ""
+        return _by_job(self._of(CheckpointRow, "checkpoint", job_ids, live))
+
+    def _of(self, kind: type[_Row], table: str, job_ids: Sequence[str], more: str) -> list[_Row]:
+        if not job_ids:
+            return []
+        marks = ", ".join("?" * len(job_ids))
+        return self.rows(kind, table, f"WHERE job_id IN ({marks}){more} ORDER BY id", *job_ids)
 
     def host_leases(self) -> list[HostLeaseRow]:
         """Every launched controller host's lease, the oldest first (`HostLeases.all`)."""
@@ -321,21 +331,66 @@ class LedgerView:
         of four columns."""
         return self.rows(SpanRow, "lease", "ORDER BY id")
 
-    def job_heads(self) -> list[tuple[str, str, str]]:
-        """(id, state, provider) of every job, newest first (the order of `jobs`)."""
-        if self._db is None:
-            return []
-        return self._db.execute(
-            "SELECT id, state, provider FROM job ORDER BY created_at DESC"
-        ).fetchall()
+    def job_heads(
+        self, *, limit: int | None = None, since: datetime | None = None
+    ) -> list[tuple[str, str, str]]:
+        """(id, state, provider) of every job, newest first (the order and selection of
+        `jobs`)."""
+        where, args = self._since(since)
+        query = f"SELECT id, state, provider FROM job {where}ORDER BY created_at DESC"
+        if limit:
+            query, args = f"{query} LIMIT ?", [*args, limit]
+        return [(row[0], row[1], row[2]) for row in self.fetch(query, *args)]
+
+    def controller_leases(self) -> dict[str, ControllerLeaseRow]:
+        """Every job's controller lease, by job id (`ControllerLeases.all`)."""
+        found = self.rows(ControllerLeaseRow, "controller_lease")
+        return {lease.job_id: lease for lease in found}
+
+    def clock(self) -> datetime:
+        """The ledger's clock (`ledger.clock.database_now`): the time leases are judged by."""
+        if self._source is not None and self._source.sums_bills:  # PostgreSQL
+            return _utc(self.fetch("SELECT clock_timestamp()")[0][0])
+        found = self.fetch("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(found[0][0]).replace(tzinfo=UTC)
+
+    def _since(self, since: datetime | None) -> tuple[str, list[object]]:
+        """The WHERE clause (and its argument) of the jobs created at or after `since`."""
+        if since is None or self._source is None:
+            return "", []
+        return "WHERE created_at >= ? ", [self._source.moment(since)]
 
     def job_bills(self, now: datetime) -> dict[str, JobBill]:
-        """Every job's bill at `now` (`bills_of`), in one read; a job with no lease has none."""
-        return bills_of(self.lease_spans(), now)
+        """Every job's bill at `now` (`bills_of`), in one read; a job with no lease has none.
 
-    def checkpoints(self, job_id: str, *, live_only: bool = False) -> list[CheckpointRow]:
-        live = " AND pruned_at IS NULL" if live_only else ""
-        return self.rows(CheckpointRow, "checkpoint", f"WHERE job_id = ?{live} ORDER BY id", job_id)
+        On PostgreSQL the database sums the bills: its `numeric` arithmetic is exact (the
+        price times each lease's span in microseconds, negative spans counted as none), so
+        the figures are `bills_of`'s without reading every lease over the wire."""
+        if self._source is None or not self._source.sums_bills:
+            return bills_of(self.lease_spans(), now)
+        span = "extract(epoch from (coalesce(ended_at, ?) - launched_at))::numeric"
+        query = (
+            f"SELECT job_id, count(*), sum({span}), "
+            f"sum(price_per_hour * greatest({span}, 0)) / 3600, bool_or(ended_at IS NULL) "
+            "FROM lease GROUP BY job_id"
+        )
+        return {
+            job: JobBill(count, float(seconds), spend, bool(running))
+            for job, count, seconds, spend, running in self.fetch(query, now, now)
+        }
+
+
+def _iso(at: datetime) -> str:
+    """`at` as store.UTCDateTime keeps it in SQLite: UTC ISO text, whose order is the
+    times' order."""
+    return at.astimezone(UTC).isoformat()
+
+
+def _by_job(found: Iterable[_Keyed]) -> dict[str, list[_Keyed]]:
+    grouped: dict[str, list[_Keyed]] = {}
+    for row in found:
+        grouped.setdefault(row.job_id, []).append(row)
+    return grouped
 
 
 class ClustersView:
@@ -363,76 +418,6 @@ class ClustersView:
         )
 
 
-class EngineView(LedgerView):
-    """`LedgerView`'s reads of a ledger in any database, through SQLAlchemy on one connection
-    and one transaction: the same SQL, run as the driver's own statement (no ORM object, no
-    per-value type processing), and its values turned into the types the SQLModel models
-    give (`store.UTCDateTime`, `store.DecimalText`): aware UTC datetimes, exact Decimals,
-    bools. The engine is the caller's (opened with `store.make_engine`), never disposed here."""
-
-    def __init__(self, engine: Any) -> None:
-        super().__init__(None)
-        self._connection: Any = engine.connect()
-        self._connection.begin()
-        self._qmark = engine.dialect.paramstyle == "qmark"
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    def _execute(self, query: str, args: tuple[object, ...]) -> Any:
-        if not self._qmark:  # psycopg: format style
-            query = query.replace("%", "%%").replace("?", "%s")
-        return self._connection.exec_driver_sql(query, args)
-
-    def rows(self, kind: type[_Row], table: str, clause: str = "", *args: object) -> list[_Row]:
-        names = _names(kind)
-        query = f'SELECT {", ".join(names)} FROM "{table}" {clause}'
-        converters = [_ANY_CONVERT.get(name) for name in names]
-        # fetched in one go, not row by row
-        return _as_rows(kind, converters, self._execute(query, args).fetchall())
-
-    def job_states(self) -> list[tuple[str, str]]:
-        found = self._execute("SELECT id, state FROM job", ()).fetchall()
-        return [(row[0], row[1]) for row in found]
-
-    def job_heads(self) -> list[tuple[str, str, str]]:
-        query = "SELECT id, state, provider FROM job ORDER BY created_at DESC"
-        return [(row[0], row[1], row[2]) for row in self._execute(query, ()).fetchall()]
-
-    def job_bills(self, now: datetime) -> dict[str, JobBill]:
-        """On PostgreSQL the database sums the bills: its `numeric` arithmetic is exact (the
-        price times each lease's span in microseconds, negative spans counted as none), so
-        the figures are `bills_of`'s without reading every lease over the wire. Elsewhere,
-        `bills_of` over every lease's span."""
-        if self._qmark:
-            return super().job_bills(now)
-        span = "extract(epoch from (coalesce(ended_at, %s) - launched_at))::numeric"
-        query = (
-            f"SELECT job_id, count(*), sum({span}), "
-            f"sum(price_per_hour * greatest({span}, 0)) / 3600, bool_or(ended_at IS NULL) "
-            "FROM lease GROUP BY job_id"
-        )
-        found = self._connection.exec_driver_sql(query, (now, now)).fetchall()
-        return {
-            job: JobBill(count, float(seconds), spend, bool(running))
-            for job, count, seconds, spend, running in found
-        }
-
-
-def _utc(value: str | datetime) -> datetime:
-    """`store.UTCDateTime`'s reading: ISO text (SQLite) or a timestamptz (PostgreSQL)."""
-    return value.astimezone(UTC) if isinstance(value, datetime) else datetime.fromisoformat(value)
-
-
-# `_CONVERT` for values of any database: a driver may have made them datetimes or Decimals
-_ANY_CONVERT: dict[str, Callable[[Any], Any]] = {
-    name: _utc if convert == datetime.fromisoformat else convert
-    for name, convert in _CONVERT.items()
-}
-
-
 def open_view(path: Path) -> LedgerView | None:
     """The view of the ledger file at `path` (an empty view when there is none); None when the
     view does not apply: the file is not a SQLite database that can be read, or its schema
@@ -454,4 +439,38 @@ def open_view(path: Path) -> LedgerView | None:
     if stamp is None or stamp[0] != SCHEMA_REVISION:
         connection.close()
         return None
-    return LedgerView(connection)
+    return LedgerView(_SqliteSource(connection))
+
+
+def open_url_view(raw: str) -> LedgerView | None:
+    """The view of the ledger at the database URL `raw` (`ledger.url`), through SQLAlchemy
+    Core alone (no SQLModel, nothing created or migrated); None when it does not apply and
+    the caller must take the full path (`store.make_engine`), which migrates or reports the
+    problem: the URL is not one the ledger uses, the database does not answer, or its schema
+    revision is not `SCHEMA_REVISION`."""
+    from orchestrator.errors import OrchError
+    from orchestrator.ledger.database import database_url, postgresql_engine
+
+    try:
+        url = database_url(raw)
+    except OrchError:
+        return None
+    if url.get_backend_name() == "sqlite":
+        return open_view(Path(url.database)) if url.database not in (None, "", ":memory:") else None
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    engine = postgresql_engine(url, poolclass=NullPool)
+    try:
+        source = _EngineSource(engine, owned=True)
+    except SQLAlchemyError:
+        engine.dispose()
+        return None
+    try:
+        stamp = source.fetch("SELECT version_num FROM alembic_version", ())
+    except SQLAlchemyError:  # no version table yet
+        stamp = []
+    if not stamp or stamp[0][0] != SCHEMA_REVISION:
+        source.close()
+        return None
+    return LedgerView(source)

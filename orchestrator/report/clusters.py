@@ -16,8 +16,8 @@ from orchestrator.ledger.measures import UP, autostop_left, holder, total_cost
 from orchestrator.report.documents import ClusterReads, JobReads, money
 
 if TYPE_CHECKING:
+    from orchestrator.ledger.rows import ClusterRow
     from orchestrator.ledger.store import KeptCluster, Ledger
-    from orchestrator.ledger.view import ClusterRow
 
 
 def cluster_document(ledger: Ledger, cluster: KeptCluster, now: datetime) -> dict[str, Any]:

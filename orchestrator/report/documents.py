@@ -21,23 +21,28 @@ from orchestrator.ledger.sharing import shown_env
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
+    from orchestrator.ledger.rows import (
+        CheckpointRow,
+        ClusterRow,
+        EventRow,
+        GpuSampleRow,
+        HostLeaseRow,
+        IdleLeaseRow,
+        JobBill,
+        JobDetailRow,
+        JobRow,
+        LeaseRow,
+    )
     from orchestrator.ledger.store import (
         CheckpointRecord,
+        Event,
+        GpuSampleRecord,
         HostLease,
         IdleLease,
         Job,
         KeptCluster,
         Lease,
         Ledger,
-    )
-    from orchestrator.ledger.view import (
-        CheckpointRow,
-        ClusterRow,
-        HostLeaseRow,
-        IdleLeaseRow,
-        JobBill,
-        JobRow,
-        LeaseRow,
     )
 
 
@@ -52,11 +57,35 @@ class JobReads(Protocol):
     ) -> Sequence[CheckpointRecord | CheckpointRow]: ...
 
 
+class DetailReads(JobReads, Protocol):
+    """The reads of one job's view: `store.Ledger`'s, or `view.LedgerView`'s."""
+
+    def events(self, job_id: str) -> Sequence[Event | EventRow]: ...
+    def latest_gpu_samples(self, job_id: str) -> Sequence[GpuSampleRecord | GpuSampleRow]: ...
+
+
+class ListReads(Protocol):
+    """The reads of `orch status`'s list (`view.LedgerView`'s): a bounded number of reads
+    whatever the number of jobs."""
+
+    def jobs(
+        self, *, limit: int | None = None, since: datetime | None = None
+    ) -> Sequence[JobRow]: ...
+    def live_jobs(self) -> Sequence[JobRow]: ...
+    def job_count(self, *, since: datetime | None = None) -> int: ...
+    def leases_of(self, job_ids: Sequence[str]) -> Mapping[str, Sequence[LeaseRow]]: ...
+    def checkpoints_of(
+        self, job_ids: Sequence[str], *, live_only: bool = False
+    ) -> Mapping[str, Sequence[CheckpointRow]]: ...
+
+
 class CostReads(JobReads, Protocol):
     """The reads `orch cost` makes: `JobReads`, every job's (id, state, provider) and every
     job's bill, each in one read."""
 
-    def job_heads(self) -> Sequence[tuple[str, str, str]]: ...
+    def job_heads(
+        self, *, limit: int | None = None, since: datetime | None = None
+    ) -> Sequence[tuple[str, str, str]]: ...
     def job_bills(self, now: datetime) -> Mapping[str, JobBill]: ...
     def host_leases(self) -> Sequence[HostLeaseRow]: ...
 
@@ -141,7 +170,9 @@ def job_summary(
     }
 
 
-def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool = True) -> dict:
+def job_document(
+    ledger: DetailReads, settings: Settings, job: Job | JobDetailRow, *, detail: bool = True
+) -> dict:
     """The JSON view of a job (DESIGN.md: id, state, provider, nodes, gpus_per_node, step,
     spend_usd, checkpoints, recoveries; plus, when `detail`, leases, events, the spec's `env`
     and the names of its `secrets`, never their values, and while it runs `checkpoint_alerts`:
@@ -198,67 +229,80 @@ def job_document(ledger: Ledger, settings: Settings, job: Job, *, detail: bool =
 STATUS_LIMIT = 50  # the newest jobs `orch status` lists (older unfinished ones besides)
 
 
-def jobs_list(ledger: JobReads, home: Path, now: datetime, *, limit: int = 50) -> list[dict]:
-    """The newest `limit` jobs as `orch status` lists them, from either reader: each is its
+def jobs_list(ledger: ListReads, home: Path, now: datetime, *, limit: int = 50) -> list[dict]:
+    """The newest `limit` jobs as `orch status` lists them: each is its
     `job_document(..., detail=False)`. `home` is ORCH_HOME (`Settings.home`): a job's
     checkpoint mirror is `Settings.job_dir(id) / "checkpoints"`."""
-    return [_listed(ledger, job, home, now) for job in ledger.jobs(limit=limit)]
+    return listed_jobs(ledger, ledger.jobs(limit=limit), home, now)
 
 
 def status_list(
-    ledger: JobReads,
-    states: Sequence[tuple[str, str]],
+    ledger: ListReads,
     home: Path,
     now: datetime,
     *,
-    limit: int = STATUS_LIMIT,
+    limit: int | None = None,
+    since: datetime | None = None,
 ) -> tuple[list[dict], int]:
-    """`orch status`'s jobs and how many it leaves out. Listed: the newest `limit` jobs
-    (`jobs_list`), then every unfinished job older than those, newest first, so a long run
-    stays in sight however many jobs came after it. Left out: the other, finished, jobs.
-    `states` is (id, state) of every job of the ledger (`LedgerView.job_states`)."""
-    newest = list(ledger.jobs(limit=limit))
-    shown = {job.id for job in newest}
-    older_live = sorted(
-        (
-            ledger.get_job(job_id)
-            for job_id, state in states
-            if job_id not in shown and not JobState(state).is_final
-        ),
-        key=lambda job: job.created_at,
-        reverse=True,
-    )
-    listed = [_listed(ledger, job, home, now) for job in [*newest, *older_live]]
-    return listed, max(0, len(states) - len(listed))
+    """`orch status`'s jobs and how many it leaves out, in a bounded number of reads whatever
+    the number of jobs. Without `limit` or `since`: the newest `STATUS_LIMIT` jobs, then every
+    unfinished job older than those, newest first, so a long run stays in sight however many
+    jobs came after it; left out: the other, finished, jobs. With either (a page for
+    scripts): the jobs created at or after `since`, newest first, at most `limit`; left out:
+    the others created since then."""
+    if limit is None and since is None:
+        newest = ledger.jobs(limit=STATUS_LIMIT)
+        shown = {job.id for job in newest}
+        jobs = [*newest, *(job for job in ledger.live_jobs() if job.id not in shown)]
+    else:
+        jobs = ledger.jobs(limit=limit, since=since)
+    listed = listed_jobs(ledger, jobs, home, now)
+    return listed, max(0, ledger.job_count(since=since) - len(listed))
 
 
-def _listed(ledger: JobReads, job: Job | JobRow, home: Path, now: datetime) -> dict:
-    return job_summary(
-        job,
-        ledger.leases(job.id),
-        ledger.checkpoints(job.id, live_only=True),
-        home / "jobs" / job.id / "checkpoints",
-        now,
-    )
+def listed_jobs(ledger: ListReads, jobs: Sequence[JobRow], home: Path, now: datetime) -> list[dict]:
+    """`jobs` as lists show them (`job_summary`), their leases and live checkpoints read in
+    one read each."""
+    ids = [job.id for job in jobs]
+    leases = ledger.leases_of(ids)
+    checkpoints = ledger.checkpoints_of(ids, live_only=True)
+    return [
+        job_summary(
+            job,
+            leases.get(job.id, []),
+            checkpoints.get(job.id, []),
+            home / "jobs" / job.id / "checkpoints",
+            now,
+        )
+        for job in jobs
+    ]
 
 
 def cost_document(ledger: Ledger, job_id: str | None = None) -> dict:
     """Spend per job, per kept cluster (its jobs and its idle time between them) and in
     total, from the leases' recorded prices; with `job_id`, that job's alone. Read through
-    the ledger's `EngineView` (rows, not model objects, whatever the number of jobs)."""
-    from orchestrator.ledger.view import EngineView
+    the ledger's read model (rows, not model objects, whatever the number of jobs)."""
+    from orchestrator.ledger.view import LedgerView
 
-    with EngineView(ledger.engine) as view:
+    with LedgerView.of_engine(ledger.engine) as view:
         return cost_from(view, view.clusters, utcnow(), job_id)
 
 
 def cost_from(
-    ledger: CostReads, clusters: ClusterReads, now: datetime, job_id: str | None = None
+    ledger: CostReads,
+    clusters: ClusterReads,
+    now: datetime,
+    job_id: str | None = None,
+    *,
+    limit: int | None = None,
+    since: datetime | None = None,
 ) -> dict:
-    """`cost_document` from a view of the ledger (`LedgerView`, `EngineView`) and its kept
-    `clusters`, at `now`. Every job's bill is two reads in all (`job_heads`, `job_bills`),
-    not one per job."""
-    from orchestrator.ledger.view import NO_BILL, bills_of
+    """`cost_document` from a view of the ledger (`view.LedgerView`) and its kept `clusters`,
+    at `now`. Every job's bill is two reads in all (`job_heads`, `job_bills`), not one per
+    job. `limit` and `since` (a page for scripts) keep the rows of the jobs created at or
+    after `since`, newest first, at most `limit`; the clusters, hosts and `total_usd` are the
+    whole ledger's whatever the page."""
+    from orchestrator.ledger.rows import NO_BILL, bills_of
     from orchestrator.report.clusters import clusters_from
 
     if job_id:
@@ -266,7 +310,7 @@ def cost_from(
         heads: Sequence[tuple[str, str, str]] = [(job.id, job.state, job.provider)]
         bills: Mapping[str, JobBill] = bills_of(ledger.leases(job_id), now)
     else:
-        heads, bills = ledger.job_heads(), ledger.job_bills(now)
+        heads, bills = ledger.job_heads(limit=limit, since=since), ledger.job_bills(now)
     rows = []
     total = Decimal(0)
     for head_id, state, provider in heads:
@@ -283,6 +327,8 @@ def cost_from(
                 "running": bill.running,
             }
         )
+    if job_id is None and (limit or since):  # a page: the total is still every job's
+        total = sum((bill.spend for bill in bills.values()), Decimal(0))
     kept = [] if job_id else clusters_from(ledger, clusters, now, up_only=False)
     total += sum((total_cost(clusters.idle_leases(c["id"]), now) for c in kept), Decimal(0))
     hosts = [] if job_id else ledger.host_leases()

@@ -29,6 +29,7 @@ from orchestrator.control.lease_keeper import (
 from orchestrator.control.machine_id import holder_id, machine_id
 from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
+from orchestrator.ledger.view import open_url_view
 from tests.support.helpers import REPO
 from tests.support.lease_rows import add_job, age_lease
 
@@ -252,6 +253,12 @@ def test_which_unfinished_jobs_a_machine_revives_leaves_alone_or_reports(
         f"job {adoption.stranded[0].job_id}: its controller on machine a stopped; run "
         "`orch reconcile` on a, which holds its keys"
     )
+    # the same plan through the ledger's read model (what the check before every command reads)
+    view = open_url_view(url)
+    assert view is not None
+    with view:
+        assert plan_adoption(here, view, view.jobs(), now=now) == adoption
+        assert abs((view.clock() - leases.now()).total_seconds()) < 5
     # the SQLite file under ORCH_HOME is this home's alone: today's rule, the file lock only
     own = load_settings({"ORCH_HOME": str(here.home)})
     assert sorted(plan_adoption(own, ledger, ledger.jobs(), now=now).revive) == [

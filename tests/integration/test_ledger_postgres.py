@@ -296,21 +296,21 @@ def test_orch_database_url_makes_the_commands_read_postgresql(
 def test_the_engine_view_reads_postgresql_as_the_models_do(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    from orchestrator.ledger.view import EngineView
+    from orchestrator.ledger.view import LedgerView
     from tests.unit.test_ledger_view import assert_rows_are_the_models
 
     ledger = Ledger(make_engine(postgres_url))
     fill(ledger, tmp_path / "store")
-    assert_rows_are_the_models(EngineView(ledger.engine), ledger)
+    assert_rows_are_the_models(LedgerView.of_engine(ledger.engine), ledger)
     ledger.engine.dispose()
 
 
 def test_postgresql_sums_each_jobs_bill_as_the_leases_arithmetic_does(postgres_url: str) -> None:
-    """`orch cost` on PostgreSQL has the database sum every job's leases (`EngineView.job_bills`)
+    """`orch cost` on PostgreSQL has the database sum every job's leases (`LedgerView.job_bills`)
     instead of reading each lease: the same counts, node-seconds, open leases and spend as
     `bills_of` over the leases, to far below a cent (odd prices, sub-second spans, a lease still
     open, one whose end came before its start)."""
-    from orchestrator.ledger.view import EngineView, bills_of
+    from orchestrator.ledger.view import LedgerView, bills_of
 
     ledger = Ledger(make_engine(postgres_url))
     spans = [
@@ -333,7 +333,7 @@ def test_postgresql_sums_each_jobs_bill_as_the_leases_arithmetic_does(postgres_u
                   ended_at=None if end is None else T0 + timedelta(seconds=end))
         )  # fmt: skip
     now = T0 + timedelta(hours=5, microseconds=7)
-    with EngineView(ledger.engine) as view:
+    with LedgerView.of_engine(ledger.engine) as view:
         summed = view.job_bills(now)
         expected = bills_of(view.lease_spans(), now)
         heads = view.job_heads()

@@ -268,18 +268,28 @@ def test_without_a_url_the_ledger_is_the_sqlite_file_under_orch_home(tmp_path: P
     engine.dispose()
 
 
-def test_the_list_views_step_aside_for_a_ledger_elsewhere(
+def test_the_list_views_read_the_ledger_elsewhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The read model reads the ledger `ledger.url` names (ORCH_DATABASE_URL or config.yaml),
+    never ORCH_HOME's file then; it steps aside (None) for one the full path must migrate."""
     from tests.support.in_process import isolated_home
+    from tests.support.ledger_rows import add_job
 
     home = isolated_home(tmp_path, monkeypatch)
-    make_engine(home / "orch.db").dispose()
+    add_job(Ledger(make_engine(home / "orch.db")), "here", "SUCCEEDED", 0)
+    add_job(Ledger(make_engine(tmp_path / "other.db")), "there", "SUCCEEDED", 0)
     view = context.ledger_view()
     assert view is not None
-    view.close()
+    with view:
+        assert [job.id for job in view.jobs()] == ["here"]
     monkeypatch.setenv("ORCH_DATABASE_URL", f"sqlite:///{tmp_path / 'other.db'}")
-    assert context.ledger_view() is None
+    with context.ledger_view() as view:  # type: ignore[union-attr]
+        assert [job.id for job in view.jobs()] == ["there"]
     monkeypatch.delenv("ORCH_DATABASE_URL")
     (home / "config.yaml").write_text(f"ledger:\n  url: sqlite:///{tmp_path / 'other.db'}\n")
+    with context.ledger_view() as view:  # type: ignore[union-attr]
+        assert [job.id for job in view.jobs()] == ["there"]
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("UPDATE alembic_version SET version_num = ?", (BASELINE,))
     assert context.ledger_view() is None

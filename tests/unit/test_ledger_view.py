@@ -23,7 +23,6 @@ from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.ledger.view import (
     LAYOUT,
     SCHEMA_REVISION,
-    EngineView,
     LedgerView,
     open_view,
 )
@@ -31,7 +30,7 @@ from orchestrator.report import documents
 from orchestrator.report.clusters import clusters_document, clusters_from
 from orchestrator.report.documents import cost_document, cost_from, job_document, jobs_list
 from tests.support.in_process import isolated_home, run_main
-from tests.support.ledger_rows import NOW, fill
+from tests.support.ledger_rows import NOW, add_recovered_job, fill
 
 
 @pytest.fixture
@@ -69,7 +68,7 @@ def test_rows_have_the_models_values_and_types(
     filled: tuple[Settings, Ledger], reader: str
 ) -> None:
     settings, ledger = filled
-    opened = view_of(settings) if reader == "sqlite3" else EngineView(ledger.engine)
+    opened = view_of(settings) if reader == "sqlite3" else LedgerView.of_engine(ledger.engine)
     assert_rows_are_the_models(opened, ledger)
 
 
@@ -145,10 +144,35 @@ def test_status_and_cost_documents_are_the_same_from_either_reader(
     assert json.dumps(one) == json.dumps(cost_document(ledger, "done-1"))
 
 
+def test_one_jobs_document_is_the_same_from_either_reader(
+    filled: tuple[Settings, Ledger],
+) -> None:
+    settings, ledger = filled
+    add_recovered_job(ledger, "recovered-1")
+    ledger.add_gpu_samples(
+        store.GpuSampleRecord(job_id="run-1", rank=rank, gpu=gpu, at=NOW, util_pct=50.0 + n,
+                              mem_used_mib=100.0, mem_total_mib=200.0, ok=bool(n % 2))
+        for n, (rank, gpu) in enumerate([(0, 0), (0, 1), (1, -1), (0, 0)])
+    )  # fmt: skip
+    with view_of(settings) as view:
+        for job in ledger.jobs():
+            mine = job_document(view, settings, view.job_detail(job.id))
+            assert json.dumps(mine) == json.dumps(job_document(ledger, settings, job)), job.id
+        gpus = view.latest_gpu_samples("run-1")
+        samples = zip(gpus, ledger.latest_gpu_samples("run-1"), strict=True)
+        events = zip(view.events("recovered-1"), ledger.events("recovered-1"), strict=True)
+        for row, model in [*samples, *events]:
+            for field in fields(row):
+                mine, theirs = getattr(row, field.name), getattr(model, field.name)
+                assert (mine, type(mine)) == (theirs, type(theirs)), (type(row), field.name)
+    assert len(job_document(ledger, settings, ledger.get_job("run-1"))["gpus"]) == 3
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["status"], ["status", "--json"], ["cost"], ["cost", "--json"], ["cost", "--job", "run-1"]],
-)
+    [["status"], ["status", "--json"], ["cost"], ["cost", "--json"], ["cost", "--job", "run-1"],
+     ["status", "run-1"], ["status", "run-1", "--json"], ["status", "run-1", "--events", "all"]],
+)  # fmt: skip
 def test_the_commands_print_the_same_through_the_view_as_through_sqlmodel(
     filled: tuple[Settings, Ledger], monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
@@ -246,7 +270,7 @@ def test_the_view_writes_nothing(filled: tuple[Settings, Ledger]) -> None:
     with view_of(settings) as view:
         cost_from(view, view.clusters, NOW)
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            view._db.execute("DELETE FROM job")  # type: ignore[union-attr]
+            view.fetch("DELETE FROM job")
     assert settings.db_path.read_bytes() == before
 
 
