@@ -11,13 +11,13 @@ job holds it) ends them, and is DOWN from then on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.steps import node_step
 from orchestrator.control.attempt import Attempt
+from orchestrator.control.current_attempt import CurrentAttempt
 from orchestrator.control.ending import NodeEnder
 from orchestrator.control.kept import ClusterTurn, live_nodes, settle, setup_digest
 from orchestrator.control.launching import Launcher
@@ -35,13 +35,17 @@ QUEUE_POLL_S = 1.0
 class KeptNodes:
     """What a job's runner does with its kept cluster (the job's `cluster_id`)."""
 
-    def __init__(self, parts: JobParts, launcher: Launcher) -> None:
+    def __init__(
+        self, parts: JobParts, launcher: Launcher, current: CurrentAttempt, nodes: NodeEnder
+    ) -> None:
         job = parts.journal.job
         assert job.cluster_id is not None
         self.parts = parts
         self.journal = parts.journal
         self.ledger = parts.journal.ledger
         self.launcher = launcher
+        self.current = current
+        self.nodes = nodes
         self.clusters = Clusters(self.ledger)
         self.cluster_id = job.cluster_id
         self.turn = ClusterTurn(parts.settings, self.ledger, job.cluster_id, job.id)
@@ -64,9 +68,10 @@ class KeptNodes:
         self.turn.wait(poll_s=QUEUE_POLL_S, on_queued=queued)
         self.held = self.row.job_id == self.journal.job.id  # a revived controller's own
 
-    def reuse(self, keep: Callable[[Attempt], None], nodes: NodeEnder) -> bool:
-        """Run on the cluster's live nodes; False (nothing done) when the cluster has none, or
-        not the job's count (those few are ended first, so a fresh launch replaces them)."""
+    def reuse(self) -> bool:
+        """Run on the cluster's live nodes (held in `current` from the moment they are the
+        job's); False (nothing done) when the cluster has none, or not the job's count (those
+        few are ended first, so a fresh launch replaces them)."""
         p = self.parts
         cluster = settle(self.ledger, p.provider, self.row)
         if cluster.state != UP:
@@ -78,7 +83,7 @@ class KeptNodes:
                     "WARNING", f"cluster {cluster.name} has {len(live)} of "
                     f"{p.spec.resources.nodes} node(s) up; they end and new ones launch",
                 )  # fmt: skip
-                nodes.terminate_all(live)
+                self.nodes.terminate_all(live)
             return False
         now = utcnow()
         self.journal.provisioning(
@@ -86,7 +91,7 @@ class KeptNodes:
         )
         self.clusters.hold(cluster.id, self.journal.job.id, now)
         self.held = True
-        keep(Attempt(live))
+        self.current.hold(Attempt(live))
         job = self.journal.job
         for instance in live:
             self.ledger.open_lease(
@@ -102,7 +107,7 @@ class KeptNodes:
             f"{', '.join(i.instance_id for i in live)}, billed to this job from now",
         )  # fmt: skip
         attempt = self.launcher.reopen(live)
-        keep(attempt)
+        self.current.hold(attempt)
         self._reset(attempt, cluster.name)
         return True
 

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from orchestrator.cluster.checkpoints.kept_summary import describe_kept
 from orchestrator.cluster.steps import node_step
 from orchestrator.control.attempt import Attempt, AttemptOpener
+from orchestrator.control.current_attempt import CurrentAttempt
 from orchestrator.control.ownership import check_identity
 from orchestrator.control.parts import JobParts
 from orchestrator.control.recovery_rules import backoff_seconds
@@ -37,12 +38,16 @@ START_HINT = (
 
 class Launcher:
     """Makes the attempts of one job. Billing starts with `provision`'s launch; nothing here
-    ends a node (the runner does, whatever fails here)."""
+    ends a node (the runner does, whatever fails here): every node launched is held in
+    `current` (the job's current attempt) the moment it exists, before its lease is written."""
 
-    def __init__(self, parts: JobParts, open_attempt: AttemptOpener) -> None:
+    def __init__(
+        self, parts: JobParts, open_attempt: AttemptOpener, current: CurrentAttempt
+    ) -> None:
         self.parts = parts
         self.journal = parts.journal
         self.open_attempt = open_attempt
+        self.current = current
         self.setup_key: str | None = None  # on a kept cluster: `setup` runs only when it changed
 
     def claim_identity(self) -> None:
@@ -75,12 +80,10 @@ class Launcher:
         owner = self.journal.job.node_owner
         return ensure_identity(self.parts.settings.keys_dir(owner), f"orch-{owner}")
 
-    def provision(
-        self, *, avoid_zones: tuple[str, ...], pull_wait: float, keep: Callable[[Attempt], None]
-    ) -> Attempt:
+    def provision(self, *, avoid_zones: tuple[str, ...], pull_wait: float) -> Attempt:
         """PROVISIONING, then launch the job's nodes and open their leases; returns the
-        attempt connected to them. `keep` gets the nodes as soon as they are launched, before
-        their leases are written, so that the caller ends them whatever fails next."""
+        attempt connected to them, held in `current` (as the nodes are, as soon as they are
+        launched, before their leases are written)."""
         p, job = self.parts, self.journal.job
         resources = p.spec.resources
         identity = self._identity()
@@ -99,50 +102,48 @@ class Launcher:
             attempt=self._launch_number(),
         )
         instances = self._launch(request)
-        keep(Attempt(instances))
+        self.current.hold(Attempt(instances))
         for instance in instances:
             self.journal.leased(instance, provider=p.provider.name)
         attempt = self.open_attempt(instances, identity, p.options.connect_timeout)
-        keep(attempt)
+        self.current.hold(attempt)
         return attempt
 
-    def replace_lost(
-        self, survivors: list[Instance], *, pull_wait: float, keep: Callable[[Attempt], None]
-    ) -> Attempt:
+    def replace_lost(self, survivors: list[Instance], *, pull_wait: float) -> Attempt:
         """PROVISIONING, then launch one node per rank the `survivors` lack, in their zone,
         type and market (`replacing.replacement_request`), and open their leases; returns the
         attempt connected to survivors and replacements. The survivors' leases stay open (they
         never stopped billing). Raises `CapacityError` when the zone refuses the replacements
-        (after the launch's bounded retries); `keep` gets every node as soon as there is one
-        to end, as in `provision`. With no rank lacking (a restart on the same nodes), nothing
+        (after the launch's bounded retries); `current` holds every node as soon as there is
+        one to end, as in `provision`. With no rank lacking (a restart on the same nodes), nothing
         is launched."""
         nodes = self.parts.spec.resources.nodes
         if not lost_ranks(survivors, nodes):
             self.journal.provisioning(f"no node to launch: the run restarts on its {nodes} node(s)")
-            return self.join_replacements(survivors, [], keep=keep)
+            return self.join_replacements(survivors, [])
         self.journal.provisioning(_replacing(survivors, nodes))
         replacements = self._launch_replacements(
-            survivors, pull_wait, lambda nodes: keep(Attempt([*survivors, *nodes]))
+            survivors, pull_wait, lambda nodes: self.current.hold(Attempt([*survivors, *nodes]))
         )
-        return self.join_replacements(survivors, replacements, keep=keep)
+        return self.join_replacements(survivors, replacements)
 
     def launch_early(
         self,
         survivors: list[Instance],
         *,
         pull_wait: float,
-        keep: Callable[[list[Instance]], None],
+        launched: Callable[[list[Instance]], None],
     ) -> list[Instance]:
         """Launch the replacements for the ranks the `survivors` lack while the job still runs
         on the node they replace (a notice: see `early_replacement`), and open their leases.
         Writes a PROVISIONING event, not the state: the job stays RUNNING until the salvage
-        is done. `keep` gets the nodes the moment they exist. Raises `CapacityError` when the
-        zone refuses them."""
+        is done. `launched` gets the nodes the moment they exist (they are not the current
+        attempt's). Raises `CapacityError` when the zone refuses them."""
         self.journal.event(
             JobState.PROVISIONING.value,
             _replacing(survivors, self.parts.spec.resources.nodes) + ", launched at the notice",
         )
-        return self._launch_replacements(survivors, pull_wait, keep)
+        return self._launch_replacements(survivors, pull_wait, launched)
 
     def copy_to(self, instances: list[Instance]) -> None:
         """Copy the workdir and the data to `instances` (nodes launched early, not yet part
@@ -160,32 +161,31 @@ class Launcher:
         survivors: list[Instance],
         replacements: list[Instance],
         *,
-        keep: Callable[[Attempt], None],
         early: bool = False,
     ) -> Attempt:
         """The attempt connected to `survivors` and their `replacements` (launched, leases
-        open); with `early` (launched at the notice), PROVISIONING is written first, for the
-        state's sake: nothing is launched then."""
+        open), held in `current`; with `early` (launched at the notice), PROVISIONING is
+        written first, for the state's sake: nothing is launched then."""
         p = self.parts
         if early:
             self.journal.provisioning(
                 _replacing(survivors, p.spec.resources.nodes) + ", launched at the notice: "
                 + ", ".join(i.instance_id for i in replacements)
             )  # fmt: skip
-        keep(Attempt([*survivors, *replacements]))
+        self.current.hold(Attempt([*survivors, *replacements]))
         nodes = joined(survivors, replacements)
         attempt = self.open_attempt(nodes, self._identity(), p.options.connect_timeout)
-        keep(attempt)
+        self.current.hold(attempt)
         return attempt
 
     def _launch_replacements(
         self,
         survivors: list[Instance],
         pull_wait: float,
-        keep: Callable[[list[Instance]], None],
+        launched: Callable[[list[Instance]], None],
     ) -> list[Instance]:
         """Launch one node per rank the `survivors` lack, in their zone, type and market, and
-        open their leases (`keep` gets them first). The PROVISIONING event is written."""
+        open their leases (`launched` gets them first). The PROVISIONING event is written."""
         p, job = self.parts, self.journal.job
         identity = self._identity()
         request = replacement_request(
@@ -202,7 +202,7 @@ class Launcher:
         # One retry at most: the survivors bill while they wait, and a whole cluster elsewhere
         # is the better bet once the zone has refused twice.
         replacements = self._launch(request, retries=min(1, p.options.launch_retries))
-        keep(replacements)
+        launched(replacements)
         for instance in replacements:
             self.journal.leased(instance, provider=p.provider.name)
         return replacements

@@ -47,7 +47,9 @@ from orchestrator.node.run_progress import ProgressClock
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.spot.driver import PlannedMove
 
-Decision = StopOrder | Interruption | PlannedMove | FailedStart
+# What a watch hands back to the runner: end the job, recover, move it, or restart its start.
+# (`spot.policies.Decision` is the spot policy's choice of market, a different thing.)
+Verdict = StopOrder | Interruption | PlannedMove | FailedStart
 
 EARLY_PEEK_S = 0.2  # how often rank 0's log is pulled while a watch waits on its first step
 EARLY_WINDOW_S = 60.0  # how long a watch does that at most
@@ -139,11 +141,11 @@ class _First:
     """The first decision (or failure) of the checks, handed to the main thread."""
 
     def __init__(self) -> None:
-        self.decision: Decision | None = None
+        self.decision: Verdict | None = None
         self.failure: BaseException | None = None
         self.reached = threading.Event()
 
-    def decide(self, decision: Decision | None) -> None:
+    def decide(self, decision: Verdict | None) -> None:
         if decision is not None and not self.reached.is_set():
             self.decision = decision
             self.reached.set()
@@ -190,7 +192,7 @@ class Supervisor:
         except OrchError:
             return False
 
-    def watch(self, attempt: Attempt) -> Decision:
+    def watch(self, attempt: Attempt) -> Verdict:
         """Watch until the run ends, a limit stops it, nodes are interrupted, or the spot
         policy moves the job; returns that decision. A check that fails raises here (a
         `JobFailed` when the run failed on a node). Ctrl-C lands in the main thread as
@@ -228,7 +230,7 @@ class Supervisor:
 
         settled = threading.Event()  # the early pace ended: the main thread reschedules
 
-        def paced_check_run() -> Decision | None:
+        def paced_check_run() -> Verdict | None:
             decision = self.paced_check_run(attempt, pace)
             if pace.settle(run_watch, time.monotonic()):
                 settled.set()
@@ -290,7 +292,7 @@ class Supervisor:
     def _last_step(self) -> int | None:
         return self.parts.journal.last_step
 
-    def _guarded(self, check: Callable[[], Decision | None], first: _First) -> Callable[[], None]:
+    def _guarded(self, check: Callable[[], Verdict | None], first: _First) -> Callable[[], None]:
         def run_check() -> None:
             if first.reached.is_set():
                 return
@@ -315,7 +317,7 @@ class Supervisor:
             attempt.abort(rank)
 
     # --- the checks -------------------------------------------------------------------------
-    def paced_check_run(self, attempt: Attempt, pace: RunPace) -> Decision | None:
+    def paced_check_run(self, attempt: Attempt, pace: RunPace) -> Verdict | None:
         """`check_run` when `pace` says a full check is due; else rank 0's new log lines only
         (`RunWatch.peek`), which decides nothing."""
         if pace.full_check_due(time.monotonic()):
@@ -335,7 +337,7 @@ class Supervisor:
             f"spot interruption notice ({notice.action} at {when})", utcnow(), notice.time,
         )  # fmt: skip
 
-    def check_run(self, attempt: Attempt) -> Decision | None:
+    def check_run(self, attempt: Attempt) -> Verdict | None:
         """Liveness, the run's end and max_runtime. A node lost, reclaimed or downed is added
         to the attempt's gone ranks; a run that failed on a node raises `JobFailed` with the
         tail of that node's log."""
@@ -381,7 +383,7 @@ class Supervisor:
             max_runtime_s=p.spec.budget.max_runtime,
         )
 
-    def check_progress(self, attempt: Attempt, watch: RunWatch) -> Decision | None:
+    def check_progress(self, attempt: Attempt, watch: RunWatch) -> Verdict | None:
         """Rank 0's progress against `recovery.start_timeout` and `budget.stall_timeout`
         (`node.run_progress`): a stall stops the job; a start that made no progress is a
         `FailedStart`, with what every node says of it."""
