@@ -23,6 +23,7 @@ from orchestrator.cluster.checkpoints.kept_summary import kept_phrase
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
+from orchestrator.control.bring_up import BringUp
 from orchestrator.control.current_attempt import CurrentAttempt
 from orchestrator.control.early_replacement import split_duplicate_ranks
 from orchestrator.control.ending import NodeEnder
@@ -31,21 +32,18 @@ from orchestrator.control.kept_nodes import KeptNodes
 from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
-from orchestrator.control.recovering import NextLaunch, Recovery, ReplaceLost, ReuseKept
+from orchestrator.control.recovering import Recovery
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.restarting import SameNodeRestarts
 from orchestrator.control.salvage import Salvage
 from orchestrator.control.start_rules import FailedStart
-from orchestrator.control.stop_rules import StopOrder, runtime_order
+from orchestrator.control.stop_rules import StopOrder
 from orchestrator.control.supervisor import Supervisor, Verdict
 from orchestrator.control.unrecorded import UnrecordedEnd
 from orchestrator.errors import (
-    CapacityError,
     JobCancelled,
     JobFailed,
     OrchError,
-    ProviderError,
-    RemoteError,
 )
 from orchestrator.job_state import JobState
 from orchestrator.ledger.fencing import LeaseLost
@@ -148,6 +146,11 @@ class JobRunner:
             keeper=self.keeper, layout=self.layout, driver=self._driver,
             kept=self.kept is not None,
         )  # fmt: skip
+        self.bring_up = BringUp(
+            spec=self.spec, journal=self.journal, options=self.options, provider=provider,
+            current=current, launcher=self.launcher, recovery=self.recovery,
+            salvage=self.salvage, keeper=self.keeper, kept=self.kept, driver=self._driver,
+        )  # fmt: skip
 
     @property
     def attempt(self) -> Attempt:
@@ -210,15 +213,15 @@ class JobRunner:
                     recovery.note(gone)
                     if self.attempt.connected:  # the ranks that run stay: keep what they hold
                         self.salvage.adopted(self.attempt, gone)
-                    held = self._bring_up_on_policy(recovery.recover(gone))
+                    held = self.bring_up.on_policy(recovery.recover(gone))
             elif self.job.state in (JobState.SWITCHING, JobState.WAITING):
                 self._finish_move()
-                held = self._bring_up_on_policy(recovery.fresh())
+                held = self.bring_up.on_policy(recovery.fresh())
             else:
                 plan = recovery.fresh()
                 if self.job.state != JobState.PENDING:
                     plan = recovery.restart_from_scratch()
-                held = self._bring_up_on_policy(plan)
+                held = self.bring_up.on_policy(plan)
             while held is None:
                 try:
                     verdict = self._supervise(self.attempt)
@@ -226,7 +229,7 @@ class JobRunner:
                     restart = recovery.fall_back(failure)
                     if restart is None:
                         raise
-                    held = self._bring_up_on_policy(restart)
+                    held = self.bring_up.on_policy(restart)
                     continue
                 if isinstance(verdict, FailedStart):
                     held = self.restarts.restart(self.attempt, verdict)
@@ -236,12 +239,12 @@ class JobRunner:
                     held = verdict
                 elif isinstance(verdict, PlannedMove):
                     self._move(verdict)
-                    held = self._bring_up_on_policy(recovery.fresh(), verdict.to)
+                    held = self.bring_up.on_policy(recovery.fresh(), verdict.to)
                 else:
                     early = recovery.launch_early(verdict)
                     recovery.note(verdict)
                     self.salvage.interrupted(self.attempt, verdict)
-                    held = self._bring_up_on_policy(recovery.recover(verdict, early))
+                    held = self.bring_up.on_policy(recovery.recover(verdict, early))
             order = held
         except LeaseLost:
             lost = True  # another controller drives the job now: nothing more from here
@@ -275,47 +278,6 @@ class JobRunner:
 
     def _outcome(self, order: StopOrder) -> JobOutcome:
         return JobOutcome(self.job.id, order.state, order.exit_code, order.reason or None)
-
-    # --- bringing a run up ------------------------------------------------------------------
-    def _provision(self, plan: NextLaunch | None = None) -> None:
-        """Get the nodes `plan` names (default: a whole run's), held in `current`."""
-        plan = plan or self.recovery.fresh()
-        if isinstance(plan, ReuseKept):
-            assert self.kept is not None  # a plan only for a job on a kept cluster
-            if self.kept.reuse():
-                return
-        elif isinstance(plan, ReplaceLost):
-            moved = self.recovery.replace_lost(plan)
-            if moved is None:
-                return
-            plan = moved
-        self.launcher.provision(avoid_zones=plan.avoid_zones, pull_wait=self.salvage.pull_wait())
-        if self.kept is not None:
-            self.kept.launched()
-
-    def _bring_up(self, plan: NextLaunch | None = None) -> None:
-        """Provision as `plan` says (default: a whole run's nodes), sync and start the run;
-        nodes the cloud takes on the way are replaced (each time counting as a recovery)."""
-        plan = plan or self.recovery.fresh()
-        while True:
-            try:
-                self._provision(plan)
-                self.launcher.sync(self.attempt)
-                self.launcher.start(self.attempt)
-                return
-            except (RemoteError, ProviderError) as exc:
-                if isinstance(exc, CapacityError) or not self.attempt.instances:
-                    raise
-                taken = self.provider.preempted(self.attempt.ids())
-                if not taken:
-                    raise
-                ranks = tuple(i.rank for i in self.attempt.instances if i.instance_id in taken)
-                interruption = Interruption(
-                    ranks, tuple(sorted(taken)), "preempted",
-                    f"taken by the provider while the job started ({exc.message})", utcnow(),
-                )  # fmt: skip
-                self.recovery.note(interruption)
-                plan = self.recovery.recover(interruption)
 
     def _record_metrics(self, metrics: Metrics, read_at: float) -> None:
         self.reporter.metrics(metrics)
@@ -370,62 +332,7 @@ class JobRunner:
         self.current.hold(self.launcher.adopt(instances))
         return None
 
-    # --- the spot policy (spec.spot_policy; see orchestrator.spot.driver) ---------------
-    def _bring_up_on_policy(
-        self, plan: NextLaunch, first: Market | None = None
-    ) -> StopOrder | None:
-        """`_bring_up` of `plan` on the market the spot policy picks (`first`, or a fresh
-        decision); without a policy, plain `_bring_up`.
-
-        While the policy says wait, the job holds with no node (WAITING: what `plan` kept is
-        ended first); a spot launch refused for capacity makes the policy decide again, seeing
-        no spot, and the next launch is a whole run's. Returns the order to end the job when
-        one comes while it waits (max_runtime), else None once the run started.
-        """
-        driver = self._driver
-        if driver is None:
-            self._bring_up(plan)
-            return None
-        decision = first or driver.decide_idle(self._resume_step())
-        while True:
-            if decision is Market.WAIT:
-                plan = self.recovery.abandon(plan)  # nothing billed while the job waits
-                order = self._hold(driver)
-                if order is not None:
-                    return order
-                decision = driver.market or Market.ON_DEMAND
-            driver.commit(decision)
-            try:
-                self._bring_up(plan)
-                driver.ran_in(self.attempt.zone)
-                return None
-            except CapacityError:
-                if decision is not Market.SPOT:
-                    raise
-                driver.spot_refused()
-                decision = driver.decide_idle(self._resume_step())
-                plan = self.recovery.fresh()
-
-    def _hold(self, driver: DeadlineDriver) -> StopOrder | None:
-        """Wait with no node (nothing billed) until the policy says run; None then."""
-        if self.job.state != JobState.WAITING:
-            self.journal.waiting(f"{driver.name}: no node until it says run")
-        while True:
-            started = self.job.started_at
-            order = (
-                runtime_order(
-                    elapsed_s=(utcnow() - started).total_seconds(),
-                    max_runtime_s=self.spec.budget.max_runtime,
-                )
-                if started is not None
-                else None
-            )
-            if order is not None:
-                return order
-            time.sleep(self.options.policy_interval)
-            if driver.decide_idle(self._resume_step()) is not Market.WAIT:
-                return None
-
+    # --- planned moves of the spot policy (spec.spot_policy; see orchestrator.spot.driver) --
     def _move(self, move: PlannedMove) -> None:
         """Carry out a planned move of the spot policy; not a recovery (`switches` counts it).
 
@@ -469,13 +376,6 @@ class JobRunner:
                 with contextlib.suppress(OrchError):
                     attempt.watch.catch_up()
         self.current.end()
-
-    def _resume_step(self) -> int | None:
-        """The step a start now would resume from."""
-        newest = self.keeper.newest()
-        if newest is not None and newest.step is not None:
-            return newest.step
-        return self.journal.last_step if self.journal.last_step is not None else self.job.step
 
     # --- checkpoints, logs and teardown ------------------------------------------------------
     def _catch_up_logs(self) -> None:

@@ -349,7 +349,7 @@ def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
     killed.launcher.claim_identity()
-    killed._bring_up()  # RUNNING on 2 nodes; then the controller dies (no teardown)
+    killed.bring_up.start()  # RUNNING on 2 nodes; then the controller dies (no teardown)
     assert ledger.get_job(JOB_ID).state == JobState.RUNNING
     ledger.update_job(JOB_ID, step=42)
 
@@ -375,7 +375,7 @@ def test_an_adopted_job_whose_node_vanished_meanwhile_is_recovered(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()
+    killed.bring_up.start()
     provider.take(FakeAttempt.opened[0].instances[1].instance_id)  # reclaimed, no controller
 
     adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
@@ -395,7 +395,7 @@ def test_an_adopted_job_missing_a_rank_without_a_lease_replaces_that_rank(
     """A job rebuilt from its nodes after its ledger died (`control.rebuild`) has no lease for a
     rank whose node ended before: the new controller must not run on one node of two."""
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()
+    killed.bring_up.start()
     gone = FakeAttempt.opened[0].instances[1].instance_id
     provider.take(gone)
     with Session(ledger.engine) as session:  # the rebuilt ledger never knew that node
