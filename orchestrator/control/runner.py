@@ -128,17 +128,27 @@ class JobRunner:
         self.layout, self._driver = parts.layout, parts.driver
         self.nodes = NodeEnder(self.journal, provider, self.guards, self.reporter, settings)
         self.current = current = CurrentAttempt(self.nodes)
-        self.launcher = Launcher(parts, open_attempt, current)
+        self.launcher = Launcher(
+            journal=self.journal, loaded=loaded, layout=self.layout, settings=settings,
+            options=self.options, provider=provider, reporter=self.reporter, keeper=self.keeper,
+            guards=self.guards, driver=self._driver, open_attempt=open_attempt, current=current,
+        )  # fmt: skip
         self.supervisor = Supervisor(parts, self._record_metrics)
-        self.salvage = Salvage(parts)
-        self.restarts = SameNodeRestarts(parts, self.launcher)
+        self.salvage = Salvage(
+            keeper=self.keeper, journal=self.journal, reporter=self.reporter, provider=provider,
+            layout=self.layout, options=self.options,
+            store_only=self.spec.checkpoint.mirror_mode == "none",
+        )  # fmt: skip
+        self.restarts = SameNodeRestarts(self.journal, self.layout, self.launcher)
         self._supervise = supervise or self.supervisor.watch
-        self.kept = (
-            KeptNodes(parts, self.launcher, current, self.nodes)
-            if job.cluster_id is not None
-            else None
-        )
-        if self.kept is None:  # a survivor of a lost peer skips the setup it already ran
+        self.kept: KeptNodes | None = None
+        if job.cluster_id is not None:
+            self.kept = KeptNodes(
+                journal=self.journal, loaded=loaded, layout=self.layout, settings=settings,
+                provider=provider, reporter=self.reporter, guards=self.guards,
+                launcher=self.launcher, current=current, nodes=self.nodes,
+            )  # fmt: skip
+        else:  # a survivor of a lost peer skips the setup it already ran
             self.launcher.setup_key = setup_digest(loaded.spec.setup, loaded.workdir)
         self.recovery = Recovery(
             spec=self.spec, journal=self.journal, reporter=self.reporter, provider=provider,
