@@ -1,4 +1,5 @@
-"""What the parts of a runner (launcher, supervisor) share of the job they drive."""
+"""One job's collaborators, built once (no I/O) for its runner, which hands each of its
+parts (launcher, supervisor, recovery, ...) the ones it works with."""
 
 from __future__ import annotations
 

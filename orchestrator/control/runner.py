@@ -120,7 +120,7 @@ class JobRunner:
         self.provider = provider
         self.reporter = reporter or SilentReporter()
         self.options = options or RunnerOptions()
-        self.parts = parts = job_parts(
+        parts = job_parts(
             job, loaded, settings=settings, ledger=ledger, provider=provider,
             reporter=self.reporter, options=self.options, keeper=keeper, driver=driver,
         )  # fmt: skip
@@ -133,7 +133,12 @@ class JobRunner:
             options=self.options, provider=provider, reporter=self.reporter, keeper=self.keeper,
             guards=self.guards, driver=self._driver, open_attempt=open_attempt, current=current,
         )  # fmt: skip
-        self.supervisor = Supervisor(parts, self._record_metrics)
+        self.supervisor = Supervisor(
+            journal=self.journal, spec=self.spec, layout=self.layout,
+            logs_dir=parts.job_dir / "logs", settings=settings, options=self.options,
+            provider=provider, reporter=self.reporter, keeper=self.keeper, guards=self.guards,
+            driver=self._driver, team=parts.team, on_metrics=self._record_metrics,
+        )  # fmt: skip
         self.salvage = Salvage(
             keeper=self.keeper, journal=self.journal, reporter=self.reporter, provider=provider,
             layout=self.layout, options=self.options,
