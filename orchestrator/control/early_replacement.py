@@ -20,26 +20,25 @@ without a notice.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from orchestrator.errors import OrchError
 from orchestrator.providers.base import Instance
 
 
-@dataclass
 class EarlyLaunch:
     """Replacements launched in the background for the nodes `survivors` lack.
 
-    `launched` lists every node the launch made as soon as it made them (leases already
-    open), so that whoever ends the job's nodes can find them even when the copy failed."""
+    `future` is the launch and the copy: its result the replacements, ready; its exception an
+    `OrchError` where they failed (no failure of the job), anything else a bug. `launched`
+    lists every node the launch made as soon as it made them (leases already open), so that
+    whoever ends the job's nodes can find them even when the copy failed."""
 
-    survivors: list[Instance]
-    launched: list[Instance] = field(default_factory=list)
-    error: OrchError | None = None
-    _thread: threading.Thread | None = None
-    _bug: BaseException | None = None
+    def __init__(self, survivors: Sequence[Instance]) -> None:
+        self.survivors = list(survivors)
+        self.launched: list[Instance] = []
+        self.future: Future[list[Instance]] = Future()
 
     @classmethod
     def start(
@@ -51,32 +50,33 @@ class EarlyLaunch:
         """Run `launch` (given a callback that takes the nodes the moment they exist; returns
         them with their leases open), then `prepare` on them (the copy of the workdir and the
         data), in a background thread."""
-        early = cls(list(survivors))
+        early = cls(survivors)
 
         def keep(instances: list[Instance]) -> None:
             early.launched = list(instances)
 
-        def work() -> None:
-            try:
-                keep(launch(keep))
-                prepare(early.launched)
-            except OrchError as exc:
-                early.error = exc
-            except BaseException as exc:  # raised again by `wait`, in the runner's thread
-                early._bug = exc
+        def work() -> list[Instance]:
+            keep(launch(keep))
+            prepare(early.launched)
+            return early.launched
 
-        early._thread = threading.Thread(target=work, name="orch-early-replacement")
-        early._thread.start()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="orch-early-replacement")
+        early.future = pool.submit(work)
+        pool.shutdown(wait=False)  # the thread ends with the work
         return early
+
+    @property
+    def error(self) -> OrchError | None:
+        """Why the launch or the copy failed (None: they did not); waits for them."""
+        error = self.future.exception()
+        return error if isinstance(error, OrchError) else None
 
     def wait(self) -> None:
         """Block until the launch and the copy ended, whichever way; a bug in them (not an
         `OrchError`) is raised here."""
-        if self._thread is not None:
-            self._thread.join()
-        if self._bug is not None:
-            bug, self._bug = self._bug, None
-            raise bug
+        error = self.future.exception()
+        if error is not None and not isinstance(error, OrchError):
+            raise error
 
     def usable_for(self, survivors: Sequence[Instance]) -> list[Instance] | None:
         """The replacements, once ready, when they were launched for exactly these

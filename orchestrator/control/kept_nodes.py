@@ -11,23 +11,27 @@ job holds it) ends them, and is DOWN from then on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.steps import node_step
+from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt
+from orchestrator.control.current_attempt import CurrentAttempt
 from orchestrator.control.ending import NodeEnder
+from orchestrator.control.guards import Guards
+from orchestrator.control.journal import Journal
 from orchestrator.control.kept import ClusterTurn, live_nodes, settle, setup_digest
 from orchestrator.control.launching import Launcher
-from orchestrator.control.parts import JobParts
+from orchestrator.control.options import Reporter
 from orchestrator.errors import OrchError
 from orchestrator.ledger.clusters import UP, Clusters
 from orchestrator.ledger.store import KeptCluster, Lease, utcnow
 from orchestrator.node.clear_protocol import Cleared, parse_cleared, reset_command
 from orchestrator.node.launch import NodeLayout
-from orchestrator.providers.base import Instance
+from orchestrator.providers.base import Instance, Provider
+from orchestrator.spec.model import LoadedJob
 
 QUEUE_POLL_S = 1.0
 
@@ -35,19 +39,38 @@ QUEUE_POLL_S = 1.0
 class KeptNodes:
     """What a job's runner does with its kept cluster (the job's `cluster_id`)."""
 
-    def __init__(self, parts: JobParts, launcher: Launcher) -> None:
-        job = parts.journal.job
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        loaded: LoadedJob,
+        layout: NodeLayout,
+        settings: Settings,
+        provider: Provider,
+        reporter: Reporter,
+        guards: Guards,
+        launcher: Launcher,
+        current: CurrentAttempt,
+        nodes: NodeEnder,
+    ) -> None:
+        job = journal.job
         assert job.cluster_id is not None
-        self.parts = parts
-        self.journal = parts.journal
-        self.ledger = parts.journal.ledger
+        self.journal = journal
+        self.ledger = journal.ledger
+        self.spec = loaded.spec
+        self.layout = layout
+        self.provider = provider
+        self.reporter = reporter
+        self.guards = guards
         self.launcher = launcher
+        self.current = current
+        self.nodes = nodes
         self.clusters = Clusters(self.ledger)
         self.cluster_id = job.cluster_id
-        self.turn = ClusterTurn(parts.settings, self.ledger, job.cluster_id, job.id)
+        self.turn = ClusterTurn(settings, self.ledger, job.cluster_id, job.id)
         self.held = False  # this job holds the cluster's nodes (their bill is the job's)
-        parts.guards.autostop_s = self.row.autostop_s
-        launcher.setup_key = setup_digest(parts.spec.setup, parts.loaded.workdir)
+        guards.autostop_s = self.row.autostop_s
+        launcher.setup_key = setup_digest(self.spec.setup, loaded.workdir)
 
     @property
     def row(self) -> KeptCluster:
@@ -59,26 +82,26 @@ class KeptNodes:
         def queued(behind: str | None) -> None:
             whom = f"job {behind}" if behind else "another job"
             self.journal.event("QUEUED", f"cluster {self.row.name} runs {whom}; waiting")
-            self.parts.reporter.phase(f"queued: cluster {self.row.name} runs {whom}")
+            self.reporter.phase(f"queued: cluster {self.row.name} runs {whom}")
 
         self.turn.wait(poll_s=QUEUE_POLL_S, on_queued=queued)
         self.held = self.row.job_id == self.journal.job.id  # a revived controller's own
 
-    def reuse(self, keep: Callable[[Attempt], None], nodes: NodeEnder) -> bool:
-        """Run on the cluster's live nodes; False (nothing done) when the cluster has none, or
-        not the job's count (those few are ended first, so a fresh launch replaces them)."""
-        p = self.parts
-        cluster = settle(self.ledger, p.provider, self.row)
+    def reuse(self) -> bool:
+        """Run on the cluster's live nodes (held in `current` from the moment they are the
+        job's); False (nothing done) when the cluster has none, or not the job's count (those
+        few are ended first, so a fresh launch replaces them)."""
+        cluster = settle(self.ledger, self.provider, self.row)
         if cluster.state != UP:
             return False
-        live = live_nodes(p.provider, cluster, self.ledger.ledger_id)
-        if len(live) != p.spec.resources.nodes:
+        live = live_nodes(self.provider, cluster, self.ledger.ledger_id)
+        if len(live) != self.spec.resources.nodes:
             if live:
                 self.journal.event(
                     "WARNING", f"cluster {cluster.name} has {len(live)} of "
-                    f"{p.spec.resources.nodes} node(s) up; they end and new ones launch",
+                    f"{self.spec.resources.nodes} node(s) up; they end and new ones launch",
                 )  # fmt: skip
-                nodes.terminate_all(live)
+                self.nodes.terminate_all(live)
             return False
         now = utcnow()
         self.journal.provisioning(
@@ -86,14 +109,14 @@ class KeptNodes:
         )
         self.clusters.hold(cluster.id, self.journal.job.id, now)
         self.held = True
-        keep(Attempt(live))
+        self.current.hold(Attempt(live))
         job = self.journal.job
         for instance in live:
             self.ledger.open_lease(
                 Lease.from_instance(
                     replace(instance, launched_at=now),
                     job_id=job.id,
-                    provider=p.provider.name,
+                    provider=self.provider.name,
                     identity=job.identity,
                 )  # fmt: skip
             )
@@ -102,17 +125,16 @@ class KeptNodes:
             f"{', '.join(i.instance_id for i in live)}, billed to this job from now",
         )  # fmt: skip
         attempt = self.launcher.reopen(live)
-        keep(attempt)
+        self.current.hold(attempt)
         self._reset(attempt, cluster.name)
         return True
 
     def _reset(self, attempt: Attempt, name: str) -> None:
         """Clear what the nodes hold of the last job (`reset_nodes`); a RESET event says what
         was removed, or left where it lies outside the job's folder."""
-        p = self.parts
-        where = p.spec.checkpoint.dir
+        where = self.spec.checkpoint.dir
         answers = reset_nodes(
-            attempt.cluster, p.layout, p.layout.node_path(where), cluster_name=name
+            attempt.cluster, self.layout, self.layout.node_path(where), cluster_name=name
         )
         removed = sum(answer.removed for answer in answers)
         if removed:
@@ -141,10 +163,10 @@ class KeptNodes:
     def may_keep(self, attempt: Attempt) -> bool:
         """Whether every node of the job's run still runs, so the cluster can stay up."""
         ids = set(attempt.ids())
-        if not attempt.connected or len(ids) != self.parts.spec.resources.nodes:
+        if not attempt.connected or len(ids) != self.spec.resources.nodes:
             return False
         try:
-            live = live_nodes(self.parts.provider, self.row, self.ledger.ledger_id)
+            live = live_nodes(self.provider, self.row, self.ledger.ledger_id)
         except OrchError:
             return False
         return ids <= {i.instance_id for i in live}
@@ -153,7 +175,7 @@ class KeptNodes:
         """Let the nodes go, still running: their guards lose the job's limits (autostop
         counts from now), the job's leases close, the cluster's idle leases open."""
         with contextlib.suppress(OrchError):
-            self.parts.guards.clear(attempt)
+            self.guards.clear(attempt)
         now = utcnow()
         instances: list[Instance] = list(attempt.instances)
         self.ledger.close_leases([i.instance_id for i in instances], now)
@@ -176,7 +198,7 @@ class KeptNodes:
     def ended(self, at: datetime, reason: str) -> None:
         """The job's nodes were ended: the cluster is DOWN unless nodes of it still run."""
         with contextlib.suppress(OrchError):
-            if live_nodes(self.parts.provider, self.row, self.ledger.ledger_id):
+            if live_nodes(self.provider, self.row, self.ledger.ledger_id):
                 return
         self.clusters.down(self.cluster_id, at, reason)
         self.held = False

@@ -1,4 +1,5 @@
-"""What the parts of a runner (launcher, supervisor) share of the job they drive."""
+"""One job's collaborators, built once (no I/O) for its runner, which hands each of its
+parts (launcher, supervisor, recovery, ...) the ones it works with."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from orchestrator.spot.inputs import DriverState
 
 @dataclass(frozen=True)
 class JobParts:
-    """One job's collaborators; `driver` is None unless the spec names a spot_policy."""
+    """One job's collaborators; `driver` (the spot policy) is None unless the spec names a
+    spot_policy or the runner was given one."""
 
     journal: Journal
     loaded: LoadedJob
@@ -52,9 +54,11 @@ def job_parts(
     reporter: Reporter,
     options: RunnerOptions,
     keeper: CheckpointKeeper | None = None,
+    driver: DeadlineDriver | None = None,
 ) -> JobParts:
     """The collaborators of a runner for `job` (no I/O); `keeper` defaults to one that
-    collects the job's checkpoints into its directory under ORCH_HOME."""
+    collects the job's checkpoints into its directory under ORCH_HOME, `driver` to the spot
+    policy the spec names (None without one)."""
     spec = loaded.spec
     layout = launch.NodeLayout(job.node_owner)
     job_dir = settings.job_dir(job.id)
@@ -73,8 +77,7 @@ def job_parts(
     )
     journal = Journal(job, ledger, reporter)
     team = TeamCaps(settings.budget, ledger) if settings.budget.capped else None
-    driver = None
-    if spec.spot_policy is not None:
+    if driver is None and spec.spot_policy is not None:
         driver = DeadlineDriver(
             job_id=job.id,
             spec=spec,

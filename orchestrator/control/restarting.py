@@ -6,12 +6,13 @@ with the reason that names the hang."""
 from __future__ import annotations
 
 from orchestrator.control.attempt import Attempt
+from orchestrator.control.journal import Journal
 from orchestrator.control.launching import Launcher
-from orchestrator.control.parts import JobParts
 from orchestrator.control.start_rules import SAME_NODE_RESTARTS, FailedStart, may_restart
 from orchestrator.control.stop_rules import StopOrder
 from orchestrator.errors import JobFailed
 from orchestrator.job_state import JobState
+from orchestrator.node.launch import NodeLayout
 
 START_FAILED_EVENT = "START_FAILED"
 
@@ -19,8 +20,9 @@ START_FAILED_EVENT = "START_FAILED"
 class SameNodeRestarts:
     """Counts the failed starts in a row of one job's runner, and restarts or fails them."""
 
-    def __init__(self, parts: JobParts, launcher: Launcher) -> None:
-        self.parts = parts
+    def __init__(self, journal: Journal, layout: NodeLayout, launcher: Launcher) -> None:
+        self.journal = journal
+        self.layout = layout
         self.launcher = launcher
         self.failed = 0  # failed starts in a row: any other decision ends the streak
 
@@ -32,7 +34,7 @@ class SameNodeRestarts:
         """Write what the nodes said, then restart the run on the same nodes (RECOVERING, then
         RUNNING; no node is launched or ended, no recovery counted) and return None; once the
         restarts are used up, the order that fails the job."""
-        journal = self.parts.journal
+        journal = self.journal
         journal.event(
             START_FAILED_EVENT, f"{failed.reason}; last lines: {failed.details or 'none read'}",
             step=journal.last_step,
@@ -47,6 +49,6 @@ class SameNodeRestarts:
             f"restart {self.failed} of {SAME_NODE_RESTARTS} on the same nodes: the start made "
             "no progress", recoveries=journal.job.recoveries,
         )  # fmt: skip
-        attempt.clear_runs(self.parts.layout, range(len(attempt.instances)))
+        attempt.clear_runs(self.layout, range(len(attempt.instances)))
         self.launcher.start(attempt)
         return None

@@ -23,34 +23,33 @@ from orchestrator.cluster.checkpoints.kept_summary import kept_phrase
 from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt, AttemptOpener, open_attempt
 from orchestrator.control.attempt import start_on_nodes as start_on_nodes
-from orchestrator.control.early_replacement import EarlyLaunch, split_duplicate_ranks
+from orchestrator.control.bring_up import BringUp
+from orchestrator.control.current_attempt import CurrentAttempt
+from orchestrator.control.early_replacement import split_duplicate_ranks
 from orchestrator.control.ending import NodeEnder
 from orchestrator.control.kept import setup_digest
 from orchestrator.control.kept_nodes import KeptNodes
 from orchestrator.control.launching import Launcher
 from orchestrator.control.options import Reporter, RunnerOptions, SilentReporter
 from orchestrator.control.parts import job_parts
-from orchestrator.control.recovering import Recovering
+from orchestrator.control.recovering import Recovery
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.restarting import SameNodeRestarts
 from orchestrator.control.salvage import Salvage
 from orchestrator.control.start_rules import FailedStart
-from orchestrator.control.stop_rules import StopOrder, runtime_order
-from orchestrator.control.supervisor import Decision, Supervisor
+from orchestrator.control.stop_rules import StopOrder
+from orchestrator.control.supervisor import Supervisor, Verdict
 from orchestrator.control.unrecorded import UnrecordedEnd
 from orchestrator.errors import (
-    CapacityError,
     JobCancelled,
     JobFailed,
     OrchError,
-    ProviderError,
-    RemoteError,
 )
 from orchestrator.job_state import JobState
 from orchestrator.ledger.fencing import LeaseLost
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node.progress import Metrics
-from orchestrator.providers.base import Instance, Provider
+from orchestrator.providers.base import Provider
 from orchestrator.spec.model import LoadedJob
 from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove
 from orchestrator.spot.policies import (
@@ -90,12 +89,13 @@ def interrupts_deferred() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-class JobRunner(Recovering):
+class JobRunner:
     """Drives one job to a final state, in a foreground submit or a detached controller.
 
     Build it (no I/O), then call `run()` once, holding the job's controller lock. The seams
     default to the real thing: `open_attempt` connects to launched nodes, `keeper` collects
-    their checkpoints, `supervise` watches a started run until it hands back a decision.
+    their checkpoints, `supervise` watches a started run until it hands back its verdict,
+    `driver` is the spot policy the spec names (None without one).
     """
 
     def __init__(
@@ -110,7 +110,8 @@ class JobRunner(Recovering):
         options: RunnerOptions | None = None,
         open_attempt: AttemptOpener = open_attempt,
         keeper: CheckpointKeeper | None = None,
-        supervise: Callable[[Attempt], Decision] | None = None,
+        supervise: Callable[[Attempt], Verdict] | None = None,
+        driver: DeadlineDriver | None = None,
     ) -> None:
         self.loaded = loaded
         self.spec = loaded.spec
@@ -119,25 +120,57 @@ class JobRunner(Recovering):
         self.provider = provider
         self.reporter = reporter or SilentReporter()
         self.options = options or RunnerOptions()
-        self.parts = parts = job_parts(
+        parts = job_parts(
             job, loaded, settings=settings, ledger=ledger, provider=provider,
-            reporter=self.reporter, options=self.options, keeper=keeper,
+            reporter=self.reporter, options=self.options, keeper=keeper, driver=driver,
         )  # fmt: skip
         self.journal, self.keeper, self.guards = parts.journal, parts.keeper, parts.guards
         self.layout, self._driver = parts.layout, parts.driver
-        self.attempt = Attempt.not_launched()
-        self._avoid_zones: tuple[str, ...] = ()  # zones that just took nodes back
-        self._survivors: list[Instance] = []  # nodes kept through a recovery (see replacing)
-        self._early: EarlyLaunch | None = None  # their replacements, launched at a notice
         self.nodes = NodeEnder(self.journal, provider, self.guards, self.reporter, settings)
-        self.launcher = Launcher(parts, open_attempt)
-        self.supervisor = Supervisor(parts, self._record_metrics)
-        self.salvage = Salvage(parts)
-        self.restarts = SameNodeRestarts(parts, self.launcher)
+        self.current = current = CurrentAttempt(self.nodes)
+        self.launcher = Launcher(
+            journal=self.journal, loaded=loaded, layout=self.layout, settings=settings,
+            options=self.options, provider=provider, reporter=self.reporter, keeper=self.keeper,
+            guards=self.guards, driver=self._driver, open_attempt=open_attempt, current=current,
+        )  # fmt: skip
+        self.supervisor = Supervisor(
+            journal=self.journal, spec=self.spec, layout=self.layout,
+            logs_dir=parts.job_dir / "logs", settings=settings, options=self.options,
+            provider=provider, reporter=self.reporter, keeper=self.keeper, guards=self.guards,
+            driver=self._driver, team=parts.team, on_metrics=self._record_metrics,
+        )  # fmt: skip
+        self.salvage = Salvage(
+            keeper=self.keeper, journal=self.journal, reporter=self.reporter, provider=provider,
+            layout=self.layout, options=self.options,
+            store_only=self.spec.checkpoint.mirror_mode == "none",
+        )  # fmt: skip
+        self.restarts = SameNodeRestarts(self.journal, self.layout, self.launcher)
         self._supervise = supervise or self.supervisor.watch
-        self.kept = KeptNodes(parts, self.launcher) if job.cluster_id is not None else None
-        if self.kept is None:  # a survivor of a lost peer skips the setup it already ran
+        self.kept: KeptNodes | None = None
+        if job.cluster_id is not None:
+            self.kept = KeptNodes(
+                journal=self.journal, loaded=loaded, layout=self.layout, settings=settings,
+                provider=provider, reporter=self.reporter, guards=self.guards,
+                launcher=self.launcher, current=current, nodes=self.nodes,
+            )  # fmt: skip
+        else:  # a survivor of a lost peer skips the setup it already ran
             self.launcher.setup_key = setup_digest(loaded.spec.setup, loaded.workdir)
+        self.recovery = Recovery(
+            spec=self.spec, journal=self.journal, reporter=self.reporter, provider=provider,
+            current=current, launcher=self.launcher, salvage=self.salvage, nodes=self.nodes,
+            keeper=self.keeper, layout=self.layout, driver=self._driver,
+            kept=self.kept is not None,
+        )  # fmt: skip
+        self.bring_up = BringUp(
+            spec=self.spec, journal=self.journal, options=self.options, provider=provider,
+            current=current, launcher=self.launcher, recovery=self.recovery,
+            salvage=self.salvage, keeper=self.keeper, kept=self.kept, driver=self._driver,
+        )  # fmt: skip
+
+    @property
+    def attempt(self) -> Attempt:
+        """The nodes of the current launch (`current`)."""
+        return self.current.attempt
 
     @property
     def job(self) -> Job:
@@ -186,45 +219,47 @@ class JobRunner(Recovering):
                 self._adopt(require_all=False)
                 return self._outcome(order)
             held: StopOrder | None = None
+            recovery = self.recovery
             if self.job.state == JobState.RUNNING:
                 gone = self._adopt(require_all=True)
                 if gone is not None:
                     held = self.guards.ended_by_guard(gone.instance_ids)
                 if gone is not None and held is None:
-                    self._note_interruption(gone)
+                    recovery.note(gone)
                     if self.attempt.connected:  # the ranks that run stay: keep what they hold
                         self.salvage.adopted(self.attempt, gone)
-                    self._replace_nodes(gone)
-                    held = self._bring_up_on_policy()
+                    held = self.bring_up.on_policy(recovery.recover(gone))
             elif self.job.state in (JobState.SWITCHING, JobState.WAITING):
                 self._finish_move()
-                held = self._bring_up_on_policy()
+                held = self.bring_up.on_policy(recovery.fresh())
             else:
+                plan = recovery.fresh()
                 if self.job.state != JobState.PENDING:
-                    self._restart_from_scratch()
-                held = self._bring_up_on_policy()
+                    plan = recovery.restart_from_scratch()
+                held = self.bring_up.on_policy(plan)
             while held is None:
                 try:
-                    decision = self._supervise(self.attempt)
+                    verdict = self._supervise(self.attempt)
                 except JobFailed as failure:
-                    if not self._fall_back(failure):
+                    restart = recovery.fall_back(failure)
+                    if restart is None:
                         raise
-                    held = self._bring_up_on_policy()
+                    held = self.bring_up.on_policy(restart)
                     continue
-                if isinstance(decision, FailedStart):
-                    held = self.restarts.restart(self.attempt, decision)
+                if isinstance(verdict, FailedStart):
+                    held = self.restarts.restart(self.attempt, verdict)
                     continue
                 self.restarts.other_decision()
-                if isinstance(decision, StopOrder):
-                    held = decision
-                elif isinstance(decision, PlannedMove):
-                    self._move(decision)
-                    held = self._bring_up_on_policy(decision.to)
+                if isinstance(verdict, StopOrder):
+                    held = verdict
+                elif isinstance(verdict, PlannedMove):
+                    self._move(verdict)
+                    held = self.bring_up.on_policy(recovery.fresh(), verdict.to)
                 else:
-                    self._early = self._launch_early(decision)
-                    self._salvage(decision)
-                    self._replace_nodes(decision)
-                    held = self._bring_up_on_policy()
+                    early = recovery.launch_early(verdict)
+                    recovery.note(verdict)
+                    self.salvage.interrupted(self.attempt, verdict)
+                    held = self.bring_up.on_policy(recovery.recover(verdict, early))
             order = held
         except LeaseLost:
             lost = True  # another controller drives the job now: nothing more from here
@@ -247,67 +282,17 @@ class JobRunner(Recovering):
         (its nodes bill to the cluster from now); every other node ends."""
         kept = self.kept
         if kept is None or not kept.held:
-            return self._end_attempt()
+            return self.current.end()
         if kept.may_keep(self.attempt):
             released_at = kept.release(self.attempt)
-            self.attempt.close()
-            self.attempt = Attempt.not_launched()
+            self.current.let_go()
             return released_at
-        ended_at = self._end_attempt()
+        ended_at = self.current.end()
         kept.ended(ended_at, f"its nodes ended with job {self.job.id} ({order.state.value})")
         return ended_at
 
     def _outcome(self, order: StopOrder) -> JobOutcome:
         return JobOutcome(self.job.id, order.state, order.exit_code, order.reason or None)
-
-    def _end_attempt(self) -> datetime:
-        """End every node of the attempt (and any other this ledger runs for the job), close
-        its connections and take a fresh, not-launched attempt; returns when the provider says
-        the nodes ended (their billing stopped)."""
-        ended_at = self.nodes.terminate_all(self.attempt.instances)
-        self.attempt.close()
-        self.attempt = Attempt.not_launched()
-        return ended_at
-
-    # --- bringing a run up ------------------------------------------------------------------
-    def _provision(self) -> None:
-        if self.kept is not None and self.kept.reuse(self._keep_attempt, self.nodes):
-            return
-        if self._survivors and self._replace_lost():
-            return
-        self.launcher.provision(
-            avoid_zones=self._avoid_zones,
-            pull_wait=self.salvage.pull_wait(),
-            keep=self._keep_attempt,
-        )
-        if self.kept is not None:
-            self.kept.launched()
-
-    def _keep_attempt(self, attempt: Attempt) -> None:
-        self.attempt = attempt
-
-    def _bring_up(self) -> None:
-        """Provision, sync and start the run; nodes the cloud takes on the way are replaced
-        (each time counting as a recovery)."""
-        while True:
-            try:
-                self._provision()
-                self.launcher.sync(self.attempt)
-                self.launcher.start(self.attempt)
-                return
-            except (RemoteError, ProviderError) as exc:
-                if isinstance(exc, CapacityError) or not self.attempt.instances:
-                    raise
-                taken = self.provider.preempted(self.attempt.ids())
-                if not taken:
-                    raise
-                ranks = tuple(i.rank for i in self.attempt.instances if i.instance_id in taken)
-                interruption = Interruption(
-                    ranks, tuple(sorted(taken)), "preempted",
-                    f"taken by the provider while the job started ({exc.message})", utcnow(),
-                )  # fmt: skip
-                self._note_interruption(interruption)
-                self._replace_nodes(interruption)
 
     def _record_metrics(self, metrics: Metrics, read_at: float) -> None:
         self.reporter.metrics(metrics)
@@ -336,7 +321,7 @@ class JobRunner(Recovering):
             if lease.instance_id not in running
         ]
         instances = sorted(instances, key=lambda i: i.rank)
-        self.attempt = Attempt(instances)
+        self.current.hold(Attempt(instances))
         if self.kept is not None:
             self.kept.adopted()
         # A rank with neither a node nor a lease: the job was rebuilt from its nodes after its
@@ -348,7 +333,7 @@ class JobRunner(Recovering):
                 # Only ranks without a node: connect to those that run, so that they may stay
                 # (with their checkpoint files) while the absent ranks are replaced.
                 self.journal.last_step = self.job.step
-                self.attempt = self.launcher.adopt(instances)
+                self.current.hold(self.launcher.adopt(instances))
             ids = tuple(lease.instance_id for lease in missing)
             taken = self.provider.preempted(list(ids)) if ids else set()
             return Interruption(
@@ -359,61 +344,10 @@ class JobRunner(Recovering):
         if not instances:
             return None
         self.journal.last_step = self.job.step
-        self.attempt = self.launcher.adopt(instances)
+        self.current.hold(self.launcher.adopt(instances))
         return None
 
-    # --- the spot policy (spec.spot_policy; see orchestrator.spot.driver) ---------------
-    def _bring_up_on_policy(self, first: Market | None = None) -> StopOrder | None:
-        """`_bring_up` on the market the spot policy picks (`first`, or a fresh decision);
-        without a policy, plain `_bring_up`.
-
-        While the policy says wait, the job holds with no node (WAITING); a spot launch refused
-        for capacity makes the policy decide again, seeing no spot. Returns the order to end
-        the job when one comes while it waits (max_runtime), else None once the run started.
-        """
-        driver = self._driver
-        if driver is None:
-            self._bring_up()
-            return None
-        decision = first or driver.decide_idle(self._resume_step())
-        while True:
-            if decision is Market.WAIT:
-                order = self._hold(driver)
-                if order is not None:
-                    return order
-                decision = driver.market or Market.ON_DEMAND
-            driver.commit(decision)
-            try:
-                self._bring_up()
-                driver.ran_in(self.attempt.zone)
-                return None
-            except CapacityError:
-                if decision is not Market.SPOT:
-                    raise
-                driver.spot_refused()
-                decision = driver.decide_idle(self._resume_step())
-
-    def _hold(self, driver: DeadlineDriver) -> StopOrder | None:
-        """Wait with no node (nothing billed) until the policy says run; None then."""
-        self._end_survivors()
-        if self.job.state != JobState.WAITING:
-            self.journal.waiting(f"{driver.name}: no node until it says run")
-        while True:
-            started = self.job.started_at
-            order = (
-                runtime_order(
-                    elapsed_s=(utcnow() - started).total_seconds(),
-                    max_runtime_s=self.spec.budget.max_runtime,
-                )
-                if started is not None
-                else None
-            )
-            if order is not None:
-                return order
-            time.sleep(self.options.policy_interval)
-            if driver.decide_idle(self._resume_step()) is not Market.WAIT:
-                return None
-
+    # --- planned moves of the spot policy (spec.spot_policy; see orchestrator.spot.driver) --
     def _move(self, move: PlannedMove) -> None:
         """Carry out a planned move of the spot policy; not a recovery (`switches` counts it).
 
@@ -456,14 +390,7 @@ class JobRunner(Recovering):
             if attempt.watch is not None:
                 with contextlib.suppress(OrchError):
                     attempt.watch.catch_up()
-        self._end_attempt()
-
-    def _resume_step(self) -> int | None:
-        """The step a start now would resume from."""
-        newest = self.keeper.newest()
-        if newest is not None and newest.step is not None:
-            return newest.step
-        return self.journal.last_step if self.journal.last_step is not None else self.job.step
+        self.current.end()
 
     # --- checkpoints, logs and teardown ------------------------------------------------------
     def _catch_up_logs(self) -> None:
@@ -483,7 +410,7 @@ class JobRunner(Recovering):
         """
         reason = order.reason or None
         try:
-            self._take_early([])
+            self.recovery.end_early()
         except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending
             self.nodes.warn(f"during teardown: {exc}")
         writes, journal = self.nodes.writes, self.journal

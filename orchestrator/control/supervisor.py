@@ -19,15 +19,20 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
+from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.cluster.notice_watch import NoticeWatcher
 from orchestrator.cluster.run_watch import RunWatch
 from orchestrator.cluster.start_reports import start_reports
+from orchestrator.config import Settings
 from orchestrator.control.attempt import Attempt
-from orchestrator.control.parts import JobParts
+from orchestrator.control.guards import Guards
+from orchestrator.control.journal import Journal
+from orchestrator.control.options import Reporter, RunnerOptions
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.start_rules import FailedStart, hang_reason
 from orchestrator.control.stop_rules import (
@@ -37,6 +42,7 @@ from orchestrator.control.stop_rules import (
     runtime_order,
     stall_order,
 )
+from orchestrator.control.team_caps import TeamCaps
 from orchestrator.errors import JobCancelled, JobFailed, NodeLost, OrchError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import hourly_rate, total_cost, utcnow
@@ -45,9 +51,13 @@ from orchestrator.node.failure import cluster_failure, failure_report
 from orchestrator.node.progress import Metrics
 from orchestrator.node.run_progress import ProgressClock
 from orchestrator.node.spot_notice import SpotNotice
-from orchestrator.spot.driver import PlannedMove
+from orchestrator.providers.base import Provider
+from orchestrator.spec.model import JobSpec
+from orchestrator.spot.driver import DeadlineDriver, PlannedMove
 
-Decision = StopOrder | Interruption | PlannedMove | FailedStart
+# What a watch hands back to the runner: end the job, recover, move it, or restart its start.
+# (`spot.policies.Decision` is the spot policy's choice of market, a different thing.)
+Verdict = StopOrder | Interruption | PlannedMove | FailedStart
 
 EARLY_PEEK_S = 0.2  # how often rank 0's log is pulled while a watch waits on its first step
 EARLY_WINDOW_S = 60.0  # how long a watch does that at most
@@ -139,11 +149,11 @@ class _First:
     """The first decision (or failure) of the checks, handed to the main thread."""
 
     def __init__(self) -> None:
-        self.decision: Decision | None = None
+        self.decision: Verdict | None = None
         self.failure: BaseException | None = None
         self.reached = threading.Event()
 
-    def decide(self, decision: Decision | None) -> None:
+    def decide(self, decision: Verdict | None) -> None:
         if decision is not None and not self.reached.is_set():
             self.decision = decision
             self.reached.set()
@@ -156,48 +166,76 @@ class _First:
 class Supervisor:
     """Watches one attempt; `watch` may be called once per started run."""
 
-    def __init__(self, parts: JobParts, on_metrics: OnMetrics) -> None:
-        self.parts = parts
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        spec: JobSpec,
+        layout: launch.NodeLayout,
+        logs_dir: Path,
+        settings: Settings,
+        options: RunnerOptions,
+        provider: Provider,
+        reporter: Reporter,
+        keeper: CheckpointKeeper,
+        guards: Guards,
+        driver: DeadlineDriver | None,
+        team: TeamCaps | None,
+        on_metrics: OnMetrics,
+    ) -> None:
+        """`logs_dir`: where the nodes' logs are pulled to; `driver`: the spot policy, whose
+        planned moves are checked (None: none); `team`: the monthly caps (None: none set)."""
+        self.journal = journal
+        self.spec = spec
+        self.layout = layout
+        self.logs_dir = logs_dir
+        self.settings = settings
+        self.options = options
+        self.provider = provider
+        self.reporter = reporter
+        self.keeper = keeper
+        self.guards = guards
+        self.driver = driver
+        self.team = team
         self.on_metrics = on_metrics
 
     @property
     def _job_id(self) -> str:
-        return self.parts.journal.job.id
+        return self.journal.job.id
 
     def run_watch(self, attempt: Attempt) -> RunWatch:
-        p = self.parts
         return RunWatch(
             attempt.cluster,
-            p.layout,
-            p.job_dir / "logs",
+            self.layout,
+            self.logs_dir,
             on_metrics=self.on_metrics,
-            on_line=p.reporter.line,
-            lost_after=p.options.lost_after,
-            probe_timeout=max(p.options.probe_timeout, p.options.watch_interval),
-            max_log_bytes=p.settings.logs.max_bytes,
-            log_keep=p.settings.logs.keep,
-            unprefixed_is_rank0=p.spec.launcher == "none",
+            on_line=self.reporter.line,
+            lost_after=self.options.lost_after,
+            probe_timeout=max(self.options.probe_timeout, self.options.watch_interval),
+            max_log_bytes=self.settings.logs.max_bytes,
+            log_keep=self.settings.logs.keep,
+            unprefixed_is_rank0=self.spec.launcher == "none",
             # A late probe asks the provider at once: a node it took is found in seconds.
             confirm_gone=lambda ranks: self._taken(attempt, ranks),
-            progress_pattern=p.spec.progress.pattern,
+            progress_pattern=self.spec.progress.pattern,
         )
 
     def _taken(self, attempt: Attempt, ranks: list[int]) -> bool:
         """Whether the provider says it took any of these nodes; False when it cannot say now
         (the check's own miss, later, asks again and fails the check if it must)."""
         try:
-            return bool(self.parts.provider.preempted(attempt.ids(ranks)))
+            return bool(self.provider.preempted(attempt.ids(ranks)))
         except OrchError:
             return False
 
-    def watch(self, attempt: Attempt) -> Decision:
+    def watch(self, attempt: Attempt) -> Verdict:
         """Watch until the run ends, a limit stops it, nodes are interrupted, or the spot
         policy moves the job; returns that decision. A check that fails raises here (a
         `JobFailed` when the run failed on a node). Ctrl-C lands in the main thread as
         KeyboardInterrupt; the nodes keep running (and billing) either way: ending them is the
         runner's.
         """
-        p, options = self.parts, self.parts.options
+        options = self.options
         cluster = attempt.cluster
         run_watch = attempt.watch = self.run_watch(attempt)
         run_watch.clock = self.progress_clock(attempt)
@@ -211,14 +249,14 @@ class Supervisor:
         activity = JobActivity(
             self._job_id,
             cluster,
-            p.layout,
+            self.layout,
             interval_s=options.watch_interval,
-            gpus_per_node=p.spec.resources.gpus_per_node,
-            idle_timeout_s=p.spec.budget.idle_timeout,
+            gpus_per_node=self.spec.resources.gpus_per_node,
+            idle_timeout_s=self.spec.budget.idle_timeout,
             thresholds=ActivityThresholds(
                 options.idle_util_pct, options.idle_cpu_pct, options.gpu_sample_every
             ),
-            record=p.journal.ledger.add_gpu_samples,
+            record=self.journal.ledger.add_gpu_samples,
         )
         activity.start()
         notices.start()
@@ -228,7 +266,7 @@ class Supervisor:
 
         settled = threading.Event()  # the early pace ended: the main thread reschedules
 
-        def paced_check_run() -> Decision | None:
+        def paced_check_run() -> Verdict | None:
             decision = self.paced_check_run(attempt, pace)
             if pace.settle(run_watch, time.monotonic()):
                 settled.set()
@@ -245,8 +283,8 @@ class Supervisor:
             scheduler.add_job(
                 self._guarded(check, first), "interval", seconds=seconds, next_run_time=now
             )
-        if p.driver is not None:
-            driver = p.driver
+        if self.driver is not None:
+            driver = self.driver
             scheduler.add_job(  # first decision one interval in (the launch was just decided)
                 self._guarded(
                     lambda: driver.tick(attempt.market, self._last_step(), attempt.zone), first
@@ -255,7 +293,7 @@ class Supervisor:
                 seconds=options.policy_interval,
             )
         scheduler.start()
-        p.keeper.watch(
+        self.keeper.watch(
             cluster,
             gone=lambda: set(attempt.gone_ranks),
             on_failure=lambda reason: first.decide(StopOrder(JobState.FAILED, 1, reason)),
@@ -270,7 +308,7 @@ class Supervisor:
                     scheduler.reschedule_job(RUN_CHECK, trigger="interval", seconds=pace.every_s)
         finally:
             self._abort_gone(attempt)
-            p.keeper.stop_watching()
+            self.keeper.stop_watching()
             scheduler.shutdown(wait=True)
             notices.stop()
             activity.stop()
@@ -283,14 +321,14 @@ class Supervisor:
         """The clock of rank 0's progress for a watch that starts now: a run this controller
         started is in its start; one it took over trains (its stall clock runs from now). A
         job that printed a step before is judged by its steps alone."""
-        journal = self.parts.journal
+        journal = self.journal
         steps = journal.last_step is not None or journal.job.step is not None
         return ProgressClock(time.monotonic(), steps=steps, starting=attempt.launch is not None)
 
     def _last_step(self) -> int | None:
-        return self.parts.journal.last_step
+        return self.journal.last_step
 
-    def _guarded(self, check: Callable[[], Decision | None], first: _First) -> Callable[[], None]:
+    def _guarded(self, check: Callable[[], Verdict | None], first: _First) -> Callable[[], None]:
         def run_check() -> None:
             if first.reached.is_set():
                 return
@@ -300,7 +338,7 @@ class Supervisor:
                 if first.reached.is_set():
                     # A check cut short by the decision (a pull from a node found gone) must
                     # not turn a recovery into a failure: the decision stands.
-                    self.parts.reporter.line(f"[orch] after the decision, a check failed: {exc}")
+                    self.reporter.line(f"[orch] after the decision, a check failed: {exc}")
                     return
                 first.fail(exc)
 
@@ -311,11 +349,11 @@ class Supervisor:
         waiting on one (a checkpoint pull, a CPU reading) ends now rather than at the
         keepalive timeout, so the decision is acted on seconds sooner."""
         for rank in attempt.gone_ranks:
-            self.parts.keeper.node_gone(rank)  # a checkpoint transfer from it is killed too
+            self.keeper.node_gone(rank)  # a checkpoint transfer from it is killed too
             attempt.abort(rank)
 
     # --- the checks -------------------------------------------------------------------------
-    def paced_check_run(self, attempt: Attempt, pace: RunPace) -> Decision | None:
+    def paced_check_run(self, attempt: Attempt, pace: RunPace) -> Verdict | None:
         """`check_run` when `pace` says a full check is due; else rank 0's new log lines only
         (`RunWatch.peek`), which decides nothing."""
         if pace.full_check_due(time.monotonic()):
@@ -325,7 +363,7 @@ class Supervisor:
         try:
             watch.peek()
         finally:
-            self.parts.journal.sample_progress()
+            self.journal.sample_progress()
         return None
 
     def _notice(self, attempt: Attempt, rank: int, notice: SpotNotice) -> Interruption:
@@ -335,23 +373,22 @@ class Supervisor:
             f"spot interruption notice ({notice.action} at {when})", utcnow(), notice.time,
         )  # fmt: skip
 
-    def check_run(self, attempt: Attempt) -> Decision | None:
+    def check_run(self, attempt: Attempt) -> Verdict | None:
         """Liveness, the run's end and max_runtime. A node lost, reclaimed or downed is added
         to the attempt's gone ranks; a run that failed on a node raises `JobFailed` with the
         tail of that node's log."""
-        p = self.parts
         watch = attempt.watch
         assert watch is not None  # set by `watch` before any check runs
         try:
             verdict = watch.tick()
         except NodeLost as lost:
             attempt.gone_ranks.add(lost.rank)
-            ended = self._ended_by_orch(attempt, (lost.rank,)) or p.guards.ended_by_guard(
+            ended = self._ended_by_orch(attempt, (lost.rank,)) or self.guards.ended_by_guard(
                 (attempt.instances[lost.rank].instance_id,)
             )
             return ended or self._gone(attempt, (lost.rank,), str(lost.message))
         finally:
-            p.journal.sample_progress()  # the progress this check read joins the history
+            self.journal.sample_progress()  # the progress this check read joins the history
         missing = tuple(rank for rank, misses in enumerate(watch.misses) if misses)
         if missing:
             # One missed probe is not a loss, unless the node's lease was closed by `orch down`
@@ -360,7 +397,7 @@ class Supervisor:
             if ended is not None:
                 attempt.gone_ranks.update(missing)
                 return ended
-            taken = p.provider.preempted(attempt.ids(missing))
+            taken = self.provider.preempted(attempt.ids(missing))
             if taken:
                 ranks = tuple(r for r in missing if attempt.instances[r].instance_id in taken)
                 attempt.gone_ranks.update(ranks)
@@ -375,17 +412,17 @@ class Supervisor:
             progress = self.check_progress(attempt, watch)
             if progress is not None:
                 return progress
-        started = p.journal.job.started_at or utcnow()
+        started = self.journal.job.started_at or utcnow()
         return runtime_order(
             elapsed_s=(utcnow() - started).total_seconds(),
-            max_runtime_s=p.spec.budget.max_runtime,
+            max_runtime_s=self.spec.budget.max_runtime,
         )
 
-    def check_progress(self, attempt: Attempt, watch: RunWatch) -> Decision | None:
+    def check_progress(self, attempt: Attempt, watch: RunWatch) -> Verdict | None:
         """Rank 0's progress against `recovery.start_timeout` and `budget.stall_timeout`
         (`node.run_progress`): a stall stops the job; a start that made no progress is a
         `FailedStart`, with what every node says of it."""
-        spec = self.parts.spec
+        spec = self.spec
         start_s, stall_s = spec.recovery.start_timeout, spec.budget.stall_timeout
         found = watch.clock.due(time.monotonic(), start_s, stall_s)
         if found is None:
@@ -398,7 +435,7 @@ class Supervisor:
         torchrun = started is not None and started.launcher == "torchrun"
         master = (started.master_addr, started.master_port) if started and torchrun else None
         reports = (
-            start_reports(attempt.cluster, self.parts.layout, master, skip=attempt.gone_ranks)
+            start_reports(attempt.cluster, self.layout, master, skip=attempt.gone_ranks)
             if master is not None
             else {}
         )
@@ -422,7 +459,7 @@ class Supervisor:
             return None
         return idle_order(
             idle_for_s=activity.tick(),
-            idle_timeout_s=self.parts.spec.budget.idle_timeout,
+            idle_timeout_s=self.spec.budget.idle_timeout,
             what=activity.what,
         )
 
@@ -431,23 +468,22 @@ class Supervisor:
         it is under (their spend this month projected at their total rate: every live job's
         nodes in them); while under them all, the nodes' guards get a fresh lease (the rest of
         each budget at the current rate)."""
-        p = self.parts
-        leases = p.journal.ledger.leases(self._job_id)
-        horizon_s = p.options.budget_interval + p.options.stop_allowance
+        leases = self.journal.ledger.leases(self._job_id)
+        horizon_s = self.options.budget_interval + self.options.stop_allowance
         order = budget_order(
             spend=total_cost(leases, utcnow()),
             hourly_rate=hourly_rate(leases),
-            max_cost=p.spec.budget.max_cost_usd,
-            max_hourly=p.spec.budget.max_hourly_usd,
+            max_cost=self.spec.budget.max_cost_usd,
+            max_hourly=self.spec.budget.max_hourly_usd,
             horizon_s=horizon_s,
         )
-        if order is None and p.team is not None:
-            order = p.team.stop_order(p.journal.job, horizon_s=horizon_s)
-        budget = p.spec.budget
+        if order is None and self.team is not None:
+            order = self.team.stop_order(self.journal.job, horizon_s=horizon_s)
+        budget = self.spec.budget
         if order is None and (
-            budget.max_cost_usd is not None or budget.max_runtime or p.team is not None
+            budget.max_cost_usd is not None or budget.max_runtime or self.team is not None
         ):
-            p.guards.renew(attempt)
+            self.guards.renew(attempt)
         return order
 
     def _ended_by_orch(self, attempt: Attempt, ranks: tuple[int, ...]) -> StopOrder | None:
@@ -456,7 +492,7 @@ class Supervisor:
         ids = set(attempt.ids(ranks))
         closed = sorted(
             lease.instance_id
-            for lease in self.parts.journal.ledger.leases(self._job_id)
+            for lease in self.journal.ledger.leases(self._job_id)
             if lease.instance_id in ids and lease.ended_at is not None
         )
         if not closed:
@@ -470,12 +506,12 @@ class Supervisor:
     def _gone(self, attempt: Attempt, ranks: tuple[int, ...], detail: str) -> Interruption:
         """The interruption for nodes found gone, labelled by what the provider says."""
         ids = tuple(attempt.ids(ranks))
-        taken = self.parts.provider.preempted(list(ids))
+        taken = self.provider.preempted(list(ids))
         cause = "preempted" if taken else "lost"
         return Interruption(ranks, ids, cause, detail, utcnow())
 
     def _fail_with_tail(self, attempt: Attempt, rank: int, exit_code: int | None) -> None:
-        layout = self.parts.layout
+        layout = self.layout
         node = rank
         if exit_code == launch.SETUP_FAILED_EXIT:
             log = attempt.log_tail(rank, layout)

@@ -99,10 +99,12 @@ class SimulationResult:
     preemptions: int  # spot instances reclaimed
     gap_to_optimal: float | None = None  # cost / the offline optimum's - 1 (`spot.optimal`);
     # None where no schedule meets the deadline, or where the optimum was not worked out
+    zone_switches: int | None = None  # over zones (`spot.zones`): starts outside the
+    # checkpoint's zone, each paid the migration; None: a run in one zone
 
     def as_dict(self) -> dict[str, object]:
-        """JSON view: cost in USD, durations in hours."""
-        return {
+        """JSON view: cost in USD, durations in hours; `zone_switches` for a run over zones."""
+        view: dict[str, object] = {
             "cost": float(self.cost),
             "finish_hours": None if self.finish_s is None else round(self.finish_s / 3600, 4),
             "met_deadline": self.met_deadline,
@@ -114,6 +116,9 @@ class SimulationResult:
             if self.gap_to_optimal is None
             else round(self.gap_to_optimal, 4),
         }
+        if self.zone_switches is not None:
+            view["zone_switches"] = self.zone_switches
+        return view
 
 
 _MARKET = {Decision.SPOT: Running.SPOT, Decision.ON_DEMAND: Running.ON_DEMAND}

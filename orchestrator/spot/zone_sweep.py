@@ -20,7 +20,6 @@ from orchestrator.spot.policies import get_policy
 from orchestrator.spot.simulate import Prices, Scenario, SimulationResult, simulate
 from orchestrator.spot.sweep import DEFAULT_STARTS, SLACKS_PCT, start_ticks
 from orchestrator.spot.zones import (
-    ZoneResult,
     Zones,
     ZoneScenario,
     get_zone_policy,
@@ -153,7 +152,7 @@ def _cell(
     hours: float, slack: int, policy: str, zone: str, results: Sequence[SimulationResult]
 ) -> ZoneSweepCell:
     gaps = [r.gap_to_optimal for r in results if r.gap_to_optimal is not None]
-    switches = [r.zone_switches if isinstance(r, ZoneResult) else 0 for r in results]
+    switches = [r.zone_switches or 0 for r in results]
     return ZoneSweepCell(
         job_hours=hours,
         slack_pct=slack,

@@ -45,7 +45,6 @@ __all__ = [
     "MultiZonePolicy",
     "ZoneInputs",
     "ZonePolicy",
-    "ZoneResult",
     "ZoneScenario",
     "Zones",
     "get_zone_policy",
@@ -289,22 +288,10 @@ def get_zone_policy(name: str) -> ZonePolicy:
         ) from None
 
 
-@dataclass(frozen=True)
-class ZoneResult(SimulationResult):
-    """What a policy did over zones: the single-zone result's fields (spot seconds over all
-    zones) and the moves between zones."""
-
-    zone_switches: int = 0  # starts outside the checkpoint's zone (each paid the migration)
-
-    def as_dict(self) -> dict[str, object]:
-        """JSON view: `SimulationResult.as_dict` and `zone_switches`."""
-        return {**super().as_dict(), "zone_switches": self.zone_switches}
-
-
 _MARKET = {Decision.SPOT: Running.SPOT, Decision.ON_DEMAND: Running.ON_DEMAND}
 
 
-def simulate_zones(zones: Zones, policy: ZonePolicy, job: ZoneScenario) -> ZoneResult:
+def simulate_zones(zones: Zones, policy: ZonePolicy, job: ZoneScenario) -> SimulationResult:
     """Run `policy` over `zones` from `job.scenario.start_tick` until the job is done or the
     traces end, with the accounting of `orchestrator.spot.simulate` and the zones' model
     (module docstring). Raises ValueError if the start is outside the traces or the prices do
@@ -378,7 +365,7 @@ def simulate_zones(zones: Zones, policy: ZonePolicy, job: ZoneScenario) -> ZoneR
             break
         elapsed += gap
     cost = _bill(spot_s, prices, on_demand_s, od_price) * nodes
-    return ZoneResult(
+    return SimulationResult(
         policy=policy.name,
         cost=cost.quantize(_CENT_FRACTION),
         finish_s=finish,

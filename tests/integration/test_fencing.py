@@ -200,7 +200,7 @@ def test_a_controller_whose_lease_was_taken_ends_no_node_and_changes_nothing(
         options=RunnerOptions(connect_timeout=5),
     )  # fmt: skip
     try:
-        runner._provision()  # real nodes, their leases open, while the lease is ours
+        runner.bring_up.provision()  # real nodes, their leases open, while the lease is ours
         ids = sorted(runner.attempt.ids())
         assert len(ids) == 1 and all(processes_with_marker(i) for i in ids)
 

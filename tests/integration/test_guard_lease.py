@@ -85,7 +85,13 @@ class Controller:
             options=OPTIONS,
         )  # fmt: skip
         self.parts = parts
-        self.supervisor = Supervisor(parts, lambda metrics: None)
+        self.supervisor = Supervisor(
+            journal=parts.journal, spec=spec, layout=parts.layout,
+            logs_dir=parts.job_dir / "logs", settings=parts.settings, options=OPTIONS,
+            provider=parts.provider, reporter=parts.reporter, keeper=parts.keeper,
+            guards=parts.guards, driver=None, team=parts.team,
+            on_metrics=lambda metrics, read_at: None,
+        )  # fmt: skip
         self.attempt = Attempt(cluster.instances, cluster)
         self.attempt.read(f"rm -rf {home_expr(GuardLayout(JOB_ID).root)}")  # no lease yet
 

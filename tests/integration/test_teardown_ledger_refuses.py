@@ -104,7 +104,7 @@ def test_a_teardown_with_a_locked_ledger_ends_every_node(
         reporter=Lines(), options=RunnerOptions(connect_timeout=5),
     )  # fmt: skip
     try:
-        runner._provision()  # real nodes, leases open
+        runner.bring_up.provision()  # real nodes, leases open
         ids = sorted(runner.attempt.ids())
         assert len(ids) == 2 and all(processes_with_marker(i) for i in ids)
         with writes_refused(settings.db_path):

@@ -22,7 +22,7 @@ from orchestrator.control.options import RunnerOptions, SilentReporter
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.runner import JobRunner
 from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervisor import Decision
+from orchestrator.control.supervisor import Verdict
 from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, utcnow
@@ -235,14 +235,14 @@ def add_job(ledger: Ledger, loaded: LoadedJob) -> Job:
     )  # fmt: skip
 
 
-Supervise = Callable[[Attempt], Decision]
+Supervise = Callable[[Attempt], Verdict]
 
 
-def scripted(*decisions: Decision) -> Supervise:
+def scripted(*decisions: Verdict) -> Supervise:
     """A supervisor that hands back `decisions` in turn, one per started run."""
     left = list(decisions)
 
-    def supervise(attempt: Attempt) -> Decision:
+    def supervise(attempt: Attempt) -> Verdict:
         assert attempt.running, "supervised before the run was started"
         attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
         return left.pop(0)
@@ -256,7 +256,7 @@ def lose_node_1_then_succeed(
     """A supervisor whose first run loses node 1 (the cloud takes it; `then` runs after) and
     whose second run succeeds."""
 
-    def lost(attempt: Attempt) -> Decision:
+    def lost(attempt: Attempt) -> Verdict:
         gone = attempt.instances[1]
         provider.take(gone.instance_id)
         attempt.gone_ranks.add(1)
@@ -270,7 +270,7 @@ def in_turn(*supervises: Supervise) -> Supervise:
     """One supervisor per started run, in turn."""
     calls = list(supervises)
 
-    def supervise(attempt: Attempt) -> Decision:
+    def supervise(attempt: Attempt) -> Verdict:
         attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
         return calls.pop(0)(attempt)
 
@@ -284,6 +284,7 @@ def runner(
     supervise: Supervise,
     options: RunnerOptions = FAST,
     keeper: FakeKeeper | None = None,
+    driver: object = None,
     **spec_fields: Any,
 ) -> JobRunner:
     loaded = loaded_job(tmp_path, **spec_fields)
@@ -302,6 +303,7 @@ def runner(
         open_attempt=open_fake,
         keeper=cast(CheckpointKeeper, keeper or FakeKeeper()),
         supervise=supervise,
+        driver=cast(Any, driver),
     )
 
 

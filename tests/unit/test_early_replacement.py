@@ -19,7 +19,7 @@ from orchestrator.control.options import RunnerOptions
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.runner import JobRunner
 from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervisor import Decision
+from orchestrator.control.supervisor import Verdict
 from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, utcnow
@@ -52,7 +52,7 @@ def provider(ledger: Ledger) -> FakeProvider:
     return FakeProvider(ledger.ledger_id)
 
 
-def notice_on_node_1(attempt: Attempt) -> Decision:
+def notice_on_node_1(attempt: Attempt) -> Verdict:
     node = attempt.instances[1]
     soon = utcnow() + timedelta(seconds=120)
     return Interruption((1,), (node.instance_id,), "notice", "spot notice", utcnow(), soon)

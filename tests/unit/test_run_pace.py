@@ -15,7 +15,6 @@ from typing import Any, cast
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.run_watch import RunWatch, peek_command
 from orchestrator.control.attempt import Attempt
-from orchestrator.control.parts import JobParts
 from orchestrator.control.supervisor import RunPace, Supervisor
 from orchestrator.errors import NodeUnreachable
 from orchestrator.node import launch
@@ -166,8 +165,13 @@ def test_the_paced_check_peeks_between_full_checks(monkeypatch: Any, tmp_path: P
     head, other = FakeNode(log='[default0]:{"step": 7}\n'), FakeNode()
     watch, metrics, _ = watch_of([head, other], tmp_path)
     sampled: list[bool] = []
-    parts = SimpleNamespace(journal=SimpleNamespace(sample_progress=lambda: sampled.append(True)))
-    supervisor = Supervisor(cast(JobParts, parts), lambda m, at: None)
+    journal = SimpleNamespace(sample_progress=lambda: sampled.append(True))
+    unused = cast(Any, None)  # what a paced check does not reach
+    supervisor = Supervisor(
+        journal=cast(Any, journal), spec=unused, layout=unused, logs_dir=tmp_path,
+        settings=unused, options=unused, provider=unused, reporter=unused, keeper=unused,
+        guards=unused, driver=None, team=None, on_metrics=lambda m, at: None,
+    )  # fmt: skip
     full: list[bool] = []
     monkeypatch.setattr(supervisor, "check_run", lambda attempt: full.append(True))
     attempt = Attempt()

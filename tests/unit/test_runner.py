@@ -19,7 +19,7 @@ from orchestrator.control.options import RunnerOptions, SilentReporter
 from orchestrator.control.recovery_rules import Interruption
 from orchestrator.control.runner import JobRunner
 from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervisor import Decision
+from orchestrator.control.supervisor import Verdict
 from orchestrator.errors import CapacityError, RemoteError
 from orchestrator.job_state import FINAL_STATES, TRANSITIONS, JobState, may_follow
 from orchestrator.ledger.store import Lease, Ledger, utcnow
@@ -182,10 +182,7 @@ def test_a_policy_that_waits_after_a_loss_ends_the_nodes_that_stayed(
         stop_grace=0.0, final_pull_wait=0.0, launch_retries=0, launch_backoff=0.0,
         policy_interval=0.01,
     )  # fmt: skip
-    the_runner = runner(tmp_path, ledger, provider, supervise, options)
-    driver = WaitingDriver()
-    object.__setattr__(the_runner.parts, "driver", driver)  # parts are frozen once built
-    the_runner._driver = cast(Any, driver)
+    the_runner = runner(tmp_path, ledger, provider, supervise, options, driver=WaitingDriver())
 
     assert the_runner.run().state == JobState.SUCCEEDED
     assert [(r.count, r.ranks) for r in provider.requests] == [(2, ()), (2, ())]
@@ -297,7 +294,7 @@ def test_a_zone_aware_policy_moves_the_cluster_to_another_zones_spot_when_its_zo
 def test_a_spot_notice_salvages_with_a_checkpoint_then_relaunches(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    def notice(attempt: Attempt) -> Decision:
+    def notice(attempt: Attempt) -> Verdict:
         node = attempt.instances[0]
         soon = utcnow() + timedelta(seconds=120)
         return Interruption((0,), (node.instance_id,), "notice", "spot notice", utcnow(), soon)
@@ -327,7 +324,7 @@ def test_the_budget_reached_stops_the_job_with_the_budget_reason(
     provider.launched_ago = timedelta(minutes=10)  # 2 nodes x 600 s: $12 spent already
     holder: list[JobRunner] = []
 
-    def supervise(attempt: Attempt) -> Decision:
+    def supervise(attempt: Attempt) -> Verdict:
         attempt.watch = cast(Any, FakeWatch(len(attempt.instances)))
         order = holder[0].supervisor.check_budget(attempt)  # the real check, on the ledger
         assert order is not None
@@ -352,7 +349,7 @@ def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
     killed.launcher.claim_identity()
-    killed._bring_up()  # RUNNING on 2 nodes; then the controller dies (no teardown)
+    killed.bring_up.start()  # RUNNING on 2 nodes; then the controller dies (no teardown)
     assert ledger.get_job(JOB_ID).state == JobState.RUNNING
     ledger.update_job(JOB_ID, step=42)
 
@@ -378,7 +375,7 @@ def test_an_adopted_job_whose_node_vanished_meanwhile_is_recovered(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()
+    killed.bring_up.start()
     provider.take(FakeAttempt.opened[0].instances[1].instance_id)  # reclaimed, no controller
 
     adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
@@ -398,7 +395,7 @@ def test_an_adopted_job_missing_a_rank_without_a_lease_replaces_that_rank(
     """A job rebuilt from its nodes after its ledger died (`control.rebuild`) has no lease for a
     rank whose node ended before: the new controller must not run on one node of two."""
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()
+    killed.bring_up.start()
     gone = FakeAttempt.opened[0].instances[1].instance_id
     provider.take(gone)
     with Session(ledger.engine) as session:  # the rebuilt ledger never knew that node

@@ -14,7 +14,7 @@ from orchestrator.cluster.checkpoints.keeper import Resume
 from orchestrator.cluster.checkpoints.records import Newest
 from orchestrator.control.attempt import Attempt
 from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervisor import Decision
+from orchestrator.control.supervisor import Verdict
 from orchestrator.errors import JobFailed
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
@@ -63,7 +63,7 @@ class ResumingKeeper(FakeKeeper):
         return Newest(f"step-{self.steps[-1]:06d}", self.steps[-1]) if self.steps else None
 
 
-def cannot_load(attempt: Attempt) -> Decision:
+def cannot_load(attempt: Attempt) -> Verdict:
     raise JobFailed(LOAD_FAILURE, hint="full log: orch logs")
 
 

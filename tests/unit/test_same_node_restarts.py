@@ -111,7 +111,7 @@ def test_a_revived_controller_ends_a_job_its_guard_stopped_as_stalled(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()  # RUNNING; then the controller dies
+    killed.bring_up.start()  # RUNNING; then the controller dies
     guards_ended(provider, {0: "stall", 1: "orphaned"})
 
     outcome = runner(tmp_path, ledger, provider, scripted()).run()
@@ -125,7 +125,7 @@ def test_nodes_that_only_followed_a_vanished_rank_0_are_recovered(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
     killed = runner(tmp_path, ledger, provider, scripted())
-    killed._bring_up()
+    killed.bring_up.start()
     provider.take("f-1-0")  # reclaimed without a word from its guard
     guards_ended(provider, {1: "orphaned"})
 
