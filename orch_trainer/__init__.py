@@ -1,7 +1,8 @@
 """Reference DDP trainer that orch runs on its nodes: `python -m orch_trainer.train` (torchrun).
 
-It was the top-level `trainer` package until the rename that keeps it from colliding with a
-user's own `trainer`; `trainer` still forwards here for one release (deprecated).
+The top-level `trainer` is an equal entry point to the same modules, a namespace package that
+never hides a project's own `trainer`; orch runs its trainer by this name, which a project's
+`trainer` never shadows (docs/spot.md, "The reference trainer").
 
 It follows the orch trainer contract (see docs in `orch_trainer.train`, `orch_trainer.checkpoint`
 and `orch_trainer.report`): checkpoints in `$ORCH_CHECKPOINT_DIR` as atomic `step-NNNNNN/`

@@ -47,9 +47,10 @@ FINAL_STATES = frozenset(
 # A launch may start over from any state before RUNNING (a capacity refusal makes the spot
 # policy decide again; a controller that finds a job PROVISIONING, SYNCING or RECOVERING starts
 # it again). STOPPING may follow itself (a controller adopting a half-finished stop writes it
-# again), and may be followed by a launch when it was recorded without its final state (an
-# older orch): such a job is started again, like one found PROVISIONING. RECOVERING may be
-# followed by RUNNING: a start that made no progress is restarted on the same nodes.
+# again), and may be followed by a launch when it was recorded without its final state (a
+# migrated ledger's job from before `stop_state`): it is started again, like one found
+# PROVISIONING. RECOVERING may be followed by RUNNING: a start that made no progress is
+# restarted on the same nodes.
 _LAUNCH = frozenset({JobState.PROVISIONING, JobState.WAITING})
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: _LAUNCH,

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.args` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.args` is the module `orch_trainer.args` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.args
+
+sys.modules[__name__] = orch_trainer.args

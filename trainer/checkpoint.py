@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.checkpoint` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.checkpoint` is the module `orch_trainer.checkpoint` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.checkpoint
+
+sys.modules[__name__] = orch_trainer.checkpoint

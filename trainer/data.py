@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.data` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.data` is the module `orch_trainer.data` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.data
+
+sys.modules[__name__] = orch_trainer.data

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.dist` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.dist` is the module `orch_trainer.dist` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.dist
+
+sys.modules[__name__] = orch_trainer.dist

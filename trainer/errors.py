@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.errors` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.errors` is the module `orch_trainer.errors` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.errors
+
+sys.modules[__name__] = orch_trainer.errors

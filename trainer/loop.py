@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.loop` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.loop` is the module `orch_trainer.loop` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.loop
+
+sys.modules[__name__] = orch_trainer.loop

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.models` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.models` is the module `orch_trainer.models` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.models
+
+sys.modules[__name__] = orch_trainer.models

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.precision` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.precision` is the module `orch_trainer.precision` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.precision
+
+sys.modules[__name__] = orch_trainer.precision

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.report` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.report` is the module `orch_trainer.report` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.report
+
+sys.modules[__name__] = orch_trainer.report

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.run` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.run` is the module `orch_trainer.run` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.run
+
+sys.modules[__name__] = orch_trainer.run

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.sampler` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.sampler` is the module `orch_trainer.sampler` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.sampler
+
+sys.modules[__name__] = orch_trainer.sampler

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.schedule` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.schedule` is the module `orch_trainer.schedule` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.schedule
+
+sys.modules[__name__] = orch_trainer.schedule

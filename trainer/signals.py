@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.signals` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.signals` is the module `orch_trainer.signals` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.signals
+
+sys.modules[__name__] = orch_trainer.signals

@@ -1,7 +1,7 @@
-"""Deprecated alias of `orch_trainer.state` (the same module): import that instead; this alias
-goes in the next release.
-"""
+"""`trainer.state` is the module `orch_trainer.state` (see trainer/train.py)."""
 
-from trainer import forward
+import sys
 
-forward(__name__)
+import orch_trainer.state
+
+sys.modules[__name__] = orch_trainer.state

@@ -188,21 +188,18 @@ def write_private_json(path: Path, document: object) -> None:
 
 
 def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
-    """The job as `save_job_record` kept it, secrets' values included."""
+    """The job as `save_job_record` kept it (job.json and env.json), secrets' values included."""
     directory = settings.job_dir(job_id)
     record = json.loads((directory / JOB_RECORD).read_text())
     spec = record["spec"]
-    secrets = directory / JOB_SECRETS
-    if secrets.exists():  # records written before env.json existed hold the values inline
-        # {"secrets": ...}; records written before secrets existed keep {"env": ...} here
-        spec.update(json.loads(secrets.read_text()))
+    spec["secrets"] = json.loads((directory / JOB_SECRETS).read_text())["secrets"]
     return LoadedJob(
         spec=JobSpec.model_validate(spec),
         source=Path(record["source"]),
         base_dir=Path(record["base_dir"]),
         workdir=Path(record["workdir"]),
         data_sources=[Path(p) for p in record["data_sources"]],
-        left_out=tuple(record.get("left_out", ())),  # absent from records of older orchs
+        left_out=tuple(record["left_out"]),
     )
 
 

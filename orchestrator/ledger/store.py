@@ -66,13 +66,14 @@ class Job(SQLModel, table=True):
     # While STOPPING: the final state the stop leads to, so an adopting controller can finish it.
     stop_state: str | None = None
     # The cloud identity (CloudIdentity JSON) the job's nodes were launched as; a controller
-    # acting as another refuses the job. None: not launched yet (or by an older orch).
+    # acting as another refuses the job. None: not launched yet, or a job of a ledger made
+    # before the column (migrated: `ledger.migrate` adds it empty).
     identity: str | None = None
     # The kept cluster the job runs on (`KeptCluster.id`), whose id then names the nodes (their
     # tags, SSH key and directories) in place of the job's; None: nodes of its own.
     cluster_id: str | None = Field(default=None, index=True)
     # The owner label of whoever submitted it (config `owner`, else the login name): the key of
-    # the per-user monthly budget. None: submitted by an orch before team mode.
+    # the per-user monthly budget. None: submitted before team mode (migration 0002 adds it empty).
     owner: str | None = Field(default=None, index=True)
 
     @property
@@ -259,7 +260,7 @@ class CheckpointRecord(SQLModel, table=True):
     step: int | None = None
     size_bytes: int = Field(sa_column=Column(BigInteger(), nullable=False))
     pulled_at: datetime = Field(sa_column=_utc_column(nullable=False))  # when known complete
-    kind: str | None = None  # step | dcp | file (None: recorded by an older orch)
+    kind: str | None = None  # step | dcp | file (None: a migrated ledger's row from before it)
     digest: str | None = None  # digest of its files' paths and contents (Unit.version)
     in_mirror: bool = True  # its bytes are in the mirror on this machine
     stored_at: datetime | None = Field(default=None, sa_column=_utc_column())  # whole in the store

@@ -275,11 +275,12 @@ def test_reconcile_ends_a_leaked_cluster_s_group_with_its_nodes(
     assert _cluster_groups(provider) == set()
 
 
-def test_an_older_orch_s_running_job_keeps_its_all_traffic_rule_until_it_ends(
+def test_an_all_traffic_rule_of_the_orch_group_goes_at_a_launch_while_members_live(
     tmp_path: Path, moto_endpoint: str
 ) -> None:
-    """Nodes an older orch launched talk through the `orch` group's all-traffic rule: the rule
-    stays while one of them lives, and goes at the first launch after."""
+    """The `orch` group admits SSH only: a rule admitting all traffic between its members is
+    revoked at the next launch even while an instance of the group lives, and the launched
+    job's nodes still reach each other on torch's ports, through their cluster's group."""
     provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
     ec2 = provider.client(REGION)
     vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
@@ -287,17 +288,12 @@ def test_an_older_orch_s_running_job_keeps_its_all_traffic_rule_until_it_ends(
     everything = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["GroupId"]}]}
     ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[everything])
     image = ec2.describe_images()["Images"][0]["ImageId"]
-    old = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1,
-                            SecurityGroupIds=[group["GroupId"]])["Instances"][0]  # fmt: skip
-
-    def all_traffic() -> bool:
-        [found] = _groups(ec2, [group["GroupId"]]).values()
-        return any(p["IpProtocol"] == "-1" for p in found["IpPermissions"])
-
-    (node,) = provider.launch(request(job="job1", count=1))
-    assert all_traffic()
-    ec2.terminate_instances(InstanceIds=[old["InstanceId"]])
-    make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32").launch(
-        request(job="job2", count=1)
-    )
-    assert not all_traffic()
+    member = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1,
+                               SecurityGroupIds=[group["GroupId"]])["Instances"][0]  # fmt: skip
+    nodes = [_description(provider, n.instance_id) for n in
+             provider.launch(request(job="job1", count=2))]  # fmt: skip
+    [found] = _groups(ec2, [group["GroupId"]]).values()
+    assert not any(p["IpProtocol"] == "-1" for p in found["IpPermissions"])
+    for port in TORCH_PORTS:
+        assert admits(ec2, nodes[0], nodes[1], port) and admits(ec2, nodes[1], nodes[0], port)
+        assert not admits(ec2, nodes[0], member, port)

@@ -3,6 +3,7 @@ reads; env values are settings and stay in the record and the ledger."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 from pathlib import Path
@@ -66,29 +67,21 @@ def test_secret_values_live_only_in_the_private_file(tmp_path: Path) -> None:
     assert again.workdir == loaded.workdir
 
 
-def _older_record(settings: Settings, job_id: str, loaded: LoadedJob, spec: dict) -> Path:
-    """The job's record as an older version wrote it: `spec` merged into its spec."""
-    save_job_record(settings, job_id, loaded)
-    directory = settings.job_dir(job_id)
+def test_the_record_loads_back_whole(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "orch")
+    loaded = dataclasses.replace(
+        _loaded(tmp_path), data_sources=[tmp_path / "data"], left_out=("a.pt", "ckpt/b.pt")
+    )
+    save_job_record(settings, "rec-2", loaded)
+    assert load_job_record(settings, "rec-2") == loaded
+
+
+def test_the_secrets_values_are_read_from_env_json_alone(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "orch")
+    save_job_record(settings, "rec-3", _loaded(tmp_path))
+    directory = settings.job_dir("rec-3")
     record = json.loads((directory / JOB_RECORD).read_text())
-    record["spec"] = {k: v for k, v in {**record["spec"], **spec}.items() if v is not None}
+    record["spec"]["secrets"] = {"API_TOKEN": "from-job-json", "FROM_SHELL": "from-job-json"}
     (directory / JOB_RECORD).write_text(json.dumps(record))
-    return directory
-
-
-def test_a_record_written_before_secrets_existed_still_loads(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "orch")
-    loaded = _loaded(tmp_path)
-    hidden_env = dict.fromkeys(loaded.spec.env, SECRET_HIDDEN)  # env.json held env's values
-    directory = _older_record(settings, "rec-2", loaded, {"env": hidden_env, "secrets": None})
-    (directory / JOB_SECRETS).write_text(json.dumps({"env": dict(loaded.spec.env)}))
-    again = load_job_record(settings, "rec-2").spec
-    assert again.env == loaded.spec.env and again.secrets == {}
-
-
-def test_a_record_written_before_env_json_still_loads(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "orch")
-    loaded = _loaded(tmp_path)
-    inline = {"secrets": dict(loaded.spec.secrets)}  # how the oldest versions wrote it
-    (_older_record(settings, "rec-3", loaded, inline) / JOB_SECRETS).unlink()
-    assert load_job_record(settings, "rec-3").spec == loaded.spec
+    (directory / JOB_SECRETS).write_text(json.dumps({"secrets": {"API_TOKEN": "from-env-json"}}))
+    assert load_job_record(settings, "rec-3").spec.secrets == {"API_TOKEN": "from-env-json"}

@@ -28,7 +28,6 @@ from botocore.exceptions import ClientError
 from orchestrator.config import AwsSettings
 from orchestrator.errors import ConfigError, ProviderError
 from orchestrator.providers.aws.launch import (
-    LIVE_STATES,
     TerraformOutputs,
     error_code,
     read_tf_outputs,
@@ -251,8 +250,7 @@ def ensure_security_group(
     `ssh_cidr` and SSH between its members; `owner`'s stale rules and every rule that is no
     owner's are revoked, other owners' rules are left as they are (`ssh_rules`). Each rule is
     changed by a call of its own, so two launches at once never undo each other: a rule
-    already revoked or added by the other is no error. The all-traffic rule of an older orch
-    stays while a node it launched (one in no cluster group) lives. A group of one's own is
+    already revoked or added by the other is no error. A group of one's own is
     `aws.security_group_id`, left as it is."""
     found = find_group(ec2, vpc_id, SECURITY_GROUP_NAME)
     if found is None:
@@ -263,9 +261,6 @@ def ensure_security_group(
     plan = ingress_plan(
         permissions, group_id, owner=owner, cidr=ssh_cidr, now=now or datetime.now(UTC)
     )
-    everything = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
-    if everything in plan.revoke and _nodes_without_cluster_group(ec2, group_id):
-        plan.revoke.remove(everything)  # an older orch's nodes talk through it: kept for now
     for rule in plan.revoke:
         _tolerant(ec2.revoke_security_group_ingress, "InvalidPermission.NotFound",
                   GroupId=group_id, IpPermissions=[rule])  # fmt: skip
@@ -276,24 +271,6 @@ def ensure_security_group(
         _tolerant(ec2.update_security_group_rule_descriptions_ingress, "InvalidPermission.NotFound",
                   GroupId=group_id, IpPermissions=plan.refresh)  # fmt: skip
     return group_id
-
-
-def _nodes_without_cluster_group(ec2: Any, group_id: str) -> bool:
-    """Whether a live node in `group_id` has no cluster group: launched by an older orch, its
-    cluster's nodes reach each other through the group's all-traffic rule, which must stay
-    until they are gone (revoking it would cut a running job's NCCL)."""
-    pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[
-            {"Name": "instance.group-id", "Values": [group_id]},
-            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
-        ]
-    )
-    return any(
-        not any(g["GroupName"].startswith(CLUSTER_GROUP_PREFIX) for g in i["SecurityGroups"])
-        for page in pages
-        for r in page["Reservations"]
-        for i in r["Instances"]
-    )
 
 
 def ports_rules(cidr: str, ports: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -15,9 +15,9 @@ description: `orch-ssh owner=alice at=2026-05-01T10:00:00Z`. On each launch (`in
 - another owner's rule is never revoked;
 - SSH between members of the group is kept: the controller host, a member, reaches the nodes
   over their private addresses;
-- anything else is revoked: the group is orch's (all traffic between members, as an older orch
-  allowed it, a port opened by hand, an SSH rule that names no owner). Traffic between the
-  nodes of one cluster goes through the cluster's own group (`cluster_network`).
+- anything else is revoked: the group is orch's (all traffic between members, a port opened
+  by hand, an SSH rule that names no owner). Traffic between the nodes of one cluster goes
+  through the cluster's own group (`cluster_network`).
 """
 
 from __future__ import annotations

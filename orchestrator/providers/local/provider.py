@@ -228,7 +228,7 @@ class LocalProvider:
         }
 
     def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
-        """Nodes that powered themselves off (`local_poweroff`), from their kept records."""
+        """Nodes that powered themselves off (`local.poweroff`), from their kept records."""
         ended: dict[str, NodeEnd] = {}
         for iid in instance_ids:
             if not net.is_instance_id(iid):
