@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.crash_trials import PHASES, assert_trials, plan_trials, run_trials, table
+from tests.support.crash_trials import PHASES, plan_trials, run_trials, table
+from tests.support.kill_trials import assert_trials
 
 pytestmark = pytest.mark.e2e
 

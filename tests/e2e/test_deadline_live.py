@@ -310,7 +310,9 @@ def test_a_job_waiting_for_spot_survives_its_controller(tmp_path: Path) -> None:
     job_id = submitted.stdout.strip().splitlines()[-1]
     ledger = Ledger(make_engine(home / "orch.db"))
     wait_until(lambda: ledger.get_job(job_id).state == "WAITING", "WAITING", timeout=120)
-    time.sleep(2)  # a few decisions while waiting
+    # On purpose: a few of the policy's decisions (every 0.5 s) pass while the job waits, so
+    # that the kill lands in that loop rather than in its first turn.
+    time.sleep(2)
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), "the controller gone", timeout=30)

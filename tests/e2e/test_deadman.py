@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.helpers import network_namespaces, orch_env, processes_with_marker, run_orch
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,10 +30,7 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip().splitlines()[-1]
     ledger = Ledger(make_engine(home / "orch.db"))
-    deadline = time.monotonic() + 60
-    while ledger.get_job(job_id).state != "RUNNING":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: ledger.get_job(job_id).state == "RUNNING", "RUNNING", 60, interval=0.1)
     ids = [lease.instance_id for lease in ledger.leases(job_id)]
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # no orch command runs from here on: nobody revives it
@@ -40,12 +38,14 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     exit_files = [
         home / "local/nodes" / iid / "disk/orch-jobs" / job_id / "run/exit_code" for iid in ids
     ]
-    time.sleep(5)  # past the dead-man timeout, but the run still trains
+    # The subject: time passing past the dead-man timeout (3 s) while the run still trains.
+    time.sleep(5)
     assert not any(f.exists() for f in exit_files)
     assert all(processes_with_marker(iid) for iid in ids), "a node ended while training"
-    while not all(f.exists() for f in exit_files):  # training ends by itself
-        assert time.monotonic() - killed < 60
-        time.sleep(0.2)
+    wait_until(
+        lambda: all(f.exists() for f in exit_files), "training's end by itself",
+        60 - (time.monotonic() - killed),
+    )  # fmt: skip
 
     def node_left(iid: str) -> bool:
         return bool(
@@ -54,13 +54,14 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
             or (home / "local/nodes" / iid).exists()
         )
 
-    while any(node_left(iid) for iid in ids):
-        assert time.monotonic() - killed < 90, "the nodes did not power off"
-        time.sleep(0.5)
+    wait_until(
+        lambda: not any(node_left(iid) for iid in ids), "the nodes' power-off",
+        90 - (time.monotonic() - killed), interval=0.5,
+    )  # fmt: skip
     # The next orch command hears of it: the job gets a controller, finds its nodes gone and
     # ends; no lease stays open.
     run_orch(["reconcile"], env, timeout=120)
-    deadline = time.monotonic() + 120
-    while ledger.leases(job_id, open_only=True):
-        assert time.monotonic() < deadline, ledger.get_job(job_id)
-        time.sleep(0.5)
+    wait_until(
+        lambda: not ledger.leases(job_id, open_only=True), "every lease closed", 120,
+        interval=0.5,
+    )  # fmt: skip

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster.gpu_watch import HANG_FLOOR_S
+from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.helpers import (
     REPO,
     assert_nothing_left,
@@ -23,6 +24,7 @@ from tests.support.helpers import (
     run_orch,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +88,14 @@ def test_gpus_going_idle_stop_the_job_after_the_timeout(tmp_path: Path) -> None:
     result = run_orch(["submit", str(spec), "--detach"], env, timeout=60)
     job_id = result.stdout.split()[-1]
     job = wait_for_state(job_id, env, {"RUNNING"})
-    time.sleep(3 * WATCH)  # busy readings are flowing
+    ledger = Ledger(make_engine(tmp_path / "orch" / "orch.db"))
+
+    def busy_on_every_node() -> bool:
+        samples = ledger.latest_gpu_samples(job_id)
+        busy = {s.rank for s in samples if s.ok and (s.util_pct or 0) >= 95}
+        return busy == {lease["rank"] for lease in job["leases"]}
+
+    wait_until(busy_on_every_node, "busy readings from every node", 30)
     dropped = time.time()
     set_trace(tmp_path, job, trace("normal", [0.0]))
     job = wait_for_state(job_id, env, {"IDLE_STOPPED", "FAILED", "SUCCEEDED"}, timeout=120)
@@ -108,7 +117,8 @@ def test_a_hanging_nvidia_smi_never_stops_the_job(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     job_id = run_orch(["submit", str(spec), "--detach"], env, timeout=60).stdout.split()[-1]
     wait_for_state(job_id, env, {"RUNNING"})
-    # nvidia-smi is taken for hung once silent for HANG_FLOOR_S; then past the idle timeout
+    # nvidia-smi is taken for hung once silent for HANG_FLOOR_S; then, on purpose, time passes
+    # beyond the idle timeout
     time.sleep(HANG_FLOOR_S + IDLE_TIMEOUT + 4 * WATCH)
     job = job_json(job_id, env)
     assert job["state"] == "RUNNING"  # unknown readings never count as idle

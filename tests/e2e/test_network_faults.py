@@ -97,7 +97,7 @@ def test_a_node_cut_off_for_5_seconds_does_not_end_the_job(tmp_path: Path) -> No
     veth = training(ledger, job_id)
     set_link(veth, "down")
     cut_at_step = ledger.get_job(job_id).step
-    time.sleep(5)
+    time.sleep(5)  # the subject: the cut lasts 5 s, shorter than the confirmation window
     set_link(veth, "up")
     job = wait_ledger(ledger, job_id, is_final, "the end")
     assert job.state == "SUCCEEDED", job.reason

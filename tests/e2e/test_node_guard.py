@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator.ledger.store import Ledger, lease_cost, make_engine
 from tests.support.helpers import network_namespaces, orch_env, processes_with_marker, run_orch
+from tests.support.waiting import wait_for_job, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -43,10 +44,7 @@ def submit_and_kill(tmp_path: Path, budget: str, **env_extra: str) -> tuple[Ledg
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip().splitlines()[-1]
     ledger = Ledger(make_engine(home / "orch.db"))
-    deadline = time.monotonic() + 90
-    while ledger.get_job(job_id).state != "RUNNING":
-        assert time.monotonic() < deadline, ledger.events(job_id)
-        time.sleep(0.1)
+    wait_for_job(ledger, job_id, lambda job: job.state == "RUNNING", "RUNNING", 90)
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # no orch command runs from here on
     return ledger, job_id, home
@@ -62,12 +60,11 @@ def node_left(home: Path, iid: str) -> bool:
 
 def wait_gone(home: Path, ids: list[str], limit_s: float, since: datetime) -> float:
     """Seconds from `since` until every node is gone; fails past `limit_s`."""
-    while any(node_left(home, iid) for iid in ids):
-        waited = (datetime.now(UTC) - since).total_seconds()
-        assert waited < limit_s, (
-            f"nodes still up {waited:.0f} s after the limit's start\n{guard_logs(home)}"
-        )
-        time.sleep(0.25)
+    wait_until(
+        lambda: not any(node_left(home, iid) for iid in ids),
+        "every node gone", limit_s - (datetime.now(UTC) - since).total_seconds(),
+        interval=0.25, fail=lambda said: AssertionError(f"{said}\n{guard_logs(home)}"),
+    )  # fmt: skip
     return (datetime.now(UTC) - since).total_seconds()
 
 
@@ -94,7 +91,7 @@ def test_max_runtime_ends_a_hung_job_without_its_controller(tmp_path: Path) -> N
     job = ledger.get_job(job_id)
     assert job.started_at is not None
     ids = [lease.instance_id for lease in ledger.leases(job_id)]
-    time.sleep(max_runtime / 2)
+    time.sleep(max_runtime / 2)  # the subject: half the runtime passes, the nodes stay up
     assert all(processes_with_marker(iid) for iid in ids), "a node ended before max_runtime"
     wait_gone(home, ids, max_runtime + GRACE + 15, job.started_at)
     for iid in ids:
@@ -127,10 +124,7 @@ def hanging_since(home: Path, job_id: str, ids: list[str]) -> datetime:
     """When the run of every node got past its start-up (torchrun and python busy the CPU
     for seconds here) and began to hang: the newest of the nodes' `hanging` files."""
     files = [home / f"local/nodes/{iid}/disk/orch-jobs/{job_id}/workdir/hanging" for iid in ids]
-    deadline = time.monotonic() + 60
-    while not all(f.exists() for f in files):
-        assert time.monotonic() < deadline, "the runs did not start"
-        time.sleep(0.1)
+    wait_until(lambda: all(f.exists() for f in files), "the runs' start", 60, interval=0.1)
     return datetime.fromtimestamp(max(f.stat().st_mtime for f in files), UTC)
 
 
@@ -161,10 +155,8 @@ def test_the_next_orch_command_ends_the_job_as_its_guard_did(tmp_path: Path) -> 
     wait_gone(home, ids, 8 + GRACE + 15, job.started_at)
     env = orch_env(home, ORCH_STOP_GRACE=str(GRACE), ORCH_WATCH_INTERVAL="1")
     run_orch(["reconcile"], env, timeout=120)
-    deadline = time.monotonic() + 120
-    while ledger.get_job(job_id).state not in ("TIMED_OUT", "FAILED", "SUCCEEDED"):
-        assert time.monotonic() < deadline, ledger.events(job_id)
-        time.sleep(0.5)
+    ended = ("TIMED_OUT", "FAILED", "SUCCEEDED")
+    wait_for_job(ledger, job_id, lambda job: job.state in ended, "the end", 120, interval=0.5)
     final = ledger.get_job(job_id)
     assert final.state == "TIMED_OUT", (final.state, final.reason)
     assert "powered themselves off" in (final.reason or "")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.crash_trials import assert_trials
+from tests.support.kill_trials import assert_trials
 from tests.support.sandbox_crash_trials import PHASES, plan_trials, run_trials, table
 
 pytestmark = pytest.mark.e2e

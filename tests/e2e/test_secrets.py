@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
-import time
 import uuid
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tests.support.helpers import (
     run_orch,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -114,9 +114,13 @@ def test_no_secret_in_logs_ledger_status_or_process_arguments(tmp_path: Path) ->
     }
 
     # While it runs: no process's arguments hold a secret; nodes did not get the user's AWS env.
-    job = wait_for_state(job_id, env, {"RUNNING"}, timeout=180)
-    looks = 0
-    while job["state"] == "RUNNING" or looks == 0:
+    running = wait_for_state(job_id, env, {"RUNNING"}, timeout=180)
+    looked: list[dict] = []  # the job as each look found it
+
+    def look_until_the_end() -> bool:
+        job = job_json(job_id, env) if looked else running
+        if looked and job["state"] != "RUNNING":
+            return True
         for pid, cmdline in _cmdlines().items():
             for what, needle in needles.items():
                 assert needle not in cmdline, f"{what} in the arguments of pid {pid}: {cmdline!r}"
@@ -127,14 +131,15 @@ def test_no_secret_in_logs_ledger_status_or_process_arguments(tmp_path: Path) ->
                 except OSError:
                     continue
                 assert aws_secret.encode() not in environ and token.encode() not in environ
-        looks += 1
+        looked.append(job)
         launch_scripts = list(home.glob(f"local/nodes/*/disk/orch-jobs/{job_id}/run/launch.sh"))
         for script in launch_scripts:
             assert _mode(script) == 0o700, script
-        time.sleep(0.5)
-        job = job_json(job_id, env)
-    assert looks >= 3
-    job = wait_for_state(job_id, env, {"SUCCEEDED"}, timeout=180)
+        return False
+
+    wait_until(look_until_the_end, "the run's end, looking at it", 300, interval=0.5)
+    assert len(looked) >= 3
+    wait_for_state(job_id, env, {"SUCCEEDED"}, timeout=180)
 
     # The run command saw the secrets and the env intact, and nothing forwarded from the
     # controller.

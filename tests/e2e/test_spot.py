@@ -34,6 +34,7 @@ from tests.support.helpers import (
     wait_for,
     wait_for_state,
 )
+from tests.support.waiting import wait_for_job
 
 pytestmark = pytest.mark.e2e
 
@@ -189,10 +190,7 @@ def test_preemption_while_syncing_and_too_many_preemptions(tmp_path: Path) -> No
     )
     job_id = detach(spec, env)
     ledger = Ledger(make_engine(home / "orch.db"))
-    deadline = time.monotonic() + 60
-    while ledger.get_job(job_id).state != "SYNCING":
-        assert time.monotonic() < deadline, ledger.get_job(job_id)
-        time.sleep(0.05)
+    wait_for_job(ledger, job_id, lambda job: job.state == "SYNCING", "SYNCING", 60, interval=0.05)
     first = ledger.leases(job_id)
     provider = LocalProvider(load_settings(env))
     assert provider.reclaim(next(lease.instance_id for lease in first if lease.rank == 1))

@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from tests.support.helpers import (
     wait_for,
     wait_for_state,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -147,17 +147,18 @@ def test_the_node_guards_stop_a_stalled_run_without_its_controller(tmp_path: Pat
     os.kill(int((home / "jobs" / job_id / "controller.pid").read_text()), signal.SIGKILL)
     ids = [lease["instance_id"] for lease in sorted(job["leases"], key=lambda x: x["rank"])]
     log = home / f"local/nodes/{ids[0]}/disk/orch-jobs/{job_id}/run/node.log"
-    deadline = time.monotonic() + 90
-    while '"step": 6' not in (log.read_text(errors="replace") if log.exists() else ""):
-        assert time.monotonic() < deadline, "rank 0 never printed its last step"
-        time.sleep(0.2)
+    wait_until(
+        lambda: '"step": 6' in (log.read_text(errors="replace") if log.exists() else ""),
+        "rank 0's last step printed", 90,
+    )  # fmt: skip
     step, printed = last_step_printed(log)
 
     follow = FOLLOW_LOOKS * WATCH + 2  # node 1: its master refused that many looks
     limit = STALL_TIMEOUT + 2 * WATCH + GRACE + follow + MARGIN
-    while any(node_left(home, iid) for iid in ids):
-        assert (datetime.now(UTC) - printed).total_seconds() < limit, "nodes still up"
-        time.sleep(0.25)
+    wait_until(
+        lambda: not any(node_left(home, iid) for iid in ids), "the nodes' power-off",
+        limit - (datetime.now(UTC) - printed).total_seconds(), interval=0.25,
+    )  # fmt: skip
     first, second = (powered_off(home, iid) for iid in ids)
     assert (first["kind"], second["kind"]) == ("stall", "orphaned")
     decided = (datetime.fromisoformat(first["at"]) - printed).total_seconds()

@@ -18,7 +18,13 @@ import pytest
 from orchestrator.cluster.checkpoints.collector import CheckpointCollector
 from orchestrator.cluster.checkpoints.keeper import KeeperOptions
 from orchestrator.spec.model import CheckpointSpec, MirrorMode
-from tests.support.checkpoint_nodes import collect_until, end_run, keeper_nodes
+from tests.support.checkpoint_nodes import (
+    collect_until,
+    end_run,
+    keeper_nodes,
+    wait_for_manifests,
+)
+from tests.support.waiting import wait_until
 
 IN_PLACE_WRITER = r"""
 import hashlib, os, sys, time
@@ -52,14 +58,18 @@ def test_a_script_saving_in_place_is_mirrored_whole_while_it_runs(tmp_path: Path
                      "> writer.out 2>&1 < /dev/null &")  # fmt: skip
         mirrored = nodes.mirror.root / "snapshot.pt"
         seen: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(seen) < 3:
-            assert time.monotonic() < deadline, (seen, nodes.events("WARNING"))
+
+        def three_copies() -> bool:
             if mirrored.exists():
                 digest = sha(mirrored)
                 if not seen or seen[-1] != digest:
                     seen.append(digest)
-            time.sleep(0.1)
+            return len(seen) >= 3
+
+        wait_until(
+            three_copies, "three whole copies mirrored", 60, interval=0.1,
+            fail=lambda said: AssertionError(f"{said}; {seen}, {nodes.events('WARNING')}"),
+        )  # fmt: skip
         nodes.keeper.stop_watching()
         saves = nodes.run(0, "cat saves.log").split()
         assert set(seen) <= set(saves), "the mirror held a copy no save wrote"
@@ -109,7 +119,8 @@ def test_shards_on_two_nodes_make_one_checkpoint_only_with_both(tmp_path: Path) 
         nodes.run(0, "mkdir -p ckpt/step-000009 && printf zero > ckpt/step-000009/__0_0.distcp"
                      " && sleep 0.05 && printf meta > ckpt/step-000009/.metadata")  # fmt: skip
         end_run(nodes.cluster, job)
-        time.sleep(3)  # both agents staged; node 1 then stops answering
+        # both agents staged; node 1 then stops answering
+        wait_for_manifests(nodes, lambda manifest: manifest.done, "both agents done")
         collected = nodes.keeper.finish(skip={1}, wait_s=5)
         assert collected.installed == [] and nodes.mirror.latest_complete() is None
 
@@ -128,17 +139,16 @@ def test_a_failed_pull_keeps_the_mirror_is_recorded_and_tried_again(tmp_path: Pa
         stops: list[object] = []
         nodes.keeper.watch(nodes.cluster, gone=set, on_failure=stops.append)
         nodes.run(0, "head -c 300000000 /dev/zero > ckpt/snapshot.pt")
-        deadline = time.monotonic() + 60
-        while len(nodes.events("WARNING")) < 2:
-            assert time.monotonic() < deadline, nodes.events("WARNING")
-            time.sleep(0.2)
+        started = time.monotonic()
+        wait_until(lambda: len(nodes.events("WARNING")) >= 2, "two warnings", 60)
         warning = nodes.events("WARNING")[0]
         assert "checkpoint pull failed (1 in a row" in warning and "did not finish" in warning
         assert sha(nodes.mirror.root / "snapshot.pt") == good  # the last good copy stays
         collector.timeout_s = 3600
-        while (nodes.mirror.root / "snapshot.pt").stat().st_size != 300000000:
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.2)
+        wait_until(
+            lambda: (nodes.mirror.root / "snapshot.pt").stat().st_size == 300000000,
+            "the whole copy", 120 - (time.monotonic() - started),
+        )  # fmt: skip
         nodes.keeper.stop_watching()
         assert stops == [] and nodes.keeper.streak.failures == 0
 
@@ -165,7 +175,9 @@ def test_a_linked_copy_written_during_its_transfer_is_not_installed(tmp_path: Pa
     with keeper_nodes(tmp_path / "orch", job) as nodes:
         nodes.run(0, "mkdir -p ckpt/step-000001 && head -c 1000 /dev/urandom > "
                      "ckpt/step-000001/state.pt && : > ckpt/step-000001/COMPLETE")  # fmt: skip
-        time.sleep(3)  # staged, as hard links
+        wait_for_manifests(  # staged, as hard links
+            nodes, lambda manifest: "step-000001/state.pt" in manifest.files, "the copy staged"
+        )
         collector = nodes.keeper.collector
         real_fetch = collector._fetch
 

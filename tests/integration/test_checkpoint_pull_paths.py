@@ -14,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import time
 from pathlib import Path
 
 from orchestrator.remote.sync import push_argv, run_rsync
-from tests.support.checkpoint_nodes import end_run, keeper_nodes
+from tests.support.checkpoint_nodes import end_run, keeper_nodes, wait_for_manifests
 
 JOB = "paths-1"
 HOSTILE = "we ird $x;`id`\"q' ü"
@@ -110,12 +109,7 @@ def test_a_step_dir_swapped_for_a_link_after_it_was_staged(tmp_path: Path) -> No
         job_dir = nodes.mirror.root.parent
         nodes.run(0, SETUP)
         end_run(nodes.cluster, JOB)
-        deadline = time.monotonic() + 20
-        while not all(
-            r.manifest and r.manifest.done for r in nodes.keeper.collector.read().values()
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for_manifests(nodes, lambda manifest: manifest.done, "every agent done")
         nodes.run(0, 'cd ckpt; rm -r step-000001; ln -s "$HOME/outside/step" step-000001')
         skip = [job_dir, home / "local", home / "orch.db", home / "orch.db-wal",
                 home / "orch.db-shm"]  # fmt: skip

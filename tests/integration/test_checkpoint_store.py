@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import boto3
@@ -19,6 +18,7 @@ import pytest
 from orchestrator.config import LocalSettings, Settings, StoreSettings
 from orchestrator.spec.model import CheckpointSpec
 from tests.support.checkpoint_nodes import collect_until, end_run, keeper_nodes
+from tests.support.waiting import wait_until
 
 BUCKET = "orch-ckpt"
 
@@ -73,10 +73,7 @@ def test_nodes_upload_the_ledger_records_and_new_nodes_restore_from_s3(
         assert etag.endswith("-3"), etag  # 40 MiB went up as a multipart upload of 16 MiB parts
         # A version that never became whole (no COMPLETE yet) is swept at the end.
         nodes.run(0, "mkdir -p ckpt/step-000020 && printf half > ckpt/step-000020/state.pt")
-        deadline = time.monotonic() + 30
-        while not any("step-000020" in k for k in keys(s3)):
-            assert time.monotonic() < deadline, keys(s3)
-            time.sleep(0.2)
+        wait_until(lambda: any("step-000020" in k for k in keys(s3)), "step-000020's upload", 30)
         end_run(nodes.cluster, job)
         nodes.keeper.finish(wait_s=30)
         nodes.keeper.sweep_store()

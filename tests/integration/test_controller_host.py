@@ -6,6 +6,7 @@ nor in the host's daemon log or ledger; `orch controller down` leaves nothing ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -13,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,15 +172,16 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def answer() -> bytes:
             try:
                 with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
-                    if answer := conn.recv(64):
-                        return answer
+                    return conn.recv(64)
             except OSError:
-                pass
-            time.sleep(0.3)
+                return b""
+
+        with contextlib.suppress(AssertionError):  # the caller says what it got instead
+            return wait_until(answer, "an answer through the tunnel", 20, interval=0.3)
         return b""
     finally:
         session.kill()

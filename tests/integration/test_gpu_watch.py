@@ -236,7 +236,7 @@ def test_cpu_fallback_reads_the_jobs_session(node: NodeConnection) -> None:
         # A loaded machine (parallel tests on 2 cores) gives the loop a fraction of a core, and
         # may starve it for a moment: what counts is that it reads as busy, clearly above idle.
         for _ in range(8):
-            time.sleep(1.0)
+            time.sleep(1.0)  # the sample's window: CPU time over this second
             readings.append((busy.sample(), resting.sample()))
             if (readings[-1][0] or 0) > 2 * DEFAULT_CPU_THRESHOLD_PCT:
                 break
@@ -275,7 +275,7 @@ def sampled_from_running(cluster: Cluster, layout: NodeLayout) -> list[tuple[flo
         for check in range(3):
             activity.tick()
             if check < 2:
-                time.sleep(SAMPLED_EVERY)
+                time.sleep(SAMPLED_EVERY)  # the subject: ticks one sampling interval apart
     finally:
         activity.stop()
     return sorted(((r.at - running_at).total_seconds(), r.gpu, r.ok) for r in recorded)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from orchestrator.errors import HostKeyMismatch, NodeUnreachable
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.sync import push_argv, run_rsync
 from tests.support.helpers import loopback_cluster
+from tests.support.waiting import wait_until
 
 
 def _swap_host_key(node_dir: Path) -> None:
@@ -45,21 +45,20 @@ def test_a_swapped_host_key_refuses_ssh_and_rsync(tmp_path: Path) -> None:
         _swap_host_key(node_dir)
 
         address, identity = cluster.addresses[0], cluster.identity
-        deadline = time.monotonic() + 20
-        while True:  # sshd re-executes itself: a moment without a listener is expected
+
+        def refusal() -> HostKeyMismatch | None:
             connection = NodeConnection(address, identity, connect_timeout=5)
             try:
                 connection.run("echo after")
             except HostKeyMismatch as exc:
-                refused = exc
-                break
+                return exc
             except NodeUnreachable:
-                assert time.monotonic() < deadline, "sshd did not come back"
-                time.sleep(0.2)
-                continue
+                return None  # sshd re-executes itself: a moment without a listener is expected
             finally:
                 connection.close()
             pytest.fail("the connection was accepted with a changed host key")
+
+        refused = wait_until(refusal, "sshd back with its new key", 20)
         assert "presented a different host key than its provider reported" in str(refused)
         assert "orch down" in str(refused)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from orchestrator.ledger.check import check_ledger
 from tests.support.fuzzing import trials
 from tests.support.helpers import REPO, orch_env, run_orch
+from tests.support.waiting import wait_until
 
 KILLS = trials(8, 4)
 
@@ -70,7 +71,7 @@ def test_a_writer_killed_at_random_moments_leaves_a_consistent_ledger(tmp_path: 
             assert writer.stdout.readline().strip() == "ready", writer.stderr
             delay = rng.uniform(0.0, 1.0)
             moment = f"{delay:.2f} s writing"
-        time.sleep(delay)
+        time.sleep(delay)  # the trial's seeded moment
         writer.send_signal(signal.SIGKILL)
         out, err = writer.communicate(timeout=30)
         assert writer.returncode == -signal.SIGKILL, err
@@ -98,10 +99,12 @@ def test_many_readers_and_one_writer_never_see_a_locked_database(tmp_path: Path)
     path = home / "orch.db"
     seconds = float(trials(20, 10))
     writer = _load("write", path, seconds)
-    deadline = time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < deadline and writer.poll() is None, writer.stderr
-        time.sleep(0.1)
+
+    def made() -> bool:
+        assert writer.poll() is None, writer.stderr
+        return path.exists()
+
+    wait_until(made, "the writer's ledger file", 30, interval=0.1)
     readers = [_load("read", path, seconds - 2) for _ in range(4)]
 
     env = orch_env(home)

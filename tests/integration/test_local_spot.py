@@ -17,9 +17,10 @@ from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.host import pids_with_marker
 from orchestrator.providers.local.provider import LocalProvider
-from orchestrator.providers.local.spot import post_notice
+from orchestrator.providers.local.spot import NOTICE_FILE, post_notice
 from orchestrator.remote.keys import Identity, ensure_identity
 from tests.integration.test_local_provider import MODES, make_settings, providers
+from tests.support.waiting import wait_until
 
 __all__ = ["providers"]  # the fixture, imported for pytest
 
@@ -65,10 +66,10 @@ def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
     watcher = NoticeWatcher(cluster, on_notice, interval_s=0.5)
     watcher.start()
     try:
-        deadline = time.monotonic() + 30
-        while watcher.status != ["watching", "watching"]:
-            assert time.monotonic() < deadline, watcher.status
-            time.sleep(0.1)
+        wait_until(
+            lambda: watcher.status == ["watching", "watching"], "both nodes watched", 30,
+            interval=0.1,
+        )  # fmt: skip
         reclaim_at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=30)
         posted = time.monotonic()
         post_notice(provider.store, nodes[1].instance_id, reclaim_at)
@@ -76,7 +77,7 @@ def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
         rank, notice, when = heard[0]
         assert rank == 1 and notice.action == "terminate" and notice.time == reclaim_at
         assert when - posted < 2.0  # one poll interval and a little
-        time.sleep(1.5)
+        time.sleep(1.5)  # on purpose: three more polls, which must not tell it again
         assert len(heard) == 1  # once per node and notice
     finally:
         watcher.stop()
@@ -117,7 +118,9 @@ def test_a_reclaim_under_notice_ends_as_soon_as_the_owner_lets_the_node_go(
         target=lambda: outcome.append(provider.reclaim(node.instance_id, notice_s=60))
     )
     reclaiming.start()
-    time.sleep(1.0)  # the notice is up; the owner (a job that saved its work) lets the node go
+    notice = provider.store.node_dir(node.instance_id) / NOTICE_FILE
+    wait_until(notice.exists, "the notice", 10, interval=0.05)
+    # the notice is up; the owner (a job that saved its work) lets the node go
     let_go = time.monotonic()
     provider.terminate([node.instance_id])
     reclaiming.join(timeout=30)

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.errors import NodeUnreachable
 from orchestrator.remote.sync import run_rsync
-from tests.support.checkpoint_nodes import end_run, keeper_nodes
+from tests.support.checkpoint_nodes import end_run, keeper_nodes, wait_for_manifests
 
 HANGING_SSH = """#!/bin/sh
 # Stands in for ssh to a host that stopped answering: connected, then nothing, for long.
@@ -88,12 +88,8 @@ def test_node_0_refusing_the_transfer_pulls_nothing_and_the_next_pull_takes_it(
         nodes.run(0, "mkdir -p ckpt/step-000004 && printf w > ckpt/step-000004/state.pt"
                      " && : > ckpt/step-000004/COMPLETE")  # fmt: skip
         end_run(nodes.cluster, "gone-1")
-        deadline = time.monotonic() + 20  # staged: the agent is done (no rsync has run yet)
-        while not all(
-            r.manifest and r.manifest.done for r in nodes.keeper.collector.read().values()
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        # staged: the agent is done (no rsync has run yet)
+        wait_for_manifests(nodes, lambda manifest: manifest.done, "every agent done")
         (node_dir,) = [p for p in home.glob("local/nodes/*") if (p / "sshd.pid").exists()]
         sshd = int((node_dir / "sshd.pid").read_text())
         os.kill(sshd, signal.SIGSTOP)  # the listener stops taking connections; the open one

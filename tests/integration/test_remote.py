@@ -18,6 +18,7 @@ from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import DEFAULT_MAX_OUTPUT, NodeConnection
 from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from tests.support.helpers import loopback_cluster
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +90,10 @@ def test_a_cut_command_is_ended_and_checked_runs_raise_output_too_large(cluster:
     assert isinstance(info.value, RemoteError)
     cut = info.value.result  # type: ignore[attr-defined]
     assert cut.cut and cut.stdout == "y\n" * 500
-    deadline = time.monotonic() + 10  # closing the channel ended it on the node
-    while head.run(f"pgrep -f '[{marker[0]}]{marker[1:]}'", check=False).ok:
-        assert time.monotonic() < deadline, "the command outlived its cut"
-        time.sleep(0.1)
+    wait_until(  # closing the channel ended it on the node
+        lambda: not head.run(f"pgrep -f '[{marker[0]}]{marker[1:]}'", check=False).ok,
+        "the command's end after its cut", 10, interval=0.1,
+    )  # fmt: skip
     exact = head.run("head -c 1000 /dev/zero | tr '\\0' x", max_output=1000)
     assert not exact.cut and exact.ok and exact.stdout == "x" * 1000  # the cap itself fits
     assert head.run("yes | head -c 4000 >&2", check=False, max_output=1000).cut  # stderr too
@@ -155,7 +156,6 @@ def test_the_user_s_own_ssh_config_never_applies_to_nodes(cluster: Cluster, tmp_
     import shutil
     import subprocess
     import tempfile
-    import time
 
     from orchestrator.remote.sync import ssh_transport_argv
 
@@ -179,9 +179,7 @@ def test_the_user_s_own_ssh_config_never_applies_to_nodes(cluster: Cluster, tmp_
         ["ssh-agent", "-D", "-a", str(agent_socket)], stdout=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 10
-        while not agent_socket.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(agent_socket.exists, "ssh-agent's socket", 10, interval=0.05)
         env = {**os.environ, "HOME": str(home), "SSH_AUTH_SOCK": str(agent_socket)}
         # the config does apply to a plain ssh in that namespace: the check below is real
         probe = subprocess.run(

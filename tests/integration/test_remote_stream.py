@@ -8,7 +8,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +17,7 @@ from orchestrator.errors import NodeUnreachable, OrchError, StreamStalled
 from orchestrator.remote.lines import CUT_MARK, DEFAULT_MAX_LINE
 from orchestrator.remote.ssh import NodeConnection
 from tests.support.helpers import loopback_cluster
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +34,6 @@ def node(cluster: Cluster) -> NodeConnection:
 def running(node: NodeConnection, marker: str) -> bool:
     """Whether a process with `marker` in its command line runs (`[x]yz`: not this shell)."""
     return node.run(f"pgrep -f '[{marker[0]}]{marker[1:]}' > /dev/null", check=False).ok
-
-
-def wait_until(what: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_lines_come_decoded_in_order_with_the_exit_status(node: NodeConnection) -> None:
@@ -66,7 +58,8 @@ def test_close_from_another_thread_ends_the_command(node: NodeConnection) -> Non
             if len(got) == 3:
                 threading.Timer(0.3, lines.close).start()
         assert got[:3] == [marker] * 3 and lines.closed
-        assert wait_until(lambda: not running(node, marker), 5), "the command outlived close()"
+        wait_until(lambda: not running(node, marker), "the command's end after close()", 5,
+                   interval=0.1)  # fmt: skip
     assert node.is_alive()
 
 
@@ -80,7 +73,7 @@ def test_a_silent_command_stalls_and_a_long_line_is_cut(node: NodeConnection) ->
         got.extend(lines)
     assert [text.strip() for text in got] == ["ready"] and 1.0 <= time.monotonic() - started < 10
     assert isinstance(info.value, NodeUnreachable) and lines.closed
-    assert wait_until(lambda: not running(node, marker), 5)
+    wait_until(lambda: not running(node, marker), "the command's end", 5, interval=0.1)
 
     cut = list(node.stream("head -c 5000 /dev/zero | tr '\\0' x; echo; echo after", max_line=1000))
     assert cut == ["x" * 200 + CUT_MARK.format(max_line=1000), "after"]

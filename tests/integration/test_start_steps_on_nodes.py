@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from orchestrator.spec.loading import load_job
 from orchestrator.spec.model import CheckpointSpec
 from tests.support.checkpoint_nodes import end_run, keeper_nodes
 from tests.support.helpers import loopback_cluster
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -58,10 +58,10 @@ def test_a_kept_node_loses_the_last_jobs_snapshot_and_keeps_its_workdir(tmp_path
         nodes.run(0, f"cd {home_expr(layout.workdir)} && printf 'epoch 3' > snapshot.pt")
         end_run(nodes.cluster, owner)
         manifest = f"{layout.root}/checkpoint-agent/manifest.json"
-        deadline = time.monotonic() + 30
-        while not json.loads(node_file(nodes.cluster, manifest) or "{}").get("done"):
-            assert time.monotonic() < deadline, node_file(nodes.cluster, manifest)
-            time.sleep(0.2)
+        wait_until(
+            lambda: json.loads(node_file(nodes.cluster, manifest) or "{}").get("done"),
+            "the agent's last manifest", 30,
+        )  # fmt: skip
         assert "snapshot.pt" in json.loads(node_file(nodes.cluster, manifest))["files"]
         nodes.keeper.stop_watching()
 

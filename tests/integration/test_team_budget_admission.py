@@ -56,7 +56,7 @@ def race(location: str | Path, *, locked: bool) -> list[str]:
         try:
             with admission_lock(engine) if locked else contextlib.nullcontext():
                 checked = caps.admit(Budget(max_cost_usd=Decimal(10)), PLAN, "ann")
-                time.sleep(0.05)
+                time.sleep(0.05)  # on purpose: the others race while this one is admitted
                 job_id = f"job-{index}"
                 ledger.add_job(
                     Job(

@@ -8,8 +8,7 @@ the run's exit, after which the agents stage what is left and finish.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,8 +21,10 @@ from orchestrator.config import LocalSettings, Settings
 from orchestrator.errors import UnknownJob
 from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.node import launch
+from orchestrator.node.checkpoint_protocol import NodeManifest
 from orchestrator.spec.model import CheckpointSpec
 from tests.support.helpers import loopback_cluster
+from tests.support.waiting import wait_until
 
 CHECKPOINT_DIR = "ckpt"  # home-relative on every node
 
@@ -111,23 +112,35 @@ def keeper_nodes(
 
 def wait_for_agents(nodes: KeeperNodes, timeout: float = 20.0) -> None:
     """Until every agent has written its first manifest (its baseline is taken)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    wait_for_manifests(nodes, lambda manifest: True, "every agent's first manifest", timeout)
+
+
+def wait_for_manifests(
+    nodes: KeeperNodes, holds: Callable[[NodeManifest], bool], what: str, timeout: float = 20.0
+) -> None:
+    """Until every node's agent has a manifest and `holds` it (`manifest.done`: the run ended
+    and the agent staged what it left)."""
+
+    def every_node() -> bool:
         reports = nodes.keeper.collector.read()
-        if len(reports) == len(nodes.cluster.instances) and all(
-            r.manifest is not None for r in reports.values()
-        ):
-            return
-        assert time.monotonic() < deadline, reports
-        time.sleep(0.1)
+        return len(reports) == len(nodes.cluster.instances) and all(
+            r.manifest is not None and holds(r.manifest) for r in reports.values()
+        )
+
+    wait_until(every_node, what, timeout, interval=0.1)
 
 
 def collect_until(nodes: KeeperNodes, done, timeout: float = 30.0):  # noqa: ANN001, ANN201
     """Collect again and again until `done(collected)` holds; returns that collection."""
-    deadline = time.monotonic() + timeout
-    while True:
-        collected = nodes.keeper.collect()
-        if done(collected):
-            return collected
-        assert time.monotonic() < deadline, [u.name for u in collected.complete]
-        time.sleep(0.2)
+
+    complete: list[str] = []  # what the last collection had complete
+
+    def collected():  # noqa: ANN202
+        collection = nodes.keeper.collect()
+        complete[:] = [u.name for u in collection.complete]
+        return collection if done(collection) else None
+
+    return wait_until(
+        collected, "a collection that holds", timeout,
+        fail=lambda said: AssertionError(f"{said}; complete: {complete}"),
+    )  # fmt: skip

@@ -28,33 +28,33 @@ Prints one row per trial; exits 1 when a trial found a problem or missed its pha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.control.supervision import controller_running
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 from orchestrator.providers.local.provider import LocalProvider
-from tests.support.helpers import (
-    ORCH,
-    REPO,
-    counter_run,
-    counter_workdir,
-    fast_env,
-    run_orch,
+from tests.support import kill_trials
+from tests.support.helpers import ORCH, REPO, fast_env, run_orch
+from tests.support.kill_trials import (
+    TrialFailed,
+    TrialJob,
+    TrialPlan,
+    controller_pid,
+    end_problems,
+    kill_controller,
+    leftover_processes,
+    trials_main,
+    wait_job,
+    wait_revived,
 )
 from tests.support.leak_checks import (
     NodeSightings,
@@ -63,7 +63,7 @@ from tests.support.leak_checks import (
     lease_problems,
     ledger_problems,
 )
-from tests.support.waiting import wait_for_job
+from tests.support.waiting import wait_until
 
 PHASES = ("provisioning", "sync", "running", "recovery", "teardown")
 PHASE_STATE = {
@@ -86,32 +86,16 @@ EXPECTED = {phase: JobState.SUCCEEDED for phase in PHASES} | {"teardown": JobSta
 REVIVERS = ("status", "reconcile")
 REVIVED_SAYS = {"status": "a new one adopted the job", "reconcile": "it got a new one"}
 
-NODES = 2
 TARGET_STEP = 48
-STEP_S = 0.15  # 7 s of training: long enough for the running and recovery phases
+# 7 s of training (long enough for the running and recovery phases); 64 MiB of data, sparse,
+# make the sync phase last a moment
+JOB = TrialJob(steps=TARGET_STEP, step_s=0.15, checkpoint_every=2, data_bytes=64 * 1024 * 1024)
 STOP_S = 2.0  # the emergency checkpoint's time in teardown trials: outlasts the window
-DATA_BYTES = 64 * 1024 * 1024  # sparse: makes the sync phase last a moment
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    """One trial: where the controller dies, and which command revives it."""
-
-    number: int
-    phase: str  # one of PHASES
-    moment_s: float  # seconds after the phase was first seen
-    revive: str  # "status" or "reconcile"
 
 
 def plan_trials(count: int, seed: int, phases: tuple[str, ...] = PHASES) -> list[TrialPlan]:
     """`count` trials cycling through `phases`, with seeded moments and revivers."""
-    rng = random.Random(seed)
-    plans = []
-    for index in range(count):
-        phase = phases[index % len(phases)]
-        moment = round(rng.uniform(0.0, WINDOW_S[phase]), 2)
-        plans.append(TrialPlan(index + 1, phase, moment, rng.choice(REVIVERS)))
-    return plans
+    return kill_trials.plan_trials(count, seed, phases, WINDOW_S, REVIVERS)
 
 
 @dataclass
@@ -149,87 +133,64 @@ HEADER = (
 )
 
 
-def table(results: list[TrialResult]) -> str:
+def table(results: Sequence[TrialResult]) -> str:
     return "\n".join([HEADER, *(result.row() for result in results)])
-
-
-def write_job(directory: Path, stop_s: float = 0.0) -> Path:
-    """The trial's job: the step counter (the trainer contract without torch's import time in
-    every rank), whose emergency checkpoint takes `stop_s`, and a data blob."""
-    data = directory / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    with open(data / "blob.bin", "wb") as blob:
-        blob.truncate(DATA_BYTES)
-    spec = directory / "job.yaml"
-    spec.write_text(
-        "name: crash\n"
-        f"workdir: {counter_workdir(directory)}\n"
-        f"data: [{{src: {data}, dst: ~/data}}]\n"
-        f"run: {counter_run(TARGET_STEP, step_s=STEP_S, checkpoint_every=2, stop_s=stop_s)}\n"
-        f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
-        "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
-    )
-    return spec
 
 
 def trial_env(home: Path) -> dict[str, str]:
     return fast_env(home)
 
 
-class TrialFailed(Exception):
-    """The trial could not go on (the job never reached its phase, a command failed)."""
+def _submitted(submit: subprocess.Popen[str], found: Callable[[], object], what: str) -> object:
+    """`found()` once it holds; TrialFailed with the submit's output if the submit ended first."""
+
+    def check() -> object:
+        value = found()
+        if not value and submit.poll() is not None:
+            raise TrialFailed(f"submit made no {what}: {submit.communicate()[0][-400:]}")
+        return value
+
+    return wait_until(check, what, 60, interval=0.01, fail=TrialFailed)
 
 
-def wait_job(
-    ledger: Ledger, job_id: str, predicate: Callable[[Job], bool], what: str, timeout: float
-) -> Job:
-    """Poll the ledger (every 20 ms) until `predicate` holds; TrialFailed on a final state."""
-    final = [state.value for state in JobState if state.is_final]
-    return wait_for_job(
-        ledger, job_id, predicate, what, timeout, interval=0.02, stop_at=final, fail=TrialFailed
-    )
-
-
-def wait_ledger(path: Path, submit: subprocess.Popen[str], timeout: float = 60) -> Ledger:
+def wait_ledger(path: Path, submit: subprocess.Popen[str]) -> Ledger:
     """The ledger once `orch submit` has made it (its schema complete: a job record is written
     after the ledger is opened), so that opening it here never races the submit's schema."""
-    deadline = time.monotonic() + timeout
-    while not any(path.parent.glob("jobs/*/job.json")):
-        if submit.poll() is not None or time.monotonic() > deadline:
-            raise TrialFailed(f"submit made no job: {submit.communicate()[0][-400:]}")
-        time.sleep(0.01)
+    _submitted(submit, lambda: any(path.parent.glob("jobs/*/job.json")), "job record")
     return Ledger(make_engine(path))
 
 
-def wait_job_id(ledger: Ledger, submit: subprocess.Popen[str], timeout: float = 60) -> str:
+def wait_job_id(ledger: Ledger, submit: subprocess.Popen[str]) -> str:
     """The id of the trial's job as soon as the submit registered it."""
-    deadline = time.monotonic() + timeout
-    while not (jobs := ledger.jobs()):
-        if submit.poll() is not None or time.monotonic() > deadline:
-            raise TrialFailed(f"submit registered no job: {submit.communicate()[0][-400:]}")
-        time.sleep(0.01)
-    return jobs[0].id
+    jobs = _submitted(submit, ledger.jobs, "job in the ledger")
+    assert isinstance(jobs, list)
+    return str(jobs[0].id)
 
 
 def wait_phase(ledger: Ledger, job_id: str, phase: str, timeout: float = 240) -> None:
     """Wait until the job is in one of `phase`'s states (a recovery: once it began, which the
     job's recovery count tells); TrialFailed if it went through them unseen."""
     first, states = PHASE_STATE[phase], PHASE_STATES[phase]
-    deadline = time.monotonic() + timeout
 
     def inside(job: Job) -> bool:
         return job.state in states and (phase != "recovery" or job.recoveries >= 1)
 
-    while not inside(job := ledger.get_job(job_id)):
+    def entered() -> bool:
+        job = ledger.get_job(job_id)
+        if inside(job):
+            return True
         if any(event.kind == first.value for event in ledger.events(job_id)):
             # The state is written just before its event: both may have landed between the
             # two reads above, so the job is asked once more before the phase counts as missed.
             if inside(ledger.get_job(job_id)):
-                return
+                return True
             raise TrialFailed(f"missed {phase}: the job went through it unseen")
-        if JobState(job.state).is_final or time.monotonic() > deadline:
-            raise TrialFailed(f"the job never became {first.value}")
-        time.sleep(0.02)
+        if JobState(job.state).is_final:
+            raise TrialFailed(f"the job ended {job.state} before it was {first.value}")
+        return False
+
+    wait_until(entered, f"the job to become {first.value}", timeout, interval=0.02,
+               fail=TrialFailed)  # fmt: skip
 
 
 def _training(job: Job) -> bool:
@@ -244,36 +205,11 @@ def orch_background(args: list[str], env: dict[str, str]) -> subprocess.Popen[st
     )  # fmt: skip
 
 
-def controller_pid(home: Path, job_id: str) -> int:
-    """The pid in the job's controller.pid, checked to be that job's controller."""
-    pid = int((home / "jobs" / job_id / "controller.pid").read_text())
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    if b"orchestrator.control.daemon" not in cmdline or job_id.encode() not in cmdline:
-        raise TrialFailed(f"pid {pid} is not the controller of {job_id}: {cmdline!r}")
-    return pid
-
-
 def reclaim_node_1(settings: Settings, ledger: Ledger, job_id: str) -> None:
     """Take node 1 of the job the way `orch local preempt JOB --node 1` does (no notice)."""
     (lease,) = [lease for lease in ledger.leases(job_id, open_only=True) if lease.rank == 1]
     if LocalProvider(settings).reclaim(lease.instance_id) is None:
         raise TrialFailed(f"node 1 ({lease.instance_id}) was gone before the reclaim")
-
-
-def kill_controller(home: Path, job_id: str) -> int:
-    """SIGKILL the job's controller and wait until it is gone; returns its pid."""
-    pid = controller_pid(home, job_id)
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return pid
-        if state == "Z":
-            return pid
-        time.sleep(0.01)
-    raise TrialFailed(f"controller {pid} outlived SIGKILL")
 
 
 def run_trial(
@@ -286,7 +222,7 @@ def run_trial(
     home = directory / "orch"
     env = trial_env(home)
     settings = load_settings(env)
-    spec = write_job(directory, STOP_S if plan.phase == "teardown" else 0.0)
+    spec = JOB.write(directory, STOP_S if plan.phase == "teardown" else 0.0)
     submit: subprocess.Popen[str] | None = None
     try:
         with NodeSightings(home) as sightings:
@@ -303,7 +239,7 @@ def run_trial(
                     os.kill(controller_pid(home, job_id), signal.SIGTERM)
             wait_phase(ledger, job_id, plan.phase)
             log(f"trial {plan.number}: {job_id} is {target.value}")
-            time.sleep(plan.moment_s)
+            time.sleep(plan.moment_s)  # the trial's seeded moment into the phase
             kill_controller(home, job_id)
             result.state_at_kill = ledger.get_job(job_id).state
             log(f"trial {plan.number}: killed {job_id} in {result.state_at_kill}")
@@ -313,11 +249,7 @@ def run_trial(
             said = revived.stdout + revived.stderr
             if revived.returncode != 0 or REVIVED_SAYS[plan.revive] not in said:
                 result.problems.append(f"`orch {' '.join(reviver)}` did not revive: {said[-400:]}")
-            deadline = time.monotonic() + 20
-            while not controller_running(settings, job_id) and time.monotonic() < deadline:
-                if JobState(ledger.get_job(job_id).state).is_final:
-                    break
-                time.sleep(0.05)
+            wait_revived(settings, ledger, job_id)
             result.problems += [
                 f"after revive: {p}" for p in lease_problems(settings, ledger, job_id, utcnow())
             ]
@@ -328,18 +260,11 @@ def run_trial(
             submitted, _ = submit.communicate(timeout=60)
             if submit.returncode != 0:
                 result.problems.append(f"submit failed: {submitted[-400:]}")
-            deadline = time.monotonic() + 30
-            while controller_processes(home) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in controller_processes(home):
+            for pid in leftover_processes(home):
                 result.problems.append(f"orch process {pid} still runs after the job ended")
         job = ledger.get_job(job_id)
         result.final_state, result.recoveries, result.step = job.state, job.recoveries, job.step
-        expected = EXPECTED[plan.phase]
-        if job.state != expected:
-            result.problems.append(f"ended {job.state} ({job.reason}), expected {expected}")
-        elif expected == JobState.SUCCEEDED and job.step != TARGET_STEP:
-            result.problems.append(f"ended at step {job.step}, expected {TARGET_STEP}")
+        result.problems += end_problems(job, EXPECTED[plan.phase], TARGET_STEP)
         ids = sightings.seen | {lease.instance_id for lease in ledger.leases(job_id)}
         result.problems += host_leaks(settings, ids)
         result.problems += lease_problems(
@@ -388,42 +313,14 @@ def _log(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.support.crash_trials", description=__doc__
-    )
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--phase", choices=PHASES, action="append", help="only these phases")
-    parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
-    args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("crash trials need root (namespace nodes)", file=sys.stderr)
-        return 2
-    plans = plan_trials(args.trials, args.seed, tuple(args.phase or PHASES))
-    base = args.keep or Path(tempfile.mkdtemp(prefix="orch-crash-"))
-    try:
-        results = run_trials(plans, base, log=_log)
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
-    print()
-    print(table(results))
-    failed = [r for r in results if not r.ok]
-    leaks = sum(len(r.problems) for r in results)
-    print(f"\n{len(results)} trial(s), {len(failed)} failed, {leaks} problem(s) found")
-    return 1 if failed else 0
+    def run(phases: Sequence[str], count: int, seed: int, base: Path) -> list[TrialResult]:
+        return run_trials(plan_trials(count, seed, tuple(phases)), base, log=_log)
+
+    return trials_main(
+        argv, prog="python -m tests.support.crash_trials", doc=__doc__, phases=PHASES,
+        trials=20, seed=8, run=run, table=table,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def assert_trials(results: Sequence[Any], phases: Sequence[str], report: str) -> None:
-    """No trial left anything behind, and a kill landed in every phase of `phases`. A trial
-    that missed its phase (the kill came as the job had just left it: a phase of a fraction of
-    a second on a quick machine) still counts for its leaks; the phase counts as covered when
-    another trial aimed at it hit it. With one trial per phase, each must hit."""
-    assert not any(result.problems for result in results), f"\n{report}"
-    hit = {result.plan.phase for result in results if result.hit_phase}
-    missed = [phase for phase in phases if phase not in hit]
-    assert not missed, f"no kill landed in {', '.join(missed)}:\n{report}"

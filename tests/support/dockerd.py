@@ -19,12 +19,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.netns_host import kill_in_netns, nsenter_argv, sh
+from tests.support.waiting import wait_until
 
 # What the daemon (20.10) and its containerd write outside their roots, on first start.
 OUTSIDE = ("/etc/docker/key.json", "/opt/containerd", "/run/docker", "/run/containerd")
@@ -101,12 +101,21 @@ def running_dockerd(ns: str) -> Iterator[Dockerd]:
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "API listen on" not in (root / "dockerd.log").read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                said = (root / "dockerd.log").read_text(errors="replace")
+
+        def listening() -> bool:
+            said = (root / "dockerd.log").read_text(errors="replace")
+            if "API listen on" in said:
+                return True
+            if proc.poll() is not None:
                 raise AssertionError(f"dockerd did not start:\n{said}")
-            time.sleep(0.2)
+            return False
+
+        wait_until(
+            listening, "dockerd's API", START_TIMEOUT_S,
+            fail=lambda said: AssertionError(
+                f"{said}\n{(root / 'dockerd.log').read_text(errors='replace')}"
+            ),
+        )  # fmt: skip
         yield Dockerd(ns, root, sh(ns, "iptables-nft", "-S").stdout)
     finally:
         proc.send_signal(signal.SIGTERM)

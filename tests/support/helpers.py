@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -211,12 +210,22 @@ class Background:
         return "".join(self.lines)
 
     def wait_for(self, text: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.proc.kill()
+
+        def shown() -> bool:
+            if text in self.output:
+                return True
+            if self.proc.poll() is not None:
                 raise AssertionError(f"{text!r} never appeared:\n{self.output}")
-            time.sleep(0.2)
+            return False
+
+        try:
+            wait_until(
+                shown, repr(text), timeout,
+                fail=lambda said: AssertionError(f"{said}\n{self.output}"),
+            )  # fmt: skip
+        except AssertionError:
+            self.proc.kill()
+            raise
 
     def finish(self, timeout: float = 120) -> int:
         code = self.proc.wait(timeout=timeout)

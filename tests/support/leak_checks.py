@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import threading
-import time
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +35,7 @@ from orchestrator.providers.local.net import (
 )
 from orchestrator.providers.local.provider import HOST_LOCK
 from orchestrator.providers.local.state import NodeStore, file_lock
+from tests.support.waiting import wait_until
 
 PROC = Path("/proc")
 
@@ -141,17 +141,18 @@ def links() -> set[str]:
 def orphan_bridge(bridge: str, *, settle_s: float = 3.0) -> str | None:
     """A problem when `bridge` exists with no node attached (looked at under the host lock,
     twice, so another ORCH_HOME's node being torn down right now is not taken for a leak)."""
-    deadline = time.monotonic() + settle_s
-    while True:
+
+    def gone_or_used() -> bool:
         with file_lock(HOST_LOCK):
             if bridge not in links():
-                return None
-            ports = _lines(["ip", "-o", "link", "show", "master", bridge])
-            if ports:
-                return None
-        if time.monotonic() > deadline:
-            return f"bridge {bridge} is left with no node attached"
-        time.sleep(0.5)
+                return True
+            return bool(_lines(["ip", "-o", "link", "show", "master", bridge]))
+
+    try:
+        wait_until(gone_or_used, f"bridge {bridge} used or gone", settle_s, interval=0.5)
+    except AssertionError:
+        return f"bridge {bridge} is left with no node attached"
+    return None
 
 
 def host_leaks(settings: Settings, instance_ids: Iterable[str]) -> list[str]:

@@ -28,18 +28,14 @@ Prints one row per trial; exits 1 when a trial found a problem or missed its pha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -60,16 +56,20 @@ from orchestrator.providers.aws.launch import (
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.offers import Offer
 from orchestrator.sandbox.client import SandboxClient
-from tests.support.crash_trials import TrialFailed, wait_job
-from tests.support.helpers import (
-    ORCH,
-    REPO,
-    counter_run,
-    counter_workdir,
-    fast_env,
-    processes_with_marker,
-    run_orch,
+from tests.support import kill_trials
+from tests.support.helpers import ORCH, REPO, fast_env, processes_with_marker, run_orch
+from tests.support.kill_trials import (
+    TrialFailed,
+    TrialJob,
+    TrialPlan,
+    end_problems,
+    kill_controller,
+    leftover_processes,
+    trials_main,
+    wait_job,
+    wait_revived,
 )
+from tests.support.leak_checks import controller_processes
 from tests.support.sandbox_run import (
     NETNS_PREFIX,
     SandboxProcess,
@@ -77,6 +77,7 @@ from tests.support.sandbox_run import (
     sandbox_namespaces,
     sandbox_turn,
 )
+from tests.support.waiting import wait_until
 
 PHASES = ("launching", "syncing", "running", "recovering", "tearing down")
 # Upper bound of the kill moment, seconds into the phase (each lasts at least that long here).
@@ -102,31 +103,17 @@ EXPECTED = {phase: JobState.SUCCEEDED for phase in PHASES} | {"tearing down": Jo
 EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.CANCELLED: 130}
 LIVE = ("pending", "running")
 
-NODES = 2
 STEPS = 40
-STEP_S = 0.2
+# 32 MiB of data, sparse here but sent in full: the sync lasts a moment
+JOB = TrialJob(steps=STEPS, step_s=0.2, checkpoint_every=4, data_bytes=32 * 1024 * 1024)
 STOP_S = 2.0  # the emergency checkpoint's time when cancelled: outlasts the tearing-down window
 NOTICE_S = 3
-DATA_BYTES = 32 * 1024 * 1024  # sparse here, sent in full: the sync lasts a moment
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    """One trial: in which phase, and how far into it, the controller dies."""
-
-    number: int
-    phase: str  # one of PHASES
-    moment_s: float  # seconds after the phase was first seen
 
 
 def plan_trials(count: int, seed: int, phases: tuple[str, ...] = PHASES) -> list[TrialPlan]:
-    """`count` trials cycling through `phases`, each with a seeded moment in its window."""
-    rng = random.Random(seed)
-    plans = []
-    for index in range(count):
-        phase = phases[index % len(phases)]
-        plans.append(TrialPlan(index + 1, phase, round(rng.uniform(0.0, WINDOW_S[phase]), 2)))
-    return plans
+    """`count` trials cycling through `phases`, each with a seeded moment in its window (each
+    revived by `orch reconcile`)."""
+    return kill_trials.plan_trials(count, seed, phases, WINDOW_S)
 
 
 @dataclass
@@ -167,30 +154,11 @@ HEADER = (
 )
 
 
-def table(results: list[TrialResult]) -> str:
+def table(results: Sequence[TrialResult]) -> str:
     return "\n".join([HEADER, *(result.row() for result in results)])
 
 
 # --- one trial ------------------------------------------------------------------------------
-
-
-def write_job(directory: Path, stop_s: float = 0.0) -> Path:
-    """The trial's job: a workdir holding only the step counter, and a data blob; its emergency
-    checkpoint takes `stop_s`."""
-    data = directory / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    with open(data / "blob.bin", "wb") as blob:
-        blob.truncate(DATA_BYTES)
-    spec = directory / "job.yaml"
-    spec.write_text(
-        "name: crash\n"
-        f"workdir: {counter_workdir(directory)}\n"
-        f"data: [{{src: {data}, dst: ~/data}}]\n"
-        f"run: {counter_run(STEPS, step_s=STEP_S, checkpoint_every=4, stop_s=stop_s)}\n"
-        f"resources: {{nodes: {NODES}, gpus_per_node: 1, spot: true}}\n"
-        "checkpoint: {dir: ~/ckpt, pull_every: 1}\n"
-    )
-    return spec
 
 
 def trial_env(home: Path, endpoint: str) -> dict[str, str]:
@@ -199,43 +167,6 @@ def trial_env(home: Path, endpoint: str) -> dict[str, str]:
 
 def _training(job: Job) -> bool:
     return job.state == JobState.RUNNING and (job.step or 0) >= 2
-
-
-def kill_controller(home: Path, job_id: str) -> int:
-    """SIGKILL the job's controller and wait until it is gone; returns its pid."""
-    pid = int((home / "jobs" / job_id / "controller.pid").read_text())
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    if b"orchestrator.control.daemon" not in cmdline or job_id.encode() not in cmdline:
-        raise TrialFailed(f"pid {pid} is not the controller of {job_id}: {cmdline!r}")
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return pid
-        if state == "Z":
-            return pid
-        time.sleep(0.01)
-    raise TrialFailed(f"controller {pid} outlived SIGKILL")
-
-
-def orch_processes(home: Path) -> list[int]:
-    """Live orch processes (controllers included) whose ORCH_HOME is `home`."""
-    wanted = f"ORCH_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and wanted in environ and b"orchestrator" in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 class Trial:
@@ -261,7 +192,7 @@ class Trial:
                 f"aws: {{owner: {self.owner}, poll_interval_s: 0.5}}\n"
             )
             settings = load_settings(self.env)
-            spec = write_job(self.directory, STOP_S if self.plan.phase == "tearing down" else 0.0)
+            spec = JOB.write(self.directory, STOP_S if self.plan.phase == "tearing down" else 0.0)
             submitted = run_orch(
                 ["submit", str(spec), "--provider", "aws", "--detach", "--yes"],
                 self.env,
@@ -272,7 +203,7 @@ class Trial:
             job_id = self.result.job_id = submitted.stdout.strip().splitlines()[-1]
             ledger = Ledger(make_engine(settings.db_path))
             helper = self._reach_phase(ledger, job_id)
-            time.sleep(self.plan.moment_s)
+            time.sleep(self.plan.moment_s)  # the trial's seeded moment into the phase
             kill_controller(self.home, job_id)
             job = ledger.get_job(job_id)
             self.result.killed_in = job.state + (
@@ -285,11 +216,7 @@ class Trial:
             revived = run_orch(["reconcile"], self.env, timeout=120)
             if revived.returncode != 0:
                 raise TrialFailed(f"orch reconcile failed: {revived.stdout}{revived.stderr}")
-            deadline = time.monotonic() + 20
-            while not controller_running(settings, job_id) and time.monotonic() < deadline:
-                if JobState(ledger.get_job(job_id).state).is_final:
-                    break
-                time.sleep(0.05)
+            wait_revived(settings, ledger, job_id)
             self._check(settings, ledger, job_id, when="after reconcile")
 
             job = wait_job(
@@ -297,19 +224,12 @@ class Trial:
             )
             if helper is not None:
                 helper.communicate(timeout=120)
-            deadline = time.monotonic() + 30
-            while orch_processes(self.home) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for pid in orch_processes(self.home):
+            for pid in leftover_processes(self.home):
                 self.result.problems.append(f"orch process {pid} still runs after the end")
             job = ledger.get_job(job_id)
             self.result.final_state, self.result.step = job.state, job.step
             self.result.recoveries = job.recoveries
-            expected = EXPECTED[self.plan.phase]
-            if job.state != expected:
-                self.result.problems.append(f"ended {job.state} ({job.reason}), not {expected}")
-            elif expected == JobState.SUCCEEDED and job.step != STEPS:
-                self.result.problems.append(f"ended at step {job.step}, not {STEPS}")
+            self.result.problems += end_problems(job, EXPECTED[self.plan.phase], STEPS)
             if job.state in EXIT_CODES and job.exit_code != EXIT_CODES[JobState(job.state)]:
                 self.result.problems.append(f"ended {job.state} with exit code {job.exit_code}")
             self._check(settings, ledger, job_id, when="at the end")
@@ -416,17 +336,20 @@ class Trial:
 
     def _host_leaks(self, instances: list[dict[str, Any]]) -> list[str]:
         problems = []
-        hosts = {h["instance_id"] for h in SandboxClient(self.sandbox.endpoint).status()["hosts"]}
-        deadline = time.monotonic() + 10  # the sandbox ends a host within a pass or two
-        while hosts & {d["InstanceId"] for d in instances} and time.monotonic() < deadline:
-            time.sleep(0.3)
-            hosts = {
-                h["instance_id"] for h in SandboxClient(self.sandbox.endpoint).status()["hosts"]
-            }
+        client = SandboxClient(self.sandbox.endpoint)
+        ids = {d["InstanceId"] for d in instances}
+
+        def hosts() -> set[str]:
+            return {h["instance_id"] for h in client.status()["hosts"]}
+
+        with contextlib.suppress(TrialFailed):  # the sandbox ends a host within a pass or two
+            wait_until(lambda: not hosts() & ids, "the hosts' end", 10, interval=0.3,
+                       fail=TrialFailed)  # fmt: skip
+        left = hosts()
         namespaces = sandbox_namespaces()
         for desc in instances:
             iid = desc["InstanceId"]
-            if iid in hosts or NETNS_PREFIX + iid in namespaces:
+            if iid in left or NETNS_PREFIX + iid in namespaces:
                 problems.append(f"the host of {iid} is still there")
             if processes_with_marker(iid):
                 problems.append(f"processes of {iid} remain")
@@ -434,7 +357,7 @@ class Trial:
 
     def _end_everything(self) -> None:
         """The safety net: the trial's orch processes killed, its live instances terminated."""
-        for pid in orch_processes(self.home):
+        for pid in controller_processes(self.home):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
@@ -500,32 +423,14 @@ def _run_trials(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.support.sandbox_crash_trials",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--phase", choices=PHASES, action="append", help="only these phases")
-    parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
-    args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("sandbox crash trials need root (the sandbox's hosts)", file=sys.stderr)
-        return 2
-    plans = plan_trials(args.trials, args.seed, tuple(args.phase or PHASES))
-    base = args.keep or Path(tempfile.mkdtemp(prefix="orch-sandbox-crash-"))
-    try:
-        results = run_trials(plans, base, log=lambda text: print(text, flush=True))
-    finally:
-        if args.keep is None:
-            shutil.rmtree(base, ignore_errors=True)
-    print()
-    print(table(results))
-    failed = [r for r in results if not r.ok]
-    found = sum(len(r.problems) for r in results)
-    print(f"\n{len(results)} trial(s), {len(failed)} failed, {found} problem(s) found")
-    return 1 if failed else 0
+    def run(phases: Sequence[str], count: int, seed: int, base: Path) -> list[TrialResult]:
+        plans = plan_trials(count, seed, tuple(phases))
+        return run_trials(plans, base, log=lambda text: print(text, flush=True))
+
+    return trials_main(
+        argv, prog="python -m tests.support.sandbox_crash_trials", doc=__doc__, phases=PHASES,
+        trials=10, seed=11, run=run, table=table,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from orchestrator.ledger.store import Job, Ledger, make_engine
 from orchestrator.node.checkpoint_protocol import AgentReport, parse_manifest
 from orchestrator.report.documents import job_document
 from tests.support.agent_dirs import make_agent
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 12, 6, 12, 7, 10, tzinfo=UTC)
 
@@ -123,11 +123,14 @@ def test_status_shows_the_line_while_the_job_runs(tmp_path: Path) -> None:
     writer = threading.Thread(target=rewrite, daemon=True)
     writer.start()
     try:
-        deadline = time.monotonic() + 10
-        while not agent.uncaptured:
-            assert time.monotonic() < deadline
+
+        def uncaptured() -> bool:
+            if agent.uncaptured:
+                return True
             agent.pass_once(ended=False)
-            time.sleep(0.05)
+            return False
+
+        wait_until(uncaptured, "the file uncaptured", 10, interval=0.05)
     finally:
         stop.set()
         writer.join()

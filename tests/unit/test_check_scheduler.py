@@ -21,7 +21,7 @@ def test_a_slow_check_runs_once_at_a_time_and_its_skipped_turns_are_not_logged(
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.6)
+        time.sleep(0.6)  # on purpose: longer than the interval, so that runs would overlap
         with lock:
             running[0] -= 1
             runs[0] += 1
@@ -30,7 +30,7 @@ def test_a_slow_check_runs_once_at_a_time_and_its_skipped_turns_are_not_logged(
     scheduler.add_job(slow_check, "interval", seconds=0.1)
     with caplog.at_level(logging.DEBUG):
         scheduler.start()
-        time.sleep(1.5)
+        time.sleep(1.5)  # on purpose: time for several intervals to pass
         scheduler.shutdown(wait=True)
         logging.getLogger("orchestrator.control.checks").warning("another warning")
     assert runs[0] >= 1 and most[0] == 1

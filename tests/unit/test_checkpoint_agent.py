@@ -25,6 +25,7 @@ from orchestrator.node.checkpoint_files import file_digest, skipped
 from orchestrator.node.checkpoint_restore import restore
 from orchestrator.node.checkpoint_whole import looks_whole
 from tests.support.agent_dirs import make_agent
+from tests.support.waiting import wait_until
 
 
 def staged(a: Agent, rel: str) -> dict | None:
@@ -32,10 +33,10 @@ def staged(a: Agent, rel: str) -> dict | None:
 
 
 def settle(a: Agent, *, ended: bool = False, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not a.pass_once(ended=ended):
-        assert time.monotonic() < deadline, a.files
-        time.sleep(0.05)
+    wait_until(
+        lambda: a.pass_once(ended=ended), "a settled pass", timeout, interval=0.05,
+        fail=lambda said: AssertionError(f"{said}; {a.files}"),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,7 @@ def test_what_was_there_before_the_run_is_left_alone_until_it_changes(tmp_path: 
     assert known["stored"] == "p/j1/snapshot.pt@ab"
     assert os.listdir(a.objects) == []  # nothing copied for either
 
-    time.sleep(0.01)
+    time.sleep(0.01)  # on purpose: the rewrite gets a later mtime
     (tmp_path / "ckpt" / "train.py").write_text("changed by the run")
     settle(a)
     copy = staged(a, "train.py")
@@ -180,7 +181,7 @@ def test_a_linked_copy_rewritten_in_place_is_dropped_and_staged_again(tmp_path: 
     settle(a)
     first = staged(a, "step-000001/__0_0.distcp")
     assert first is not None and first["linked"]
-    time.sleep(0.01)
+    time.sleep(0.01)  # on purpose: the rewrite gets a later mtime
     shard.write_bytes(b"v2" * 100)  # in place: the staged link holds v2 now too
     a.pass_once(ended=False)
     assert staged(a, "step-000001/__0_0.distcp") is None

@@ -23,6 +23,7 @@ from orchestrator.node.checkpoint_agent import Agent
 from orchestrator.node.checkpoint_capture import UNCAPTURED_TIMES, History
 from orchestrator.node.checkpoint_whole import finished, whole
 from tests.support import agent_dirs
+from tests.support.waiting import wait_until
 
 
 def make_agent(tmp_path: Path, **extra: object) -> Agent:
@@ -125,7 +126,7 @@ def test_a_file_of_a_format_that_cannot_tell_is_taken_only_once_quiet(tmp_path: 
     path.write_bytes(b"raw bytes, no end marker")
     assert not a.pass_once(ended=False)
     assert a.files["state.bin"]["staged"] is None
-    time.sleep(0.35)
+    time.sleep(0.35)  # the subject: quiet for longer than quiet_s
     assert a.pass_once(ended=False)
     assert a.files["state.bin"]["staged"] is not None
 
@@ -263,9 +264,12 @@ def test_the_manifest_lists_a_file_going_without_a_copy_until_one_is_taken(
     entry = manifest["uncaptured"]["state.bin"]
     assert 0 < entry["every_s"] < 0.5 and entry["ever"] is False
     assert entry["since_ns"] <= time.time_ns()
-    deadline = time.monotonic() + 5
-    while a.files["state.bin"]["staged"] is None:  # quiet now: taken
-        assert time.monotonic() < deadline
+
+    def taken() -> bool:
+        if a.files["state.bin"]["staged"] is not None:
+            return True
         a.pass_once(ended=False)
-        time.sleep(0.1)
+        return False
+
+    wait_until(taken, "the quiet file taken", 5, interval=0.1)
     assert a.uncaptured == {}

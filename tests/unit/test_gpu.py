@@ -318,7 +318,7 @@ def test_cpu_ticks_command_counts_the_job_despite_odd_names(tmp_path: Path) -> N
         command = cpu_ticks_command(shlex.quote(str(pid_file)))
         # Run it through sh: the command brings its own bash.
         first = parse_cpu_ticks(_sh(command))
-        time.sleep(0.6)
+        time.sleep(0.6)  # the readings' window
         second = parse_cpu_ticks(_sh(command))
         assert first is not None and second is not None
         assert Path(f"/proc/{leader.pid}/comm").read_text().startswith("a) 1 2 (b")
@@ -347,13 +347,12 @@ def test_cpu_ticks_command_counts_descendants_in_other_sessions(tmp_path: Path) 
         pid_file = tmp_path / "pid"
         pid_file.write_text(f"{leader.pid}\n")
         command = cpu_ticks_command(shlex.quote(str(pid_file)))
-        time.sleep(0.5)  # the child is up
         child = _wait_child_of(leader.pid)
         # The child's own readings are taken inside the session's two, so whatever it ran
         # between them the session's second reading holds too, however loaded the machine.
         first = parse_cpu_ticks(_sh(command))
         child_first = _own_ticks(child)
-        time.sleep(1.0)
+        time.sleep(1.0)  # the readings' window
         child_second = _own_ticks(child)
         second = parse_cpu_ticks(_sh(command))
         assert first is not None and second is not None and second.processes == 2

@@ -78,7 +78,7 @@ def test_the_boot_terms_are_mapped_onto_the_nodes_clock_from_its_first_arming(
     assert watcher.due(armed + 99) is None
     assert watcher.due(armed + 101)[:2] == ("max_runtime", armed + 100)
     # A guard started again (a reboot) keeps its first arming: its limits do not move.
-    time.sleep(0.05)
+    time.sleep(0.05)  # on purpose: the clock moves before the restart
     again = guard.Guard(str(home / "terms.json"))
     assert again.anchor == armed
 

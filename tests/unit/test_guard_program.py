@@ -33,6 +33,7 @@ from orchestrator.node.guard_protocol import (
 from orchestrator.node.source_text import compact_source
 from orchestrator.providers.aws.launch import USER_DATA_LIMIT, new_host_key, packed, user_data
 from tests.support.guard_keys import LeaseKey
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
 
@@ -139,10 +140,10 @@ def rsync_writing_as(home: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
     # returned once the child runs rsync itself: on a busy machine the forked child can still
     # be this interpreter when the guard first looks
-    deadline = time.monotonic() + 10
-    while not Path(f"/proc/{sync.pid}/cmdline").read_bytes().startswith(b"rsync"):
-        assert time.monotonic() < deadline, "rsync did not start"
-        time.sleep(0.01)
+    wait_until(
+        lambda: Path(f"/proc/{sync.pid}/cmdline").read_bytes().startswith(b"rsync"),
+        "rsync's start", 10, interval=0.01,
+    )  # fmt: skip
     return sync
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from orchestrator.host.layout import (
     stop_command,
     supervisor_script,
 )
+from tests.support.waiting import wait_until
 
 TRICKY = 'it\'s $HOME; `echo no` "x" \\ \n2nd line'
 
@@ -144,10 +144,7 @@ def test_start_starts_one_supervisor_and_stop_ends_it_and_its_daemon(tmp_path: P
     Path(layout.stop_flag).touch()  # left by an earlier stop: start must clear it
 
     assert _sh(start_command(layout)).stdout.strip() == "started"
-    deadline = time.monotonic() + 10
-    while not ready.exists():
-        assert time.monotonic() < deadline, "the supervisor did not start the daemon"
-        time.sleep(0.05)
+    wait_until(ready.exists, "the daemon started by the supervisor", 10, interval=0.05)
     assert not Path(layout.stop_flag).exists()
     supervisor = int(Path(layout.path("supervisor.pid")).read_text())
     daemon = int(Path(layout.path("daemon.pid")).read_text())
@@ -162,6 +159,11 @@ def test_start_starts_one_supervisor_and_stop_ends_it_and_its_daemon(tmp_path: P
     assert _sh(stop_command(layout, wait_s=1)).stdout.strip() == "stopped", "not idempotent"
 
 
+def _zombie(pid: int) -> bool:
+    """`pid` exited and is not waited for."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_a_zombie_is_not_taken_for_a_running_daemon(tmp_path: Path) -> None:
     """A killed supervisor leaves its daemon a zombie where nothing reaps orphans; `kill -0`
     alone says it runs, and `up` would not start the daemon again."""
@@ -173,7 +175,7 @@ def test_a_zombie_is_not_taken_for_a_running_daemon(tmp_path: Path) -> None:
     if child == 0:
         os._exit(0)
     try:
-        time.sleep(0.2)  # it exited, and is not waited for: a zombie
+        wait_until(lambda: _zombie(child), "the child a zombie", 10, interval=0.02)
         pid_file.write_text(f"{child}\n")
         shown = subprocess.run(["sh", "-c", test], capture_output=True, text=True).stdout
         assert shown == "stopped\n"

@@ -135,10 +135,12 @@ def test_start_and_probe_commands_against_a_real_shell(tmp_path: Path) -> None:
     again = subprocess.run(["bash", "-c", launch.start_command(layout)], env=env, timeout=10)
     assert again.returncode == 3  # never started twice
     assert launch.parse_probe(sh(launch.probe_command(layout, 0))).state == "running"
-    import time
 
-    time.sleep(0.8)
-    probe = launch.parse_probe(sh(launch.probe_command(layout, 0)))
+    def ended() -> launch.NodeProbe | None:
+        probe = launch.parse_probe(sh(launch.probe_command(layout, 0)))
+        return probe if probe.state != "running" else None
+
+    probe = wait_until(ended, "the script's end (0.3 s after its start)", 10, interval=0.1)
     assert probe.state == "vanished"  # no exit_code file: the script is not a launch script
     assert probe.new_log == "hello\n"
     (run_dir / "exit_code").write_text("0\n")

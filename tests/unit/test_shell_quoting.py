@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +46,7 @@ from orchestrator.remote.sync import (
     ssh_transport_argv,
 )
 from tests.support.fuzzing import examples
+from tests.support.waiting import wait_until
 
 HOSTILE = [
     "plain",
@@ -309,13 +309,16 @@ def test_the_checkpoint_agent_reports_hostile_names_under_a_hostile_home(home: P
     bash(arm_command(layout), home, stdin=json.dumps(config).encode())
 
     def report_when(ready) -> object:  # noqa: ANN001
-        deadline = time.monotonic() + 20
-        while True:
-            report = parse_report(bash(read_command(layout), home).decode(), 0, 0, 0)
-            if ready(report):
-                return report
-            assert time.monotonic() < deadline, (home / layout.root / "agent.log").read_text()
-            time.sleep(0.1)
+        def report() -> object:
+            found = parse_report(bash(read_command(layout), home).decode(), 0, 0, 0)
+            return found if ready(found) else None
+
+        return wait_until(
+            report, "the agent's report", 20, interval=0.1,
+            fail=lambda said: AssertionError(
+                f"{said}\n{(home / layout.root / 'agent.log').read_text()}"
+            ),
+        )  # fmt: skip
 
     report_when(lambda r: r.agent == "alive" and r.manifest is not None)  # it took its baseline
     for i, name in enumerate(NAMES):
@@ -344,12 +347,11 @@ def test_start_probe_stop_and_cpu_commands_under_a_hostile_home(home: Path) -> N
         cpu = bash(cpu_ticks_command(launch.home_expr(f"{layout.run_dir}/pid")), home).decode()
         assert cpu.startswith(CPU_MARK) and "none" not in cpu
         bash(launch.stop_command(layout, "KILL"), home)
-        deadline = time.monotonic() + 10
-        while launch.parse_probe(bash(launch.probe_command(layout, None), home).decode()).state in (
-            "running",
-        ):
-            assert time.monotonic() < deadline, "stop_command did not stop the run"
-            time.sleep(0.1)
+        wait_until(
+            lambda: launch.parse_probe(bash(launch.probe_command(layout, None), home).decode())
+            .state != "running",
+            "the run stopped by stop_command", 10, interval=0.1,
+        )  # fmt: skip
     finally:
         # Not procps' `kill -9 -PGID`: once the group is gone it sends SIGKILL to -1, every
         # process of the machine (the CI runner included).

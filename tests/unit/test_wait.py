@@ -83,7 +83,7 @@ def test_it_returns_when_the_running_job_ends(home: Path) -> None:
     with live_controller(home):
 
         def finish() -> None:
-            time.sleep(0.5)
+            time.sleep(0.5)  # on purpose: the job ends while `orch wait` waits
             ledger.update_job("j-1", state=JobState.SUCCEEDED, exit_code=0)
 
         threading.Thread(target=finish).start()

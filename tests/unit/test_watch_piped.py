@@ -8,7 +8,6 @@ import os
 import queue
 import subprocess
 import threading
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,7 +41,8 @@ def test_a_piped_watch_prints_each_change_as_it_happens(tmp_path: Path) -> None:
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     assert watch.stdout is not None
-    threading.Thread(target=lambda: [lines.put(x) for x in watch.stdout], daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in watch.stdout], daemon=True)
+    reader.start()
     try:
         assert next_line(lines) == "watching j-1 until it ends (every 0.2 s)"
         assert next_line(lines) == "j-1 RUNNING | no step yet | spend $0.0000"
@@ -54,7 +54,7 @@ def test_a_piped_watch_prints_each_change_as_it_happens(tmp_path: Path) -> None:
         ledger.update_job("j-1", state=JobState.SUCCEEDED.value, exit_code=0, reason="done")
         assert next_line(lines) == "j-1 SUCCEEDED | step 5 | loss 0.5000 | spend $0.0000 | done"
         assert watch.wait(timeout=20) == 0
-        time.sleep(0.2)  # the reader thread's last lines
+        reader.join(timeout=10)  # the reader thread's last lines, up to the end of the output
         final = "\n".join(lines.get_nowait() for _ in range(lines.qsize()))
         assert "SUCCEEDED" in final and "events" in final  # the final view, once
     finally:
