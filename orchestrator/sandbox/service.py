@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from orchestrator.atomic import write_atomic
 from orchestrator.providers.aws.catalog import load_catalog
 from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
@@ -267,9 +268,7 @@ class Sandbox:
                 "done": False,
             }
             self._reclaims[instance_id] = record
-        tmp = host.notice_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(hostnet.notice_document(at)) + "\n")
-        tmp.replace(host.notice_file)
+        write_atomic(host.notice_file, json.dumps(hostnet.notice_document(at)) + "\n")
         self.log(f"reclaim {instance_id}: notice served until {record['terminate_at']}")
         thread = threading.Thread(
             target=self._reclaim, args=(instance_id, notice_s), name=f"reclaim-{instance_id}"

@@ -170,20 +170,35 @@ def sandbox_uses_the_kit(imp: Import) -> bool:
 # A new arrow is a design decision: add it here, and to docs/architecture.md, on purpose.
 ALLOWED: dict[str, frozenset[str]] = {
     "orchestrator": frozenset(),
+    "atomic": frozenset(),
+    "backoff": frozenset(),
     "errors": frozenset(),
     "job_state": frozenset(),
     "node": frozenset(),
     "spec": frozenset({"errors"}),
-    "ledger": frozenset({"errors", "job_state"}),
-    "remote": frozenset({"errors"}),
+    "ledger": frozenset({"atomic", "errors", "job_state"}),
+    "remote": frozenset({"atomic", "errors"}),
     "config": frozenset({"errors", "spec"}),
-    "providers": frozenset({"config", "errors", "node", "spec"}),
+    "providers": frozenset({"atomic", "backoff", "config", "errors", "node", "spec"}),
     "spot": frozenset({"errors", "ledger", "node", "providers", "spec"}),
     "cluster": frozenset(
-        {"config", "errors", "job_state", "ledger", "node", "providers", "remote", "spec"}
+        {
+            "atomic",
+            "backoff",
+            "config",
+            "errors",
+            "job_state",
+            "ledger",
+            "node",
+            "providers",
+            "remote",
+            "spec",
+        }
     ),
     "control": frozenset(
         {
+            "atomic",
+            "backoff",
             "cluster",
             "config",
             "errors",
@@ -197,13 +212,14 @@ ALLOWED: dict[str, frozenset[str]] = {
             "spot",
         }  # fmt: skip
     ),
-    "report": frozenset({"cluster", "config", "errors", "job_state", "ledger", "spot"}),
-    "sandbox": frozenset({"config", "errors", "orchestrator", "providers"}),
+    "report": frozenset({"atomic", "cluster", "config", "errors", "job_state", "ledger", "spot"}),
+    "sandbox": frozenset({"atomic", "config", "errors", "orchestrator", "providers"}),
     "host": frozenset(
-        {"config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
+        {"atomic", "config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
     ),
     "cli": frozenset(
         {
+            "atomic",
             "cluster",
             "config",
             "control",
