@@ -24,7 +24,12 @@ from orchestrator.providers.aws.catalog import load_catalog
 from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.capacity import Capacity
-from orchestrator.sandbox.cloud import SPOT_TERMINATION, MotoCloud, write_image_file
+from orchestrator.sandbox.cloud import (
+    SPOT_TERMINATION,
+    MotoCloud,
+    require_moto,
+    write_image_file,
+)
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.gateway import ControlError, Gateway
 from orchestrator.sandbox.hosts import HostFleet, end_host, kill_namespace
@@ -79,6 +84,7 @@ class Sandbox:
 
     def start(self) -> str:
         """Bring the sandbox up; returns its endpoint URL (http://127.0.0.1:PORT)."""
+        require_moto()  # before anything is made or removed
         self._preflight()
         self._take_lock()
         self._remove_leftovers()

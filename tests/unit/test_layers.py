@@ -249,6 +249,7 @@ RULES: dict[str, Callable[[Import], bool]] = {
     "paramiko only in remote/": library_rule(("paramiko", "fabric"), "orchestrator.remote"),
     "typer and rich only in cli/": library_rule(("typer", "rich"), "orchestrator.cli"),
     "matplotlib only in report/": library_rule(("matplotlib",), "orchestrator.report"),
+    "moto only in sandbox/": library_rule(("moto",), "orchestrator.sandbox"),
     "no torch": library_rule(("torch",), None),
     "providers/ and remote/ never import each other": providers_and_remote,
     "pure rules import no ledger or provider": pure_rules,
@@ -316,6 +317,7 @@ SYNTHETIC = [
     ("typer and rich only in cli/", "orchestrator.control.fake", "from rich.table import Table"),
     ("typer and rich only in cli/", "orchestrator.report.fake", "import typer"),
     ("matplotlib only in report/", "orchestrator.cli.fake", "import matplotlib.pyplot as plt"),
+    ("moto only in sandbox/", "orchestrator.providers.aws.fake", "from moto import mock_aws"),
     (
         "no torch",
         "orchestrator.node.fake",
