@@ -19,7 +19,7 @@ import os
 from decimal import Decimal
 from ipaddress import IPv4Network, ip_network
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
@@ -37,25 +37,42 @@ from orchestrator.spec.values import Seconds
 LocalNetworkMode = Literal["auto", "namespace", "loopback"]
 
 
+class Env:
+    """Marks a setting with the ORCH_* variable that sets it (`Annotated[float, Env("ORCH_X")]`):
+    the one place where a setting's variable is named. A set, non-empty variable wins over
+    config.yaml (`load_settings`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Env({self.name!r})"
+
+
 class LocalSettings(BaseModel):
     """Settings of the local provider."""
 
     model_config = ConfigDict(extra="forbid")
 
-    price_per_hour: Decimal = Field(default=Decimal("0"), ge=0)  # USD per on-demand node-hour
+    # USD per on-demand node-hour
+    price_per_hour: Annotated[Decimal, Env("ORCH_LOCAL_PRICE_PER_HOUR")] = Field(
+        default=Decimal("0"), ge=0
+    )
     # USD per spot node-hour; None: a third of price_per_hour (spot's usual discount)
-    spot_price_per_hour: Decimal | None = Field(default=None, ge=0)
+    spot_price_per_hour: Annotated[Decimal | None, Env("ORCH_LOCAL_SPOT_PRICE_PER_HOUR")] = Field(
+        default=None, ge=0
+    )
     # auto: namespace hosts when running as root, else sshd on 127.0.0.1
-    network: LocalNetworkMode = "auto"
-    subnet: IPv4Network = IPv4Network("10.213.0.0/24")
+    network: Annotated[LocalNetworkMode, Env("ORCH_LOCAL_NETWORK")] = "auto"
+    subnet: Annotated[IPv4Network, Env("ORCH_LOCAL_SUBNET")] = IPv4Network("10.213.0.0/24")
     bridge: str = "orchbr0"
     # where the nodes' records, disks and network state live; None: ORCH_HOME/local. Several
     # ORCH_HOMEs naming one root share one local "cloud", as machines share an AWS account
-    root: Path | None = None
+    root: Annotated[Path | None, Env("ORCH_LOCAL_ROOT")] = None
     # the venv whose bin/ is first on local nodes' PATH (torchrun, python); None: the
     # controller's own. A loopback controller host gets the laptop's, so that the nodes it
     # launches keep their software when the host is gone, as a cloud node keeps its image's
-    node_venv: Path | None = None
+    node_venv: Annotated[Path | None, Env("ORCH_LOCAL_NODE_VENV")] = None
 
     @property
     def spot_price(self) -> Decimal:
@@ -76,11 +93,12 @@ class AwsSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    regions: list[str] = Field(
+    regions: Annotated[list[str], Env("ORCH_AWS_REGIONS")] = Field(
         default_factory=lambda: ["us-east-1", "us-east-2", "us-west-2"], min_length=1
     )
-    endpoint_url: str | None = None  # EC2 endpoint override (tests: the moto server)
-    ami_id: str | None = None  # used as is when set
+    # EC2 endpoint override (tests: the moto server)
+    endpoint_url: Annotated[str | None, Env("ORCH_AWS_ENDPOINT_URL")] = None
+    ami_id: Annotated[str | None, Env("ORCH_AWS_AMI_ID")] = None  # used as is when set
     ami_name: str = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
     ami_owners: list[str] = Field(default_factory=lambda: ["amazon"])  # [] = any owner
     ssh_user: str = "ubuntu"
@@ -89,28 +107,31 @@ class AwsSettings(BaseModel):
     key_name: str | None = None
     security_group_id: str | None = None
     subnet_ids: dict[str, str] = Field(default_factory=dict)  # zone -> subnet id
-    tf_outputs: Path | None = None  # `terraform output -json` file of infra/
+    # `terraform output -json` file of infra/
+    tf_outputs: Annotated[Path | None, Env("ORCH_AWS_TF_OUTPUTS")] = None
     # instance profile the nodes of a job with a checkpoint store get (its role may write the
     # store's prefix); None: Terraform's `instance_profile` output
-    instance_profile: str | None = None
+    instance_profile: Annotated[str | None, Env("ORCH_AWS_INSTANCE_PROFILE")] = None
     # ARN of infra/'s per-job node policy (its `node_job_policy` output): with it, the nodes of
     # a job with a store get a role of their own that reaches only the job's store prefix;
     # None: the Terraform outputs' `node_job_policy`, else all nodes share `instance_profile`
-    node_job_policy: str | None = None
+    node_job_policy: Annotated[str | None, Env("ORCH_AWS_NODE_JOB_POLICY")] = None
     # instance profile of the controller host (`orch controller up --provider aws`): its role
     # may launch, tag and end only orch-owner instances (infra/'s `controller_instance_profile`)
-    controller_instance_profile: str | None = None
+    controller_instance_profile: Annotated[
+        str | None, Env("ORCH_AWS_CONTROLLER_INSTANCE_PROFILE")
+    ] = None
     # the EC2 endpoint as the controller host reaches it, when it is not `endpoint_url` (a cloud
     # on this machine: the sandbox's address on its hosts' bridge); None: `endpoint_url`
-    controller_endpoint_url: str | None = None
+    controller_endpoint_url: Annotated[str | None, Env("ORCH_AWS_CONTROLLER_ENDPOINT_URL")] = None
     # who may reach port 22 of the `orch` security group (your own rule, beside other owners'):
     # an address or a CIDR block, e.g. your public address/32; None: for a cloud on this machine
     # (a loopback endpoint_url) this machine's own address toward its VPC, else a ConfigError
-    ssh_cidr: str | None = None
+    ssh_cidr: Annotated[str | None, Env("ORCH_AWS_SSH_CIDR")] = None
     ssh_from_anywhere: bool = False  # consent to an ssh_cidr of 0.0.0.0/0 or ::/0
     # reach the nodes over SSH at their private IPs even when they have public ones: set for a
     # controller host, which runs inside the VPC as a member of the nodes' security group
-    connect_private: bool = False
+    connect_private: Annotated[bool, Env("ORCH_AWS_CONNECT_PRIVATE")] = False
     spot_price_cache_s: float = Field(default=300.0, ge=0)
     ready_timeout_s: float = Field(default=600.0, gt=0)  # launch: wait for `running` and SSH
     poll_interval_s: float = Field(default=5.0, gt=0)
@@ -160,9 +181,12 @@ class StoreSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_url: str | None = None  # S3 API endpoint the controller uses (None: AWS's own)
-    node_endpoint_url: str | None = None  # the same endpoint as the nodes reach it, if it differs
-    region: str | None = None  # None: the region of the job's nodes, else boto3's default
+    # S3 API endpoint the controller uses (None: AWS's own)
+    endpoint_url: Annotated[str | None, Env("ORCH_STORE_ENDPOINT_URL")] = None
+    # the same endpoint as the nodes reach it, if it differs
+    node_endpoint_url: Annotated[str | None, Env("ORCH_STORE_NODE_ENDPOINT_URL")] = None
+    # None: the region of the job's nodes, else boto3's default
+    region: Annotated[str | None, Env("ORCH_STORE_REGION")] = None
 
 
 class CheckpointSettings(BaseModel):
@@ -171,7 +195,9 @@ class CheckpointSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # the most bytes one checkpoint, and one collection, may bring into the mirror; 0: no cap
-    max_pull_bytes: int = Field(default=100 * 1024**3, ge=0)
+    max_pull_bytes: Annotated[int, Env("ORCH_CHECKPOINT_MAX_PULL_BYTES")] = Field(
+        default=100 * 1024**3, ge=0
+    )
 
 
 class LogSettings(BaseModel):
@@ -179,8 +205,10 @@ class LogSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_bytes: int = Field(default=50 * 1024 * 1024, ge=0)  # cap per log file; 0: no cap
-    keep: int = Field(default=3, ge=0)  # rotated files kept per node log (node-0.log.1, ...)
+    # cap per log file; 0: no cap
+    max_bytes: Annotated[int, Env("ORCH_LOGS_MAX_BYTES")] = Field(default=50 * 1024 * 1024, ge=0)
+    # rotated files kept per node log (node-0.log.1, ...)
+    keep: Annotated[int, Env("ORCH_LOGS_KEEP")] = Field(default=3, ge=0)
 
 
 LEDGER_BACKENDS = ("postgresql", "postgres", "sqlite")  # the databases `ledger.url` may name
@@ -193,7 +221,7 @@ class LedgerSettings(BaseModel):
 
     # A SQLAlchemy URL, e.g. postgresql+psycopg://orch@db:5432/orch (ORCH_DATABASE_URL);
     # None: the SQLite file ORCH_HOME/orch.db
-    url: str | None = None
+    url: Annotated[str | None, Env("ORCH_DATABASE_URL")] = None
 
     @field_validator("url")
     @classmethod
@@ -214,8 +242,8 @@ class LedgerSettings(BaseModel):
 
     # On a shared ledger (`shared`), how long a controller's lease on its job lasts unless
     # renewed, and how often the controller renews it (`orchestrator.control.lease_keeper`)
-    controller_lease: float = Field(default=30.0, gt=0)
-    lease_renewal: float = Field(default=10.0, gt=0)
+    controller_lease: Annotated[float, Env("ORCH_CONTROLLER_LEASE")] = Field(default=30.0, gt=0)
+    lease_renewal: Annotated[float, Env("ORCH_LEASE_RENEWAL")] = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
     def _renewed_in_time(self) -> LedgerSettings:
@@ -241,9 +269,9 @@ class BudgetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # USD all jobs of the ledger (and its kept clusters between jobs) may spend in a UTC month
-    monthly_usd: Decimal | None = None
+    monthly_usd: Annotated[Decimal | None, Env("ORCH_BUDGET_MONTHLY_USD")] = None
     # USD each owner label (`Settings.owner_label`, `Job.owner`) may spend in a UTC month
-    user_monthly_usd: Decimal | None = None
+    user_monthly_usd: Annotated[Decimal | None, Env("ORCH_BUDGET_USER_MONTHLY_USD")] = None
 
     @field_validator("monthly_usd", "user_monthly_usd", mode="before")
     @classmethod
@@ -277,46 +305,43 @@ class ControllerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    watch_interval: float = Field(default=5.0, gt=0)  # liveness, logs, GPU readings
-    budget_interval: float = Field(default=10.0, gt=0)  # spend against the caps
-    stop_allowance: float = Field(default=15.0, ge=0)  # how long a budget stop may take
-    stop_grace: float = Field(default=60.0, ge=0)  # trainers' time to checkpoint on SIGTERM
+    # liveness, logs, GPU readings
+    watch_interval: Annotated[float, Env("ORCH_WATCH_INTERVAL")] = Field(default=5.0, gt=0)
+    # spend against the caps
+    budget_interval: Annotated[float, Env("ORCH_BUDGET_INTERVAL")] = Field(default=10.0, gt=0)
+    # how long a budget stop may take
+    stop_allowance: Annotated[float, Env("ORCH_STOP_ALLOWANCE")] = Field(default=15.0, ge=0)
+    # trainers' time to checkpoint on SIGTERM
+    stop_grace: Annotated[float, Env("ORCH_STOP_GRACE")] = Field(default=60.0, ge=0)
     idle_util_pct: float = Field(default=5.0, ge=0, le=100)  # GPU busy threshold
     idle_cpu_pct: float = Field(default=10.0, ge=0)  # CPU fallback: % of one core, per node
-    gpu_sample_every: float = Field(default=30.0, gt=0)  # ledger keeps one sample per window
-    notice_poll_interval: float = Field(default=5.0, gt=0)  # nodes poll for spot notices
-    deadman_timeout: float = Field(default=600.0, gt=0)  # no controller, no training: node ends
-    launch_retries: int = Field(default=5, ge=0)  # spot-only launches refused before failing
-    launch_backoff: float = Field(default=10.0, ge=0)  # first wait between them (doubles)
-    policy_interval: float = Field(default=5.0, gt=0)  # spot policy: between two decisions
-    restart_overhead_prior: float = Field(default=720.0, ge=0)  # spot policy: a restart's
+    # ledger keeps one sample per window
+    gpu_sample_every: Annotated[float, Env("ORCH_GPU_SAMPLE_EVERY")] = Field(default=30.0, gt=0)
+    # nodes poll for spot notices
+    notice_poll_interval: Annotated[float, Env("ORCH_NOTICE_POLL_INTERVAL")] = Field(
+        default=5.0, gt=0
+    )
+    # no controller, no training: node ends
+    deadman_timeout: Annotated[float, Env("ORCH_DEADMAN_TIMEOUT")] = Field(default=600.0, gt=0)
+    # spot-only launches refused before failing
+    launch_retries: Annotated[int, Env("ORCH_LAUNCH_RETRIES")] = Field(default=5, ge=0)
+    # first wait between them (doubles)
+    launch_backoff: Annotated[float, Env("ORCH_LAUNCH_BACKOFF")] = Field(default=10.0, ge=0)
+    # spot policy: between two decisions
+    policy_interval: Annotated[float, Env("ORCH_POLICY_INTERVAL")] = Field(default=5.0, gt=0)
+    # spot policy: a restart's
+    restart_overhead_prior: Annotated[float, Env("ORCH_RESTART_OVERHEAD_PRIOR")] = Field(
+        default=720.0, ge=0
+    )
     #   cost in seconds until the job has measured its own (12 min, the paper's 0.2 h)
     # budget.max_runtime of jobs that set none (seconds, or a duration such as 4h); with it,
     # `orch submit` on a paid provider does not ask before launching a job without a budget
-    default_max_runtime: Seconds | None = None
+    default_max_runtime: Annotated[Seconds | None, Env("ORCH_DEFAULT_MAX_RUNTIME")] = None
     # one push to the nodes (workdir, data, checkpoints put back) is stopped after this long
-    push_timeout: Seconds = 3600.0
+    push_timeout: Annotated[Seconds, Env("ORCH_PUSH_TIMEOUT")] = 3600.0
     # run when a job ends, with its JSON document on stdin (orchestrator.control.notify);
     # `orch submit --notify CMD` sets one job's own
-    notify: str | None = None
-
-    def runner_options(self) -> dict[str, float | int]:
-        return {
-            "watch_interval": self.watch_interval,
-            "budget_interval": self.budget_interval,
-            "stop_allowance": self.stop_allowance,
-            "stop_grace": self.stop_grace,
-            "idle_util_pct": self.idle_util_pct,
-            "idle_cpu_pct": self.idle_cpu_pct,
-            "gpu_sample_every": self.gpu_sample_every,
-            "notice_poll_interval": self.notice_poll_interval,
-            "deadman_timeout": self.deadman_timeout,
-            "launch_retries": self.launch_retries,
-            "launch_backoff": self.launch_backoff,
-            "policy_interval": self.policy_interval,
-            "restart_overhead_prior": self.restart_overhead_prior,
-            "push_timeout": self.push_timeout,
-        }
+    notify: Annotated[str | None, Env("ORCH_NOTIFY")] = None
 
 
 class Settings(BaseModel):
@@ -359,49 +384,21 @@ class Settings(BaseModel):
         return self.local.root or self.home / "local"
 
 
-_ENV_OVERRIDES = {
-    "ORCH_LOCAL_PRICE_PER_HOUR": ("local", "price_per_hour"),
-    "ORCH_LOCAL_NETWORK": ("local", "network"),
-    "ORCH_LOCAL_SUBNET": ("local", "subnet"),
-    "ORCH_AWS_REGIONS": ("aws", "regions"),
-    "ORCH_AWS_ENDPOINT_URL": ("aws", "endpoint_url"),
-    "ORCH_AWS_AMI_ID": ("aws", "ami_id"),
-    "ORCH_AWS_TF_OUTPUTS": ("aws", "tf_outputs"),
-    "ORCH_AWS_INSTANCE_PROFILE": ("aws", "instance_profile"),
-    "ORCH_AWS_NODE_JOB_POLICY": ("aws", "node_job_policy"),
-    "ORCH_AWS_CONTROLLER_INSTANCE_PROFILE": ("aws", "controller_instance_profile"),
-    "ORCH_AWS_CONTROLLER_ENDPOINT_URL": ("aws", "controller_endpoint_url"),
-    "ORCH_AWS_SSH_CIDR": ("aws", "ssh_cidr"),
-    "ORCH_AWS_CONNECT_PRIVATE": ("aws", "connect_private"),
-    "ORCH_STORE_ENDPOINT_URL": ("store", "endpoint_url"),
-    "ORCH_STORE_NODE_ENDPOINT_URL": ("store", "node_endpoint_url"),
-    "ORCH_STORE_REGION": ("store", "region"),
-    "ORCH_CHECKPOINT_MAX_PULL_BYTES": ("checkpoint", "max_pull_bytes"),
-    "ORCH_WATCH_INTERVAL": ("controller", "watch_interval"),
-    "ORCH_BUDGET_INTERVAL": ("controller", "budget_interval"),
-    "ORCH_STOP_ALLOWANCE": ("controller", "stop_allowance"),
-    "ORCH_GPU_SAMPLE_EVERY": ("controller", "gpu_sample_every"),
-    "ORCH_NOTICE_POLL_INTERVAL": ("controller", "notice_poll_interval"),
-    "ORCH_DEADMAN_TIMEOUT": ("controller", "deadman_timeout"),
-    "ORCH_STOP_GRACE": ("controller", "stop_grace"),
-    "ORCH_LAUNCH_RETRIES": ("controller", "launch_retries"),
-    "ORCH_LAUNCH_BACKOFF": ("controller", "launch_backoff"),
-    "ORCH_LOCAL_SPOT_PRICE_PER_HOUR": ("local", "spot_price_per_hour"),
-    "ORCH_POLICY_INTERVAL": ("controller", "policy_interval"),
-    "ORCH_RESTART_OVERHEAD_PRIOR": ("controller", "restart_overhead_prior"),
-    "ORCH_DEFAULT_MAX_RUNTIME": ("controller", "default_max_runtime"),
-    "ORCH_NOTIFY": ("controller", "notify"),
-    "ORCH_PUSH_TIMEOUT": ("controller", "push_timeout"),
-    "ORCH_LOGS_MAX_BYTES": ("logs", "max_bytes"),
-    "ORCH_LOGS_KEEP": ("logs", "keep"),
-    "ORCH_DATABASE_URL": ("ledger", "url"),
-    "ORCH_CONTROLLER_LEASE": ("ledger", "controller_lease"),
-    "ORCH_LEASE_RENEWAL": ("ledger", "lease_renewal"),
-    "ORCH_LOCAL_ROOT": ("local", "root"),
-    "ORCH_LOCAL_NODE_VENV": ("local", "node_venv"),
-    "ORCH_BUDGET_MONTHLY_USD": ("budget", "monthly_usd"),
-    "ORCH_BUDGET_USER_MONTHLY_USD": ("budget", "user_monthly_usd"),
-}
+def env_variables() -> dict[str, tuple[str, str]]:
+    """ORCH_* variable -> (section, setting) of every setting marked with `Env`."""
+    found: dict[str, tuple[str, str]] = {}
+    for section, field in Settings.model_fields.items():
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        for name, info in model.model_fields.items():
+            for mark in info.metadata:
+                if isinstance(mark, Env):
+                    found[mark.name] = (section, name)
+    return found
+
+
+_ENV_OVERRIDES = env_variables()
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:

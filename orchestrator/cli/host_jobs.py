@@ -4,14 +4,16 @@ reads one small file more and imports nothing else."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.control.jobs import View
+
+from orchestrator.atomic import write_atomic
 
 
 def host_rows(view: View) -> tuple[list[dict[str, Any]], list[str], str] | None:
@@ -72,9 +74,5 @@ def _kept(path: Path) -> dict[str, Any] | None:
 def _keep(path: Path, jobs: list[dict[str, Any]]) -> None:
     """Keep the host's answer (written whole or not at all)."""
     document = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "jobs": jobs}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(document))
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        write_atomic(path, json.dumps(document))

@@ -22,6 +22,8 @@ import bisect
 from datetime import datetime
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
+
 ROTATED_DIR = ".rotated"
 TIMES_DIR = ".times"
 
@@ -95,9 +97,7 @@ def _drop_pulls_before(path: Path, position: int) -> None:
     if first == 0:
         return
     record = path.parent / TIMES_DIR / path.name
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text("".join(f"{p} {at.isoformat()}\n" for p, at in times[first:]))
-    tmp.replace(record)
+    write_atomic(record, "".join(f"{p} {at.isoformat()}\n" for p, at in times[first:]))
 
 
 def _kept_start(path: Path, parts: list[Path]) -> int:
@@ -110,8 +110,7 @@ def rotate(path: Path, keep: int) -> None:
     size = path.stat().st_size if path.exists() else 0
     counter = path.parent / ROTATED_DIR / path.name
     counter.parent.mkdir(parents=True, exist_ok=True)
-    tmp = counter.with_suffix(".tmp")
-    tmp.write_text(str(rotated_bytes(path) + size))
+    moved = str(rotated_bytes(path) + size)
     for source, target in rotation_moves(path.name, keep):
         src = path.parent / source
         if not src.exists():
@@ -120,7 +119,7 @@ def rotate(path: Path, keep: int) -> None:
             src.unlink()
         else:
             src.rename(path.parent / target)
-    tmp.replace(counter)
+    write_atomic(counter, moved)
     _drop_pulls_before(path, _kept_start(path, log_parts(path)))
 
 

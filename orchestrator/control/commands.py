@@ -224,11 +224,9 @@ class ForegroundJob:
         from orchestrator.control.runner import JobRunner, RunnerOptions
 
         base = self.settings.controller
-        options = RunnerOptions(
-            **{
-                **base.runner_options(),
-                "watch_interval": min(base.watch_interval, FOREGROUND_WATCH_INTERVAL),
-            }
+        options = dataclasses.replace(
+            RunnerOptions.from_settings(base),
+            watch_interval=min(base.watch_interval, FOREGROUND_WATCH_INTERVAL),
         )
         # on a shared ledger, each of the controller's writes about the job holds its lease
         ledger = self.ledger if self.lease is None else self.lease.fenced(self.ledger)

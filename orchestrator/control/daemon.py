@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             ledger=ledger,
             provider=get_provider(job.provider, settings),
             reporter=LogReporter(),
-            options=RunnerOptions(**settings.controller.runner_options()),
+            options=RunnerOptions.from_settings(settings.controller),
         )
         try:
             outcome = runner.run()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from orchestrator.backoff import backoff_s
+
 Cause = Literal["notice", "preempted", "lost"]
 
 NOTICE_MARGIN_S = 3.0  # the emergency checkpoint must be pulled this long before the reclaim
@@ -54,4 +56,4 @@ def salvage_seconds(interruption: Interruption, now: datetime, stop_grace_s: flo
 
 def backoff_seconds(attempt: int, first_s: float, cap_s: float = 300.0) -> float:
     """Wait before launch retry `attempt` (1-based): `first_s`, doubling, at most `cap_s`."""
-    return min(cap_s, first_s * 2 ** max(0, attempt - 1))
+    return backoff_s(attempt, first_s, cap_s)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.config import Settings
 from orchestrator.control.adoption import Adoption, plan_adoption
 from orchestrator.control.liveness import JOB_RECORD as JOB_RECORD
@@ -63,9 +64,7 @@ class ControllerLock:
             return False
         self._fd = fd
         pid_file = self.directory / "controller.pid"
-        tmp = pid_file.with_suffix(".tmp")
-        tmp.write_text(f"{os.getpid()}\n")
-        os.replace(tmp, pid_file)
+        write_atomic(pid_file, f"{os.getpid()}\n")
         return True
 
     def release(self) -> None:
@@ -172,19 +171,12 @@ def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
         "left_out": list(loaded.left_out),
     }
     path = directory / JOB_RECORD
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=2))
 
 
 def write_private_json(path: Path, document: object) -> None:
     """Write `document` to `path` atomically; the file is never readable by others."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(document, handle)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(document), private=True)
 
 
 def load_job_record(settings: Settings, job_id: str) -> LoadedJob:

@@ -12,8 +12,6 @@ acknowledged the end, the job's final state.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from orchestrator.atomic import write_atomic
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
@@ -135,10 +134,7 @@ def save_unrecorded(home: Path, record: UnrecordedEnd) -> Path:
     directory = home / UNRECORDED_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{record.job_id}-{time.time_ns()}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(record.as_dict(), handle)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record.as_dict()), private=True)
     return path
 
 

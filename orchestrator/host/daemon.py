@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.atomic import write_atomic
 from orchestrator.host import leftovers
 from orchestrator.host.autostop import DEFAULT_DEADMAN_S, IdleClock, finished, unfinished
 from orchestrator.host.layout import HostLayout
@@ -42,9 +43,7 @@ HANDOVER_MAX_S = 1800.0  # a hand-over flag older than this is one that died hal
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(document) + "\n")
 
 
 def _jobs(layout: HostLayout) -> list[dict[str, Any]] | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import shlex
 import shutil
 import tarfile
@@ -38,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.host import kit_archive
 from orchestrator.host.record import checked_job_id, host_dir
 from orchestrator.host.session import HostSession
@@ -185,12 +185,8 @@ def move_record(home: Path, job_id: str, folder: str) -> None:
     if path.is_file():
         record = moved_record(json.loads(path.read_text()), submission.folder, folder)
         written = path.stat()  # its time is the job's submit time to a rebuilding host
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(record, handle, indent=2)
-        os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
-        os.replace(tmp, path)
+        times = (written.st_atime_ns, written.st_mtime_ns)
+        write_atomic(path, json.dumps(record, indent=2), private=True, times_ns=times)
     save_submission(home, job_id, Submission(folder, submission.workdir, submission.data))
 
 

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Collection
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.errors import ControllerHostError
 
 MAX_FILE_BYTES = 1024 * 1024  # a job's record, secrets or key file; each is a few KiB
@@ -131,12 +132,7 @@ def write_private(folder: Path, files: dict[str, bytes]) -> list[str]:
             target = parent / leaf
             if target.is_symlink() or (target.exists() and not target.is_file()):
                 raise _refuse(f"{target} is not a regular file of this machine (a link?)")
-            tmp = parent / f".{leaf}.{os.getpid()}.tmp"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-            with os.fdopen(os.open(tmp, flags, 0o600), "wb") as handle:
-                os.fchmod(handle.fileno(), 0o600)
-                handle.write(data)
-            os.replace(tmp, target)  # a link at `target` would be replaced, never followed
+            write_atomic(target, data, private=True)  # a link there is replaced, not followed
     finally:
         os.umask(old)
     return sorted(files)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.errors import ControllerHostError
 from orchestrator.spec.ids import is_job_id
 
@@ -76,9 +76,9 @@ def require(home: Path) -> HostRecord:
 def save(home: Path, record: HostRecord) -> None:
     path = _path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"host.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"format": VERSION, **dataclasses.asdict(record)}, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(
+        path, json.dumps({"format": VERSION, **dataclasses.asdict(record)}, indent=2) + "\n"
+    )
 
 
 def checked_job_id(text: object, where: str) -> str:

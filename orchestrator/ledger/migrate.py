@@ -32,6 +32,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from orchestrator.atomic import install
 from orchestrator.ledger.database import LedgerTooNew, unreachable
 from orchestrator.ledger.migrations import BASELINE, HEAD, SCRIPTS
 
@@ -93,7 +94,7 @@ def create_sqlite(path: Path, *, lock_file: Path) -> None:
                 _upgrade(connection)
         finally:
             engine.dispose()
-        os.replace(building, path)
+        install(building, path)
 
 
 def current_revision(connection: Connection) -> str | None:

@@ -15,6 +15,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from orchestrator.atomic import write_atomic
+
 
 @dataclass(frozen=True)
 class HostAddress:
@@ -100,6 +102,4 @@ def pin_hosts(identity: Identity, hosts: list[HostAddress]) -> None:
 def write_known_hosts(path: Path, hosts: list[HostAddress]) -> None:
     """Replace the known_hosts file `path` (0600) with exactly these hosts' keys, atomically;
     two processes writing it at once each write a whole file."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    _write_private(tmp, known_hosts_text(hosts).encode())
-    os.replace(tmp, path)
+    write_atomic(path, known_hosts_text(hosts), private=True)

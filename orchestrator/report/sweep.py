@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.spot.sweep import SweepCell, mean_costs, mean_gaps
 from orchestrator.spot.zone_sweep import ALL_ZONES, ZoneSweepCell, best_zone, mean_cost
 
@@ -192,9 +193,7 @@ def _replace_part(page: Path, begin: str, end: str, generated: str) -> None:
         text = head + generated + rest.split(end, 1)[1]
     else:
         text = (text.rstrip() + "\n\n" if text.strip() else "") + generated + "\n"
-    temporary = page.with_suffix(".md.tmp")
-    temporary.write_text(text)
-    temporary.replace(page)
+    write_atomic(page, text)
 
 
 def _ratio(cost: Decimal, reference: Decimal) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.config import Settings
 from orchestrator.errors import SpecError
 from orchestrator.ledger.store import Ledger, utcnow
@@ -72,9 +72,7 @@ def write_report(
         content = png
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(content)
-        os.replace(tmp, path)
+        write_atomic(path, content)
     except OSError as exc:
         raise SpecError(f"cannot write {path}: {exc.strerror or exc}", hint="choose --out") from exc
     return ReportResult(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import importlib.util
 import json
 import os
 import sys
@@ -32,6 +33,7 @@ from botocore.config import Config
 
 from orchestrator.config import AwsSettings
 from orchestrator.errors import ProviderError
+from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.network import SandboxNetwork
 
 LIVE = ("pending", "running")
@@ -40,6 +42,27 @@ CREDENTIALS = {"aws_access_key_id": "sandbox", "aws_secret_access_key": "sandbox
 INTERNAL_ERROR = "Server.InternalError"
 SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"  # the host ran its own `shutdown`
 SPOT_TERMINATION = "Server.SpotInstanceTermination"  # EC2's state reason of a spot reclaim
+SERVER_MODULES = ("moto", "werkzeug", "flask")  # moto[server]: the sandbox serves moto's EC2
+DEV_EXTRA = "install orch's dev extra: pip install 'orch[dev]' (a clone: pip install -e '.[dev]')"
+
+
+def require_moto() -> None:
+    """Raise `SandboxError` saying how to install them when moto's server or what it serves
+    with is not installed (only the `dev` extra brings them). Imports none of them: moto must
+    be imported only once `MotoCloud.load` has given it its image."""
+    missing = [name for name in SERVER_MODULES if not _installed(name)]
+    if missing:
+        raise SandboxError(
+            f"the sandbox needs moto's server (moto[server,ec2]); missing: {', '.join(missing)}",
+            hint=DEV_EXTRA,
+        )
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def image_name(pattern: str | None = None) -> str:
@@ -100,10 +123,7 @@ class MotoCloud:
             import moto.ec2.models  # noqa: F401
             from moto.moto_server import werkzeug_app  # noqa: F401
         except ImportError as exc:
-            raise ProviderError(
-                f"the sandbox needs moto's server ({exc})",
-                hint="install the dev extras: pip install -e '.[dev]' (moto[server,ec2])",
-            ) from exc
+            raise SandboxError(f"the sandbox needs moto's server ({exc})", hint=DEV_EXTRA) from exc
 
     @staticmethod
     def app() -> Any:

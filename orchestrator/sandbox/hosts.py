@@ -21,7 +21,6 @@ Layout under the fleet's root (the sandbox's state directory):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -309,13 +308,7 @@ def _host_pids(instance_id: str) -> set[int]:
     )
     if out.returncode == 0:
         pids |= {int(tok) for tok in out.stdout.split() if tok.isdigit()}
-    wanted = f"{hostnet.MARKER}={instance_id}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.add(int(entry.name))
-    return pids
+    return pids | kit.pids_with_env(hostnet.MARKER, instance_id)
 
 
 def kill_namespace(name: str) -> None:

@@ -19,11 +19,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from orchestrator.atomic import write_atomic
 from orchestrator.providers.aws.catalog import load_catalog
 from orchestrator.providers.local import kit
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.capacity import Capacity
-from orchestrator.sandbox.cloud import SPOT_TERMINATION, MotoCloud, write_image_file
+from orchestrator.sandbox.cloud import (
+    SPOT_TERMINATION,
+    MotoCloud,
+    require_moto,
+    write_image_file,
+)
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.gateway import ControlError, Gateway
 from orchestrator.sandbox.hosts import HostFleet, end_host, kill_namespace
@@ -78,6 +84,7 @@ class Sandbox:
 
     def start(self) -> str:
         """Bring the sandbox up; returns its endpoint URL (http://127.0.0.1:PORT)."""
+        require_moto()  # before anything is made or removed
         self._preflight()
         self._take_lock()
         self._remove_leftovers()
@@ -267,9 +274,7 @@ class Sandbox:
                 "done": False,
             }
             self._reclaims[instance_id] = record
-        tmp = host.notice_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(hostnet.notice_document(at)) + "\n")
-        tmp.replace(host.notice_file)
+        write_atomic(host.notice_file, json.dumps(hostnet.notice_document(at)) + "\n")
         self.log(f"reclaim {instance_id}: notice served until {record['terminate_at']}")
         thread = threading.Thread(
             target=self._reclaim, args=(instance_id, notice_s), name=f"reclaim-{instance_id}"

@@ -170,20 +170,35 @@ def sandbox_uses_the_kit(imp: Import) -> bool:
 # A new arrow is a design decision: add it here, and to docs/architecture.md, on purpose.
 ALLOWED: dict[str, frozenset[str]] = {
     "orchestrator": frozenset(),
+    "atomic": frozenset(),
+    "backoff": frozenset(),
     "errors": frozenset(),
     "job_state": frozenset(),
     "node": frozenset(),
     "spec": frozenset({"errors"}),
-    "ledger": frozenset({"errors", "job_state"}),
-    "remote": frozenset({"errors"}),
+    "ledger": frozenset({"atomic", "errors", "job_state"}),
+    "remote": frozenset({"atomic", "errors"}),
     "config": frozenset({"errors", "spec"}),
-    "providers": frozenset({"config", "errors", "node", "spec"}),
+    "providers": frozenset({"atomic", "backoff", "config", "errors", "node", "spec"}),
     "spot": frozenset({"errors", "ledger", "node", "providers", "spec"}),
     "cluster": frozenset(
-        {"config", "errors", "job_state", "ledger", "node", "providers", "remote", "spec"}
+        {
+            "atomic",
+            "backoff",
+            "config",
+            "errors",
+            "job_state",
+            "ledger",
+            "node",
+            "providers",
+            "remote",
+            "spec",
+        }
     ),
     "control": frozenset(
         {
+            "atomic",
+            "backoff",
             "cluster",
             "config",
             "errors",
@@ -198,13 +213,14 @@ ALLOWED: dict[str, frozenset[str]] = {
             "spot",
         }  # fmt: skip
     ),
-    "report": frozenset({"cluster", "config", "errors", "job_state", "ledger", "spot"}),
-    "sandbox": frozenset({"config", "errors", "orchestrator", "providers"}),
+    "report": frozenset({"atomic", "cluster", "config", "errors", "job_state", "ledger", "spot"}),
+    "sandbox": frozenset({"atomic", "config", "errors", "orchestrator", "providers"}),
     "host": frozenset(
-        {"config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
+        {"atomic", "config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
     ),
     "cli": frozenset(
         {
+            "atomic",
             "cluster",
             "config",
             "control",
@@ -234,6 +250,7 @@ RULES: dict[str, Callable[[Import], bool]] = {
     "paramiko only in remote/": library_rule(("paramiko", "fabric"), "orchestrator.remote"),
     "typer and rich only in cli/": library_rule(("typer", "rich"), "orchestrator.cli"),
     "matplotlib only in report/": library_rule(("matplotlib",), "orchestrator.report"),
+    "moto only in sandbox/": library_rule(("moto",), "orchestrator.sandbox"),
     "no torch": library_rule(("torch",), None),
     "providers/ and remote/ never import each other": providers_and_remote,
     "pure rules import no ledger or provider": pure_rules,
@@ -301,6 +318,7 @@ SYNTHETIC = [
     ("typer and rich only in cli/", "orchestrator.control.fake", "from rich.table import Table"),
     ("typer and rich only in cli/", "orchestrator.report.fake", "import typer"),
     ("matplotlib only in report/", "orchestrator.cli.fake", "import matplotlib.pyplot as plt"),
+    ("moto only in sandbox/", "orchestrator.providers.aws.fake", "from moto import mock_aws"),
     (
         "no torch",
         "orchestrator.node.fake",

@@ -1,8 +1,15 @@
-"""Finding a local node's processes, against a fake /proc tree."""
+"""Finding a local node's processes, among this machine's real processes."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
 
 from orchestrator.providers.local.host import (
     pid_alive,
@@ -11,50 +18,69 @@ from orchestrator.providers.local.host import (
     sshd_pids_on_port,
 )
 
-TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"  # noqa: E501
+SLEEP = "import time; time.sleep(60)"
 
 
-def fake_process(
-    proc: Path, pid: int, cmdline: str, env: dict[str, str], state: str = "S", sockets: tuple = ()
-) -> None:
-    d = proc / str(pid)
-    (d / "fd").mkdir(parents=True)
-    (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
-    (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
-    (d / "stat").write_text(f"{pid} (x y) {state} 1 {pid} {pid} 0 -1")
-    for n, inode in enumerate(sockets):
-        (d / "fd" / str(n)).symlink_to(f"socket:[{inode}]")
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts; all killed and reaped at its end."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
 
 
-def tcp_row(port: int, inode: int) -> str:
-    return f"   0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1\n"  # noqa: E501
+def start(
+    started: list[subprocess.Popen[bytes]],
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> int:
+    process = subprocess.Popen(argv, env=env, pass_fds=pass_fds)
+    started.append(process)
+    return process.pid
 
 
-def test_marker_finds_exactly_the_nodes_processes(tmp_path: Path) -> None:
-    fake_process(tmp_path, 10, "python train.py", {"ORCH_LOCAL_NODE": "l-0000000001"})
-    fake_process(tmp_path, 11, "sleep 1000", {"A": "1", "ORCH_LOCAL_NODE": "l-0000000001"})
-    fake_process(tmp_path, 12, "sleep 1000", {"ORCH_LOCAL_NODE": "l-00000000012"})  # longer id
-    fake_process(tmp_path, 13, "bash", {"X": "ORCH_LOCAL_NODE=l-0000000001"})  # not the marker
-    (tmp_path / "self").mkdir()
-    assert pids_with_marker("l-0000000001", tmp_path) == {10, 11}
+def test_marker_finds_exactly_the_nodes_processes(spawn: list[subprocess.Popen[bytes]]) -> None:
+    node = f"l-{secrets.randbelow(10**10):010d}"
+    mine = {
+        start(spawn, ["sleep", "60"], {"ORCH_LOCAL_NODE": node}),
+        start(spawn, ["sleep", "60"], {"A": "1", "ORCH_LOCAL_NODE": node}),
+    }
+    start(spawn, ["sleep", "60"], {"ORCH_LOCAL_NODE": node + "2"})  # a longer id
+    start(spawn, ["sleep", "60"], {"X": f"ORCH_LOCAL_NODE={node}"})  # not the marker
+    assert pids_with_marker(node) == mine
 
 
-def test_a_zombie_is_not_running(tmp_path: Path) -> None:
-    fake_process(tmp_path, 20, "sshd: /usr/sbin/sshd -D -f /n/sshd_config", {}, state="Z")
-    fake_process(tmp_path, 21, "sshd: /usr/sbin/sshd -D -f /n/sshd_config", {})
-    assert not pid_alive(20, tmp_path) and not pid_runs(20, "/n/sshd_config", tmp_path)
-    assert pid_alive(21, tmp_path) and pid_runs(21, "/n/sshd_config", tmp_path)
-    assert not pid_runs(21, "/other/sshd_config", tmp_path)
-    assert not pid_alive(22, tmp_path)
+def test_a_zombie_is_not_running(spawn: list[subprocess.Popen[bytes]]) -> None:
+    config = f"/n/{secrets.token_hex(4)}/sshd_config"
+    zombie = start(spawn, [sys.executable, "-c", "pass", "sshd:", "-f", config])
+    os.waitid(os.P_PID, zombie, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    running = start(spawn, [sys.executable, "-c", SLEEP, "sshd:", "-f", config])
+    assert not pid_alive(zombie) and not pid_runs(zombie, config)
+    assert pid_alive(running) and pid_runs(running, config)
+    assert not pid_runs(running, "/other/sshd_config")
+    assert not pid_alive(0)
 
 
-def test_sshd_processes_are_found_by_their_port(tmp_path: Path) -> None:
-    (tmp_path / "net").mkdir()
-    rows = tcp_row(2222, 501) + tcp_row(2222, 502) + tcp_row(3333, 503)
-    (tmp_path / "net" / "tcp").write_text(TCP_HEADER + rows)
-    fake_process(tmp_path, 30, "sshd: /usr/sbin/sshd -D -f /n/cfg [listener]", {}, sockets=(501,))
-    fake_process(tmp_path, 31, "sshd: root@notty", {}, sockets=(502,))
-    fake_process(tmp_path, 32, "sshd: /usr/sbin/sshd -D -f /m/cfg [listener]", {}, sockets=(503,))
-    fake_process(tmp_path, 33, "python client.py", {}, sockets=(502,))  # not an sshd
-    assert sshd_pids_on_port(2222, tmp_path) == {30, 31}
-    assert sshd_pids_on_port(4444, tmp_path) == set()
+def test_sshd_processes_are_found_by_their_port(spawn: list[subprocess.Popen[bytes]]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
+        port = server.getsockname()[1]
+        fd = (server.fileno(),)
+        listener = start(spawn, [sys.executable, "-c", SLEEP, "sshd:", "[listener]"], pass_fds=fd)
+        start(spawn, [sys.executable, "-c", SLEEP, "python", "client.py"], pass_fds=fd)  # no sshd
+        client.connect(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        with accepted:
+            session = start(
+                spawn,
+                [sys.executable, "-c", SLEEP, "sshd:", "root@notty"],
+                pass_fds=(accepted.fileno(),),
+            )
+        with socket.create_server(("127.0.0.1", 0)) as other:
+            start(
+                spawn, [sys.executable, "-c", SLEEP, "sshd:", "other"], pass_fds=(other.fileno(),)
+            )
+        # This process holds the port's sockets no more; only its children do.
+    assert sshd_pids_on_port(port) == {listener, session}

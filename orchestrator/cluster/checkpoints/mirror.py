@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from orchestrator.atomic import write_atomic
 from orchestrator.cluster.checkpoints.units import Unit, UnitFile, directory_of, newer
 from orchestrator.node.checkpoint_files import COMPLETE_MARKER, DCP_METADATA
 from orchestrator.node.checkpoint_protocol import safe_path
@@ -154,9 +155,7 @@ class CheckpointMirror:
             },
         }
         self.index_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.index_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(document))
-        os.replace(tmp, self.index_path)
+        write_atomic(self.index_path, json.dumps(document))
 
     def holds(self, path: str, digest: str) -> bool:
         """Whether the mirror has this content at this path (no need to fetch it again)."""

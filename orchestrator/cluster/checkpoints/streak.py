@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.backoff import backoff_s
+
 
 @dataclass
 class PullStreak:
@@ -29,7 +31,7 @@ class PullStreak:
 
     def retry_in(self, first_s: float, cap_s: float) -> float:
         """The wait before the next try: `first_s`, doubling with each failure, at most `cap_s`."""
-        return min(cap_s, first_s * 2 ** max(0, self.failures - 1))
+        return backoff_s(self.failures, first_s, cap_s)
 
 
 def pull_failure_reason(

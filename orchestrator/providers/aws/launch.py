@@ -26,6 +26,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from orchestrator.backoff import backoff_s
 from orchestrator.errors import ConfigError
 from orchestrator.node.guard_protocol import cloud_init_parts
 from orchestrator.providers.base import Instance, LaunchRequest
@@ -328,7 +329,7 @@ def launch_backoff_s(
 ) -> float:
     """Wait before repeating a RunInstances for the `attempt`-th time (1-based): exponential,
     capped, with full jitter (`jitter` in [0, 1)), as botocore's standard retry mode does."""
-    return jitter * min(cap_s, first_s * 2 ** max(0, attempt - 1))
+    return backoff_s(attempt, first_s, cap_s, jitter)
 
 
 def http_status(exc: BaseException) -> int | None:

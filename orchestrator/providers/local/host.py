@@ -2,8 +2,8 @@
 
 Every process of a local node is found, so that terminating a node ends it all:
 - every session process carries `ORCH_LOCAL_NODE=<id>` in its environment (sshd's `SetEnv`), so
-  even a `setsid`/`nohup` trainer that left sshd's process group is found by reading
-  `/proc/<pid>/environ`;
+  even a `setsid`/`nohup` trainer that left sshd's process group is found by its environment
+  (read through psutil);
 - sshd processes overwrite their environment with their title and call setsid per connection;
   in namespace mode `ip netns pids` lists them (and everything else inside the node's network
   namespace), on loopback they are the sshd processes holding sockets on the node's own port.
@@ -17,7 +17,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
+
+import psutil
 
 from orchestrator.errors import ProviderError
 from orchestrator.providers.local.net import (
@@ -29,75 +30,69 @@ from orchestrator.providers.local.net import (
 )
 from orchestrator.providers.ssh_banner import answers_ssh as answers_ssh  # re-exported
 
-PROC = Path("/proc")
 
-
-def pids_with_marker(instance_id: str, proc: Path = PROC) -> set[int]:
-    """Pids of live processes whose environment holds `ORCH_LOCAL_NODE=<instance_id>`."""
-    wanted = f"{NODE_MARKER}={instance_id}".encode()
+def pids_with_env(name: str, value: str) -> set[int]:
+    """Pids of live processes whose environment holds `name=value` (exactly that value)."""
     found: set[int] = set()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, a zombie, or not ours to read
+            environ = process.environ()
+        except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
             continue
-        if wanted in environ.split(b"\0"):
-            found.add(int(entry.name))
+        if environ.get(name) == value:
+            found.add(process.pid)
     return found
 
 
-def sshd_pids_on_port(port: int, proc: Path = PROC) -> set[int]:
+def pids_with_marker(instance_id: str) -> set[int]:
+    """Pids of live processes whose environment holds `ORCH_LOCAL_NODE=<instance_id>`."""
+    return pids_with_env(NODE_MARKER, instance_id)
+
+
+def sshd_pids_on_port(port: int) -> set[int]:
     """Pids of live sshd processes holding a TCP socket whose local port is `port`.
 
     On loopback every node's sshd has a port of its own; its listener and each per-connection
     process (which calls setsid and overwrites its environment with its title) hold sockets on
     that port, so this finds them where neither the marker nor the process group would.
     """
-    inodes: set[str] = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = (proc / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    wanted = {f"socket:[{inode}]" for inode in inodes if inode != "0"}
     found: set[int] = set()
-    if not wanted:
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+    for process in psutil.process_iter():
+        # One process at a time: psutil's machine-wide listing names one holder per socket,
+        # and a socket may have several.
+        if not pid_runs(process.pid, "sshd"):
             continue
         try:
-            links = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
-        except OSError:
+            sockets = process.net_connections(kind="tcp")
+        except (psutil.Error, OSError):
             continue
-        if links & wanted and pid_runs(int(entry.name), "sshd", proc):
-            found.add(int(entry.name))
+        if any(s.laddr and s.laddr.port == port for s in sockets):
+            found.add(process.pid)
     return found
 
 
-def pid_alive(pid: int, proc: Path = PROC) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie (whatever it runs)."""
-    try:
-        state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    if pid <= 0:
         return False
-    return state != "Z"
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
 
 
-def pid_runs(pid: int, needle: str, proc: Path = PROC) -> bool:
+def pid_runs(pid: int, needle: str) -> bool:
     """Whether process `pid` is alive (not a zombie) and its command line contains `needle`."""
-    try:
-        cmdline = (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError, UnicodeDecodeError):
+    if pid <= 0:
         return False
-    return state != "Z" and needle in cmdline
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            cmdline = " ".join(process.cmdline())
+            alive = process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+    return alive and needle in cmdline
 
 
 def netns_pids(instance_id: str) -> set[int]:

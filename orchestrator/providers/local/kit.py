@@ -10,7 +10,7 @@ are defined.
 
 from __future__ import annotations
 
-from orchestrator.providers.local.host import kill_all, run_checked, sweep
+from orchestrator.providers.local.host import kill_all, pids_with_env, run_checked, sweep
 from orchestrator.providers.local.net import (
     NODE_RESOLV_CONF,
     SYSTEM_PATH,
@@ -28,6 +28,6 @@ __all__ = [
     "sshd_config_text",
     # starting it, and knowing when it answers
     "answers_ssh", "detached_argv", "run_checked",
-    # ending its processes
-    "kill_all", "sweep",
+    # finding and ending its processes
+    "kill_all", "pids_with_env", "sweep",
 ]  # fmt: skip

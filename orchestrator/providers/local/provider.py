@@ -35,6 +35,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.atomic import write_atomic
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
 from orchestrator.node import guard, guard_files
@@ -273,9 +274,7 @@ class LocalProvider:
         """Keep, after the node is gone, that it powered itself off at `at` and why."""
         self._powered_off_dir.mkdir(parents=True, exist_ok=True)
         path = self._powered_off_dir / f"{instance_id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"at": at.isoformat(), **decision}) + "\n")
-        tmp.replace(path)
+        write_atomic(path, json.dumps({"at": at.isoformat(), **decision}) + "\n")
 
     @property
     def _powered_off_dir(self) -> Path:

@@ -16,7 +16,6 @@ A rehearsal of what a cloud does to spot machines:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.errors import OrchError, ProviderError
 from orchestrator.node.spot_notice import notice_document
 from orchestrator.providers.local import net
@@ -96,9 +96,7 @@ def spot_available(store: NodeStore, nodes: int = 1, at: datetime | None = None)
 def _write_capacity(store: NodeStore, document: dict[str, object]) -> None:
     path = spot_file(store)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": CAPACITY_VERSION, **document}) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"version": CAPACITY_VERSION, **document}) + "\n")
 
 
 def set_spot_available(store: NodeStore, available: bool) -> None:
@@ -196,9 +194,7 @@ def metadata_url(rec: NodeRecord) -> str | None:
 def post_notice(store: NodeStore, instance_id: str, at: datetime) -> None:
     """Make the node's metadata endpoint answer with a notice for a reclaim at `at`."""
     path = store.node_dir(instance_id) / NOTICE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(notice_document(at)) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(notice_document(at)) + "\n")
 
 
 def reclaim(

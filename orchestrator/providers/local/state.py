@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
+from orchestrator.atomic import write_atomic
 from orchestrator.providers.base import Instance, Market
 from orchestrator.providers.local.net import is_instance_id
 
@@ -102,13 +102,7 @@ class NodeStore:
     def save(self, record: NodeRecord) -> None:
         """Write a node's record atomically."""
         path = self.node_dir(record.instance_id) / "node.json"
-        tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(asdict(record), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(asdict(record), indent=2, sort_keys=True) + "\n")
 
     def load(self, instance_id: str) -> NodeRecord | None:
         """A node's record, or None when the node has no (readable) record."""
