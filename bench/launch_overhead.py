@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Nodes, local_nodes, median, report  # noqa: E402
-from orchestrator.control.runner import start_on_nodes  # noqa: E402
+from orchestrator.control.run.runner import start_on_nodes  # noqa: E402
 from orchestrator.node import launch  # noqa: E402
 from orchestrator.remote.sync import (  # noqa: E402
     Transfer,

@@ -241,7 +241,7 @@ class LedgerSettings(BaseModel):
         return value.strip()
 
     # On a shared ledger (`shared`), how long a controller's lease on its job lasts unless
-    # renewed, and how often the controller renews it (`orchestrator.control.lease_keeper`)
+    # renewed, and how often the controller renews it (`orchestrator.control.process.lease_keeper`)
     controller_lease: Annotated[float, Env("ORCH_CONTROLLER_LEASE")] = Field(default=30.0, gt=0)
     lease_renewal: Annotated[float, Env("ORCH_LEASE_RENEWAL")] = Field(default=10.0, gt=0)
 
@@ -264,7 +264,7 @@ class LedgerSettings(BaseModel):
 
 class BudgetSettings(BaseModel):
     """Monthly caps on what every job of the ledger spends (a team's, when the ledger is shared
-    through `ledger.url`); see `orchestrator.control.team_budget`. None: no cap."""
+    through `ledger.url`); see `orchestrator.control.money.team_budget`. None: no cap."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -339,7 +339,7 @@ class ControllerSettings(BaseModel):
     default_max_runtime: Annotated[Seconds | None, Env("ORCH_DEFAULT_MAX_RUNTIME")] = None
     # one push to the nodes (workdir, data, checkpoints put back) is stopped after this long
     push_timeout: Annotated[Seconds, Env("ORCH_PUSH_TIMEOUT")] = 3600.0
-    # run when a job ends, with its JSON document on stdin (orchestrator.control.notify);
+    # run when a job ends, with its JSON document on stdin (orchestrator.control.verbs.notify);
     # `orch submit --notify CMD` sets one job's own
     notify: Annotated[str | None, Env("ORCH_NOTIFY")] = None
 

@@ -1,7 +1,7 @@
 """A job's states and which may follow which; pure (no I/O, no persistence).
 
 The ledger stores a job's state as its text; the runner writes every change through its
-journal (`orchestrator.control.journal`), which refuses a change this table does not allow.
+journal (`orchestrator.control.run.journal`), which refuses a change this table does not allow.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def _revive_lost_controllers(
     if no_controller_lost():
         return  # found through the ledger's read-only view, without SQLModel or the settings
     from orchestrator.cli.console import revived_line
-    from orchestrator.control.supervision import refused_by_last_controller, revive
+    from orchestrator.control.process.controllers import refused_by_last_controller, revive
 
     settings = load_settings()
     if settings.ledger.url or settings.db_path.exists():

@@ -14,7 +14,7 @@ from orchestrator.cli.context import load_settings
 from orchestrator.cli.output import make_console
 
 if TYPE_CHECKING:
-    from orchestrator.providers.readiness import Readiness
+    from orchestrator.providers.check import Readiness
 
 
 def check_document(results: list[Readiness]) -> dict:
@@ -61,7 +61,7 @@ def check_command(
     ip for namespace nodes, whose traffic must get through the host's firewall; aws: rsync,
     ssh, credentials that STS accepts, enabled regions) and how to fix what is missing. Exits 0
     when every needed part is there, 1 otherwise."""
-    from orchestrator.providers.readiness import check
+    from orchestrator.providers.check import check
     from orchestrator.spec.model import PROVIDER_NAMES
 
     settings = load_settings()

@@ -13,7 +13,7 @@ from orchestrator.cli.output import make_console, print_json
 from orchestrator.errors import OrchError, SpecError
 
 if TYPE_CHECKING:
-    from orchestrator.control.commands import DownResult
+    from orchestrator.control.verbs.commands import DownResult
 
 
 def down_command(
@@ -37,8 +37,8 @@ def down_command(
     """Terminate a cluster's nodes now (or all of this ledger's), whatever their job is doing;
     nodes of other ledgers are listed, never ended. On a shared ledger, other machines' kept
     clusters and jobs are left alone and named, unless --force."""
-    from orchestrator.control import commands
-    from orchestrator.control.ownership import not_ours_line
+    from orchestrator.control.process.ownership import not_ours_line
+    from orchestrator.control.verbs import commands
     from orchestrator.ledger.store import ControllerLease
 
     if (cluster is None) == (not all_clusters):
@@ -119,9 +119,9 @@ def reconcile_command(
 ) -> None:
     """Give unfinished jobs whose controller died a new one; end this ledger's nodes that no
     live job owns (other ledgers' nodes are listed, never ended)."""
-    from orchestrator.control.commands import providers_in_use
-    from orchestrator.control.ownership import not_ours_line
-    from orchestrator.control.reconcile import reconcile as run_reconcile
+    from orchestrator.control.process.ownership import not_ours_line
+    from orchestrator.control.repair.reconcile import reconcile as run_reconcile
+    from orchestrator.control.verbs.commands import providers_in_use
 
     settings = load_settings()
     ledger = open_ledger(settings)

@@ -88,7 +88,7 @@ def reports_without_revival() -> list[str] | None:
     own; on a shared ledger (`ledger.url`), a line for each job stranded on another machine
     (`adoption.Stranded.line`). None when some job needs a controller from here, or the view
     does not apply: `supervision.revive` must look with the configuration and the ledger."""
-    from orchestrator.control.liveness import controller_lost
+    from orchestrator.control.process.liveness import controller_lost
     from orchestrator.job_state import JobState
 
     view = ledger_view()
@@ -101,7 +101,7 @@ def reports_without_revival() -> list[str] | None:
         if ledger_url() is None:
             jobs = orch_home() / "jobs"  # Settings.job_dir
             return None if any(controller_lost(jobs / job_id) for job_id in unfinished) else []
-        from orchestrator.control.adoption import plan_adoption
+        from orchestrator.control.process.adoption import plan_adoption
 
         live = {job.id: job for job in view.live_jobs()}  # in `unfinished`'s order, as revive
         jobs_ = [live[job_id] for job_id in unfinished if job_id in live]

@@ -273,9 +273,9 @@ def rebuild(
 ) -> None:
     """Run on a new controller host by `orch controller up`: write each handed-over job its
     ledger does not know into it, from the job's kit and its running nodes
-    (`control.rebuild`). Prints {"jobs": {id: {"status", "detail"}}}."""
+    (`control.repair.rebuild`). Prints {"jobs": {id: {"status", "detail"}}}."""
     from orchestrator.cli.context import open_ledger
-    from orchestrator.control.rebuild import rebuild as rebuild_job
+    from orchestrator.control.repair.rebuild import rebuild as rebuild_job
     from orchestrator.providers import get_provider
 
     settings = load_settings()
@@ -300,11 +300,11 @@ def rebuild(
 
 @app.command(hidden=True)
 def answer() -> None:
-    """Run on the controller host by `HostJobs`: read one request (`control.job_wire`) on
+    """Run on the controller host by `HostJobs`: read one request (`control.verbs.job_wire`) on
     stdin and print the reply of this ORCH_HOME's `LocalJobs` to it, one line of JSON; a refusal
     (an `OrchError`) is a reply too."""
-    from orchestrator.control import job_wire
-    from orchestrator.control.local_jobs import LocalJobs
+    from orchestrator.control.verbs import job_wire
+    from orchestrator.control.verbs.local_jobs import LocalJobs
     from orchestrator.errors import OrchError
 
     said: list[job_wire.Said] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.control.jobs import View
+    from orchestrator.control.verbs.jobs import View
 
 from orchestrator.atomic import write_atomic
 
@@ -42,7 +42,7 @@ def host_rows(view: View) -> tuple[list[dict[str, Any]], list[str], str] | None:
         return kept["jobs"], record.jobs, where
     from orchestrator.cli.context import load_settings
     from orchestrator.cli.output import make_console
-    from orchestrator.control.host_jobs import HostJobs
+    from orchestrator.control.verbs.host_jobs import HostJobs
     from orchestrator.errors import OrchError
 
     try:

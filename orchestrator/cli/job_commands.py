@@ -35,7 +35,7 @@ def wait_command(
         from orchestrator.cli.on_host import wait_on_host
 
         raise typer.Exit(wait_on_host(job_id, timeout=timeout, json_out=json_out))
-    from orchestrator.control.waiting import job_exit_code, wait_for_end
+    from orchestrator.control.verbs.wait import job_exit_code, wait_for_end
     from orchestrator.report.documents import job_document
 
     settings = load_settings()

@@ -12,7 +12,7 @@ from orchestrator.errors import OrchError, SpecError
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
-    from orchestrator.control.kept import KeptRequest
+    from orchestrator.control.run.kept_turn import KeptRequest
     from orchestrator.ledger.store import Ledger
 
 
@@ -20,7 +20,11 @@ def kept_request(
     cluster: str | None, autostop: str | None, no_wait: bool, yes: bool
 ) -> KeptRequest | None:
     """The flags of a kept cluster, checked (exit 2) before anything is read or launched."""
-    from orchestrator.control.kept import DEFAULT_AUTOSTOP_S, KeptRequest, check_cluster_name
+    from orchestrator.control.run.kept_turn import (
+        DEFAULT_AUTOSTOP_S,
+        KeptRequest,
+        check_cluster_name,
+    )
 
     if cluster is None:
         if autostop is not None or no_wait:
@@ -54,7 +58,7 @@ def kept_clusters(settings: Settings, ledger: Ledger) -> list[dict]:
     clusters = Clusters(ledger).all(up_only=True)
     if not clusters:
         return []
-    from orchestrator.control.kept import cluster_scope, is_mine, settle
+    from orchestrator.control.run.kept_turn import cluster_scope, is_mine, settle
     from orchestrator.ledger.clusters import autostop_left
     from orchestrator.ledger.store import utcnow
     from orchestrator.providers import get_provider

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from orchestrator.cli.console import events_table, gpu_table, revived_line
 from orchestrator.config import Settings
-from orchestrator.control.supervision import refused_by_last_controller, revive_controllers
+from orchestrator.control.process.controllers import refused_by_last_controller, revive_controllers
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger

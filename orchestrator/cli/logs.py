@@ -64,7 +64,7 @@ def logs_command(
     The rotated files of a capped log (node-0.log.3 ... .1, settings `logs.*`) are read
     first, oldest first; -f follows the log across rotations."""
     from orchestrator.cli.on_host import jobs_for, passed_on
-    from orchestrator.control.jobs import LogsRequest
+    from orchestrator.control.verbs.jobs import LogsRequest
 
     request = LogsRequest(job_id=job_id, rank=rank, node=node, all_ranks=all_ranks,
                           follow=follow, tail=tail, since=since, json_out=json_out)  # fmt: skip

@@ -24,7 +24,7 @@ from orchestrator.cli.output import make_console
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
-    from orchestrator.control.jobs import Jobs, SubmitRequest
+    from orchestrator.control.verbs.jobs import Jobs, SubmitRequest
 
 
 def _print_line(document: object) -> None:
@@ -37,7 +37,7 @@ def lives_on_host(job_id: str | None) -> bool:
     read; no settings, no SSH)."""
     if job_id is None:
         return False
-    from orchestrator.control.host_jobs import lives_on_host as on_host
+    from orchestrator.control.verbs.host_jobs import lives_on_host as on_host
 
     return on_host(orch_home(), job_id)
 
@@ -46,10 +46,10 @@ def jobs_for(job_id: str | None) -> Jobs[Any]:
     """The jobs that answer for `job_id`: the controller host's when it lives there (what its
     orch says on stderr beside an answer is passed on), else this ledger's."""
     if lives_on_host(job_id):
-        from orchestrator.control.host_jobs import HostJobs
+        from orchestrator.control.verbs.host_jobs import HostJobs
 
         return HostJobs(load_settings(), stderr=sys.stderr.write)
-    from orchestrator.control.local_jobs import LocalJobs
+    from orchestrator.control.verbs.local_jobs import LocalJobs
 
     return LocalJobs(load_settings())
 
@@ -58,7 +58,7 @@ def jobs_for(job_id: str | None) -> Jobs[Any]:
 def passed_on() -> Iterator[None]:
     """The host's orch refusing (`HostRefused`): what it printed, passed on as it printed it,
     and its exit status."""
-    from orchestrator.control.host_jobs import HostRefused
+    from orchestrator.control.verbs.host_jobs import HostRefused
 
     try:
         yield
@@ -72,7 +72,7 @@ def describe_on_host(job_id: str, *, json_out: bool, events: int | None) -> None
     """`orch status JOB` of a job on the host: its document there, the figures kept here for
     a hand-over; with --json the document with the host's line of the bill. `events`: the
     rows of events shown (`console.job_detail`; None: all)."""
-    from orchestrator.control.host_jobs import HostJobs
+    from orchestrator.control.verbs.host_jobs import HostJobs
 
     settings = load_settings()
     with passed_on():
@@ -99,9 +99,9 @@ def watch_on_host(argv: list[str]) -> int:
 
 
 def _keep_carried(settings: Settings, job_id: str, document: object) -> None:
-    """Keep in the job's kit what the host said of it (`control.carried`), for a rebuild if
+    """Keep in the job's kit what the host said of it (`control.repair.carried`), for a rebuild if
     the host dies; an answer out of shape is said on stderr and the figures kept before stay."""
-    from orchestrator.control.carried import from_status
+    from orchestrator.control.repair.carried import from_status
     from orchestrator.errors import OrchError
     from orchestrator.host.handover import save_carried
 
@@ -132,9 +132,9 @@ def _with_host_line(settings: Settings, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def submit_on_host(request: SubmitRequest) -> None:
-    """`orch submit` sent to the controller host (`control.jobs.submit` on `HostJobs`)."""
-    from orchestrator.control.host_jobs import HostJobs
-    from orchestrator.control.jobs import submit
+    """`orch submit` sent to the controller host (`control.verbs.jobs.submit` on `HostJobs`)."""
+    from orchestrator.control.verbs.host_jobs import HostJobs
+    from orchestrator.control.verbs.jobs import submit
 
     jobs = HostJobs(load_settings())
     with passed_on():

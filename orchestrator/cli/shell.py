@@ -56,7 +56,7 @@ def ssh_command(
         from orchestrator.cli.on_host import ssh_on_host
 
         raise typer.Exit(ssh_on_host(name, node, forward or [], command or []))
-    from orchestrator.control.node_access import cluster_access, forwards
+    from orchestrator.control.verbs.node_access import cluster_access, forwards
 
     tunnels = forwards(forward or [])
     if shutil.which("ssh") is None:
@@ -92,7 +92,7 @@ def ssh_config_command(name: NameArgument) -> None:
     """Print OpenSSH `Host` blocks for a running cluster's nodes (`orch-NAME-0`, ...), for your
     own tools: `orch ssh-config NAME >> ~/.ssh/config`, then `ssh orch-NAME-0`, scp or VS Code
     Remote. The blocks point at the cluster's key and pinned host keys under ORCH_HOME."""
-    from orchestrator.control.node_access import cluster_access
+    from orchestrator.control.verbs.node_access import cluster_access
 
     settings = load_settings()
     access = cluster_access(settings, open_ledger(settings), name)

@@ -1,5 +1,5 @@
 """How `orch submit` shows the workdir's files that a run may take for a checkpoint
-(`control.stale_files`): a warning naming each with its size and age, on stderr, so that a
+(`control.verbs.stale_files`): a warning naming each with its size and age, on stderr, so that a
 submit's stdout (the plan, the job id, a JSON document) stays what it was."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from orchestrator.cli.output import make_console
 
 if TYPE_CHECKING:
-    from orchestrator.control.stale_files import StaleCheckpoints
+    from orchestrator.control.verbs.stale_files import StaleCheckpoints
 
 
 def print_stale(stale: StaleCheckpoints | None) -> None:

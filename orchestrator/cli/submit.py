@@ -19,14 +19,14 @@ from orchestrator.cli.context import load_settings, open_ledger, orch_home
 from orchestrator.cli.flags import DURATION_METAVAR, JsonFlag, duration
 from orchestrator.cli.kept import kept_request
 from orchestrator.cli.output import make_console, print_json
-from orchestrator.control.jobs import SubmitRequest
+from orchestrator.control.verbs.jobs import SubmitRequest
 from orchestrator.errors import SpecError
 from orchestrator.job_state import JobState
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
-    from orchestrator.control.commands import PreparedSubmit
-    from orchestrator.control.team_caps import SubmitBudget
+    from orchestrator.control.money.team_caps import SubmitBudget
+    from orchestrator.control.verbs.commands import PreparedSubmit
     from orchestrator.ledger.store import Ledger
     from orchestrator.providers.plan import LaunchPlan
     from orchestrator.spec.model import CheckpointSpec, JobSpec, LoadedJob
@@ -53,7 +53,7 @@ def _kept_phrase(ledger: Ledger, job_id: str) -> tuple[str, bool]:
 def _confirm_spend(spec: JobSpec, plan: LaunchPlan) -> None:
     """Ask before a job without a budget bills a paid provider (`spend_guard`); without a
     terminal to ask on, refuse (SpecError, exit 2). Declined: exit 130, nothing launched."""
-    from orchestrator.control.spend_guard import needs_confirmation
+    from orchestrator.control.money.spend_guard import needs_confirmation
 
     notice = needs_confirmation(spec, plan)
     if notice is None:
@@ -75,7 +75,7 @@ def _team_view(settings: Settings, prepared: PreparedSubmit) -> SubmitBudget | N
     whether a submit would be refused."""
     if not settings.budget.capped:
         return None
-    from orchestrator.control.team_caps import TeamCaps
+    from orchestrator.control.money.team_caps import TeamCaps
 
     return TeamCaps(settings.budget, open_ledger(settings)).check_submit(
         prepared.loaded.spec.budget, prepared.plan, settings.owner_label
@@ -100,9 +100,9 @@ def _assignments(flag: str, what: str) -> typer.models.OptionInfo:
 
 def _script_warnings(loaded: LoadedJob, *, strict: bool, shown: bool) -> list[ScriptWarning]:
     """The scripts and modules of run and setup the workdir does not hold
-    (`control.script_check`): printed as warnings on stderr when `shown`, refused (SpecError,
+    (`control.verbs.script_check`): printed as warnings on stderr when `shown`, refused (SpecError,
     exit 2) with --strict."""
-    from orchestrator.control import script_check
+    from orchestrator.control.verbs import script_check
 
     found = script_check.script_warnings(loaded)
     if strict:
@@ -230,8 +230,8 @@ def submit_command(
     not hold is a warning with the closest names it does hold; with --strict, an error.
     """
     from orchestrator.cli.stale_files import print_stale
-    from orchestrator.control import commands
-    from orchestrator.control.local_jobs import LocalJobs
+    from orchestrator.control.verbs import commands
+    from orchestrator.control.verbs.local_jobs import LocalJobs
     from orchestrator.report.documents import job_document
 
     request = SubmitRequest(

@@ -17,11 +17,15 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from orchestrator.config import load_settings
-from orchestrator.control.lease_keeper import LeaseKeeper
-from orchestrator.control.notify import notify_end
-from orchestrator.control.runner import JobRunner, RunnerOptions
-from orchestrator.control.supervision import ControllerLock, controller_identity, load_job_record
-from orchestrator.control.unrecorded import finish_unrecorded, has_unrecorded
+from orchestrator.control.process.controllers import (
+    ControllerLock,
+    controller_identity,
+    load_job_record,
+)
+from orchestrator.control.process.lease_keeper import LeaseKeeper
+from orchestrator.control.run.runner import JobRunner, RunnerOptions
+from orchestrator.control.run.unrecorded import finish_unrecorded, has_unrecorded
+from orchestrator.control.verbs.notify import notify_end
 from orchestrator.errors import IdentityMismatch, LedgerError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, ledger_engine

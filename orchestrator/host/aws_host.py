@@ -63,7 +63,7 @@ def launch(
     from orchestrator.host.lifecycle import host_environment, install
     from orchestrator.providers.aws import network as aws_network
     from orchestrator.providers.aws.host_node import launch_host
-    from orchestrator.providers.aws.launching import LOCAL_CLOUD_GUARD_POWEROFF
+    from orchestrator.providers.aws.node_launcher import LOCAL_CLOUD_GUARD_POWEROFF
     from orchestrator.providers.aws.provider import AwsProvider
 
     profile = settings.aws.controller_instance_profile

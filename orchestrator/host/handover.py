@@ -1,7 +1,8 @@
 """Hand-over kits: what this ORCH_HOME keeps of each job it submitted to the controller host, so
 that a new host can drive the job when the old one is gone.
 
-A kit is what driving a job takes besides its ledger rows (`control.adoption.can_drive_here`):
+A kit is what driving a job takes besides its ledger rows
+(`control.process.adoption.can_drive_here`):
 the job's record and secrets file (`jobs/<id>/job.json`, `env.json`) and its nodes' SSH key
 (`keys/<id>/id_ed25519` and `.pub`). `fetch` copies them from the host right after the job is
 submitted there, into `ORCH_HOME/controller-host/kits/<id>/` (0700 folders, 0600 files, the same
@@ -11,7 +12,7 @@ is data: the job id must have the job-id shape (`kit_dir`), and only the kit's n
 taken from its tar, bounded, as regular files (`kit_archive`).
 
 Each `orch status JOB` asked of the host also keeps, in the kit, what the host's ledger said of
-the job (`carried.json`: its first start, recoveries and every lease, `control.carried`), so
+the job (`carried.json`: its first start, recoveries and every lease, `control.repair.carried`), so
 that a rebuilt job keeps its limits; `push` sends it with the kit.
 
 Beside the kit, this ORCH_HOME keeps the job's submission (`submission.json`, never sent): where
@@ -21,7 +22,7 @@ new host gets them again (`resend`) and the record points to its own copy (`move
 The ledger rows are not in the kit. With a ledger that outlives the host (`ledger.url`, the team
 database) the job's controller lease decides who drives it: once the dead host's lease has
 expired, the new host's orch adopts the job on its existing nodes. Without one, the new host
-rebuilds the job's rows from the kit and the job's running nodes (`control.rebuild`).
+rebuilds the job's rows from the kit and the job's running nodes (`control.repair.rebuild`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from orchestrator.host.session import HostSession
 from orchestrator.host.submission import moved_record
 from orchestrator.spec.ids import is_job_id
 
-# The names `control.liveness` gives a job's record and secrets file, and `remote.keys` its key.
+# The names `control.process.liveness` gives a job's record and secrets file, and `remote.keys` its
+# key.
 JOB_RECORD, JOB_SECRETS = "job.json", "env.json"
-CARRIED = "carried.json"  # the figures kept of the job for a rebuild (`control.carried`)
+CARRIED = "carried.json"  # the figures kept of the job for a rebuild (`control.repair.carried`)
 KEY_FILES = ("id_ed25519", "id_ed25519.pub")
 KEYS_WAIT_S = 30.0  # how long `fetch` waits for the host's controller to make the job's key
 SUBMISSION = "submission.json"
@@ -106,7 +108,7 @@ def carried_file(job_id: str) -> str:
 
 
 def save_carried(home: Path, job_id: str, document: str) -> None:
-    """Keep the figures of `job_id` (`control.carried`: checked before they get here) in its
+    """Keep the figures of `job_id` (`control.repair.carried`: checked before they get here) in its
     kit (0600), replacing those kept before; `push` sends them with it."""
     kit_archive.write_private(kit_dir(home, job_id), {carried_file(job_id): document.encode()})
 

@@ -24,8 +24,8 @@ from orchestrator.host.layout import HostLayout
 from orchestrator.spec.ids import is_job_id
 
 ORPHAN_AGE_S = 3600.0  # a submission no job took is removed once this old
-SECRETS_FILE = "env.json"  # control.liveness.JOB_SECRETS (the host wing may not import it)
-RECORD_FILE = "job.json"  # control.liveness.JOB_RECORD
+SECRETS_FILE = "env.json"  # control.process.liveness.JOB_SECRETS (the host wing may not import it)
+RECORD_FILE = "job.json"  # control.process.liveness.JOB_RECORD
 TOKEN_RE = re.compile(r"[0-9a-f]{12}")  # `remote_jobs.submit`'s folder names
 
 

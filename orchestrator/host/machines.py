@@ -49,7 +49,7 @@ def state(settings: Settings, record: HostRecord) -> str:
     if record.kind != "launched" or not record.instance_id:
         return RUNNING
     if record.provider == "aws":
-        from orchestrator.providers.aws.launch import GONE_STATES
+        from orchestrator.providers.aws.ec2_requests import GONE_STATES
         from orchestrator.providers.aws.provider import AwsProvider
 
         provider = AwsProvider(settings)

@@ -8,7 +8,7 @@ job's ledger, controller and logs are the host's; this ORCH_HOME remembers the j
 (host.json's `jobs`) and keeps its hand-over kit (`handover`), so that a new host can take the
 job over if this one dies. `ask` runs an `orch` command there for such a job (the live view of
 `orch status --watch`) and returns what it printed and its exit status; the job commands' typed
-requests go through `control.host_jobs`.
+requests go through `control.verbs.host_jobs`.
 """
 
 from __future__ import annotations

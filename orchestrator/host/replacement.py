@@ -14,7 +14,7 @@ over to the new one.
 - `hand_over` gives the new host the dead host's jobs: their files again, their kits
   (`handover`), and, when the new host's ledger does not know a job (the dead host's ledger
   died with it; no `ledger.url`), the job's rows rebuilt from the kit and its running nodes
-  (`control.rebuild`). Its orch then adopts each job on its nodes. A job that cannot be
+  (`control.repair.rebuild`). Its orch then adopts each job on its nodes. A job that cannot be
   driven (no kit, or no node left running) is reported `lost`; its nodes, if any, end when
   their guards' budget lease runs out.
 """
@@ -182,7 +182,8 @@ def hand_over(
 
     For each job: its workdir and data sources, sent again from this machine (`handover.resend`),
     and its kit; then the host writes into its ledger each job it does not know, from the kit
-    and the job's running nodes (`orch controller rebuild`, `control.rebuild`): without a team
+    and the job's running nodes (`orch controller rebuild`, `control.repair.rebuild`): without a
+    team
     ledger, the dead host's ledger died with it. The next listing there gives each such job a
     controller, which adopts it on its nodes.
 

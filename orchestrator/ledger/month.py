@@ -1,4 +1,5 @@
-"""What the monthly budgets read of the ledger (`orchestrator.control.team_budget`): every node
+"""What the monthly budgets read of the ledger (`orchestrator.control.money.team_budget`): every
+node
 lease and kept cluster idle lease that may bill in a month, every live job, whom each is billed
 to, and the planned costs recorded at submit. A handful of queries, whatever the ledger's age:
 leases that ended before the month are never read, except those of jobs still live.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_NOT_SHARED = "(kept on the submitting machine)"  # an env value in a shared ledger
-JOB_RECORD = "job.json"  # the job record in ORCH_HOME/jobs/<id>/ (`control.liveness`)
+JOB_RECORD = "job.json"  # the job record in ORCH_HOME/jobs/<id>/ (`control.process.liveness`)
 
 
 def names_only(env: dict[str, str]) -> dict[str, str]:

@@ -100,7 +100,7 @@ class KeptCluster(SQLModel, table=True):
     job_id: str | None = None  # the job that holds it now; None while idle
     idle_since: datetime | None = Field(default=None, sa_column=_utc_column())
     reason: str | None = None  # why it went DOWN
-    # The machine id of the ORCH_HOME that made it (`control.machine_id`), its owner: on a
+    # The machine id of the ORCH_HOME that made it (`control.process.machine_id`), its owner: on a
     # shared ledger only that machine ends it or runs jobs on it by name. None: made on a
     # ledger of one ORCH_HOME's own, or before clusters recorded it (on a shared ledger then
     # no machine's: `orch down NAME --force` ends it).
@@ -173,7 +173,7 @@ class ControllerLease(SQLModel, table=True):
     # clock (`ledger.clock`)
     taken_at: datetime | None = Field(default=None, sa_column=_utc_column())
     # A cancel asked through the ledger by another machine: who asked ("machine:pid") and
-    # when. The holder sees it when it renews and cancels the job (`control.lease_keeper`).
+    # when. The holder sees it when it renews and cancels the job (`control.process.lease_keeper`).
     cancel_by: str | None = None
     cancel_at: datetime | None = Field(default=None, sa_column=_utc_column())
 

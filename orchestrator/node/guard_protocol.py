@@ -365,7 +365,8 @@ def cloud_init_parts(terms_document: str) -> dict[str, list]:
         {
             "path": f"{AWS_GUARD_DIR}/{name}",
             "permissions": "0755" if name == "guard.py" else "0644",
-            # plain text: the user data is gzipped whole (`providers.aws.launch.packed`), which
+            # plain text: the user data is gzipped whole (`providers.aws.ec2_requests.packed`),
+            # which
             # compresses the modules together, far better than each on its own
             "content": text,
         }

@@ -19,7 +19,7 @@ Lifecycle of a cluster, for every provider:
 Ownership: every node carries the id of the ledger whose orch launched it
 (`LaunchRequest.ledger_id` -> `Instance.ledger_id`). `list_owned` reports every orch node it
 can see, whatever its ledger; callers end only the nodes of their own ledger
-(`orchestrator.control.ownership`).
+(`orchestrator.control.process.ownership`).
 
 A provider never opens an SSH connection: it reports addresses and host keys, and the SSH layer
 does the talking.

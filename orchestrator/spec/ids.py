@@ -1,7 +1,8 @@
 """The shape of a job id, for whoever takes one from a machine it does not trust.
 
 A job id is the spec's `name` (`model._NAME_RE`: a lowercase letter, then up to 62 lowercase
-letters, digits and '-') followed by '-' and 6 hex digits (`control.supervision.new_job_id`).
+letters, digits and '-') followed by '-' and 6 hex digits
+(`control.process.controllers.new_job_id`).
 Such an id names a folder (`jobs/<id>`, `keys/<id>`, a hand-over kit) safely: no '/', no '.',
 no '..', no space and no control character can be in it.
 """

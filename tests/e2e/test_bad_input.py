@@ -1,5 +1,5 @@
 """Bad input is refused with exit 2 and a clear message, before anything is provisioned, by a
-real `orch` process. Every refusal case runs in-process in tests/unit/test_submit_refusals.py;
+real `orch` process. Every refusal case runs in-process in tests/unit/cli/test_submit_refusals.py;
 here only what a separate process shows: the exit status of the installed command, no
 traceback on its stderr, no controller left running, and a spec that is a named pipe does not
 block it."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.control.attempt import LOST_PEER_GRACE_S
+from orchestrator.control.run.attempt import LOST_PEER_GRACE_S
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, make_engine, utcnow
 from orchestrator.providers.local.net import host_veth_name

@@ -404,7 +404,7 @@ def test_world_size_change_sees_every_sample_once(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line_and_exit_2_from_a_real_process() -> None:
-    """Every case runs in-process in tests/unit/test_trainer_usage.py; this is the process's
+    """Every case runs in-process in tests/unit/trainer/test_trainer_usage.py; this is the process's
     own exit status and stderr."""
     result = run([*TINY, "--fake-size", "8", "--steps", "1", "--no-such-flag"], timeout=60)
     assert_ok(result, 2)

@@ -263,7 +263,7 @@ def test_reconcile_ends_a_leaked_cluster_s_group_with_its_nodes(
 ) -> None:
     """A controller killed with its nodes up: `orch reconcile` ends the nodes, and with them
     their cluster's group."""
-    from orchestrator.control.reconcile import reconcile
+    from orchestrator.control.repair.reconcile import reconcile
     from orchestrator.ledger.store import Ledger, make_engine
 
     provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")

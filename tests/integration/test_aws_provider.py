@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from orchestrator.config import AwsSettings, Settings
 from orchestrator.errors import CapacityError, ProviderError
 from orchestrator.providers import get_provider
-from orchestrator.providers.aws.launch import new_host_key
+from orchestrator.providers.aws.ec2_requests import new_host_key
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import LaunchRequest, Provider
 
@@ -436,7 +436,7 @@ def test_list_owned_finds_orphans_and_ignores_untagged(provider: AwsProvider) ->
 
 
 def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -> None:
-    from orchestrator.control.reconcile import reconcile
+    from orchestrator.control.repair.reconcile import reconcile
     from orchestrator.ledger.store import Ledger, make_engine
 
     ec2 = provider.client(REGION)
@@ -462,7 +462,7 @@ def test_reconcile_terminates_ghost_and_leaves_untagged(provider: AwsProvider) -
 def test_reconcile_bills_the_nodes_of_a_launch_cut_short(provider: AwsProvider) -> None:
     """A controller killed between a launch and its leases leaves nodes that bill off the
     books: reconcile ends them and puts their seconds on their job's bill."""
-    from orchestrator.control.reconcile import reconcile
+    from orchestrator.control.repair.reconcile import reconcile
     from orchestrator.job_state import JobState
     from orchestrator.ledger.store import Job, Ledger, make_engine, utcnow
 

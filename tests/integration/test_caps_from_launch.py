@@ -28,7 +28,7 @@ import pytest
 
 from orchestrator.cluster.connections import Cluster, host_address
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.control.attempt import Attempt
+from orchestrator.control.run.attempt import Attempt
 from orchestrator.errors import TransferTimeout
 from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.node.launch import NodeLayout

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import AwsSettings, Settings
-from orchestrator.providers.aws.readiness import aws_readiness
+from orchestrator.providers.aws.prerequisites import aws_readiness
 from tests.support.helpers import orch_env, run_orch
 
 

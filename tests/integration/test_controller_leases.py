@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.control.adoption import plan_adoption
-from orchestrator.control.lease_keeper import (
+from orchestrator.control.process.adoption import plan_adoption
+from orchestrator.control.process.lease_keeper import (
     CANCELLING,
     LEASE_LOST,
     LEASE_TAKEN_OVER,
     LeaseKeeper,
 )
-from orchestrator.control.machine_id import holder_id, machine_id
+from orchestrator.control.process.machine_id import holder_id, machine_id
 from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
 from orchestrator.ledger.view import open_url_view
@@ -86,7 +86,7 @@ import orchestrator.ledger.measures as measures
 real = measures.utcnow
 measures.utcnow = lambda: real() + timedelta(seconds=float(sys.argv[1]))
 from orchestrator.config import load_settings
-from orchestrator.control.lease_keeper import LeaseKeeper
+from orchestrator.control.process.lease_keeper import LeaseKeeper
 from orchestrator.ledger.store import Ledger, ledger_engine
 settings = load_settings()
 keeper = LeaseKeeper(settings, Ledger(ledger_engine(settings)), sys.argv[3])

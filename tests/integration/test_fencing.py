@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import event
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.control.lease_keeper import LEASE_LOST, LeaseKeeper
-from orchestrator.control.runner import JobRunner, RunnerOptions
-from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervision import register_job
+from orchestrator.control.money.stop_rules import StopOrder
+from orchestrator.control.process.controllers import register_job
+from orchestrator.control.process.lease_keeper import LEASE_LOST, LeaseKeeper
+from orchestrator.control.run.runner import JobRunner, RunnerOptions
 from orchestrator.job_state import JobState
 from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.fencing import Fence, LeaseLost

@@ -23,10 +23,10 @@ import pytest
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import BudgetSettings, Settings
-from orchestrator.control.attempt import Attempt
-from orchestrator.control.options import RunnerOptions, SilentReporter
-from orchestrator.control.parts import job_parts
-from orchestrator.control.supervisor import Supervisor
+from orchestrator.control.run.attempt import Attempt
+from orchestrator.control.run.options import RunnerOptions, SilentReporter
+from orchestrator.control.run.parts import job_parts
+from orchestrator.control.run.watching import Supervisor
 from orchestrator.ledger.store import Job, Lease, Ledger, utcnow
 from orchestrator.node import guard
 from orchestrator.node.guard_protocol import GuardLayout

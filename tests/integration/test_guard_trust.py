@@ -30,7 +30,7 @@ import pytest
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.control.attempt import start_on_nodes
+from orchestrator.control.run.attempt import start_on_nodes
 from orchestrator.node.guard_protocol import GuardLayout, GuardTerms, guard_program
 from orchestrator.node.launch import ClusterLaunch
 from orchestrator.providers.base import LaunchRequest, NodeEnd

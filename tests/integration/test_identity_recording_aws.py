@@ -13,9 +13,9 @@ from typing import cast
 import pytest
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
-from orchestrator.control.runner import JobRunner
-from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervision import register_job
+from orchestrator.control.money.stop_rules import StopOrder
+from orchestrator.control.process.controllers import register_job
+from orchestrator.control.run.runner import JobRunner
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.aws.provider import AwsProvider

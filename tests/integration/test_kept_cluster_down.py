@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import LocalSettings, Settings, load_settings
-from orchestrator.control import commands
-from orchestrator.control.machine_id import machine_id
-from orchestrator.control.reconcile import reconcile
+from orchestrator.control.process.machine_id import machine_id
+from orchestrator.control.repair.reconcile import reconcile
+from orchestrator.control.verbs import commands
 from orchestrator.job_state import JobState
 from orchestrator.ledger.clusters import DOWN, UP, Clusters
 from orchestrator.ledger.controller_leases import ControllerLeases

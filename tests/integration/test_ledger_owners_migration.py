@@ -16,7 +16,7 @@ from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.database import database_url
 from orchestrator.ledger.migrate import alembic_config
 from orchestrator.ledger.store import Ledger, make_engine
-from tests.unit.test_ledger_migrations import schema_differences
+from tests.unit.ledger.test_ledger_migrations import schema_differences
 
 JOB = (
     "INSERT INTO job (id, name, state, provider, nodes, gpus_per_node, spec_json, spec_path,"

@@ -297,7 +297,7 @@ def test_the_engine_view_reads_postgresql_as_the_models_do(
     postgres_url: str, tmp_path: Path
 ) -> None:
     from orchestrator.ledger.view import LedgerView
-    from tests.unit.test_ledger_view import assert_rows_are_the_models
+    from tests.unit.ledger.test_ledger_view import assert_rows_are_the_models
 
     ledger = Ledger(make_engine(postgres_url))
     fill(ledger, tmp_path / "store")

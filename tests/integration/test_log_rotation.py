@@ -13,7 +13,7 @@ from pathlib import Path
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.run_watch import RunWatch
 from orchestrator.config import LocalSettings, LogSettings, Settings
-from orchestrator.control.supervision import register_job
+from orchestrator.control.process.controllers import register_job
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.node import launch

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from orchestrator.config import AwsSettings, Settings
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.runner import JobRunner
-from orchestrator.control.supervision import register_job
+from orchestrator.control.process.controllers import register_job
+from orchestrator.control.repair.reconcile import reconcile
+from orchestrator.control.run.runner import JobRunner
 from orchestrator.errors import IdentityMismatch, InstancesNotFound
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Lease, Ledger, make_engine
-from orchestrator.providers.aws.launch import new_host_key
+from orchestrator.providers.aws.ec2_requests import new_host_key
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.spec.loading import load_job

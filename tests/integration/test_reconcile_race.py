@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_settings
-from orchestrator.control import commands
-from orchestrator.control.reconcile import reconcile
+from orchestrator.control.repair.reconcile import reconcile
+from orchestrator.control.verbs import commands
 from orchestrator.providers.base import Instance
 from orchestrator.providers.local.provider import LocalProvider
 from tests.support.shared_homes import (

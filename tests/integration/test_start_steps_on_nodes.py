@@ -15,8 +15,8 @@ import pytest
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, KeeperOptions
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.config import Settings
-from orchestrator.control.attempt import Attempt
-from orchestrator.control.kept_nodes import reset_nodes
+from orchestrator.control.run.attempt import Attempt
+from orchestrator.control.run.kept_nodes import reset_nodes
 from orchestrator.errors import RemoteError
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.node.clear_protocol import fresh_command

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import BudgetSettings
-from orchestrator.control.team_caps import TeamCaps
+from orchestrator.control.money.team_caps import TeamCaps
 from orchestrator.errors import BudgetRefused
 from orchestrator.job_state import JobState
 from orchestrator.ledger.admission import admission_lock

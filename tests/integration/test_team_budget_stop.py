@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.team_budget import Scope, Span
+from orchestrator.control.money.team_budget import Scope, Span
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Lease, Ledger, make_engine, utcnow
 from tests.support.helpers import (

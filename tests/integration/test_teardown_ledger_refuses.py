@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import event
 
 from orchestrator.config import LocalSettings, Settings
-from orchestrator.control.reconcile import end_nodes, lease_unrecorded
-from orchestrator.control.runner import JobRunner, RunnerOptions
-from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervision import register_job
-from orchestrator.control.unrecorded import UNRECORDED_DIR, finish_unrecorded
+from orchestrator.control.money.stop_rules import StopOrder
+from orchestrator.control.process.controllers import register_job
+from orchestrator.control.run.end_nodes import end_nodes, lease_unrecorded
+from orchestrator.control.run.runner import JobRunner, RunnerOptions
+from orchestrator.control.run.unrecorded import UNRECORDED_DIR, finish_unrecorded
 from orchestrator.errors import LedgerError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.controller_leases import ControllerLeases

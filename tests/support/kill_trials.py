@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.config import Settings
-from orchestrator.control.supervision import controller_running
+from orchestrator.control.process.controllers import controller_running
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger
 from tests.support.helpers import counter_run, counter_workdir

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.config import Settings
-from orchestrator.control.supervision import controller_running
+from orchestrator.control.process.controllers import controller_running
 from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
 from orchestrator.ledger.store import Lease, Ledger

@@ -17,12 +17,12 @@ from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
 from orchestrator.cluster.checkpoints.kept_summary import Kept, newest_kept
 from orchestrator.cluster.connections import Cluster
 from orchestrator.config import Settings
-from orchestrator.control.attempt import Answer, Attempt
-from orchestrator.control.options import RunnerOptions, SilentReporter
-from orchestrator.control.recovery_rules import Interruption
-from orchestrator.control.runner import JobRunner
-from orchestrator.control.stop_rules import StopOrder
-from orchestrator.control.supervisor import Verdict
+from orchestrator.control.money.stop_rules import StopOrder
+from orchestrator.control.run.attempt import Answer, Attempt
+from orchestrator.control.run.options import RunnerOptions, SilentReporter
+from orchestrator.control.run.recovery_rules import Interruption
+from orchestrator.control.run.runner import JobRunner
+from orchestrator.control.run.watching import Verdict
 from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, Ledger, utcnow

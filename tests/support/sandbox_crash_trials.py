@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import load_settings
-from orchestrator.control.supervision import controller_running
+from orchestrator.control.process.controllers import controller_running
 from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
 from orchestrator.ledger.store import Job, Ledger, make_engine
-from orchestrator.providers.aws.launch import (
+from orchestrator.providers.aws.ec2_requests import (
     TAG_LEDGER,
     TAG_OWNER,
     TAG_TOKEN,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.control.machine_id import machine_id
+from orchestrator.control.process.machine_id import machine_id
 from orchestrator.ledger.controller_leases import ControllerLeases
 from orchestrator.ledger.store import Ledger, make_engine, utcnow
 from tests.support.helpers import (

@@ -75,7 +75,7 @@ def needs_torch(path: Path, root: Path = ROOT) -> bool:
 
 def torch_tests(unit_dir: Path) -> list[Path]:
     """The test modules of `unit_dir` that need torch, sorted."""
-    return sorted(p for p in unit_dir.glob("test_*.py") if needs_torch(p))
+    return sorted(p for p in unit_dir.rglob("test_*.py") if needs_torch(p))
 
 
 def main() -> int:

@@ -59,7 +59,7 @@ def run_orch(*argv: str) -> str:
 
 def test_the_list_views_read_the_ledger_without_sqlmodel_or_the_settings(tmp_path: Path) -> None:
     """`orch status` (all jobs) and `orch cost` read the ledger's sqlite3 view when its schema
-    is current (tests/unit/test_ledger_view.py holds it to the SQLModel path)."""
+    is current (tests/unit/ledger/test_ledger_view.py holds it to the SQLModel path)."""
     from datetime import UTC, datetime, timedelta
     from decimal import Decimal
 

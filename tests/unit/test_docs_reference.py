@@ -298,8 +298,8 @@ def test_the_documented_policy_launches_only_tagged_instances() -> None:
     covered = set().union(*(_resources(s) for s in statements))
     assert created <= covered and "arn:aws:ec2:*::image/*" in covered
     # and the launch does tag both with orch-job
-    from orchestrator.providers.aws.launch import TAG_JOB, run_instances_args
-    from tests.unit.test_aws_offers import rank
+    from orchestrator.providers.aws.ec2_requests import TAG_JOB, run_instances_args
+    from tests.unit.providers.test_aws_offers import rank
 
     args = run_instances_args(
         rank(spot=False, accelerator="A10G")[0],

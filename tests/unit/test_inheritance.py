@@ -63,4 +63,4 @@ def test_the_fence_sees_the_bases_it_allows() -> None:
     """The walk reaches the wings' modules and tells an exception base from the others."""
     found = dict(cross_module_bases())
     assert found["orchestrator.ledger.fencing.LeaseLost <- orchestrator.errors.OrchError"]
-    assert "orchestrator.control.runner" in _modules()
+    assert "orchestrator.control.run.runner" in _modules()

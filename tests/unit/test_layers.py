@@ -139,9 +139,9 @@ def providers_and_remote(imp: Import) -> bool:
     )
 
 
-PURE_MODULES = ("orchestrator.spec", "orchestrator.spot", "orchestrator.control.stop_rules",
-                "orchestrator.control.recovery_rules",
-                "orchestrator.control.team_budget")  # fmt: skip
+PURE_MODULES = ("orchestrator.spec", "orchestrator.spot", "orchestrator.control.money.stop_rules",
+                "orchestrator.control.run.recovery_rules",
+                "orchestrator.control.money.team_budget")  # fmt: skip
 PURE_EXEMPT = ("orchestrator.spot.driver",)  # the live driver reads and writes the ledger
 
 
@@ -246,6 +246,32 @@ def arrows(imp: Import) -> bool:
     return target not in ALLOWED.get(source, frozenset())
 
 
+# control/'s sub-wings -> those each may import (at run time); acyclic (checked). Modules at
+# control/'s top (the controller process's entry point, `control/daemon.py`) may import them all.
+CONTROL_ALLOWED: dict[str, frozenset[str]] = {
+    "money": frozenset(),
+    "process": frozenset(),
+    "run": frozenset({"money", "process"}),
+    "repair": frozenset({"process", "run"}),
+    "verbs": frozenset({"money", "process", "run"}),
+}
+
+
+def control_subwing(name: str) -> str | None:
+    """`run` for `orchestrator.control.run.runner`; None outside control's sub-wings."""
+    parts = name.split(".")
+    if parts[:2] != ["orchestrator", "control"] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def control_arrows(imp: Import) -> bool:
+    source, target = control_subwing(imp.module), control_subwing(imp.target)
+    if imp.type_checking or source is None or target is None or source == target:
+        return False
+    return target not in CONTROL_ALLOWED.get(source, frozenset())
+
+
 RULES: dict[str, Callable[[Import], bool]] = {
     "paramiko only in remote/": library_rule(("paramiko", "fabric"), "orchestrator.remote"),
     "typer and rich only in cli/": library_rule(("typer", "rich"), "orchestrator.cli"),
@@ -256,6 +282,7 @@ RULES: dict[str, Callable[[Import], bool]] = {
     "pure rules import no ledger or provider": pure_rules,
     "the sandbox uses only the local provider's kit": sandbox_uses_the_kit,
     "wing arrows run one way": arrows,
+    "control's sub-wing arrows run one way": control_arrows,
 }
 
 # Today's breaches: (rule, importing module, imported module) -> why it is still there.
@@ -294,25 +321,48 @@ def test_every_listed_exception_still_occurs(found: list[Breach]) -> None:
     assert not stale, f"breaches gone: remove them from EXCEPTIONS: {stale}"
 
 
-def test_the_allowed_arrows_are_acyclic_and_name_real_wings() -> None:
-    wings = {wing(module_name(p)) for p in PACKAGE.rglob("*.py")}
-    assert set(ALLOWED) == wings
-    assert all(targets <= wings for targets in ALLOWED.values())
+def assert_acyclic(allowed: dict[str, frozenset[str]]) -> None:
     done: set[str] = set()
 
     def visit(name: str, path: tuple[str, ...]) -> None:
         assert name not in path, f"cycle: {' -> '.join((*path, name))}"
         if name in done:
             return
-        for target in ALLOWED[name]:
+        for target in allowed[name]:
             visit(target, (*path, name))
         done.add(name)
 
-    for name in ALLOWED:
+    for name in allowed:
         visit(name, ())
 
 
+def test_the_allowed_arrows_are_acyclic_and_name_real_wings() -> None:
+    wings = {wing(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert set(ALLOWED) == wings
+    assert all(targets <= wings for targets in ALLOWED.values())
+    assert_acyclic(ALLOWED)
+
+
+def test_controls_sub_wings_are_acyclic_and_hold_every_module_but_the_entry_point() -> None:
+    subwings = {p.name for p in (PACKAGE / "control").iterdir() if (p / "__init__.py").exists()}
+    assert set(CONTROL_ALLOWED) == subwings
+    assert all(targets <= subwings for targets in CONTROL_ALLOWED.values())
+    assert_acyclic(CONTROL_ALLOWED)
+    top = sorted(p.name for p in (PACKAGE / "control").glob("*.py"))
+    assert top == ["__init__.py", "daemon.py"], top
+
+
 SYNTHETIC = [
+    (
+        "control's sub-wing arrows run one way",
+        "orchestrator.control.money.fake",
+        "from orchestrator.control.run.runner import JobRunner",
+    ),
+    (
+        "control's sub-wing arrows run one way",
+        "orchestrator.control.process.fake",
+        "def f():\n    from orchestrator.control.verbs import commands",
+    ),
     ("paramiko only in remote/", "orchestrator.cluster.fake", "import paramiko"),
     ("paramiko only in remote/", "orchestrator.cluster.fake", "def f():\n    import fabric"),
     ("typer and rich only in cli/", "orchestrator.control.fake", "from rich.table import Table"),
@@ -346,7 +396,7 @@ SYNTHETIC = [
     ),  # fmt: skip
     (
         "pure rules import no ledger or provider",
-        "orchestrator.control.recovery_rules",
+        "orchestrator.control.run.recovery_rules",
         "import orchestrator.providers.local.provider",
     ),  # fmt: skip
     (
@@ -376,6 +426,8 @@ def test_the_checker_catches_a_synthetic_breach(rule: str, module: str, source: 
         ("orchestrator.spot.driver", "from orchestrator.ledger.store import Ledger"),
         ("orchestrator.remote.fake", "import paramiko"),
         ("orchestrator.sandbox.fake", "from orchestrator.providers.local import kit"),
+        ("orchestrator.control.run.fake", "from orchestrator.control.money import team_caps"),
+        ("orchestrator.control.daemon", "from orchestrator.control.verbs import notify"),
         (
             "orchestrator.spec.fake",
             "from typing import TYPE_CHECKING\n"

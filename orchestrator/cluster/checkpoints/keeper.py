@@ -1,6 +1,6 @@
 """A job's checkpoints over its life: the agents on its nodes, the mirror, the store, the ledger.
 
-The runner (`orchestrator.control.runner`) calls:
+The runner (`orchestrator.control.run.runner`) calls:
 
 - `prepare(cluster)` before each start: sends the checkpoint agent to every node, puts the
   newest complete checkpoint back on every node (each node downloads it from the store, or the

@@ -6,7 +6,7 @@ the moves the rule asks for (`orchestrator.node.set_aside`). What is moved is ke
 node, under `~/orch-jobs/<job>/set-aside/<UTC time>/`, with its path below the checkpoint
 directory; the caller writes an event per node that names it. A node that cannot be listed or
 moved is a problem to report, not a failed restart: the run starts, and a load that fails is
-what `orchestrator.control.resume_fallback` answers.
+what `orchestrator.control.run.resume_fallback` answers.
 """
 
 from __future__ import annotations

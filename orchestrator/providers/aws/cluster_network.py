@@ -28,7 +28,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from orchestrator.providers.aws.launch import TAG_CLUSTER, TAG_LEDGER, TAG_OWNER, error_code
+from orchestrator.providers.aws.ec2_requests import TAG_CLUSTER, TAG_LEDGER, TAG_OWNER, error_code
 from orchestrator.providers.aws.network import CLUSTER_GROUP_PREFIX, find_group
 
 TAG_CREATED = "orch-created"  # UTC time the group was made (ISO 8601), for the sweep's grace

@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from orchestrator.errors import ConfigError, ProviderError
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog
-from orchestrator.providers.aws.launch import (
+from orchestrator.providers.aws.ec2_requests import (
     CAPACITY_CODES,
     GONE_STATES,
     TAG_HOST_KEY,

@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from orchestrator.config import AwsSettings
 from orchestrator.errors import ConfigError, ProviderError
-from orchestrator.providers.aws.launch import (
+from orchestrator.providers.aws.ec2_requests import (
     TerraformOutputs,
     error_code,
     read_tf_outputs,

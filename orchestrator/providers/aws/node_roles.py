@@ -37,7 +37,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from orchestrator.providers.aws.cluster_network import LEAK_GRACE_S
-from orchestrator.providers.aws.launch import TAG_JOB, TAG_LEDGER, TAG_OWNER, error_code
+from orchestrator.providers.aws.ec2_requests import TAG_JOB, TAG_LEDGER, TAG_OWNER, error_code
 
 PATH = "/orch-node/"
 NAME_PREFIX = "orch-job-"

@@ -64,7 +64,7 @@ from orchestrator.errors import (
 from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
-from orchestrator.providers.aws.launch import (
+from orchestrator.providers.aws.ec2_requests import (
     GONE_STATES,
     LIVE_STATES,
     SELF_SHUTDOWN_CODE,
@@ -73,7 +73,7 @@ from orchestrator.providers.aws.launch import (
     instance_from_description,
     transition_time,
 )
-from orchestrator.providers.aws.launching import NodeLauncher, Refused
+from orchestrator.providers.aws.node_launcher import NodeLauncher, Refused
 from orchestrator.providers.base import (
     CloudIdentity,
     Instance,
@@ -303,7 +303,7 @@ class AwsProvider:
 
         An instance counts when it has an `orch-job` tag (equal to `job_id` when given), whoever
         launched it: its `orch-ledger` tag, as `Instance.ledger_id`, says which ledger it is
-        (callers end only their own, `control.ownership`). Ordered by job, cluster, rank.
+        (callers end only their own, `control.process.ownership`). Ordered by job, cluster, rank.
         """
         job_filter = (
             {"Name": f"tag:{TAG_JOB}", "Values": [job_id]}

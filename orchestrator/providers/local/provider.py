@@ -110,7 +110,7 @@ class LocalProvider:
         far is terminated and a `ProviderError` (a `CapacityError` when the subnet is full or
         the price is above `request.max_price_per_hour`) says why, with the sshd log's tail.
         """
-        from orchestrator.providers.local.readiness import linux
+        from orchestrator.providers.local.prerequisites import linux
 
         if not (host := linux()).ok:
             raise ProviderError(f"cannot start local nodes: {host.detail}", hint=host.fix)
