@@ -27,13 +27,13 @@ from orchestrator.control.process.controllers import controller_running
 from orchestrator.job_state import JobState
 from orchestrator.ledger.check import check_ledger
 from orchestrator.ledger.store import Lease, Ledger
+from orchestrator.providers.local.host_network import HOST_LOCK
 from orchestrator.providers.local.net import (
     NODE_MARKER,
     host_veth_name,
     is_instance_id,
     netns_name,
 )
-from orchestrator.providers.local.provider import HOST_LOCK
 from orchestrator.providers.local.state import NodeStore, file_lock
 from tests.support.waiting import wait_until
 

@@ -4,9 +4,10 @@ The runner (`orchestrator.control.run.runner`) calls:
 
 - `prepare(cluster)` before each start: sends the checkpoint agent to every node, puts the
   newest complete checkpoint back on every node (each node downloads it from the store, or the
-  mirror is pushed to it), then arms the agents. Returns what the run resumes from. Before a
-  restart (`restart`, or after `hold_back`) the steps the nodes hold that are newer than that
-  one and not whole on every node are first moved aside (`set_aside`: SET_ASIDE events).
+  mirror is pushed to it: `restoring`), then arms the agents. Returns what the run resumes
+  from. Before a restart (`restart`, or after `hold_back`) the steps the nodes hold that are
+  newer than that one and not whole on every node are first moved aside (`set_aside`:
+  SET_ASIDE events).
 - `hold_back()` after a run could not load what it resumed: no later start resumes that
   version again (this controller's life long); the one before it is resumed instead.
 - `adopt(cluster)` when a new controller takes a running job over: starts again any agent
@@ -52,6 +53,7 @@ from orchestrator.cluster.checkpoints.collector import (
 from orchestrator.cluster.checkpoints.kept_summary import Kept
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror
 from orchestrator.cluster.checkpoints.records import CheckpointRecords, Newest
+from orchestrator.cluster.checkpoints.restoring import push_mirror, restore_from_store
 from orchestrator.cluster.checkpoints.set_aside import set_aside_newer
 from orchestrator.cluster.checkpoints.store import (
     node_access,
@@ -62,7 +64,7 @@ from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.node_runtime import ensure_runtime
 from orchestrator.cluster.steps import node_step
 from orchestrator.config import Settings
-from orchestrator.errors import NodeUnreachable, OrchError, RemoteError, TransferTimeout
+from orchestrator.errors import OrchError, RemoteError
 from orchestrator.ledger.store import Ledger
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
@@ -70,18 +72,13 @@ from orchestrator.node.checkpoint_protocol import (
     AgentReport,
     Notice,
     RestoredFile,
-    RestoreItem,
     StoreAccess,
     arm_command,
     folder_command,
     follow_command,
-    restore_command,
-    restore_error,
-    restore_plan,
 )
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.streams import LineStream
-from orchestrator.remote.sync import Transfer, push_argv, run_parallel
 from orchestrator.spec.model import CheckpointSpec
 
 FINISH_POLL_S = 0.2  # between two looks at the agents while waiting (one SSH command per node)
@@ -312,7 +309,12 @@ class CheckpointKeeper:
             )
             if not mirror_is_newer:
                 try:
-                    self._restore(cluster, items)
+                    assert self._access is not None
+                    restore_from_store(
+                        cluster, items, node_dir=self.node_dir, access=self._access,
+                        layout=self.layout, timeout_s=self.options.restore_timeout_s,
+                        ledger=self.ledger, job_id=self.job_id,
+                    )  # fmt: skip
                     restored = {i.path: RestoredFile(i.digest, i.size, i.key) for i in items}
                     if name is not None and from_store.version is not None:
                         self._resumed = (name, from_store.version)
@@ -327,7 +329,10 @@ class CheckpointKeeper:
         held = self.mirror.files()
         if not held:
             return {}, Resume("", None)
-        self._push(cluster)
+        push_mirror(
+            cluster, self.mirror, node_dir=self.node_dir,
+            timeout_s=self.options.push_timeout_s, ledger=self.ledger, job_id=self.job_id,
+        )  # fmt: skip
         restored = {path: RestoredFile(sha, size) for path, (sha, size) in held.items()}
         if newest_held is None:
             return restored, Resume("", None)
@@ -339,59 +344,6 @@ class CheckpointKeeper:
             return Resume("", None)
         path = self.node_dir if name == "." else f"{self.node_dir}/{name}"
         return Resume(path, step, name)
-
-    def _push(self, cluster: Cluster) -> None:
-        """Put the mirror back on every node, each transfer stopped after the options'
-        `push_timeout_s` (`TransferTimeout`)."""
-        started = time.monotonic()
-        limit = self.options.push_timeout_s
-        run_parallel(
-            [
-                Transfer(
-                    f"checkpoints -> {address.name}",
-                    push_argv(self.mirror.root, address, cluster.identity, self.node_dir),
-                )
-                for address in cluster.addresses
-            ],
-            timeout=limit,
-            timeout_hint=f"the checkpoint mirror ({_size(self.mirror)}) did not reach the "
-            f"node in time: a larger one needs a longer controller.push_timeout "
-            "(ORCH_PUSH_TIMEOUT); one that makes no progress points at the node's network",
-        )
-        self.ledger.add_event(
-            self.job_id, "PUSHED", f"checkpoints to {len(cluster.addresses)} node(s) in "
-            f"{time.monotonic() - started:.1f} s",
-        )  # fmt: skip
-
-    def _restore(self, cluster: Cluster, items: list[RestoreItem]) -> None:
-        assert self._access is not None
-        plan = restore_plan(self.node_dir, self._access, items)
-        command = restore_command(self.layout)
-        started = time.monotonic()
-
-        limit = self.options.restore_timeout_s
-
-        def run(rank: int, connection: NodeConnection) -> None:
-            try:
-                result = connection.run(command, stdin=plan, timeout=limit, check=False)
-            except NodeUnreachable as exc:
-                if not isinstance(exc.__cause__, TimeoutError):
-                    raise
-                raise TransferTimeout(
-                    f"node {rank}: the restore from the store did not finish within "
-                    f"{limit:g} s ({len(items)} file(s), {_mb(items)} MB)",
-                    hint="the node's download from the store is too slow or hangs: look "
-                    "at its network with `orch ssh`",
-                ) from exc
-            problem = restore_error(result.stdout + result.stderr)
-            if result.exited != 0 or problem is not None:
-                raise RemoteError(f"node {rank}: restore from the store failed: {problem}")
-
-        cluster.map(run)
-        self.ledger.add_event(
-            self.job_id, "RESTORED", f"{len(items)} file(s), {_mb(items)} MB, from the store "
-            f"to {len(cluster.instances)} node(s) in {time.monotonic() - started:.1f} s",
-        )  # fmt: skip
 
     # --- collecting while the run runs -------------------------------------------------------
     def watch(
@@ -535,14 +487,6 @@ class CheckpointKeeper:
                     "recorded until the job's controller restarts"
                 )
             self.ledger.add_event(self.job_id, "WARNING", message)
-
-
-def _mb(items: list[RestoreItem]) -> str:
-    return f"{sum(i.size for i in items) / 1e6:.1f}"
-
-
-def _size(mirror: CheckpointMirror) -> str:
-    return f"{sum(size for _sha, size in mirror.files().values()) / 1e6:.1f} MB"
 
 
 def _finished(report: AgentReport) -> bool:

@@ -21,7 +21,7 @@ Lifecycle:
                       `shutting-down` or `terminated`: billing stops then (the returned time).
                       Ids already ended are skipped; ids that no region in use knows raise
                       `InstancesNotFound` (after the others are ended). Then the cluster groups
-                      (`cluster_network`) left without an instance are deleted.
+                      (`cluster_network`) left without an instance are deleted (`leftovers`).
     identity()        account (sts:GetCallerIdentity), regions in use and endpoint; asked once.
     preempted(ids)    the ids EC2 reclaimed (state reason `Server.SpotInstanceTermination`): the
                       controller treats those as spot interruptions, not failures.
@@ -41,7 +41,6 @@ provider never connects to a node.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -61,7 +60,6 @@ from orchestrator.errors import (
     OrchError,
     ProviderError,
 )
-from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
 from orchestrator.providers.aws.ec2_requests import (
@@ -73,6 +71,7 @@ from orchestrator.providers.aws.ec2_requests import (
     instance_from_description,
     transition_time,
 )
+from orchestrator.providers.aws.leftovers import Leftovers
 from orchestrator.providers.aws.node_launcher import NodeLauncher, Refused
 from orchestrator.providers.base import (
     CloudIdentity,
@@ -127,6 +126,7 @@ class AwsProvider:
         self._iam: Any = None
         self._identity: CloudIdentity | None = None
         self._launcher = NodeLauncher(self, sleep=sleep)
+        self._leftovers = Leftovers(self, self._launcher)
         self.spot_source = spot_source or SpotPriceSource(
             self.client, ttl_s=self.aws.spot_price_cache_s
         )
@@ -282,9 +282,7 @@ class AwsProvider:
             self._launcher.wait(region, live, GONE_STATES, "shutting-down")
         ended_at = datetime.now(UTC)
         if not keep_cluster:
-            for region, descriptions in described.items():
-                self._end_cluster_groups(region, descriptions)
-            self._end_job_profiles([d for found in described.values() for d in found])
+            self._leftovers.end(described)
         if unknown:
             missing = tuple(i for i in ids if i in unknown)
             raise InstancesNotFound(
@@ -346,23 +344,6 @@ class AwsProvider:
 
     # --- beyond the protocol --------------------------------------------------------------------
 
-    def _end_cluster_groups(self, region: str, descriptions: list[dict[str, Any]]) -> None:
-        """Delete the cluster groups (`cluster_network`) of the ended nodes that no instance is
-        left in, waiting for the nodes to be terminated where EC2 asks for it; then sweep this
-        owner's leaked ones. Never raises: a group left behind costs nothing and is swept by a
-        later terminate or launch."""
-        groups = cluster_network.cluster_groups_of(descriptions)
-        ec2 = self.client(region)
-
-        def wait_terminated(ended: list[str]) -> None:
-            wait_s = min(self.aws.ready_timeout_s, cluster_network.TERMINATED_WAIT_S)
-            self._launcher.wait(region, ended, frozenset({"terminated"}), "terminated",
-                                deadline=time.monotonic() + wait_s)  # fmt: skip
-
-        with contextlib.suppress(ClientError, BotoCoreError, ResponseParserError):  # swept later
-            cluster_network.delete_unused(ec2, groups, wait_terminated)
-        self.sweep_groups(region)
-
     def iam_client(self) -> Any:
         """The IAM client (IAM is global: the first region in use signs its calls)."""
         if self._iam is None:
@@ -378,45 +359,15 @@ class AwsProvider:
             )
         return self._iam
 
-    def _profiles_in_use(self) -> set[str]:
-        """The job profiles (`node_roles`) that live orch instances hold, in every region."""
-        live = [{"Name": "tag-key", "Values": [TAG_JOB]},
-                {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]  # fmt: skip
-        return {p for r in self.regions() for p in node_roles.job_profiles_of(
-            self._describe_filtered(r, live))}  # fmt: skip
-
-    def _end_job_profiles(self, descriptions: list[dict[str, Any]]) -> None:
-        """Delete the job profiles of the ended nodes that no live instance holds, then sweep
-        this owner's leaked ones. Never raises: what is left is swept later."""
-        policy = self._launcher.job_policy()
-        ended = node_roles.job_profiles_of(descriptions)
-        if policy is None and not ended:
-            return
-        with contextlib.suppress(OrchError, ClientError, BotoCoreError, ResponseParserError):
-            in_use = self._profiles_in_use()
-            for name in ended - in_use:
-                node_roles.delete_job_profile(self.iam_client(), name, policy)
-            if policy is not None:
-                node_roles.sweep(self.iam_client(), self.owner, in_use, policy)
-
     def sweep_job_profiles(self) -> list[str]:
         """Delete this owner's job profiles left behind (`node_roles.sweep`); never raises."""
-        policy = self._launcher.job_policy()
-        if policy is None:
-            return []
-        try:
-            return node_roles.sweep(self.iam_client(), self.owner, self._profiles_in_use(), policy)
-        except (OrchError, ClientError, BotoCoreError, ResponseParserError):
-            return []
+        return self._leftovers.sweep_job_profiles()
 
     def sweep_groups(self, region: str) -> list[str]:
         """Delete this owner's cluster groups in `region` that were left behind (made over
         `cluster_network.LEAK_GRACE_S` ago, no instance in them); returns their ids. Never
         raises: what it cannot delete now, a later sweep does."""
-        try:
-            return cluster_network.sweep(self.client(region), self.owner)
-        except (ClientError, BotoCoreError, ResponseParserError):
-            return []
+        return self._leftovers.sweep_groups(region)
 
     def preempted(self, instance_ids: list[str]) -> set[str]:
         """The ids EC2 reclaimed as spot capacity (state reason `Server.SpotInstanceTermination`).

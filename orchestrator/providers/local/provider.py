@@ -23,12 +23,9 @@ and disk are all removed (the controller pulls checkpoints before it terminates)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import socket
 import subprocess
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -47,21 +44,19 @@ from orchestrator.providers.base import (
     MarketPrices,
     NodeEnd,
 )
-from orchestrator.providers.local import firewall_host, net
+from orchestrator.providers.local import net
 from orchestrator.providers.local import spot as local_spot
 from orchestrator.providers.local.host import (
-    live_namespace_ips,
     netns_pids,
-    orch_namespaces,
     pid_runs,
     pids_with_marker,
-    run_checked,
     sshd_pids_on_port,
     sweep,
 )
+from orchestrator.providers.local.host_network import HostNetwork
 from orchestrator.providers.local.net import poweroff_command
 from orchestrator.providers.local.starting import NodeStarter, sshd_binary
-from orchestrator.providers.local.state import NodeRecord, NodeStore, file_lock
+from orchestrator.providers.local.state import NodeRecord, NodeStore
 from orchestrator.providers.traces import SpotTrace, TraceClock
 
 if TYPE_CHECKING:
@@ -69,7 +64,6 @@ if TYPE_CHECKING:
     from orchestrator.spec.model import Budget
 
 DECISION_CHARS = 500  # of each field of a guard's decision a node's disk can hand the ledger
-HOST_LOCK = Path("/run/lock/orch-local-net.lock")  # the bridge and namespaces are host-wide
 
 
 class LocalProvider:
@@ -79,8 +73,9 @@ class LocalProvider:
     whose records exist under ORCH_HOME/local (`Settings.local_root`); `terminate` -> every
     process of the nodes ended, their namespaces and disks removed, billing stopped.
 
-    `launch` picks the market, the network mode and each node's address or port; starting each
-    node (keys, guard, sshd, the wait for its banner) is `starting.NodeStarter`'s job.
+    `launch` picks the market; the network mode and each node's address or port are
+    `host_network.HostNetwork`'s to give, and starting each node (keys, guard, sshd, the wait
+    for its banner) is `starting.NodeStarter`'s job.
     """
 
     name = "local"
@@ -89,7 +84,8 @@ class LocalProvider:
         self.settings = settings
         self.store = NodeStore(settings.local_root)
         self.ready_timeout = ready_timeout
-        self._starter = NodeStarter(settings, self.store, self._free_port)
+        self._network = HostNetwork(settings, self.store)
+        self._starter = NodeStarter(settings, self.store, self._network.free_port)
 
     # --- Provider interface ---------------------------------------------------------------------
 
@@ -125,7 +121,7 @@ class LocalProvider:
                     self._starter.prepare(iid, request, rank, mode, market, self._price(market))
                     for rank, iid in zip(request.node_ranks, ids, strict=True)
                 ]
-                self._allocate(records)
+                self._network.allocate(records)
             for rec in records:
                 local_spot.start_metadata_endpoint(rec, self.store.node_dir(rec.instance_id))
             hourly = self._price(market) * len(records)
@@ -326,54 +322,13 @@ class LocalProvider:
 
     def network_mode(self) -> str:
         """The network mode in effect: "namespace" or "loopback" (`auto` resolved)."""
-        wanted = self.settings.local.network
-        can_namespace = os.geteuid() == 0 and shutil.which("ip") is not None
-        if wanted == "namespace" and not can_namespace:
-            raise ProviderError(
-                "local network mode 'namespace' needs root and iproute2's `ip`",
-                hint="run as root, or set ORCH_LOCAL_NETWORK=loopback",
-            )
-        if wanted == "auto":
-            return "namespace" if can_namespace else "loopback"
-        return wanted
+        return self._network.mode()
 
     def cleanup_network(self) -> bool:
-        """Remove the bridge and orch's firewall rules for it if no node (of any ORCH_HOME) is
-        attached to it; rules of bridges gone meanwhile go too, and a bridge still in use gets
-        its rules back where the firewall lacks them (`firewall_host.sync_rules`).
-
-        Returns True when the bridge is gone afterwards, False when nodes still use it. Does
-        nothing (and returns True) when not root, as then no bridge can have been made.
-        """
-        if os.geteuid() != 0 or shutil.which("ip") is None:
-            return True
-        bridge = self.settings.local.bridge
-        with file_lock(HOST_LOCK):
-            ports = subprocess.run(
-                net.bridge_ports_argv(bridge), capture_output=True, text=True, check=False
-            )
-            in_use = ports.returncode == 0 and ports.stdout.strip() not in ("", "[]")
-            if ports.returncode == 0 and not in_use:
-                run_ip(net.bridge_delete_argv(bridge))
-                if not orch_namespaces():
-                    # Only when no node of any bridge is left: removing a directory that is a
-                    # mount point in another mount namespace detaches that mount there.
-                    with contextlib.suppress(OSError):
-                        Path(net.NODE_HOME).rmdir()
-            firewall_host.sync_rules(bridge, wanted=in_use)
-            return not in_use
-
-    def _ensure_bridge(self) -> None:
-        bridge, subnet = self.settings.local.bridge, self.settings.local.subnet
-        exists = subprocess.run(
-            ["ip", "link", "show", "dev", bridge], capture_output=True, check=False
-        )
-        if exists.returncode != 0:
-            for argv in net.bridge_create_argvs(bridge, subnet):
-                run_ip(argv)
-        else:
-            run_ip(net.bridge_addr_argv(bridge, subnet))
-            run_ip(["ip", "link", "set", "dev", bridge, "up"])
+        """Remove the bridge and its firewall rules once no node of any ORCH_HOME uses it;
+        True when it is gone afterwards (or, not root, none can have been made). See
+        `HostNetwork.cleanup`."""
+        return self._network.cleanup()
 
     # --- launching ------------------------------------------------------------------------------
 
@@ -413,47 +368,6 @@ class LocalProvider:
                 hint="raise resources.max_price_per_hour or local.price_per_hour",
             )
 
-    def _allocate(self, records: list[NodeRecord]) -> None:
-        """Give each node its address (and network) or port, and save its record, under lock."""
-        with file_lock(self.store.root / "alloc.lock"):
-            if records[0].mode == "namespace":
-                with file_lock(HOST_LOCK):
-                    self._allocate_namespaces(records)
-            else:
-                for rec in records:
-                    rec.port = self._free_port()
-                    self.store.save(rec)
-
-    def _allocate_namespaces(self, records: list[NodeRecord]) -> None:
-        subnet, bridge = self.settings.local.subnet, self.settings.local.bridge
-        used = {rec.ip for rec in self.store.all() if rec.mode == "namespace"}
-        used |= live_namespace_ips()
-        self._ensure_bridge()
-        # Docker (or any firewall) may drop forwarded traffic: accept the bridge's own.
-        firewall_host.sync_rules(bridge, wanted=True, strict=True)
-        for rec, ip in zip(records, net.allocate_ips(subnet, used, len(records)), strict=True):
-            rec.ip = ip
-            self.store.save(rec)  # the record first: terminate can then always find the node
-            for argv in net.node_net_setup_argvs(rec.instance_id, ip, subnet, bridge):
-                run_ip(argv)
-            # The address may have belonged to a node that vanished a moment ago (a reclaim):
-            # the bridge and every other node forget its link-layer address rather than wait
-            # for the entry to go stale. A survivor that kept it sent its rendezvous SYNs to
-            # the gone node's MAC and, through TCP's backoff, joined the new master ~30 s late.
-            for argv in net.neigh_flush_argvs(ip, bridge, orch_namespaces()):
-                subprocess.run(argv, capture_output=True, check=False)
-
-    def _free_port(self) -> int:
-        """A port on 127.0.0.1 that nothing listens on and no local node record claims."""
-        claimed = {rec.port for rec in self.store.all() if rec.mode == "loopback"}
-        for _ in range(50):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            if port not in claimed:
-                return port
-        raise ProviderError("found no free port on 127.0.0.1 for a local node")
-
     # --- terminating ----------------------------------------------------------------------------
 
     def _kill_node(self, instance_id: str) -> bool:
@@ -479,10 +393,3 @@ class LocalProvider:
             return pids
 
         return sweep(find)
-
-
-def run_ip(argv: list[str]) -> str:
-    """Run an `ip` command of the namespace mode; a failure is a `ProviderError`."""
-    return run_checked(
-        argv, hint="namespace mode needs root; ORCH_LOCAL_NETWORK=loopback avoids it"
-    )
