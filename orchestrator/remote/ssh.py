@@ -316,6 +316,13 @@ def _exec(
             if not progressed:
                 # Wake on data or exit; `status_event` is set when the exit status arrives.
                 channel.status_event.wait(0.01)
+        # Data that came with the EOF, between the last look and the EOF's: what is buffered
+        # is all of it once the EOF is in.
+        while not (out.full or err.full) and (channel.recv_ready() or channel.recv_stderr_ready()):
+            if channel.recv_ready():
+                out.add(channel.recv(65536))
+            if channel.recv_stderr_ready():
+                err.add(channel.recv_stderr(65536))
         cut = out.full or err.full
         code = -1 if cut else channel.recv_exit_status()
     finally:
