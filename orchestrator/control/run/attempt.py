@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.run_watch import RunWatch
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, RemoteError
 from orchestrator.node import launch
 from orchestrator.providers.base import Instance
 from orchestrator.remote.keys import Identity
@@ -166,7 +166,14 @@ class Attempt:
 
     def free_port(self) -> int:
         """A free port on the head node, for torchrun's rendezvous."""
-        return int(self.cluster.head.run(launch.free_port_command()).stdout.strip())
+        said = self.cluster.head.run(launch.free_port_command()).stdout.strip()
+        if not (said.isascii() and said.isdigit() and 0 < int(said) < 65536):
+            raise RemoteError(
+                f"node 0 named no free port for torchrun's rendezvous: {said[:80]!r}",
+                hint="node 0 needs python3 (3.8 or newer) on its PATH: fix its image and "
+                "submit again",
+            )
+        return int(said)
 
     def start(self, cluster_launch: launch.ClusterLaunch) -> list[str]:
         """Start the run on every node (`start_on_nodes`); from now on it counts as started."""
