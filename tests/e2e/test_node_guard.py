@@ -44,7 +44,11 @@ def submit_and_kill(tmp_path: Path, budget: str, **env_extra: str) -> tuple[Ledg
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip().splitlines()[-1]
     ledger = Ledger(make_engine(home / "orch.db"))
-    wait_for_job(ledger, job_id, lambda job: job.state == "RUNNING", "RUNNING", 90)
+    wait_for_job(
+        ledger, job_id, lambda job: job.state == "RUNNING", "RUNNING", 90,
+        stop_at=("STOPPING", "FAILED", "SUCCEEDED", "CANCELLED", "TIMED_OUT"),
+        fail=lambda said: AssertionError(f"{said}\n{ledger.events(job_id)}"),
+    )  # fmt: skip
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # no orch command runs from here on
     return ledger, job_id, home

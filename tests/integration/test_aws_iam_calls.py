@@ -80,9 +80,9 @@ def _controller_up_and_down(provider: AwsProvider, monkeypatch: pytest.MonkeyPat
     end."""
     from orchestrator.host.aws_host import _vpc_cidr
     from orchestrator.host.layout import ROLE
-    from orchestrator.providers.aws import host_node, launching
+    from orchestrator.providers.aws import host_node, node_launcher
 
-    monkeypatch.setattr(launching, "answers_ssh", lambda host, port: True)
+    monkeypatch.setattr(node_launcher, "answers_ssh", lambda host, port: True)
     host = host_node.launch_host(
         provider, role=ROLE, public_key=PUBLIC_KEY, instance_type="t3.small",
         instance_profile="orch-controller",

@@ -33,11 +33,14 @@ def make_agent(tmp_path: Path, **extra: object) -> Agent:
 
 def zip_save(epoch: int, size: int = 200_000) -> bytes:
     """A torch.save-like zip: a pickle entry and a tensor entry, stored, the same size for
-    every epoch (as a model's saves are)."""
+    every epoch (as a model's saves are), and the same bytes for the same epoch (the entries'
+    time is fixed, not the clock's)."""
     buffer = io.BytesIO()
+    stamp = (2026, 1, 1, 0, 0, 0)
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("archive/data.pkl", json.dumps({"epoch": epoch}).ljust(64).encode())
-        archive.writestr("archive/data/0", bytes([epoch % 251]) * size)
+        pickle = zipfile.ZipInfo("archive/data.pkl", stamp)
+        archive.writestr(pickle, json.dumps({"epoch": epoch}).ljust(64).encode())
+        archive.writestr(zipfile.ZipInfo("archive/data/0", stamp), bytes([epoch % 251]) * size)
     return buffer.getvalue()
 
 
