@@ -53,7 +53,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     counter_workdir(tmp_path)
     spec.write_text(
         "name: remote-counter\nworkdir: work\nresources: {nodes: 1, gpus_per_node: 1}\n"
-        f"run: {counter_run(12, step_s=1.0)}\nsecrets: {{HOST_TOKEN: null}}\n"
+        # 12 steps of 2.5 s: time for the ssh and tunnel checks below to reach the running
+        # node through the host on a loaded machine
+        f"run: {counter_run(12, step_s=2.5)}\nsecrets: {{HOST_TOKEN: null}}\n"
     )
     submitted = run_orch(["submit", str(spec), "--remote"], {**env, "HOST_TOKEN": SECRET})
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
@@ -90,7 +92,7 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
             tunnelled.append(through_a_tunnel(job_id, env))
         return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
-    job = wait_until(finished, f"{job_id} ends on the host", timeout=90, interval=1)
+    job = wait_until(finished, f"{job_id} ends on the host", timeout=150, interval=1)
     assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
     assert job["id"] == job_id and job["step"] == 12
     assert seen == [], "the secret appeared in a process's arguments"

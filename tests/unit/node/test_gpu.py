@@ -318,13 +318,17 @@ def test_cpu_ticks_command_counts_the_job_despite_odd_names(tmp_path: Path) -> N
         command = cpu_ticks_command(shlex.quote(str(pid_file)))
         # Run it through sh: the command brings its own bash.
         first = parse_cpu_ticks(_sh(command))
-        time.sleep(0.6)  # the readings' window
-        second = parse_cpu_ticks(_sh(command))
-        assert first is not None and second is not None
+        assert first is not None
+        # The busy loop's ticks are counted: they grow (a loaded machine gives it less than a
+        # core, so how fast is not the point)
+        second = wait_until(
+            lambda: (now := parse_cpu_ticks(_sh(command))) and now.ticks > first.ticks and now,
+            "the busy loop's ticks to grow", 15, interval=0.3,
+        )  # fmt: skip
         assert Path(f"/proc/{leader.pid}/comm").read_text().startswith("a) 1 2 (b")
         assert second.processes == 1 and second.clk_tck == os.sysconf("SC_CLK_TCK")
         percent = cpu_percent(first, second)
-        assert percent is not None and percent > 30, percent
+        assert percent is not None and percent > 0, percent
     finally:
         leader.kill()
         leader.wait()
