@@ -3,18 +3,16 @@
 # except the long soak trials, which `scripts/soak.sh` (`make soak`) runs; each of those has a
 # short version here.
 #
-# The tests go in streams side by side, so that the suite takes about as long as its longest
-# one: most tests wait (on sshd, moto, terraform, guards and controllers timed against limits)
-# far more than they compute, so a two-core machine has room for several. Each stream is one
-# pytest; the e2e tests and the integration tests each run in two workers (pytest-xdist), which
-# take whole files from a shared queue as they finish (so a file's module fixtures stay in one
-# worker and the two end about together). The controller host's integration tests (each drives
-# a host and its jobs for a minute or more) make a stream of their own, after which the unit
-# tests that do not need torch run again on the next supported Python found, 3.12
-# (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too; a machine with none
-# says so and is not failed for it). The unit and infra tests make the last stream, at a lower
-# priority. Arguments (`make test` passes none) select tests for a single run instead:
-# `bash scripts/test.sh tests/unit -k spec`.
+# Four streams go side by side, so that the suite takes about as long as its longest one; most
+# tests wait (on sshd, moto, terraform, guards and controllers timed against limits) far more
+# than they compute, so a two-core machine has room for them. The e2e tests run one at a time,
+# as they must: each starts real jobs and times nodes, controllers and guards against limits.
+# The integration tests make two streams: those of the controller host (each drives a host and
+# its jobs for a minute or more) and the others. The unit and infra tests make the fourth, and
+# after them the unit tests that do not need torch run again on the next supported Python
+# found, 3.12 (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too; a
+# machine with none says so and is not failed for it). Arguments (`make test` passes none)
+# select tests for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check orchestrator orch_trainer trainer tests bench
@@ -55,37 +53,27 @@ stream() {
 
 # The unit tests compute where the other streams wait on timed nodes and controllers: they
 # run at a lower priority, so that they never hold up those.
-unit() {
+unit_then_others() {
     local code=0
     nice -n 10 .venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not soak" \
         tests/unit tests/infra || code=$?
-    verdict "$code" "tests/unit, tests/infra"
-}
-
-hosts_then_other_pythons() {
-    local code=0
-    pytest_run "${hosts[@]}" || code=$?
-    verdict "$code" "tests/integration, the controller host's" || code=1
+    verdict "$code" "tests/unit, tests/infra" || code=1
     echo
     echo "--- unit tests on the next supported Python (after them) ---"
     nice -n 10 bash scripts/other_pythons.sh 1 || code=1
     return "$code"
 }
 
-# Two workers, each taking whole files from the queue (`--dist loadfile`).
-two_workers=(-n 2 --dist loadfile)
-
 hosts=(tests/integration/test_controller_host*.py)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 pids=()
-stream hosts hosts_then_other_pythons
-stream integration pytest_run "${two_workers[@]}" tests/integration \
-    --ignore-glob='tests/integration/test_controller_host*.py'
-stream unit unit
+stream hosts pytest_run "${hosts[@]}"
+stream integration pytest_run tests/integration --ignore-glob='tests/integration/test_controller_host*.py'
+stream unit unit_then_others
 
 set +e
-pytest_run "${two_workers[@]}" tests/e2e
+pytest_run tests/e2e
 e2e_code=$?
 wait "${pids[@]}"
 set -e
@@ -94,9 +82,9 @@ status=0
 verdict "$e2e_code" "tests/e2e" || status=1
 for name in hosts integration unit; do
     case $name in
-        hosts) what="tests/integration, the controller host's, then tests/unit on the next Python" ;;
+        hosts) what="tests/integration, the controller host's" ;;
         integration) what="tests/integration, the others" ;;
-        unit) what="tests/unit, tests/infra" ;;
+        unit) what="tests/unit, tests/infra, then tests/unit on the next Python" ;;
     esac
     echo
     echo "--- $what (run beside the e2e tests) ---"
