@@ -6,9 +6,10 @@
 # Four streams go side by side, so that the suite takes about as long as its longest one; most
 # tests wait (on sshd, moto, terraform, guards and controllers timed against limits) far more
 # than they compute, so a two-core machine has room for them. The e2e tests run one at a time,
-# as they must: each starts real jobs and times nodes, controllers and guards against limits.
-# The integration tests make two streams: those of the controller host (each drives a host and
-# its jobs for a minute or more) and the others. The unit and infra tests make the fourth, and
+# as they must: each starts real jobs and times nodes, controllers and guards against limits;
+# those of the AWS sandbox go in a second such stream, after the controller host's integration
+# tests (each drives a host and its jobs for a minute or more). The other integration tests
+# make the third stream. The unit and infra tests make the fourth, and
 # after them the unit tests that do not need torch run again on the next supported Python
 # found, 3.12 (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too; a
 # machine with none says so and is not failed for it). Arguments (`make test` passes none)
@@ -64,7 +65,9 @@ unit_then_others() {
     return "$code"
 }
 
-hosts=(tests/integration/test_controller_host*.py)
+# The two timed streams: the e2e tests on local nodes, and the controller host's integration
+# tests then the e2e tests on the AWS sandbox.
+hosts=(tests/integration/test_controller_host*.py tests/e2e/test_sandbox_*.py)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 pids=()
@@ -73,7 +76,7 @@ stream integration pytest_run tests/integration --ignore-glob='tests/integration
 stream unit unit_then_others
 
 set +e
-pytest_run tests/e2e
+pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py'
 e2e_code=$?
 wait "${pids[@]}"
 set -e
@@ -82,7 +85,7 @@ status=0
 verdict "$e2e_code" "tests/e2e" || status=1
 for name in hosts integration unit; do
     case $name in
-        hosts) what="tests/integration, the controller host's" ;;
+        hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox" ;;
         integration) what="tests/integration, the others" ;;
         unit) what="tests/unit, tests/infra, then tests/unit on the next Python" ;;
     esac
