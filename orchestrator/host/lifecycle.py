@@ -54,6 +54,7 @@ from orchestrator.host.layout import (
 from orchestrator.host.record import HostRecord
 from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.wheel import build_wheel, image_bin_dirs, image_python, image_site_dirs
+from orchestrator.node.file_write import PRIVATE, write_file_command
 from orchestrator.remote.host_key import scan_host_key
 from orchestrator.spec.ids import is_job_id
 
@@ -79,9 +80,8 @@ def host_environment(environ: Mapping[str, str], local_root: Path | None = None)
 
 
 def _write(session: HostSession, path: str, text: str) -> None:
-    """Write `text` into `path` on the host through stdin (0600), never through argv."""
-    q = shlex.quote(path)
-    session.run(f"umask 077 && cat > {q}.tmp && mv {q}.tmp {q}", stdin=text)
+    """Write `text` into `path` on the host whole, 0600, through stdin (never argv)."""
+    session.run(write_file_command(path, PRIVATE), stdin=text)
 
 
 def adopt(

@@ -30,6 +30,7 @@ from orchestrator.node import checkpoint_agent, runtime
 from orchestrator.node.checkpoint_capture import QUIET_S
 from orchestrator.node.checkpoint_files import canonical, refused_name, shown, skipped, store_key
 from orchestrator.node.checkpoint_stores import parse_store
+from orchestrator.node.file_write import PRIVATE, write_file_command
 from orchestrator.node.launch import NodeLayout, home_expr
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `$` would let a trailing newline in
@@ -178,7 +179,7 @@ def arm_command(layout: AgentLayout) -> str:
             f"mkdir -p {root} && cd {root} || exit 2",
             'if [ -f pid ] && kill -0 "$(cat pid)" 2>/dev/null; then cat > /dev/null; exit 0; fi',
             "umask 077",
-            "cat > config.json.tmp && mv -f config.json.tmp config.json || exit 2",
+            f"{write_file_command(f'{layout.root}/config.json', PRIVATE)} || exit 2",
             "touch events",
             f"setsid nohup {watch} > agent.log 2>&1 < /dev/null &",
             "echo $! > pid",

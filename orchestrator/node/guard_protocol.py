@@ -36,7 +36,8 @@ from decimal import Decimal
 from pathlib import Path
 
 from orchestrator.node import guard, guard_seal, runtime
-from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
+from orchestrator.node.file_write import write_file_command
+from orchestrator.node.launch import NodeLayout, home_expr
 
 AWS_GUARD_DIR = "/opt/orch-guard"  # where cloud-init writes the program and its terms
 AWS_UNIT = "orch-guard.service"

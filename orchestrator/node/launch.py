@@ -283,20 +283,6 @@ def start_command(layout: NodeLayout) -> str:
     )
 
 
-def write_file_command(path: str, mode: str = "0644") -> str:
-    """Shell command writing stdin to a home-relative file atomically, creating its directory.
-
-    The text goes to a new file that `mktemp` makes (mode 0600, O_EXCL: never an existing file
-    or a symlink another process put there), which gets `mode` only once it is whole and is
-    then renamed over the file: a script that holds secrets is never readable by others, not
-    even while it is written."""
-    quoted = home_expr(path)
-    return (
-        f'f={quoted}; mkdir -p "$(dirname "$f")" && t=$(mktemp "$f.XXXXXXXX") && '
-        f'{{ cat > "$t" && chmod {mode} "$t" && mv -f "$t" "$f" || {{ rm -f "$t"; false; }}; }}'
-    )
-
-
 # --- status probe -------------------------------------------------------------------------
 
 PROBE_MARK = "@@orch-probe@@"

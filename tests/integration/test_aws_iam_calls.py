@@ -18,8 +18,8 @@ import pytest
 from orchestrator.providers.aws import node_roles
 from orchestrator.providers.aws.provider import AwsProvider
 from tests.integration.test_aws_node_roles import job_policy
-from tests.integration.test_aws_provider import PUBLIC_KEY, REGION, make_provider, request
 from tests.support.aws_calls import ACCOUNT, Call, authorizations, operations, recording
+from tests.support.aws_moto import PUBLIC_KEY, REGION, make_provider, request
 from tests.support.doc_blocks import REPO, blocks
 from tests.support.iam_eval import Request, allows, refused
 from tests.support.policy_templates import controller_policy

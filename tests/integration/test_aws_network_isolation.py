@@ -22,7 +22,7 @@ from orchestrator.providers.aws.cluster_network import (
 )
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.providers.aws.ssh_rules import rule_description
-from tests.integration.test_aws_provider import REGION, make_provider, request, running
+from tests.support.aws_moto import REGION, make_provider, request, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -237,7 +237,7 @@ def test_a_launch_moving_to_the_next_zone_keeps_the_cluster_s_group(
 ) -> None:
     """The nodes a refused zone did start are ended, but their cluster's group is the next
     zone's too: it is neither deleted nor waited for in between."""
-    from tests.integration.test_aws_provider import provider_query, refuse
+    from tests.support.aws_moto import provider_query, refuse
 
     provider = make_provider(tmp_path, moto_endpoint, ssh_cidr="198.51.100.7/32")
     first_zone = provider.offers(provider_query())[0].zone

@@ -17,7 +17,7 @@ from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.providers.aws import node_roles
 from orchestrator.providers.aws.node_roles import job_profile_name
 from orchestrator.providers.aws.provider import AwsProvider
-from tests.integration.test_aws_provider import REGION, make_provider, request, running
+from tests.support.aws_moto import REGION, make_provider, request, running
 from tests.support.iam_eval import Request, allows
 from tests.support.policy_templates import render
 
@@ -146,7 +146,7 @@ def test_a_launch_waits_while_ec2_does_not_see_the_new_profile_yet(
     """IAM is eventually consistent: EC2 refuses a profile made a moment ago, for a while."""
     from botocore.awsrequest import AWSResponse
 
-    from tests.integration.test_aws_provider import ec2_error
+    from tests.support.aws_moto import ec2_error
 
     policy = job_policy(moto_endpoint)
     slept: list[float] = []

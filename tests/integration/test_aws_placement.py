@@ -5,7 +5,6 @@ name, and ports opened to this machine's address alone. Each is also in the dry-
 from __future__ import annotations
 
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
@@ -14,14 +13,15 @@ from orchestrator.providers.aws.cluster_network import cluster_group_name
 from orchestrator.providers.aws.network import ports_group_name
 from orchestrator.providers.aws.provider import AwsProvider
 from orchestrator.spec.model import Budget
-from tests.integration.test_aws_provider import REGION, make_provider, request, running
+from tests.support.aws_moto import (  # noqa: F401  (the fixture)
+    REGION,
+    make_provider,
+    moto_provider,
+    request,
+    running,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def provider(tmp_path: Path, moto_endpoint: str) -> AwsProvider:
-    return make_provider(tmp_path, moto_endpoint)
 
 
 def images(provider: AwsProvider) -> list[dict]:

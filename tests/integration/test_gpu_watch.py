@@ -19,8 +19,9 @@ from orchestrator.cluster.activity import CPU_KEY, ActivityThresholds, JobActivi
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.gpu_watch import CpuWatcher, GpuWatcher
 from orchestrator.ledger.store import GpuSampleRecord, utcnow
+from orchestrator.node.file_write import write_file_command
 from orchestrator.node.gpu import DEFAULT_CPU_THRESHOLD_PCT, IdlePolicy, NodeGpuState, node_busy
-from orchestrator.node.launch import NodeLayout, home_expr, write_file_command
+from orchestrator.node.launch import NodeLayout, home_expr
 from orchestrator.remote.ssh import NodeConnection
 from tests.support.helpers import loopback_cluster, processes_with_marker
 from tests.support.waiting import wait_until

@@ -2,7 +2,11 @@
 open no SSH, a checkpoint keeper that keeps nothing, and a scripted supervisor; with a real
 ledger (the `ledger` fixture of tests/conftest.py), a test drives `JobRunner` down any path
 and reads what it left in the ledger and asked of the provider. `FakeAttempt.opened` lists
-the attempts opened since a test emptied it."""
+the attempts opened since the test began.
+
+A test module takes the fixtures by importing them: `fresh_attempts` (autouse: empties
+`FakeAttempt.opened` before each test) and `fake_provider` (the `provider` fixture: a
+`FakeProvider` on the test's ledger)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper, Resume
 from orchestrator.cluster.checkpoints.kept_summary import Kept, newest_kept
@@ -216,6 +222,19 @@ class FakeKeeper:
         pass
 
 
+# --- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def fresh_attempts() -> None:
+    """No attempt opened before the test counts in `FakeAttempt.opened`."""
+    FakeAttempt.opened = []
+
+
+@pytest.fixture(name="provider")
+def fake_provider(ledger: Ledger) -> FakeProvider:
+    """A `FakeProvider` on the test's ledger (the `ledger` fixture)."""
+    return FakeProvider(ledger.ledger_id)
+
+
 # --- set-up -----------------------------------------------------------------------------------
 def loaded_job(tmp_path: Path, **fields: Any) -> LoadedJob:
     spec = JobSpec.model_validate(
@@ -305,6 +324,17 @@ def runner(
         supervise=supervise,
         driver=cast(Any, driver),
     )
+
+
+def killed_while_running(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider, *, claimed: bool = False
+) -> None:
+    """The job brought up to RUNNING by a controller that then died: no teardown, its nodes,
+    leases and ledger rows left as they were. `claimed`: it had claimed the cloud identity."""
+    killed = runner(tmp_path, ledger, provider, scripted())
+    if claimed:
+        killed.launcher.claim_identity()
+    killed.bring_up.start()
 
 
 def kinds(ledger: Ledger) -> list[str]:

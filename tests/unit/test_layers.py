@@ -216,7 +216,17 @@ ALLOWED: dict[str, frozenset[str]] = {
     "report": frozenset({"atomic", "cluster", "config", "errors", "job_state", "ledger", "spot"}),
     "sandbox": frozenset({"atomic", "config", "errors", "orchestrator", "providers"}),
     "host": frozenset(
-        {"atomic", "config", "errors", "job_state", "orchestrator", "providers", "remote", "spec"}
+        {
+            "atomic",
+            "config",
+            "errors",
+            "job_state",
+            "node",  # the one remote write (`node/file_write.py`), for the host's files
+            "orchestrator",
+            "providers",
+            "remote",
+            "spec",
+        }
     ),
     "cli": frozenset(
         {

@@ -17,6 +17,7 @@ from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.run_watch import RunWatch
 from orchestrator.errors import OrchError, RemoteError
 from orchestrator.node import launch
+from orchestrator.node.file_write import write_file_command
 from orchestrator.providers.base import Instance
 from orchestrator.remote.keys import Identity
 from orchestrator.remote.ssh import NodeConnection
@@ -314,7 +315,7 @@ def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> li
         script = launch.launch_script(cluster_launch, node)
         # 0700: the script holds the spec's env values, which may be secrets. Written and
         # started in one command: one round trip less per start.
-        write = launch.write_file_command(f"{layout.run_dir}/launch.sh", "0700")
+        write = write_file_command(f"{layout.run_dir}/launch.sh", "0700")
         command = f"{write} || exit 2\n{launch.start_command(layout)}"
         return connection.run(command, stdin=script).stdout.strip()
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-import pytest
-
 from orchestrator.cluster.checkpoints.keeper import Resume
 from orchestrator.cluster.checkpoints.records import Newest
 from orchestrator.control.money.stop_rules import StopOrder
@@ -20,12 +18,14 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger
 from orchestrator.node.failure import cluster_failure
 from tests.support.helpers import REPO
-from tests.support.runner_fakes import (
+from tests.support.runner_fakes import (  # noqa: F401  (the fixtures)
     JOB_ID,
     FakeAttempt,
     FakeKeeper,
     FakeProvider,
     assert_all_leases_closed,
+    fake_provider,
+    fresh_attempts,
     in_turn,
     kinds,
     runner,
@@ -65,16 +65,6 @@ class ResumingKeeper(FakeKeeper):
 
 def cannot_load(attempt: Attempt) -> Verdict:
     raise JobFailed(LOAD_FAILURE, hint="full log: orch logs")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_attempts() -> None:
-    FakeAttempt.opened = []
-
-
-@pytest.fixture
-def provider(ledger: Ledger) -> FakeProvider:
-    return FakeProvider(ledger.ledger_id)
 
 
 def test_a_run_that_cannot_load_its_step_restarts_once_on_the_same_nodes_from_the_one_before(

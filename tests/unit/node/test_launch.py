@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import launch
+from orchestrator.node import file_write, launch
 from tests.support.waiting import wait_until
 
 
@@ -257,7 +257,7 @@ def test_a_script_is_never_readable_by_others_while_it_is_written(
     if planted:
         (run / "launch.sh.tmp").symlink_to(elsewhere)
     writer = subprocess.Popen(
-        ["bash", "-c", launch.write_file_command("orch-jobs/j/run/launch.sh", "0700")],
+        ["bash", "-c", file_write.write_file_command("orch-jobs/j/run/launch.sh", "0700")],
         stdin=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path / "home")}, umask=0o022,
     )  # fmt: skip
     assert writer.stdin is not None

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import ConfigError
-from orchestrator.node import launch, runtime
+from orchestrator.node import file_write, launch, runtime
 from orchestrator.node.checkpoint_files import CONTROL, refused_name
 from orchestrator.node.checkpoint_protocol import (
     AgentConfig,
@@ -286,7 +286,7 @@ def test_launch_script_delivers_run_setup_env_and_paths_exactly(
 @pytest.mark.parametrize("name", NAMES)
 def test_write_file_command_writes_exactly_there(home: Path, name: str) -> None:
     content = f"#!/bin/sh\n{name}\n".encode()
-    bash(launch.write_file_command(f"dir {name}/{name}", "0700"), home, stdin=content)
+    bash(file_write.write_file_command(f"dir {name}/{name}", "0700"), home, stdin=content)
     path = home / f"dir {name}" / name
     assert path.read_bytes() == content
     assert stat.S_IMODE(path.stat().st_mode) == 0o700

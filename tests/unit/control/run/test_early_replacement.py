@@ -9,8 +9,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import cast
 
-import pytest
-
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.config import Settings
 from orchestrator.control.money.stop_rules import StopOrder
@@ -24,12 +22,14 @@ from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers.base import LaunchRequest
-from tests.support.runner_fakes import (
+from tests.support.runner_fakes import (  # noqa: F401  (the fixtures)
     FakeAttempt,
     FakeKeeper,
     FakeProvider,
     add_job,
     assert_all_leases_closed,
+    fake_provider,
+    fresh_attempts,
     in_turn,
     kinds,
     loaded_job,
@@ -41,16 +41,6 @@ from tests.support.waiting import wait_until
 
 JOB_ID = "unit-1"
 NOTICE_OPTIONS = RunnerOptions(stop_grace=30.0, final_pull_wait=20.0, launch_retries=0)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_attempts() -> None:
-    FakeAttempt.opened = []
-
-
-@pytest.fixture
-def provider(ledger: Ledger) -> FakeProvider:
-    return FakeProvider(ledger.ledger_id)
 
 
 def notice_on_node_1(attempt: Attempt) -> Verdict:

@@ -16,12 +16,14 @@ from orchestrator.control.run.runner import JobRunner
 from orchestrator.errors import CapacityError, JobFailed
 from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers.base import Instance
-from tests.support.runner_fakes import JOB_ID, FakeAttempt, FakeProvider, runner, scripted
-
-
-@pytest.fixture(autouse=True)
-def _fresh_attempts() -> None:
-    FakeAttempt.opened = []
+from tests.support.runner_fakes import (  # noqa: F401  (the fixture)
+    JOB_ID,
+    FakeAttempt,
+    FakeProvider,
+    fresh_attempts,
+    runner,
+    scripted,
+)
 
 
 def running(tmp_path: Path, ledger: Ledger, provider: FakeProvider, **spec: object) -> JobRunner:

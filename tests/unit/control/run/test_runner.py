@@ -32,7 +32,7 @@ from orchestrator.providers.base import (
 from orchestrator.spec.model import LoadedJob
 from orchestrator.spot.inputs import DriverState
 from orchestrator.spot.policies import Decision as Market
-from tests.support.runner_fakes import (
+from tests.support.runner_fakes import (  # noqa: F401  (the fixtures)
     JOB_ID,
     FakeAttempt,
     FakeKeeper,
@@ -40,23 +40,16 @@ from tests.support.runner_fakes import (
     FakeWatch,
     add_job,
     assert_all_leases_closed,
+    fake_provider,
+    fresh_attempts,
     in_turn,
+    killed_while_running,
     kinds,
     loaded_job,
     lose_node_1_then_succeed,
     runner,
     scripted,
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_attempts() -> None:
-    FakeAttempt.opened = []
-
-
-@pytest.fixture
-def provider(ledger: Ledger) -> FakeProvider:
-    return FakeProvider(ledger.ledger_id)
 
 
 # --- the runner's paths -----------------------------------------------------------------------
@@ -347,9 +340,7 @@ def test_the_budget_reached_stops_the_job_with_the_budget_reason(
 def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    killed = runner(tmp_path, ledger, provider, scripted())
-    killed.launcher.claim_identity()
-    killed.bring_up.start()  # RUNNING on 2 nodes; then the controller dies (no teardown)
+    killed_while_running(tmp_path, ledger, provider, claimed=True)  # on 2 nodes
     assert ledger.get_job(JOB_ID).state == JobState.RUNNING
     ledger.update_job(JOB_ID, step=42)
 
@@ -374,8 +365,7 @@ def test_a_new_controller_adopts_the_running_job_of_one_that_was_killed(
 def test_an_adopted_job_whose_node_vanished_meanwhile_is_recovered(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    killed = runner(tmp_path, ledger, provider, scripted())
-    killed.bring_up.start()
+    killed_while_running(tmp_path, ledger, provider)
     provider.take(FakeAttempt.opened[0].instances[1].instance_id)  # reclaimed, no controller
 
     adopting = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
@@ -395,8 +385,7 @@ def test_an_adopted_job_missing_a_rank_without_a_lease_replaces_that_rank(
     """A job rebuilt from its nodes after its ledger died (`control.repair.rebuild`) has no lease
     for a
     rank whose node ended before: the new controller must not run on one node of two."""
-    killed = runner(tmp_path, ledger, provider, scripted())
-    killed.bring_up.start()
+    killed_while_running(tmp_path, ledger, provider)
     gone = FakeAttempt.opened[0].instances[1].instance_id
     provider.take(gone)
     with Session(ledger.engine) as session:  # the rebuilt ledger never knew that node

@@ -7,19 +7,20 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
-
 from orchestrator.control.money.stop_rules import StopOrder, stall_order
 from orchestrator.control.run.recovery_rules import Interruption
 from orchestrator.control.run.start_rules import FailedStart
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, utcnow
 from orchestrator.providers.base import NodeEnd
-from tests.support.runner_fakes import (
+from tests.support.runner_fakes import (  # noqa: F401  (the fixtures)
     JOB_ID,
     FakeAttempt,
     FakeProvider,
     assert_all_leases_closed,
+    fake_provider,
+    fresh_attempts,
+    killed_while_running,
     kinds,
     runner,
     scripted,
@@ -30,16 +31,6 @@ HUNG = FailedStart(
     "reached the master 10.0.0.1:29500",
     "node 0: waiting | node 1: connecting",
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_attempts() -> None:
-    FakeAttempt.opened = []
-
-
-@pytest.fixture
-def provider(ledger: Ledger) -> FakeProvider:
-    return FakeProvider(ledger.ledger_id)
 
 
 def test_a_start_that_hangs_twice_is_restarted_once_on_the_same_nodes_then_fails(
@@ -110,8 +101,7 @@ def guards_ended(provider: FakeProvider, kinds_by_rank: dict[int, str]) -> None:
 def test_a_revived_controller_ends_a_job_its_guard_stopped_as_stalled(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    killed = runner(tmp_path, ledger, provider, scripted())
-    killed.bring_up.start()  # RUNNING; then the controller dies
+    killed_while_running(tmp_path, ledger, provider)
     guards_ended(provider, {0: "stall", 1: "orphaned"})
 
     outcome = runner(tmp_path, ledger, provider, scripted()).run()
@@ -124,8 +114,7 @@ def test_a_revived_controller_ends_a_job_its_guard_stopped_as_stalled(
 def test_nodes_that_only_followed_a_vanished_rank_0_are_recovered(
     tmp_path: Path, ledger: Ledger, provider: FakeProvider
 ) -> None:
-    killed = runner(tmp_path, ledger, provider, scripted())
-    killed.bring_up.start()
+    killed_while_running(tmp_path, ledger, provider)
     provider.take("f-1-0")  # reclaimed without a word from its guard
     guards_ended(provider, {1: "orphaned"})
 
