@@ -19,6 +19,7 @@ while the agent opens and copies the files the job's code writes. In one process
 would be root, and a symlink planted by job code could make it read any file on the node.
 """
 
+import abc
 import time
 import traceback
 
@@ -31,7 +32,7 @@ TRACE_CHARS = 2000  # of a failure's traceback, logged at most
 MAX_BACKOFF_S = 60.0  # the longest wait a failing event is given (unless its period is longer)
 
 
-class Event:
+class Event(abc.ABC):
     """One periodic job of the daemon. `run(now)` returns None (next run one `period_s` on)
     or the seconds until its next run; an event that sets `finished` is not run again. The
     scheduler keeps its count of runs and failures on it."""
@@ -44,8 +45,9 @@ class Event:
     runs = failures = streak = 0  # runs, failures, failures in a row
     error = None  # the last failure's words
 
+    @abc.abstractmethod
     def run(self, now):
-        raise NotImplementedError
+        """Do the event's job once, at `now` (the scheduler's clock)."""
 
 
 class Scheduler:
