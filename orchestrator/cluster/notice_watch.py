@@ -1,10 +1,11 @@
 """Watch every node of a cluster for spot interruption notices, over SSH.
 
-One long-lived poller per node (see `spot_notice`), streamed over the node's existing SSH
-connection (`NodeConnection.stream`); a notice reaches the controller as soon as the node sees
-it (the poller's own interval, 5 s by default, bounds the delay). Nothing here decides what to
-do about a notice: `on_notice(rank, notice)` is called once per node and notice, from the
-watcher's thread.
+Each node's guard polls its metadata endpoint as one of its events and appends what it learns
+to the node's notice file (see `spot_notice`); this follows that file on every node over the
+node's existing SSH connection (`NodeConnection.stream`, `tail -F`), so a notice reaches the
+controller as soon as the guard writes it (the guard's poll period, 5 s by default, bounds the
+delay). Nothing here decides what to do about a notice: `on_notice(rank, notice)` is called
+once per node and notice, from the watcher's thread.
 """
 
 from __future__ import annotations
@@ -14,37 +15,29 @@ import time
 from collections.abc import Callable
 
 from orchestrator.cluster.connections import Cluster
-from orchestrator.cluster.node_runtime import ensure_runtime
 from orchestrator.errors import OrchError
-from orchestrator.node.spot_notice import SpotNotice, parse_poller_line, poller_command
+from orchestrator.node.spot_notice import SpotNotice, follow_command, parse_poller_line
 from orchestrator.remote.ssh import NodeConnection
 from orchestrator.remote.streams import CommandLines
 
-_RETRY_S = 5.0  # pause before the poller is started again after it stopped
+_RETRY_S = 5.0  # pause before the notice file is followed again after the channel closed
 
 
 class NoticeWatcher:
     """Spot notices of every node of `cluster`. Build (no I/O) -> `start()` -> `stop()`.
 
     Contract: `on_notice` is called at most once per node, at the first notice it posts.
-    `status` says per node what is known: "starting", "watching" (the endpoint answered),
-    "unavailable: <why>" (the node has no metadata endpoint; node loss is then caught by the
-    provider and by missed probes instead), or "retrying: <why>". Never raises for a node's
-    failure: a dropped channel is retried while the watcher runs.
+    `status` says per node what is known: "starting" (the guard has not said `ready` yet),
+    "watching" (the endpoint answered), "unavailable: <why>" (the node has no metadata
+    endpoint; node loss is then caught by the provider and by missed probes instead), or
+    "retrying: <why>". Never raises for a node's failure: a dropped channel is retried while
+    the watcher runs.
     """
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        on_notice: Callable[[int, SpotNotice], None],
-        *,
-        interval_s: float = 5.0,
-    ) -> None:
+    def __init__(self, cluster: Cluster, on_notice: Callable[[int, SpotNotice], None]) -> None:
         self.cluster = cluster
         self.on_notice = on_notice
-        self.commands = [
-            poller_command(instance.metadata_url, interval_s) for instance in cluster.instances
-        ]
+        self.command = follow_command()
         self.status = ["starting"] * len(cluster.instances)
         self._noticed = [False] * len(cluster.instances)
         self._stop = threading.Event()
@@ -62,7 +55,7 @@ class NoticeWatcher:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Close every poller's stream (which ends the poller) and join the threads."""
+        """Close every node's stream (which ends its `tail`) and join the threads."""
         self._stop.set()
         with self._lock:
             streams = list(self._streams.values())
@@ -74,17 +67,17 @@ class NoticeWatcher:
     def _watch(self, rank: int, connection: NodeConnection) -> None:
         while not self._stop.is_set():
             try:
-                finished = self._run_poller(rank, connection)
+                finished = self._follow(rank, connection)
             except OrchError as exc:
                 self.status[rank] = f"retrying: {exc}"
                 finished = False
             if finished or self._stop.wait(_RETRY_S):
                 return
 
-    def _run_poller(self, rank: int, connection: NodeConnection) -> bool:
-        """Run the poller until it exits; True when it said the node has no endpoint."""
-        ensure_runtime(connection)
-        lines = connection.stream(self.commands[rank])
+    def _follow(self, rank: int, connection: NodeConnection) -> bool:
+        """Follow the node's notice file until the channel closes; True when it said the node
+        has no endpoint."""
+        lines = connection.stream(self.command)
         with self._lock:
             self._streams[rank] = lines
         try:
@@ -94,7 +87,7 @@ class NoticeWatcher:
                 if self._line(rank, text):
                     return True
             if not self._stop.is_set():
-                self.status[rank] = "retrying: the poller's channel closed"
+                self.status[rank] = "retrying: the notice file's channel closed"
             return False
         finally:
             with self._lock:
@@ -115,7 +108,7 @@ class NoticeWatcher:
 
 
 def wait_watching(watcher: NoticeWatcher, timeout_s: float) -> bool:
-    """Wait until every node's poller is watching (or has no endpoint); True if they all are."""
+    """Wait until every node's guard is watching (or has no endpoint); True if they all are."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if all(s == "watching" or s.startswith("unavailable") for s in watcher.status):

@@ -36,6 +36,14 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     poweroff                   the node's poweroff command (shell)
 
     lease_key                  base64 of the Ed25519 public key that signs the leases
+    metadata_url               the node's instance metadata endpoint (null: none)
+    notice_interval_s          how often the spot-notice watch polls it
+
+The guard is the node's daemon: one process whose jobs are periodic events (`events`), each
+supervised (an event that raises is logged, counted and run again later; it never ends the
+guard): `limits`, the pass over the limits below, every `interval_s`, and `notices`, the
+spot-notice watch (`notice_event`), every `notice_interval_s`. `status.json` says which
+events run and the failures counted (`events`).
 
 The controller renews `<job>/guard/lease.json` (`"runtime_deadline"`, `"lease_until"`,
 `"renewed_at"`, `"job_id"`, on a kept cluster `"idle_timeout_s"` and `"autostop_s"` too); its
@@ -75,6 +83,7 @@ import sys
 import time
 
 if __package__:
+    from orchestrator.node.events import Event, Scheduler
     from orchestrator.node.guard_files import (
         open_dir,
         own_dir,
@@ -86,18 +95,25 @@ if __package__:
     from orchestrator.node.guard_limits import TransferWatch, armed_anchor, in_force
     from orchestrator.node.guard_seal import lease_problem
     from orchestrator.node.node_kit import log, utc
+    from orchestrator.node.notice_event import NoticeWatch
     from orchestrator.node.run_progress import RunProgress
 else:  # the program on a node: its modules are beside it
+    from events import Event, Scheduler
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
     from guard_limits import TransferWatch, armed_anchor, in_force
     from guard_seal import lease_problem
     from node_kit import log, utc
+    from notice_event import NoticeWatch
     from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
 NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
 # in the node runtime beside this file (`orchestrator.node.runtime`)
-MODULES = ("guard_files.py", "guard_limits.py", "guard_seal.py", "node_kit.py", "run_progress.py")
+MODULES = (
+    "events.py", "guard_files.py", "guard_limits.py", "guard_seal.py", "node_kit.py",
+    "notice_event.py", "run_progress.py",
+)  # fmt: skip
+NOTICE_INTERVAL_S = 5.0  # the notice watch's period when the terms give none
 
 
 def session_pids(leader):
@@ -181,6 +197,21 @@ def gpu_utilizations(timeout_s):
     return values or None
 
 
+class Limits(Event):
+    """The guard's pass over the job's limits (`Guard.step`), every `interval_s`."""
+
+    name = "limits"
+
+    def __init__(self, guard):
+        self.guard = guard
+        self.period_s = guard.terms["interval_s"]
+
+    def run(self, now):
+        if self.guard.step(now):
+            return 60.0  # the poweroff is under way
+        return None
+
+
 class Guard:
     def __init__(self, terms_path):
         self.terms_path = terms_path
@@ -210,6 +241,7 @@ class Guard:
         self.progress = RunProgress(self)
         self.anchor = armed_anchor(self.state, self.armed_at)  # the boot terms' clock
         self.transfers = TransferWatch(home)
+        self.scheduler = None  # the daemon's events, once it runs (`run`)
         try:
             os.close(open_dir(home, self.job + ("guard",), make=(0o755, self.owner)))
         except OSError as exc:
@@ -516,6 +548,8 @@ class Guard:
             "user": os.geteuid(),
             "problem": self.problem,
         }
+        if self.scheduler is not None:
+            value["events"] = self.scheduler.status()
         value.update(fields)
         try:
             self.report("status.json", value)
@@ -534,11 +568,16 @@ class Guard:
                 f"; CANNOT POWER OFF: {self.problem}" if self.problem else "",
             )
         )
+        self.scheduler = Scheduler(self.events(), on_failure=lambda event: self.status())
         self.status()
-        while True:
-            time.sleep(t["interval_s"])
-            if self.step(time.time()):
-                time.sleep(60)  # the poweroff is under way
+        self.scheduler.run_forever()
+
+    def events(self):
+        """The daemon's events: the limits pass and the spot-notice watch (`notice_event`)."""
+        t = self.terms
+        interval = t.get("notice_interval_s") or NOTICE_INTERVAL_S
+        notices = NoticeWatch(self.home, self.owner, t.get("metadata_url"), interval)
+        return [Limits(self), notices]
 
 
 def main(argv):

@@ -19,10 +19,11 @@ if __package__:
 else:  # the program on a node: its modules are beside it
     from node_kit import read_json, write_at
 
-__all__ = ["open_dir", "own_dir", "read_at", "read_json", "read_terms", "write_at"]
+__all__ = ["append_at", "open_dir", "own_dir", "read_at", "read_json", "read_terms", "write_at"]
 
 READ_LIMIT = 1 << 20  # bytes the guard reads of any file at most
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def open_dir(base, parts=(), make=None):
@@ -75,6 +76,30 @@ def read_at(dir_fd, name):
         return None
     finally:
         os.close(fd)
+
+
+def append_at(dir_fd, name, text, whole, owner=None, limit=READ_LIMIT):
+    """Append `text` to the file `name` in `dir_fd`, opened without following a symlink or
+    waiting on a FIFO, when it is a regular file of one link, `owner`'s (None: the guard's
+    user's), with room for `text` within `limit` bytes. Anything else there (missing, a link,
+    a FIFO, another user's, full) is replaced by `whole`, written as `write_at` writes."""
+    data = text.encode()
+    uid = os.geteuid() if owner is None else owner[0]
+    try:
+        fd = os.open(name, APPEND_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+            fits = st.st_size + len(data) <= limit
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == uid and fits:
+                while data:
+                    data = data[os.write(fd, data) :]
+                return
+        finally:
+            os.close(fd)
+    write_at(dir_fd, name, whole, owner=owner)
 
 
 def own_dir(path):

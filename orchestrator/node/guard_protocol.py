@@ -9,7 +9,10 @@ program of the node runtime (`orchestrator.node.runtime`). On a node, under the 
     orch-jobs/<job id>/guard/terms.json      the job's limits as of the launch (see `GuardTerms`)
     .../state/          the guard's own folder, 0700 (AWS: /opt/orch-guard/state/)
     .../lease.json      what the controller renews (`GuardLease`), signed with the job's key
-    .../status.json     written by the guard at arming: its pid and any problem it found
+    .../status.json     written by the guard at arming: its pid and any problem it found;
+                        again at each failure of one of its events (`events`: their runs
+                        and failures)
+    orch-jobs/.node/spot-notices             what its spot-notice watch learnt (`spot_notice`)
     .../decision.json   the limit it acted on, written before it powers the node off
     .../guard.log       its output (local nodes; AWS: the journal of `orch-guard.service`)
 
@@ -113,6 +116,7 @@ class GuardTerms:
     others_hourly_usd: Decimal = Decimal(0)
     # A transfer (rsync) counts as a live controller at most this long (None: while it moves).
     transfer_hold_s: float | None = None
+    notice_interval_s: float = 5.0  # how often the guard's spot-notice watch polls
 
     def for_node(
         self,
@@ -122,11 +126,13 @@ class GuardTerms:
         poweroff: str,
         home: str | None = None,
         user: str | None = None,
+        metadata_url: str | None = None,
     ) -> str:
         """The terms document for one node of a launch whose nodes cost `hourly_usd` together.
 
         `home` is where the job's files are; without it, the home of the login `user` on the
-        node, else the guard's own $HOME."""
+        node, else the guard's own $HOME. `metadata_url`: the node's instance metadata
+        endpoint, which the guard's spot-notice watch polls (None: the node has none)."""
         reserve_s = self.stop_grace_s + self.stop_allowance_s
         ends = [
             lease_until(now=now, budget_left_usd=left, hourly_usd=hourly, reserve_s=reserve_s)
@@ -151,6 +157,7 @@ class GuardTerms:
             home=home,
             user=user,
             lease_key=raw_public_key(self.lease_key) if self.lease_key else None,
+            metadata_url=metadata_url,
         )
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 

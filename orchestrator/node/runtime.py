@@ -13,9 +13,10 @@ file in place. On a node, under the home directory:
 On an EC2 node the guard's copy is root's, in `guard_protocol.AWS_GUARD_DIR`, written by
 cloud-init at boot.
 
-The programs (`runtime_main.PROGRAMS`): `guard`, `checkpoint-agent`, `set-aside`,
-`clear-files`, `notice-poller` and `imds`, each a module at the top of the zipapp with the
-modules it imports beside it and the kit they share (`node_kit`). Standard library only,
+The programs (`runtime_main.PROGRAMS`): `guard` (the node's daemon, whose events include the
+spot-notice watch), `checkpoint-agent`, `set-aside`, `clear-files` and `imds`, each a module
+at the top of the zipapp with the modules it imports beside it and the kit they share
+(`node_kit`). Standard library only,
 Python 3.8 or newer (the checkpoint agent imports boto3 for an `s3://` store, and only then).
 
     python3 -u orch-node-<version>.pyz PROGRAM [ARGUMENTS...]
@@ -46,7 +47,7 @@ MODULES = tuple(
         {
             "guard.py", *guard.MODULES,
             "checkpoint_agent.py", *checkpoint_agent.MODULES,
-            "set_aside.py", "clear_files.py", "notice_poller.py", "imds_server.py",
+            "set_aside.py", "clear_files.py", "imds_server.py",
             "node_kit.py",
         }
     )

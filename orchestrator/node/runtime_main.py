@@ -16,7 +16,6 @@ PROGRAMS = {
     "checkpoint-agent": "checkpoint_agent",
     "set-aside": "set_aside",
     "clear-files": "clear_files",
-    "notice-poller": "notice_poller",
     "imds": "imds_server",
 }
 

@@ -1,16 +1,19 @@
-"""Spot interruption notices: the poller that runs on a node, and how its output is read.
+"""Spot interruption notices: the node's notice file, how orch follows it, how it is read.
 
-The poller (`notice_poller`, the node runtime's `notice-poller`) is a stdlib-only program. It
-polls the instance metadata endpoint the way EC2 documents for IMDSv2: a
+The node's guard watches for notices as one of its events (`notice_event`, stdlib only): it
+polls the instance metadata endpoint its terms name the way EC2 documents for IMDSv2 (a
 session token from `PUT /latest/api/token`, then `GET /latest/meta-data/spot/instance-action`
-every `interval` seconds (404 = no notice). It prints one line per thing worth saying:
+every `notice_interval_s` seconds; 404 = no notice) and appends one line per thing worth
+saying to the node's notice file, `orch-jobs/.node/spot-notices` under the login user's home:
 
-    ready                       the endpoint answered (once)
+    ready                       the endpoint answered (once per start of the guard)
     notice {"action": ..., "time": ...}   a notice was posted (once; polling goes on)
-    unavailable <why>           no endpoint answered several times in a row before any did;
-                                the poller exits (the node has no metadata service)
+    unavailable <why>           no endpoint answered several times in a row before any did,
+                                or the terms name none; the watch ends (the node has no
+                                metadata service)
 
-Proxies are bypassed: the endpoint is link-local (or loopback for local nodes).
+The controller follows that file over SSH (`follow_command`). Its lines are the node's:
+`parse_poller_line` reads each as data, anything unexpected is `garbage`.
 """
 
 from __future__ import annotations
@@ -19,18 +22,20 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from orchestrator.node import runtime
+from orchestrator.node import notice_event
+from orchestrator.node.launch import home_expr
 
-DEFAULT_METADATA_URL = "http://169.254.169.254"
+DEFAULT_METADATA_URL = "http://169.254.169.254"  # EC2's instance metadata endpoint
+NOTICE_PATH = "/".join((*notice_event.FOLDER, notice_event.NOTICE_FILE))  # home-relative
 
 
-def poller_command(metadata_url: str | None, interval_s: float) -> str:
-    """Shell command that runs the poller (the node runtime's `notice-poller`, which the node
-    must hold) against `metadata_url` (None: EC2's)."""
-    if interval_s <= 0:
-        raise ValueError(f"poll interval must be positive, not {interval_s}")
-    url = metadata_url or DEFAULT_METADATA_URL
-    return runtime.program_command("notice-poller", url, f"{interval_s:g}")
+FOLLOW_POLL_S = 0.2  # how often `tail` looks when it cannot be told (a file not there at first)
+
+
+def follow_command() -> str:
+    """Shell command that prints the node's notice file from its first line, then each line
+    the guard appends, until the channel closes (a file not there yet is waited for)."""
+    return f"exec tail -n +1 -F -s {FOLLOW_POLL_S} {home_expr(NOTICE_PATH)} 2>/dev/null"
 
 
 @dataclass(frozen=True)

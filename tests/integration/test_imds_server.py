@@ -6,23 +6,12 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from orchestrator.node.imds_server import MetadataState, serve
+from tests.support.metadata_endpoint import endpoint
 
-
-@pytest.fixture
-def endpoint(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    notice = tmp_path / "notice.json"
-    server = serve("127.0.0.1", 0, MetadataState("l-abc", notice))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", notice
-    server.shutdown()
-    server.server_close()
+__all__ = ["endpoint"]  # the fixture, imported for pytest
 
 
 def _request(

@@ -13,6 +13,7 @@ import pytest
 from orchestrator.cluster.connections import Cluster
 from orchestrator.cluster.notice_watch import NoticeWatcher
 from orchestrator.errors import CapacityError, ProviderError
+from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.node.spot_notice import SpotNotice
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local.host import pids_with_marker
@@ -28,11 +29,25 @@ pytestmark = [pytest.mark.timeout(120)]
 
 
 def spot_request(
-    identity: Identity, count: int, spot: bool | str, job: str = "job-1"
+    identity: Identity,
+    count: int,
+    spot: bool | str,
+    job: str = "job-1",
+    guard: GuardTerms | None = None,
 ) -> LaunchRequest:
     return LaunchRequest(
         job_id=job, cluster=job, count=count, gpus_per_node=1,
-        public_key=identity.public_key, spot=spot,  # type: ignore[arg-type]
+        public_key=identity.public_key, spot=spot, guard=guard,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def watching_guard(notice_interval_s: float) -> GuardTerms:
+    """Terms of a guard with no limit that watches for spot notices every
+    `notice_interval_s` (the node's daemon does; the controller follows what it writes)."""
+    return GuardTerms(
+        job_id="job-1", interval_s=1.0, silence_s=60.0, allowance_s=600.0, deadman_s=None,
+        stop_grace_s=1.0, upload_wait_s=0.0, idle_util_pct=5.0, idle_cpu_pct=10.0,
+        notice_interval_s=notice_interval_s,
     )  # fmt: skip
 
 
@@ -53,7 +68,7 @@ def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
     provider = LocalProvider(make_settings(tmp_path / "orch", mode, price="0.90"))
     providers.append(provider)
     identity = ensure_identity(tmp_path / "keys", "test")
-    nodes = provider.launch(spot_request(identity, 2, True))
+    nodes = provider.launch(spot_request(identity, 2, True, guard=watching_guard(0.5)))
     assert all(n.market == "spot" and n.price_per_hour == Decimal("0.300000") for n in nodes)
     cluster = Cluster(nodes, identity)
     heard: list[tuple[int, SpotNotice, float]] = []
@@ -63,7 +78,7 @@ def test_a_notice_reaches_the_watcher_then_the_reclaim_takes_the_node(
         heard.append((rank, notice, time.monotonic()))
         got.set()
 
-    watcher = NoticeWatcher(cluster, on_notice, interval_s=0.5)
+    watcher = NoticeWatcher(cluster, on_notice)
     watcher.start()
     try:
         wait_until(

@@ -117,6 +117,7 @@ class Guards:
             runtime_ceiling=deadline if job.started_at is not None else None,
             others_hourly_usd=others,
             transfer_hold_s=options.push_timeout,
+            notice_interval_s=options.notice_poll_interval,
         )
 
     def check(self, attempt: Attempt) -> None:

@@ -242,9 +242,7 @@ class Supervisor:
         attempt.gone_ranks = set()
         first = _First()
         notices = NoticeWatcher(
-            cluster,
-            lambda rank, notice: first.decide(self._notice(attempt, rank, notice)),
-            interval_s=options.notice_poll_interval,
+            cluster, lambda rank, notice: first.decide(self._notice(attempt, rank, notice))
         )
         activity = JobActivity(
             self._job_id,

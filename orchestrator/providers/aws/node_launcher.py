@@ -44,6 +44,7 @@ from botocore.parsers import ResponseParserError
 
 from orchestrator.errors import CapacityError, ConfigError, ProviderError
 from orchestrator.node.guard_protocol import AWS_POWEROFF
+from orchestrator.node.spot_notice import DEFAULT_METADATA_URL
 from orchestrator.providers.aws import cluster_network, node_roles
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.ec2_requests import (
@@ -399,6 +400,7 @@ class NodeLauncher:
             hourly_usd=offer.price_per_hour * request.count,
             poweroff=LOCAL_CLOUD_GUARD_POWEROFF if local else AWS_POWEROFF,
             user=self.aws.ssh_user,
+            metadata_url=DEFAULT_METADATA_URL,
         )
 
     # --- waiting for EC2 ------------------------------------------------------------------------

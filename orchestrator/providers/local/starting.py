@@ -37,8 +37,10 @@ from orchestrator.config import Settings
 from orchestrator.errors import ProviderError
 from orchestrator.node import node_kit, runtime
 from orchestrator.node.guard_protocol import GuardLayout, local_boot_command
+from orchestrator.node.spot_notice import DEFAULT_METADATA_URL
 from orchestrator.providers.base import LaunchRequest, Market
 from orchestrator.providers.local import net
+from orchestrator.providers.local import spot as local_spot
 from orchestrator.providers.local.host import answers_ssh, pid_alive, run_checked
 from orchestrator.providers.local.net import SshdConfig, poweroff_command
 from orchestrator.providers.local.state import LEDGER_TAG, NodeRecord, NodeStore, file_lock
@@ -137,6 +139,7 @@ class NodeStarter:
                     self.settings.home, rec.instance_id, self.settings.local.root
                 ),
                 home=rec.home,
+                metadata_url=local_spot.metadata_url(rec) or DEFAULT_METADATA_URL,
             )
         )
         path = net.node_path(rec.home, node_venv_bin(self.settings))

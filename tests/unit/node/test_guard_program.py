@@ -87,7 +87,7 @@ def test_cloud_init_arms_the_guard_as_a_unit_within_ec2s_user_data_limit() -> No
     )
     text = user_data("ssh-ed25519 AAAA test", new_host_key(), document)
     sent = packed(text)
-    assert len(sent) <= USER_DATA_LIMIT - 4096, len(sent)  # room for the guard to grow
+    assert len(sent) <= USER_DATA_LIMIT - 3072, len(sent)  # room for the guard to grow
     assert gzip.decompress(sent).decode() == text
     config = yaml.safe_load(text)
     paths = {f["path"] for f in config["write_files"]}

@@ -98,8 +98,7 @@ def test_every_program_runs_from_the_zipapp_alone(tmp_path: Path) -> None:
 
     assert run("checkpoint-agent", "--help").returncode == 0
     assert run("imds", "--help").returncode == 0
-    for program in ("set-aside", "notice-poller"):
-        assert "usage:" in run(program).stderr
+    assert "usage:" in run("set-aside").stderr
     assert run("guard", str(tmp_path / "none.json")).returncode != 0
     (tmp_path / "orch-jobs/x/run").mkdir(parents=True)
     cleared = run("clear-files", '{"root": "orch-jobs/x", "remove": ["orch-jobs/x/run"]}')

@@ -17,6 +17,8 @@ import signal
 import stat
 import subprocess
 import sys
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ from orchestrator.node.checkpoint_protocol import (
     read_command,
 )
 from orchestrator.node.gpu import CPU_MARK, cpu_ticks_command, nvidia_smi_argv
-from orchestrator.node.spot_notice import poller_command
+from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.remote.keys import HostAddress, Identity
 from orchestrator.remote.ssh import shell_command
 from orchestrator.remote.sync import (
@@ -121,9 +123,14 @@ def test_shell_command_round_trips_through_split_and_bash(argv: list[str]) -> No
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_poller_and_free_port_commands_round_trip(value: str) -> None:
-    url = value or "http://169.254.169.254"  # empty: EC2's own endpoint
-    assert shlex.split(poller_command(value, 2))[-2:] == [url, "2"]
+def test_metadata_url_and_free_port_commands_round_trip(value: str) -> None:
+    # the guard's notice watch reads its endpoint from its terms, never from a command line
+    terms = GuardTerms("j", 1.0, 10.0, 60.0, None, 1.0, 0.0, 5.0, 10.0, notice_interval_s=2.0)
+    doc = json.loads(
+        terms.for_node(now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true",
+                       metadata_url=value)
+    )  # fmt: skip
+    assert (doc["metadata_url"], doc["notice_interval_s"]) == (value, 2.0)
     argv = shlex.split(launch.free_port_command(29500))
     assert argv[:2] == ["python3", "-c"] and argv[-1] == "29500"
     assert shlex.split(shell_command(nvidia_smi_argv(5))) == nvidia_smi_argv(5)

@@ -1,4 +1,4 @@
-"""Pure pieces of spot handling: the notice poller's output, recovery numbers, seeded draws."""
+"""Pure pieces of spot handling: the node's notice lines, recovery numbers, seeded draws."""
 
 from __future__ import annotations
 
@@ -14,12 +14,7 @@ from orchestrator.control.run.recovery_rules import (
     may_recover,
     salvage_seconds,
 )
-from orchestrator.node.spot_notice import (
-    DEFAULT_METADATA_URL,
-    notice_document,
-    parse_poller_line,
-    poller_command,
-)
+from orchestrator.node.spot_notice import follow_command, notice_document, parse_poller_line
 from orchestrator.providers.local.chaos import ReclaimDraws
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
@@ -46,17 +41,19 @@ def test_notice_document_is_what_ec2_posts() -> None:
     }
 
 
-def test_poller_command_quotes_the_url_and_defaults_to_ec2() -> None:
-    argv = shlex.split(poller_command(None, 5))
-    assert argv[:2] == ["python3", "-u"] and argv[-3:] == [
-        "notice-poller",
-        DEFAULT_METADATA_URL,
-        "5",
+def test_the_notice_file_is_followed_from_its_first_line() -> None:
+    argv = shlex.split(follow_command())
+    assert argv == [
+        "exec",
+        "tail",
+        "-n",
+        "+1",
+        "-F",
+        "-s",
+        "0.2",
+        "$HOME/orch-jobs/.node/spot-notices",
+        "2>/dev/null",
     ]
-    hostile = "http://127.0.0.1:1/'; rm -rf / #"
-    assert shlex.split(poller_command(hostile, 0.5))[-2:] == [hostile, "0.5"]
-    with pytest.raises(ValueError):
-        poller_command(None, 0)
 
 
 def _interruption(cause: str, reclaim_in: float | None) -> Interruption:
