@@ -143,7 +143,7 @@ def log_parts(path: Path) -> list[Path]:
     rotated = []
     for candidate in path.parent.glob(f"{path.name}.*"):
         suffix = candidate.name[len(path.name) + 1 :]
-        if suffix.isdigit():
+        if suffix.isascii() and suffix.isdigit():
             rotated.append((int(suffix), candidate))
     parts = [p for _, p in sorted(rotated, reverse=True)]
     return [*parts, path] if path.exists() else parts

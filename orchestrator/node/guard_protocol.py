@@ -298,7 +298,7 @@ def parse_clock(output: str, sent_ns: int, received_ns: int) -> float | None:
     have been read half way. None when the output has no clock line."""
     for line in output.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] == CLOCK_MARK and parts[1].isdigit():
+        if len(parts) == 2 and parts[0] == CLOCK_MARK and parts[1].isascii() and parts[1].isdigit():
             return (int(parts[1]) - (sent_ns + received_ns) // 2) / 1e9
     return None
 

@@ -192,7 +192,8 @@ def launch_facts(text):
     except ValueError:
         master = None
     torchrun = "\ntorchrun " in (text or "")
-    return (int(rank) if rank.isdigit() else None), master, torchrun
+    rank_ok = rank.isascii() and rank.isdigit()  # `isdigit` alone takes "²", which int refuses
+    return (int(rank) if rank_ok else None), master, torchrun
 
 
 def answers(master):

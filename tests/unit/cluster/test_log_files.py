@@ -120,3 +120,10 @@ def test_a_line_that_never_ends_is_read_once_cut_and_in_bounded_memory(tmp_path:
     assert [(line.rank, line.text) for line in reader.read(final=True)] == [
         (0, "\ufffd[2Jbye\ufffd")
     ]
+
+
+def test_a_rotated_name_with_digits_int_refuses_is_not_a_part(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    for name in ("node-0.log", "node-0.log.1", "node-0.log.\u00b2"):
+        (tmp_path / name).write_text("x\n")
+    assert log_files.log_parts(log) == [tmp_path / "node-0.log.1", log]

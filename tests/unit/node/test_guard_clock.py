@@ -93,6 +93,7 @@ def test_the_nodes_clock_is_read_between_sending_and_receiving() -> None:
     assert parse_clock("x\n@@orch-clock 1000\n", 3000, 5000) == pytest.approx(-3e-6)
     assert parse_clock("@@orch-clock 1700000000N\n", 0, 0) is None  # a `date` without %N
     assert parse_clock("", 0, 0) is None
+    assert parse_clock("@@orch-clock \u00b2\u00b3\n", 0, 0) is None  # never a ValueError
 
 
 @pytest.mark.parametrize("skew_s", [HOUR, -HOUR])

@@ -133,6 +133,10 @@ def test_the_guard_reads_rank_master_and_launcher_from_the_launch_script() -> No
     assert launch_facts(None) == (None, None, False)
     forged = "export ORCH_NODE_RANK=x\nexport ORCH_MASTER_ADDR=evil.example\n"
     assert launch_facts(forged + "export ORCH_MASTER_PORT=80\n") == (None, None, False)
+    # digits `int` refuses (`"²".isdigit()` is true): no rank, never a ValueError
+    assert launch_facts("export ORCH_NODE_RANK=\u00b2\nexport ORCH_MASTER_PORT=\u00b3\n") == (
+        None, None, False,
+    )  # fmt: skip
 
 
 # --- the guard on a node -------------------------------------------------------------------------
