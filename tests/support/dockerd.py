@@ -93,6 +93,9 @@ def running_dockerd(ns: str) -> Iterator[Dockerd]:
     modules = _modules()
     # short: containerd's socket path under the exec root must fit a unix socket's 108 bytes
     root = Path(tempfile.mkdtemp(prefix="orchdk-", dir="/tmp"))
+    # A host that does not forward yet, whatever this machine does (a new namespace takes its
+    # value): dockerd sets FORWARD's policy to DROP when it is the one that turns forwarding on.
+    sh(ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
     log = (root / "dockerd.log").open("w")
     argv = [
         *nsenter_argv(ns), "dockerd", "--data-root", str(root / "data"),

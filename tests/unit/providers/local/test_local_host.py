@@ -17,6 +17,7 @@ from orchestrator.providers.local.host import (
     pids_with_marker,
     sshd_pids_on_port,
 )
+from tests.support.waiting import wait_until
 
 SLEEP = "import time; time.sleep(60)"
 
@@ -59,7 +60,9 @@ def test_a_zombie_is_not_running(spawn: list[subprocess.Popen[bytes]]) -> None:
     os.waitid(os.P_PID, zombie, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
     running = start(spawn, [sys.executable, "-c", SLEEP, "sshd:", "-f", config])
     assert not pid_alive(zombie) and not pid_runs(zombie, config)
-    assert pid_alive(running) and pid_runs(running, config)
+    # its command line, read while a loaded machine may still be starting it, shows in time
+    wait_until(lambda: pid_runs(running, config), "the running process's command line", 10)
+    assert pid_alive(running)
     assert not pid_runs(running, "/other/sshd_config")
     assert not pid_alive(0)
 
