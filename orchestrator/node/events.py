@@ -11,7 +11,9 @@ Supervision: an event that raises never ends the daemon. Its failure is counted,
 its traceback (at most TRACE_CHARS of it; a failure in the same words as the event's last
 one is counted without another log), and the event runs again at its next period, later
 still while it keeps failing: each failure in a row doubles the wait, up to `max_backoff_s`
-(or the event's own period, when that is longer). One run that succeeds ends the backoff.
+(or the event's own period, when that is longer). One run that succeeds ends the backoff. An
+event whose lateness costs more than its failures (the guard's limits pass: a max_runtime
+enforced a minute late is a minute billed) sets `backs_off = False` and keeps its period.
 
 Not every node program is an event of this daemon. The checkpoint agent stays its own
 process, started per job as the job's user: the guard runs as root (it powers the node off),
@@ -41,6 +43,7 @@ class Event(abc.ABC):
     period_s = 1.0
     first_s = None  # seconds from the start to its first run (None: one period)
     finished = False
+    backs_off = True  # False: a failing event keeps its period (see the module's docstring)
     due = 0.0  # when it runs next (the scheduler's clock)
     runs = failures = streak = 0  # runs, failures, failures in a row
     error = None  # the last failure's words
@@ -107,6 +110,8 @@ class Scheduler:
                 self.on_failure(event)
         except Exception as report:  # a report that fails is no reason to stop either
             log(f"{event.name}: its failure could not be reported: {report!r}")
+        if not event.backs_off:
+            return event.period_s
         cap = max(event.period_s, self.max_backoff_s)
         return min(cap, event.period_s * 2.0 ** min(event.streak - 1, 30))
 

@@ -198,9 +198,11 @@ def gpu_utilizations(timeout_s):
 
 
 class Limits(Event):
-    """The guard's pass over the job's limits (`Guard.step`), every `interval_s`."""
+    """The guard's pass over the job's limits (`Guard.step`), every `interval_s`, failing or
+    not: the limits it checks before a failing part still act on time."""
 
     name = "limits"
+    backs_off = False
 
     def __init__(self, guard):
         self.guard = guard

@@ -100,6 +100,18 @@ def test_one_good_run_ends_the_backoff_and_a_longer_period_is_its_own_cap() -> N
     assert scheduler.status()["flaky"]["failing"] is False
 
 
+def test_an_event_that_does_not_back_off_keeps_its_period_while_it_fails(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock = Clock()
+    safety = Ticks("safety", 2, failing=-1)
+    safety.backs_off = False
+    scheduler = Scheduler([safety], clock=clock, sleep=clock.sleep, max_backoff_s=60)
+    run_until(scheduler, clock, 20)
+    assert safety.at == [float(t) for t in range(2, 21, 2)] and safety.failures == 10
+    assert capsys.readouterr().out.count("Traceback") == 1  # counted each time, logged once
+
+
 def test_a_report_that_fails_does_not_stop_the_scheduler() -> None:
     clock = Clock()
     broken, steady = Ticks("broken", 1, failing=-1), Ticks("steady", 1)
