@@ -116,7 +116,7 @@ class GuardTerms:
     others_hourly_usd: Decimal = Decimal(0)
     # A transfer (rsync) counts as a live controller at most this long (None: while it moves).
     transfer_hold_s: float | None = None
-    notice_interval_s: float = 5.0  # how often the guard's spot-notice watch polls
+    notice_interval_s: float = guard.NOTICE_INTERVAL_S  # how often the spot-notice watch polls
 
     def for_node(
         self,

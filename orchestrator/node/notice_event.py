@@ -69,7 +69,7 @@ class NoticeWatch(Event):
             self.poll()
         if self.written < len(self.said):
             self.flush()
-        self.finished = self.said[-1:] != [] and self.said[-1].startswith("unavailable")
+        self.finished = bool(self.said) and self.said[-1].startswith("unavailable")
 
     def fetch(self, path, method="GET", headers=None):
         req = urllib.request.Request(self.url + path, method=method, headers=headers or {})
