@@ -64,7 +64,9 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         "run: python hold.py\n"
         "data: [{src: node-bin, dst: ~/bin}]\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"
-        "budget: {max_cost_usd: 0.05}\n"
+        # A budget the job shows spend against, wide enough that a loaded machine's slow
+        # start never reaches it before the test lets the run end.
+        "budget: {max_cost_usd: 2.00}\n"
     )
     # The run lasts RUN_SECONDS at least, and until the test has seen node 1's new reading
     # recorded: under load, a fixed run could end before the reading changed.
@@ -107,6 +109,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             ),
             "node 1's new GPU reading recorded", timeout=120, interval=0.5,
         )  # fmt: skip
+        now = job_json(job_id, env)
+        assert now["state"] == "RUNNING", (now["state"], now["events"])
         for lease in job["leases"]:
             (home / "local" / "nodes" / lease["instance_id"] / "disk" / "go").touch()
         watch_code = watcher.finish(timeout=240)
