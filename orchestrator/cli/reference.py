@@ -121,9 +121,13 @@ def _default_text(field: FieldInfo) -> str:
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The model a field holds directly or as list items (`list[DataMount]`), if any."""
+    """The model a field holds directly, as list items (`list[DataMount]`) or optionally
+    (`ContainerSpec | None`), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if isinstance(annotation, types.UnionType):
+        held = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _model_of(held[0]) if len(held) == 1 else None
     if typing.get_origin(annotation) is list:
         item = typing.get_args(annotation)[0]
         if isinstance(item, type) and issubclass(item, BaseModel):

@@ -60,6 +60,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.spec.container import ContainerSpec
 from orchestrator.spec.placement import Image, InstanceTypes, Ports, Regions, Zones, zone_region
 from orchestrator.spec.progress import ProgressSpec
 from orchestrator.spec.values import (
@@ -89,6 +90,7 @@ __all__ = [
     "PROVIDER_NAMES",
     "Budget",
     "CheckpointSpec",
+    "ContainerSpec",
     "DataMount",
     "Launcher",
     "MirrorMode",
@@ -364,7 +366,10 @@ class Recovery(_Model):
 SECRET_HIDDEN = "(hidden)"
 """What `JobSpec.public_document` shows instead of a `secrets` value."""
 
-_SECTIONS = ("data", "resources", "checkpoint", "budget", "recovery", "env", "secrets", "progress")
+_SECTIONS = (
+    "container", "data", "resources", "checkpoint", "budget", "recovery", "env", "secrets",
+    "progress",
+)  # fmt: skip
 
 
 class JobSpec(_Model):
@@ -381,6 +386,10 @@ class JobSpec(_Model):
     run: str = Field(
         description="training command: run under torchrun on every node, or once per node as "
         "written with `launcher: none`"
+    )
+    container: ContainerSpec | None = Field(
+        default=None,
+        description="the image `setup` and `run` run in on every node (none: on the bare node)",
     )
     launcher: Launcher = Field(
         default="torchrun",
@@ -434,6 +443,17 @@ class JobSpec(_Model):
             raise ValueError(
                 f"{', '.join(both)} is in both env and secrets: keep it in one "
                 "(secrets: for a token, env: for a setting)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _registry_password_is_a_secret(self) -> JobSpec:
+        login = self.container.credentials if self.container else None
+        if login is not None and login.password_secret not in self.secrets:
+            raise ValueError(
+                f"container.credentials.password_secret names {login.password_secret}, which is "
+                f"not in secrets: add `secrets: {{{login.password_secret}: null}}` (the value "
+                "then comes from your shell's variable of that name)"
             )
         return self
 
