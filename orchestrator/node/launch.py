@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.node import container
 from orchestrator.node.run_progress import SETUP_DONE, SETUP_RUNNING
 
 DEFAULT_MASTER_PORT = 29500
@@ -83,6 +84,7 @@ class NodeLaunch:
 
     node_rank: int
     interface: str  # network interface for gloo/NCCL sockets
+    runtime: container.ContainerRuntime | None = None  # how the node runs the job's container
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class ClusterLaunch:
     # On a kept cluster: the digest of `setup` and the files it names (`setup_digest`); a node
     # whose last setup that succeeded had the same one skips it.
     setup_key: str | None = None
+    container: container.ContainerJob | None = None  # None: on the bare node
 
     @property
     def layout(self) -> NodeLayout:
@@ -171,17 +174,16 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     """The bash script that runs the job on one node and records its exit code: torchrun's,
-    or with `launcher: none` that of `run` itself.
+    or with `launcher: none` that of `run` itself; with a container, the container's.
 
     Every user-supplied value is quoted with shlex; none is pasted into the script raw.
     """
     layout = cluster.layout
-    run_dir = home_expr(layout.run_dir)
     lines = [
         "#!/usr/bin/env bash",
         f"# orch job {cluster.job_id}, node {node.node_rank} of {cluster.num_nodes}",
         "set -u",
-        f"run_dir={run_dir}",
+        f"run_dir={home_expr(layout.run_dir)}",
         "finish() {",
         '  echo "$1" > "$run_dir/exit_code.tmp" && mv -f "$run_dir/exit_code.tmp" '
         '"$run_dir/exit_code"',
@@ -193,13 +195,61 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
         # not inherited by torchrun).
         "trap 'true' TERM",
     ]
-    for name, value in {**dict(cluster.user_env), **orch_environment(cluster, node)}.items():
+    if cluster.container is None:
+        environment = _export_lines({**dict(cluster.user_env), **orch_environment(cluster, node)})
+        return "\n".join(lines + environment + _job_lines(cluster, node, final="")) + "\n"
+    if node.runtime is None:
+        raise ValueError("a container job needs the node's container runtime")
+    job = cluster.container
+    launch = container.ContainerLaunch(
+        image=job.image,
+        runtime=node.runtime,
+        name=container.container_name(layout.job_id, cluster.job_id, node.node_rank, job.start),
+        mounts=sorted({home_expr(layout.root), *(home_expr(p) for p in job.mounts)}),
+        shm_size=job.shm_size,
+        devices=job.devices,
+        volumes=job.volumes,
+    )
+    environment = "".join(
+        line + "\n"
+        for line in _export_lines({**dict(cluster.user_env), **orch_environment(cluster, node)})
+    )
+    inner = [
+        "set -u",
+        f"run_dir={home_expr(layout.run_dir)}",
+        'finish() { exit "$1"; }',
+        f'. "$run_dir/{container.ENV_FILE}"',
+        f"cd {home_expr(layout.workdir)} || finish {SETUP_FAILED_EXIT}",
+        # the last command replaces this shell: the container's init hands TERM to torchrun
+        *_job_lines(cluster, node, final="exec "),
+    ]
+    lines += [
+        f'(umask 077 && printf %s {shlex.quote(environment)} > "$run_dir/{container.ENV_FILE}")'
+        f" || finish {SETUP_FAILED_EXIT}",
+        f"printf '%s\\n' {shlex.quote(chr(10).join(inner))} > \"$run_dir/{container.INNER_SCRIPT}\""
+        f" || finish {SETUP_FAILED_EXIT}",
+        *container.container_lines(launch, home_expr(layout.workdir)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _export_lines(variables: Mapping[str, str]) -> list[str]:
+    lines = []
+    for name, value in variables.items():
         if not _ENV_NAME.match(name):
             raise ValueError(f"invalid environment variable name {name!r}")
         lines.append(f"export {name}={shlex.quote(value)}")
-    # torchrun tees the ranks' output through its own stdout, a file here: unbuffered, lines
-    # reach node.log (and the controller's live view) as they are printed.
-    lines.append("export PYTHONUNBUFFERED=1")
+    return lines
+
+
+def _job_lines(cluster: ClusterLaunch, node: NodeLaunch, *, final: str) -> list[str]:
+    """The job's own lines after its variables: settings, setup, then the run (prefixed by
+    `final`: `exec ` in a container) and, on the bare node, `finish` with its exit code."""
+    lines = [
+        # torchrun tees the ranks' output through its own stdout, a file here: unbuffered,
+        # lines reach node.log (and the controller's live view) as they are printed.
+        "export PYTHONUNBUFFERED=1"
+    ]
     if cluster.launcher == "torchrun" and cluster.procs_per_node > 1:
         # What torchrun does itself, without its banner on every node: one OpenMP thread a
         # process unless the job or the node says otherwise (set, even empty, is kept).
@@ -209,15 +259,17 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     lines.append(f"export ORCH_RESUME_FROM={resume}")
     lines.append('mkdir -p "$ORCH_CHECKPOINT_DIR"')
     if cluster.setup:
-        lines += setup_lines(cluster.setup, cluster.setup_key, layout)
+        lines += setup_lines(cluster.setup, cluster.setup_key, cluster.layout)
     if cluster.launcher == "none":
-        lines.append(f"bash -c {shlex.quote(cluster.run)}")
+        lines.append(f"{final}bash -c {shlex.quote(cluster.run)}")
     else:
         lines.append(
-            'torchrun --log-dir="$run_dir/ranks" ' + shlex.join(torchrun_args(cluster, node))
+            f'{final}torchrun --log-dir="$run_dir/ranks" '
+            + shlex.join(torchrun_args(cluster, node))
         )
-    lines.append('finish "$?"')
-    return "\n".join(lines) + "\n"
+    if not final:
+        lines.append('finish "$?"')
+    return lines
 
 
 def setup_lines(setup: str, key: str | None, layout: NodeLayout) -> list[str]:

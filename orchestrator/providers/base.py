@@ -34,6 +34,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from orchestrator.node.container import ContainerRuntime
     from orchestrator.node.guard_protocol import GuardTerms
     from orchestrator.providers.plan import DryRun
     from orchestrator.spec.model import Budget
@@ -114,6 +115,9 @@ class Instance:
     region: str | None = None  # the cloud region the node runs in (None: the provider has none)
     ledger_id: str | None = None  # the ledger that launched it, from its tags (None: no tag,
     #                               so no ledger can claim it by tag)
+    container_runtime: ContainerRuntime | None = None  # how the node runs a job's container
+    #                   image, GPU options included on a GPU node (None: it cannot, and a job
+    #                   with a `container` is refused there)
 
 
 @dataclass(frozen=True)
