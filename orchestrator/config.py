@@ -73,6 +73,18 @@ class LocalSettings(BaseModel):
     # controller's own. A loopback controller host gets the laptop's, so that the nodes it
     # launches keep their software when the host is gone, as a cloud node keeps its image's
     node_venv: Annotated[Path | None, Env("ORCH_LOCAL_NODE_VENV")] = None
+    # registries (HOST:PORT) the nodes' podman may reach over plain HTTP: one of your own
+    # network without TLS; every other registry needs HTTPS
+    insecure_registries: Annotated[list[str], Env("ORCH_LOCAL_INSECURE_REGISTRIES")] = Field(
+        default_factory=list
+    )
+
+    @field_validator("insecure_registries", mode="before")
+    @classmethod
+    def _split_registries(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @property
     def spot_price(self) -> Decimal:

@@ -120,6 +120,12 @@ class JobFailed(OrchError):
     exit_code = 1
 
 
+class ContainerError(OrchError):
+    """The job's container image could not be had or run on a node (it does not exist, the
+    registry refused the credentials, the node's runtime cannot run it); the job fails and its
+    nodes are ended."""
+
+
 class NodeLost(JobFailed):
     """A node of a running job stopped answering on several checks in a row."""
 

@@ -71,6 +71,16 @@ class NodeLayout:
         return posixpath.normpath(f"{self.workdir}/{path}")
 
 
+def home_relative(path: str) -> str:
+    """A data destination (`~/x`, `x`: under the home; `/x`: as is) as a node path the way
+    `home_expr` takes it, normalised."""
+    if path.startswith("/"):
+        return "/" + posixpath.normpath(path).lstrip("/")
+    if path == "~" or path.startswith("~/"):
+        path = path[2:]
+    return posixpath.normpath(path or ".")
+
+
 def home_expr(path: str) -> str:
     """Shell expression for a home-relative (or absolute) node path, safely quoted."""
     if path.startswith("/"):
@@ -305,7 +315,7 @@ def rerun_command(layout: NodeLayout) -> str:
     run_dir = home_expr(layout.run_dir)
     return "\n".join(
         [
-            stop_command(layout, "KILL"),
+            stop_command(layout, "KILL"),  # the container too, if the run has one
             f'[ -f {agent}/pid ] && kill -KILL "$(cat {agent}/pid)" 2>/dev/null',
             f"rm -rf {agent}",
             f"[ -d {run_dir} ] && find {run_dir} -mindepth 1 -maxdepth 1 ! -name node.log "
@@ -412,9 +422,15 @@ def free_port_command(preferred: int = DEFAULT_MASTER_PORT) -> str:
 
 
 def stop_command(layout: NodeLayout, signal: str = "TERM") -> str:
-    """Send `signal` to the detached run (its whole session) on a node; no-op when not running."""
+    """Send `signal` to the detached run (its whole session) on a node; no-op when not running.
+
+    A run in a container hears TERM through its runtime (see `container.container_lines`); a
+    KILL also removes the container, which does not live in the run's session."""
     run_dir = home_expr(layout.run_dir)
-    return (
+    command = (
         f"cd {run_dir} 2>/dev/null && [ -f pid ] && pid=$(cat pid) && "
         f'kill -{shlex.quote(signal)} -- -"$pid" 2>/dev/null; true'
     )
+    if signal == "KILL":
+        command += f"; {container.kill_command(run_dir)}"
+    return command

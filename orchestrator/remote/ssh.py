@@ -218,6 +218,7 @@ class NodeConnection:
         idle_timeout_s: float | None = None,
         max_line: int = DEFAULT_MAX_LINE,
         open_timeout: float = 10.0,
+        stdin: str | None = None,
     ) -> CommandLines:
         """Start `command` (a shell string, or an argv that gets quoted) on a new channel of
         the open connection (connecting if needed) and return its lines as they come; see
@@ -228,7 +229,8 @@ class NodeConnection:
         `pty`: ask for a pseudo-terminal (so closing the stream hangs up even a stuck command;
         its stderr then comes with its stdout); a server that refuses one gets a plain channel,
         whose stderr is not read. Raises `NodeUnreachable` when the host cannot be reached or
-        the command cannot be started within `open_timeout`.
+        the command cannot be started within `open_timeout`. `stdin`, when given, is sent
+        whole, then the command's standard input is closed (a password, never an argument).
         """
         text = command if isinstance(command, str) else shell_command(command)
         transport = self.transport
@@ -244,6 +246,9 @@ class NodeConnection:
             raise self._unreachable(exc) from exc
         try:
             channel.exec_command(text)
+            if stdin is not None:
+                channel.sendall(stdin.encode())
+                channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             channel.close()
             raise self._unreachable(exc) from exc

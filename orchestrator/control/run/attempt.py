@@ -311,7 +311,8 @@ def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> li
     layout = cluster_launch.layout
 
     def start(rank: int, connection: NodeConnection) -> str:
-        node = launch.NodeLaunch(rank, cluster.instances[rank].interface)
+        instance = cluster.instances[rank]
+        node = launch.NodeLaunch(rank, instance.interface, instance.container_runtime)
         script = launch.launch_script(cluster_launch, node)
         # 0700: the script holds the spec's env values, which may be secrets. Written and
         # started in one command: one round trip less per start.

@@ -3,6 +3,7 @@ take over the nodes of a run another controller started."""
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from orchestrator.control.process.ownership import check_identity
 from orchestrator.control.run.attempt import Attempt, AttemptOpener
 from orchestrator.control.run.current_attempt import CurrentAttempt
 from orchestrator.control.run.guards import Guards
+from orchestrator.control.run.image_step import have_image
 from orchestrator.control.run.journal import Journal
 from orchestrator.control.run.options import Reporter, RunnerOptions
 from orchestrator.control.run.recovery_rules import backoff_seconds
@@ -25,6 +27,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Job, utcnow
 from orchestrator.node import launch
 from orchestrator.node.clear_protocol import fresh_command
+from orchestrator.node.container import ContainerJob
 from orchestrator.providers.base import Instance, LaunchRequest, Provider
 from orchestrator.providers.requests import launch_request
 from orchestrator.remote.keys import Identity, ensure_identity
@@ -294,20 +297,25 @@ class Launcher:
     def start(self, attempt: Attempt) -> None:
         """Start the run (from the newest checkpoint), then RUNNING.
 
-        Before the start, three things that need no other's result run at once, each one SSH
-        command per node or a few: a free port on node 0, the checkpoint agents (sent, the
+        Before the start, four things that need no other's result run at once, each one SSH
+        command per node or a few: the job's container image on every node (a pull, shown as
+        it goes), a free port on node 0, the checkpoint agents (sent, the
         newest checkpoint put back, on a restart the newer steps the nodes hold set aside,
         armed), and the guards (checked, then given the lease with the run's deadline). The
         guards' lease is written before the run starts and never after it: its runtime
         deadline counts from a moment before the start, so it is never later than the
         controller's own."""
-        with ThreadPoolExecutor(3, thread_name_prefix="orch-prestart") as pool:
+        with ThreadPoolExecutor(4, thread_name_prefix="orch-prestart") as pool:
+            image_asked = pool.submit(
+                have_image, attempt.cluster, self.spec, self.layout, self.journal, self.reporter
+            )
             port_asked = pool.submit(self._free_port, attempt)
             resume_asked = pool.submit(
                 self.keeper.prepare, attempt.cluster, restart=self.journal.job.recoveries > 0,
                 **attempt.node_access(),
             )  # fmt: skip
             guards_asked = pool.submit(self._arm_guards, attempt)
+            image_asked.result()
             port, resume = port_asked.result(), resume_asked.result()
             guards_asked.result()
         resume_from, resume_step = resume.path, resume.step
@@ -400,4 +408,27 @@ def launch_plan(
         user_env={**spec.env, **spec.secrets},
         launcher=spec.launcher,
         setup_key=setup_key,
+        container=container_job(spec, layout, resume_from),
+    )
+
+
+def container_job(
+    spec: JobSpec, layout: launch.NodeLayout, resume_from: str
+) -> ContainerJob | None:
+    """The spec's container for one start: the job's paths to mount (data destinations, the
+    checkpoint directory and what is resumed from, beside the job's own directory)."""
+    container = spec.container
+    if container is None:
+        return None
+    mounts = [launch.home_relative(mount.dst) for mount in spec.data]
+    mounts.append(layout.node_path(spec.checkpoint.dir))
+    if resume_from:
+        mounts.append(posixpath.dirname(resume_from) or resume_from)
+    return ContainerJob(
+        image=container.image,
+        mounts=tuple(dict.fromkeys(mounts)),
+        shm_size=container.shm_size,
+        devices=tuple(container.devices),
+        volumes=tuple(container.volumes),
+        start=int(time.time()),
     )

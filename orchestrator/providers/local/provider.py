@@ -36,6 +36,7 @@ from orchestrator.atomic import write_atomic
 from orchestrator.config import Settings
 from orchestrator.errors import CapacityError, InstancesNotFound, OrchError, ProviderError
 from orchestrator.node import guard, guard_files
+from orchestrator.node.container import ContainerRuntime
 from orchestrator.providers.base import (
     CloudIdentity,
     Instance,
@@ -46,6 +47,7 @@ from orchestrator.providers.base import (
 )
 from orchestrator.providers.local import net
 from orchestrator.providers.local import spot as local_spot
+from orchestrator.providers.local.containers import local_runtime, remove_leftover_cgroups
 from orchestrator.providers.local.host import (
     netns_pids,
     pid_runs,
@@ -86,6 +88,7 @@ class LocalProvider:
         self.ready_timeout = ready_timeout
         self._network = HostNetwork(settings, self.store)
         self._starter = NodeStarter(settings, self.store, self._network.free_port)
+        self._runtime: ContainerRuntime | None = None  # read from this machine when first asked
 
     # --- Provider interface ---------------------------------------------------------------------
 
@@ -183,6 +186,8 @@ class LocalProvider:
                     subprocess.run(argv, capture_output=True, check=False)
             if iid not in survivors:
                 self.store.remove(iid)
+        if os.geteuid() == 0 and ids:
+            remove_leftover_cgroups()  # those of the nodes' containers, once they are gone
         if survivors:
             raise ProviderError(f"local nodes {', '.join(survivors)} still have processes")
         if not self.store.all():
@@ -283,7 +288,13 @@ class LocalProvider:
         return dataclasses.replace(
             rec.to_instance(),
             poweroff_command=self._poweroff(rec.instance_id),
+            container_runtime=self._container_runtime() if rec.mode == "namespace" else None,
         )
+
+    def _container_runtime(self) -> ContainerRuntime:
+        if self._runtime is None:
+            self._runtime = local_runtime(self.settings.local.insecure_registries)
+        return self._runtime
 
     # --- spot rehearsal ---------------------------------------------------------------------
 
