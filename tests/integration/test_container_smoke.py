@@ -34,6 +34,7 @@ from tests.support.containers import (
     MARKER,
     NodePodman,
     Registry,
+    auth_json,
     offline_image,
     push_image,
     running_registry,
@@ -123,8 +124,10 @@ def check_node(
     refused = wrong.stderr.strip()
     assert refused == f'Error: logging into "{registry.address}": invalid username/password'
 
+    conn.run(podman.auth_file(), stdin=auth_json(registry.address, registry.user, "wrong"))
     pull = conn.run(f"{podman.podman()} pull --quiet {ref}", check=False)
-    assert pull.exited != 0, "pulled without credentials"
+    assert pull.exited != 0, "pulled with a wrong password"
+    assert "authentication required" in pull.stderr, pull.stderr
     print(f"\nrefused login: {refused}\nrefused pull: {pull.stderr.strip()}")
 
     conn.run(podman.login(registry.address, registry.user), stdin=registry.password + "\n")

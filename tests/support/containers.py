@@ -36,6 +36,7 @@ node's network namespace, which terminating a node kills).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import importlib.util
@@ -118,8 +119,6 @@ def registry_config(root: Path, address: str) -> str:
 def _v2_status(address: str, auth: tuple[str, str] | None = None) -> int | None:
     request = urllib.request.Request(f"http://{address}/v2/")
     if auth is not None:
-        import base64
-
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     try:
@@ -278,6 +277,11 @@ class NodePodman:
         """Log in to `registry` as `user`, the password read from standard input."""
         return f"{self.podman()} login --password-stdin -u {shlex.quote(user)} {registry}"
 
+    def auth_file(self) -> str:
+        """Shell text that writes its auth file (0600) from standard input: a docker
+        config.json `{"auths": {...}}`, as `podman login` writes it."""
+        return f'umask 077 && cat > "{self.base}/auth.json"'
+
     def run(self, image: str, command: str, *options: str) -> str:
         """Run `command` (shell text, run by the image's /bin/sh) in a new container of
         `image` on the node's network; removed when it ends.
@@ -306,6 +310,12 @@ class NodePodman:
             "find /sys/fs/cgroup -depth -type d -path '*/libpod_parent*' "
             "-exec rmdir {} \\; 2>/dev/null; true"
         )
+
+
+def auth_json(registry: str, user: str, password: str) -> str:
+    """A docker config.json holding `user`:`password` for `registry`."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return json.dumps({"auths": {registry: {"auth": token}}})
 
 
 def cgroup_mounts(mounts: str | None = None) -> str:
