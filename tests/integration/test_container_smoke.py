@@ -12,6 +12,7 @@ before.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shlex
 import subprocess
@@ -32,6 +33,7 @@ from orchestrator.remote.keys import ensure_identity
 from orchestrator.remote.ssh import NodeConnection
 from tests.support.containers import (
     MARKER,
+    SYSTEM_STATE,
     NodePodman,
     Registry,
     auth_json,
@@ -62,15 +64,26 @@ class Node:
 
 
 def host_state() -> dict[str, str]:
-    """What podman could leave on the host: mounts, cgroup directories, the firewall."""
+    """What podman could leave on the host: mounts, cgroup directories, files in its system
+    state directory, and what a container on podman's default (bridge) network would leave:
+    CNI's firewall rules, its cni-podman0 bridge, /var/lib/cni. orch's own bridge rules are
+    left out of the comparison: local nodes of tests running beside this one add and remove
+    theirs meanwhile."""
     cgroups = subprocess.run(
         ["find", "/sys/fs/cgroup", "-maxdepth", "3", "-type", "d", "-name", "*libpod*"],
         capture_output=True, text=True, check=False,
     ).stdout  # fmt: skip
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if "containers" in line or "overlay" in line]  # fmt: skip
-    forward = subprocess.run(["iptables-nft", "-S", "FORWARD"], capture_output=True, text=True)
-    return {"cgroups": cgroups, "mounts": "\n".join(mounts), "forward": forward.stdout}
+    forward = subprocess.run(["iptables-nft", "-S"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    return {
+        "cgroups": cgroups,
+        "mounts": "\n".join(mounts),
+        "firewall": "\n".join(r for r in forward.splitlines() if "orch-bridge:" not in r),
+        "cni": f"{'cni-podman' in links} {os.path.exists('/var/lib/cni')}",
+        SYSTEM_STATE: " ".join(sorted(os.listdir(SYSTEM_STATE))),  # root's podman's own
+    }
 
 
 @pytest.fixture
