@@ -148,7 +148,12 @@ def check_node(
     conn.run(f"{podman.podman()} pull --quiet {ref}")
     print(f"pull to one node: {time.monotonic() - started:.1f} s")
 
+    started = time.monotonic()
+    conn.run("true")
+    bare = time.monotonic() - started
+    started = time.monotonic()
     seen = conn.run(podman.run(ref, f"cat {MARKER}")).stdout.strip()
+    print(f"a command: {bare:.2f} s bare, {time.monotonic() - started:.2f} s in a container")
     assert seen == key, "the container does not see the image's files"
 
     # the node's own sshd, at the node's own address, from inside the container
