@@ -25,6 +25,12 @@ if [ "${1:-}" = --tests ]; then
     has iptables-legacy || missing+=(iptables)
     has nft || missing+=(nftables)
     has dockerd || missing+=(docker.io)
+    # A container runtime for the nodes, a registry and a root file system builder: the
+    # container tests pull an image built offline from Debian's packages (tests/support/containers.py)
+    has podman || missing+=(podman)
+    has runc || missing+=(runc)
+    has docker-registry || missing+=(docker-registry)
+    has mmdebstrap || missing+=(mmdebstrap)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
@@ -46,6 +52,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || installed=$?
     [ -z "$made_policy" ] || rm -f "$policy"
     [ "$installed" -eq 0 ] || exit "$installed"
+fi
+# root's podman keeps a blob cache here whatever its options say; the tests mount a directory
+# of their own over it, so the host's stays empty
+if [ "${1:-}" = --tests ] && [ "$(id -u)" -eq 0 ]; then
+    mkdir -p /var/lib/containers
 fi
 
 # --- python -----------------------------------------------------------------------------
