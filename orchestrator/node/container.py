@@ -173,7 +173,8 @@ def pull_script(plan: PullPlan) -> str:
         check += f"; command -v torchrun >/dev/null || exit {TORCHRUN_MISSING_EXIT}"
     opts = " ".join(shlex.quote(o) for o in plan.runtime.run_options)
     lines += [
-        f"{rt} run --rm --network host {opts} --entrypoint /bin/sh {image} "
+        *_limits_lines(),
+        f"{rt} run --rm --network host {opts} $limits --entrypoint /bin/sh {image} "
         f"-c {shlex.quote(check)} 2>&1; code=$?",
         f'echo "{PULL_MARK} checked $code"',
         '[ "$code" = 0 ]',
@@ -269,7 +270,7 @@ def run_options(launch: ContainerLaunch) -> list[str]:
     return options
 
 
-def container_lines(launch: ContainerLaunch, run_dir: str, workdir: str) -> list[str]:
+def container_lines(launch: ContainerLaunch, workdir: str) -> list[str]:
     """Launch-script lines (after `run_dir` is set and `finish` defined) that run the inner
     script in the container and `finish` with its exit code. `workdir` is shell text."""
     rt = launch.runtime.command
@@ -314,17 +315,6 @@ def pull_failure(image: str, progress: PullProgress, node: str) -> tuple[str, st
             "the node needs a working Docker (or podman): check the node image, or run the "
             "job without `container`",
         )
-    if (
-        progress.failure == "login-failed"
-        or "unauthorized" in text
-        or "denied" in text
-        and "pull access" not in text
-    ):
-        return (
-            f"{where} was refused by the registry of {image} (wrong credentials):\n{said}",
-            "check container.credentials.username and the secret its password_secret names "
-            "(its value comes from your shell); for Amazon ECR, the node role's ECR read access",
-        )
     if progress.failure == "checked":
         if progress.check_code == TORCHRUN_MISSING_EXIT:
             return (
@@ -346,6 +336,13 @@ def pull_failure(image: str, progress: PullProgress, node: str) -> tuple[str, st
         return (
             f"a container of {image} did not start on {where}:\n{said}",
             "run the image locally (`docker run --rm -it IMAGE bash`) to see why",
+        )
+    refused = ("unauthorized", "authentication required", "invalid username/password")
+    if progress.failure == "login-failed" or any(word in text for word in refused):
+        return (
+            f"{where} was refused by the registry of {image} (wrong credentials):\n{said}",
+            "check container.credentials.username and the secret its password_secret names "
+            "(its value comes from your shell); for Amazon ECR, the node role's ECR read access",
         )
     if any(w in text for w in ("manifest unknown", "not found", "does not exist", "name unknown")):
         return (
