@@ -402,3 +402,26 @@ def torch_volume() -> tuple[str, str]:
     assert spec is not None and spec.origin is not None, "torch is not in this venv"
     site = str(Path(spec.origin).resolve().parents[1])
     return f"{site}:{site}:ro", site
+
+
+def host_state() -> dict[str, str]:
+    """What podman could leave on the host: mounts, cgroup directories, files in its system
+    state directory, and what a container on podman's default (bridge) network would leave:
+    CNI's firewall rules, its cni-podman0 bridge, /var/lib/cni. orch's own bridge rules are
+    left out of the comparison: local nodes of tests running beside this one add and remove
+    theirs meanwhile."""
+    cgroups = subprocess.run(
+        ["find", "/sys/fs/cgroup", "-maxdepth", "3", "-type", "d", "-name", "*libpod*"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if "containers" in line or "overlay" in line]  # fmt: skip
+    forward = subprocess.run(["iptables-nft", "-S"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    return {
+        "cgroups": cgroups,
+        "mounts": "\n".join(mounts),
+        "firewall": "\n".join(r for r in forward.splitlines() if "orch-bridge:" not in r),
+        "cni": f"{'cni-podman' in links} {os.path.exists('/var/lib/cni')}",
+        SYSTEM_STATE: " ".join(sorted(os.listdir(SYSTEM_STATE))),  # root's podman's own
+    }
