@@ -29,6 +29,7 @@ if [ "${1:-}" = --tests ]; then
     # container tests pull an image built offline from Debian's packages (tests/support/containers.py)
     has podman || missing+=(podman)
     has runc || missing+=(runc)
+    has tini || missing+=(tini)  # the containers' first process, which hands them TERM
     has docker-registry || missing+=(docker-registry)
     has mmdebstrap || missing+=(mmdebstrap)
 fi
