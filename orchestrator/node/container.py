@@ -283,16 +283,24 @@ def container_lines(launch: ContainerLaunch, workdir: str) -> list[str]:
         *_limits_lines(),
         f"printf '%s\\n' {shlex.quote(kill)} > \"$run_dir/{KILL_SCRIPT}\"",
         f"mkdir -p {' '.join(launch.mounts)} 2>/dev/null; true" if launch.mounts else "true",
-        f"{rt} run {options} {mounts} --env HOME $limits --workdir {workdir} "
-        "--entrypoint /bin/bash "
-        f'{shlex.quote(launch.image)} "$run_dir/{INNER_SCRIPT}" &',
+        # the client ignores the session's TERM where it can (--sig-proxy=false, and TERM
+        # ignored from its start); the trap below hands TERM on once
+        f"(trap '' TERM; exec {rt} run {options} {mounts} --env HOME $limits "
+        f"--workdir {workdir} --entrypoint /bin/bash "
+        f'{shlex.quote(launch.image)} "$run_dir/{INNER_SCRIPT}") &',
         "child=$!",
         # TERM (a cancel, a spot notice, a limit) reaches the container once, through the
-        # runtime; the session's own TERM to the client is not passed on (--sig-proxy=false)
+        # runtime, whose init hands it to the inner script, which hands it to the run
         f"trap {shlex.quote(f'{rt} kill --signal TERM {name} >/dev/null 2>&1')} TERM",
         'wait "$child"',
         'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
-        'wait "$child"; finish "$?"',
+        'wait "$child"; code=$?',
+        # a client that died anyway leaves the container running: wait for its end
+        f"while {rt} inspect --type container {name} >/dev/null 2>&1; do sleep 1; done",
+        # the inner script records the run's own exit code (in the mounted run directory);
+        # the client's counts only when the container never got that far
+        '[ -f "$run_dir/exit_code" ] && exit "$(cat "$run_dir/exit_code")"',
+        'finish "$code"',
     ]
 
 

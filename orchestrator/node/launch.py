@@ -189,16 +189,19 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     Every user-supplied value is quoted with shlex; none is pasted into the script raw.
     """
     layout = cluster.layout
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# orch job {cluster.job_id}, node {node.node_rank} of {cluster.num_nodes}",
-        "set -u",
-        f"run_dir={home_expr(layout.run_dir)}",
+    finish_lines = [
         "finish() {",
         '  echo "$1" > "$run_dir/exit_code.tmp" && mv -f "$run_dir/exit_code.tmp" '
         '"$run_dir/exit_code"',
         '  exit "$1"',
         "}",
+    ]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# orch job {cluster.job_id}, node {node.node_rank} of {cluster.num_nodes}",
+        "set -u",
+        f"run_dir={home_expr(layout.run_dir)}",
+        *finish_lines,
         f"cd {home_expr(layout.workdir)} || finish {SETUP_FAILED_EXIT}",
         # SIGTERM reaches the whole session; this script must outlive it to record torchrun's
         # exit once the trainers have checkpointed (a trap, unlike ignoring the signal, is
@@ -207,7 +210,7 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     ]
     if cluster.container is None:
         environment = _export_lines({**dict(cluster.user_env), **orch_environment(cluster, node)})
-        return "\n".join(lines + environment + _job_lines(cluster, node, final="")) + "\n"
+        return "\n".join(lines + environment + _job_lines(cluster, node)) + "\n"
     if node.runtime is None:
         raise ValueError("a container job needs the node's container runtime")
     job = cluster.container
@@ -227,11 +230,10 @@ def launch_script(cluster: ClusterLaunch, node: NodeLaunch) -> str:
     inner = [
         "set -u",
         f"run_dir={home_expr(layout.run_dir)}",
-        'finish() { exit "$1"; }',
+        *finish_lines,
         f'. "$run_dir/{container.ENV_FILE}"',
         f"cd {home_expr(layout.workdir)} || finish {SETUP_FAILED_EXIT}",
-        # the last command replaces this shell: the container's init hands TERM to torchrun
-        *_job_lines(cluster, node, final="exec "),
+        *_job_lines(cluster, node, in_container=True),
     ]
     lines += [
         f'(umask 077 && printf %s {shlex.quote(environment)} > "$run_dir/{container.ENV_FILE}")'
@@ -252,9 +254,13 @@ def _export_lines(variables: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _job_lines(cluster: ClusterLaunch, node: NodeLaunch, *, final: str) -> list[str]:
-    """The job's own lines after its variables: settings, setup, then the run (prefixed by
-    `final`: `exec ` in a container) and, on the bare node, `finish` with its exit code."""
+def _job_lines(
+    cluster: ClusterLaunch, node: NodeLaunch, *, in_container: bool = False
+) -> list[str]:
+    """The job's own lines after its variables: settings, setup, then the run and `finish`
+    with its exit code. In a container the run goes in the background and a TERM to the
+    script (from the container's init) is handed to it once; on the node, TERM reaches the
+    whole session already."""
     lines = [
         # torchrun tees the ranks' output through its own stdout, a file here: unbuffered,
         # lines reach node.log (and the controller's live view) as they are printed.
@@ -271,15 +277,20 @@ def _job_lines(cluster: ClusterLaunch, node: NodeLaunch, *, final: str) -> list[
     if cluster.setup:
         lines += setup_lines(cluster.setup, cluster.setup_key, cluster.layout)
     if cluster.launcher == "none":
-        lines.append(f"{final}bash -c {shlex.quote(cluster.run)}")
+        run = f"bash -c {shlex.quote(cluster.run)}"
     else:
-        lines.append(
-            f'{final}torchrun --log-dir="$run_dir/ranks" '
-            + shlex.join(torchrun_args(cluster, node))
-        )
-    if not final:
-        lines.append('finish "$?"')
-    return lines
+        run = 'torchrun --log-dir="$run_dir/ranks" ' + shlex.join(torchrun_args(cluster, node))
+    if not in_container:
+        return [*lines, run, 'finish "$?"']
+    return [
+        *lines,
+        f"{run} &",
+        "child=$!",
+        """trap 'kill -TERM "$child" 2>/dev/null' TERM""",
+        'wait "$child"',
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
+        'wait "$child"; finish "$?"',
+    ]
 
 
 def setup_lines(setup: str, key: str | None, layout: NodeLayout) -> list[str]:
