@@ -5,7 +5,6 @@ report them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from orchestrator.spec.container import (
     size_bytes,
 )
 from orchestrator.spec.loading import load_job
-from tests.support.in_process import run_main
+from tests.support.in_process import isolated_home, run_main
 
 SHA = "sha256:" + "0123456789abcdef" * 4
 PASSWORD = "planted-registry-token-5e1f"
@@ -235,12 +234,9 @@ def test_the_public_document_names_the_password_s_secret_never_its_value(tmp_pat
 
 
 @pytest.fixture
-def dry_home(tmp_path: Path, orch_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in [n for n in os.environ if n.startswith("ORCH_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("ORCH_HOME", str(orch_home))
+def dry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("COLUMNS", "200")
-    return orch_home
+    return isolated_home(tmp_path, monkeypatch)
 
 
 def test_a_dry_run_shows_the_image_as_parsed_its_pull_and_its_login(
