@@ -37,7 +37,7 @@ Loc = tuple[str | int, ...]
 Problem = tuple[Loc, str]  # where (in the task file), what is wrong
 
 SKYPILOT_TOP = ("num_nodes", "envs", "file_mounts", "service", "config")
-SKYPILOT_RESOURCES = ("accelerators", "use_spot", "disk_size", "cloud", "infra", "image_id")
+SKYPILOT_RESOURCES = ("accelerators", "use_spot", "disk_size", "cloud", "infra")
 SHARED_TOP = ("name", "workdir", "setup", "run", "secrets")
 ORCH_EXTRAS = (
     "budget", "checkpoint", "recovery", "deadline", "spot_policy", "provider", "container",
@@ -57,7 +57,11 @@ def looks_like_skypilot(raw: dict[Any, Any]) -> bool:
     if any(key in raw for key in SKYPILOT_TOP):
         return True
     resources = raw.get("resources")
-    return isinstance(resources, dict) and any(key in resources for key in SKYPILOT_RESOURCES)
+    if not isinstance(resources, dict):
+        return False
+    image_id = resources.get("image_id")  # docker:REF is SkyPilot's; an AMI id may be a typo
+    docker = isinstance(image_id, str) and image_id.startswith(DOCKER)
+    return docker or any(key in resources for key in SKYPILOT_RESOURCES)
 
 
 def from_skypilot(raw: dict[Any, Any], default_name: str) -> tuple[dict[str, Any], list[Problem]]:

@@ -112,6 +112,9 @@ def test_orch_s_own_specs_are_not_read_as_tasks(project: Path) -> None:
     for text in (FULL_EXAMPLE, MINIMAL):
         assert load_job(write(project, text)).spec.launcher == "torchrun"
     assert not looks_like_skypilot({"name": "x", "run": "y", "resources": {"nodes": 2}})
+    # `image_id` alone may be a slip for orch's `image`: it stays an unknown field there
+    assert not looks_like_skypilot({"resources": {"image_id": "ami-1"}})
+    assert looks_like_skypilot({"resources": {"image_id": "docker:ubuntu"}})
 
 
 def test_a_task_without_name_or_workdir_takes_the_file_s_name_and_its_folder() -> None:
@@ -147,7 +150,8 @@ def test_a_docker_image_id_is_the_job_s_container(project: Path) -> None:
 
 
 def test_an_image_id_without_docker_stays_the_nodes_ami(project: Path) -> None:
-    spec = load_job(write(project, DOCKER_TASK.format(image_id="ami-0868a20f5a3bf9702"))).spec
+    text = DOCKER_TASK.format(image_id="ami-0868a20f5a3bf9702") + "num_nodes: 1\n"
+    spec = load_job(write(project, text)).spec
     assert spec.resources.image == "ami-0868a20f5a3bf9702" and spec.container is None
 
 
