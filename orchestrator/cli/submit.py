@@ -262,6 +262,8 @@ def submit_command(
         team = _team_view(settings, prepared)
         if json_out:
             document = {**prepared.dry_run.document, "spec": loaded.spec.public_document()}
+            if loaded.spec.container is not None:
+                document["container"] = loaded.spec.container.plan_document()
             document["script_warnings"] = [warning.as_dict() for warning in scripts]
             if prepared.stale is not None:
                 document["stale_checkpoints"] = prepared.stale.as_dict(datetime.now(UTC))
@@ -282,6 +284,8 @@ def submit_command(
             for note in plan.notes:
                 make_console().print(f"  {note}", highlight=False)
             for line in team.lines() if team is not None else []:
+                make_console().print(f"  {line}", markup=False, highlight=False)
+            for line in loaded.spec.container.plan_lines() if loaded.spec.container else []:
                 make_console().print(f"  {line}", markup=False, highlight=False)
             _print_environment(loaded.spec)
         return

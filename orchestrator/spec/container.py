@@ -20,24 +20,27 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from orchestrator.spec.values import EnvName, _show
 
-MAX_REF_CHARS = 255 + 1 + 128 + 1 + 71  # name, ':' tag, '@' sha256 digest
+DEFAULT_REGISTRY = "docker.io"  # where a reference without a registry is pulled from
+DEFAULT_TAG = "latest"  # the tag of a reference with neither a tag nor a digest
+MAX_NAME_CHARS = 255  # registry and repository together, as the runtimes count them
+MAX_REF_CHARS = MAX_NAME_CHARS + 1 + 128 + 1 + 7 + 128  # name, ':' tag, '@' sha512 digest
 MAX_OPTIONS = 16  # devices or volumes a spec may list
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
-_TAG = r"[\w][\w.-]{0,127}"
-_DIGEST = r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # ASCII only, as the runtimes' \w
 _PATH_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _DOMAIN_RE = re.compile(_DOMAIN)
 _TAG_RE = re.compile(_TAG)
-_DIGEST_RE = re.compile(_DIGEST)
+# the digests a runtime verifies: the algorithm's full length, lowercase hex
+_DIGEST_RE = re.compile(r"(sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})")
 _ECR_RE = re.compile(r"[0-9]{12}\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?")
 _SIZE_RE = re.compile(r"([0-9]{1,12})([bkmg]?)", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -83,7 +86,9 @@ def parse_image_ref(text: str) -> ImageRef:
         raise ValueError(f"image reference is {len(text)} characters: at most {MAX_REF_CHARS}")
     rest, _, digest = text.partition("@")
     if "@" in text and not _DIGEST_RE.fullmatch(digest):
-        raise ValueError(f"invalid image digest {_show(digest)}: use sha256:<64 hex digits>")
+        raise ValueError(
+            f"invalid image digest {_show(digest)}: use sha256:<64 lowercase hex digits>"
+        )
     registry: str | None = None
     first, slash, remainder = rest.partition("/")
     if slash and _looks_like_registry(first):
@@ -95,17 +100,22 @@ def parse_image_ref(text: str) -> ImageRef:
         raise ValueError(
             f"invalid tag {_show(tag)} in image {_show(text)}: letters, digits, '_', '.', '-'"
         )
-    if not _PATH_RE.fullmatch(name) or len(name) > 255:
+    if not _PATH_RE.fullmatch(name):
         raise ValueError(
             f"invalid repository {_show(name)} in image {_show(text)}: lowercase letters, digits "
             f"and separators ('.', '_', '-') between '/' parts; use {_REF_HELP}"
+        )
+    full = f"{registry}/{name}" if registry else name
+    if len(full) > MAX_NAME_CHARS:
+        raise ValueError(
+            f"image name {_show(full)} is {len(full)} characters: at most {MAX_NAME_CHARS}"
         )
     return ImageRef(registry, name, tag or None, digest or None)
 
 
 def size_bytes(text: str) -> int:
     """A size such as `16g`, `512m` or `1073741824` in bytes (units b, k, m, g: powers of 1024)."""
-    match = _SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    match = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"invalid size {_show(text)}: a number with k, m or g (16g, 512m)")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
@@ -113,11 +123,26 @@ def size_bytes(text: str) -> int:
 
 def _absolute_clean(path: str, what: str) -> str:
     parts = path.split("/")
-    if not path.startswith("/") or any(p in (".", "..") for p in parts[1:]) or "\x00" in path:
+    if not path.startswith("/") or any(p in (".", "..") for p in parts[1:]):
         raise ValueError(f"{what} {_show(path)} must be an absolute path without '.' or '..'")
-    if any(c in path for c in ",:\n"):
-        raise ValueError(f"{what} {_show(path)} must not hold ',', ':' or a line break")
+    if any(c in path for c in ",:") or any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ValueError(f"{what} {_show(path)} must not hold ',', ':' or a control character")
     return path
+
+
+def _device_ok(device: str) -> str:
+    if not _absolute_clean(device, "device").startswith("/dev/") or not device[5:].strip("/"):
+        raise ValueError(f"device {_show(device)} must name a device under /dev/")
+    return device
+
+
+def _volume_ok(volume: str) -> str:
+    parse_volume(volume)
+    return volume
+
+
+Device = Annotated[str, AfterValidator(_device_ok)]
+Volume = Annotated[str, AfterValidator(_volume_ok)]
 
 
 class RegistryLogin(BaseModel):
@@ -133,8 +158,10 @@ class RegistryLogin(BaseModel):
     @field_validator("username")
     @classmethod
     def _username_ok(cls, value: str) -> str:
-        if not value or len(value) > 256 or any(c in value for c in "\n\r\x00"):
+        if not value or len(value) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise ValueError("must be 1-256 characters on one line")
+        if ":" in value:  # a registry reads `user:password` up to the first ':'
+            raise ValueError(f"{_show(value)} holds ':', which no registry user name can")
         return value
 
 
@@ -157,10 +184,10 @@ class ContainerSpec(BaseModel):
         description="the container's own /dev/shm of this size (16g); default: the node's "
         "/dev/shm, shared through host IPC",
     )
-    devices: list[str] = Field(
+    devices: list[Device] = Field(
         default_factory=list, description="host devices given to the container (/dev/infiniband)"
     )
-    volumes: list[str] = Field(
+    volumes: list[Volume] = Field(
         default_factory=list,
         description="extra host paths mounted in the container: HOST:CONTAINER[:ro]",
     )
@@ -183,9 +210,6 @@ class ContainerSpec(BaseModel):
     def _devices_ok(cls, value: list[str]) -> list[str]:
         if len(value) > MAX_OPTIONS:
             raise ValueError(f"at most {MAX_OPTIONS} devices")
-        for device in value:
-            if not _absolute_clean(device, "device").startswith("/dev/"):
-                raise ValueError(f"device {_show(device)} must be under /dev/")
         return value
 
     @field_validator("volumes")
@@ -193,13 +217,66 @@ class ContainerSpec(BaseModel):
     def _volumes_ok(cls, value: list[str]) -> list[str]:
         if len(value) > MAX_OPTIONS:
             raise ValueError(f"at most {MAX_OPTIONS} volumes")
-        for volume in value:
-            parse_volume(volume)
         return value
 
     @property
     def ref(self) -> ImageRef:
         return parse_image_ref(self.image)
+
+    def plan_document(self) -> dict[str, Any]:
+        """What a dry run shows of the container (JSON data): the image as parsed, the pull
+        policy and how the nodes log in to its registry. A password is named by its secret,
+        never given."""
+        ref = self.ref
+        login: dict[str, str] | None = None
+        if self.credentials is not None:
+            login = {
+                "with": "secret",
+                "username": self.credentials.username,
+                "password_secret": self.credentials.password_secret,
+            }
+        elif ref.ecr_region is not None:
+            login = {"with": "node_role", "ecr_region": ref.ecr_region}
+        return {
+            "image": self.image,
+            "registry": ref.registry or DEFAULT_REGISTRY,
+            "repository": ref.repository,
+            "tag": ref.tag if ref.tag or ref.digest else DEFAULT_TAG,
+            "digest": ref.digest,
+            "pull": self.pull,
+            "login": login,
+        }
+
+    def plan_lines(self) -> list[str]:
+        """`plan_document` as lines for a person."""
+        doc = self.plan_document()
+        ref = self.ref
+        parts = [f"registry {doc['registry']}" + ("" if ref.registry else " (the default)")]
+        parts.append(f"repository {doc['repository']}")
+        if doc["tag"]:
+            parts.append(f"tag {doc['tag']}" + ("" if ref.tag or ref.digest else " (none given)"))
+        if doc["digest"]:
+            parts.append(f"digest {doc['digest']}")
+        pull = (
+            "pulled only where a node lacks it (a kept cluster reuses it)"
+            if self.pull == "missing"
+            else "pulled before every start"
+        )
+        login = doc["login"]
+        if login is None:
+            said = "none (a public image, or one the node's runtime is logged in to)"
+        elif login["with"] == "secret":
+            said = (
+                f"user {login['username']}, password from secret {login['password_secret']} "
+                "(value hidden)"
+            )
+        else:
+            said = f"the node's instance role (Amazon ECR in {login['ecr_region']}, on aws)"
+        return [
+            f"container {self.image}: {', '.join(parts)}",
+            f"  pull {self.pull}: {pull}",
+            f"  registry login: {said}",
+        ]
 
 
 def parse_volume(text: str) -> tuple[str, str, str]:
@@ -209,4 +286,6 @@ def parse_volume(text: str) -> tuple[str, str, str]:
         raise ValueError(f"invalid volume {_show(text)}: use HOST:CONTAINER or HOST:CONTAINER:ro")
     host = _absolute_clean(parts[0], "volume host path")
     container = _absolute_clean(parts[1], "volume container path")
+    if not container.strip("/"):
+        raise ValueError(f"invalid volume {_show(text)}: the container path must not be /")
     return host, container, parts[2] if len(parts) == 3 else "rw"

@@ -298,6 +298,7 @@ def resolve_environment(raw: dict[Any, Any], environ: Mapping[str, str]) -> list
     a mapping that is not one) are left for validation to report.
     """
     problems: list[_Problem] = []
+    password = _registry_password_name(raw)
     for section in ("env", "secrets"):
         values = raw.get(section)
         if not isinstance(values, dict):
@@ -308,12 +309,13 @@ def resolve_environment(raw: dict[Any, Any], environ: Mapping[str, str]) -> list
                 if str(name) in environ:
                     values[name] = environ[str(name)]
                 else:
+                    what = " (the registry password of container.credentials)"
                     problems.append(
                         _Problem(
                             loc,
-                            f"has no value and {name} is not set in the submitting shell: "
-                            f"export {name}=... before orch submit, or pass "
-                            f"--secret {name}=VALUE",
+                            f"has no value and {name} is not set in the submitting shell"
+                            f"{what if name == password else ''}: export {name}=... before "
+                            f"orch submit, or pass --secret {name}=VALUE",
                         )  # fmt: skip
                     )
             elif isinstance(value, str):
@@ -323,6 +325,13 @@ def resolve_environment(raw: dict[Any, Any], environ: Mapping[str, str]) -> list
                 except ValueError as exc:
                     problems.append(_Problem(loc, str(exc)))
     return problems
+
+
+def _registry_password_name(raw: dict[Any, Any]) -> object:
+    """The secret name `container.credentials.password_secret` gives, if the file has one."""
+    container = raw.get("container")
+    login = container.get("credentials") if isinstance(container, dict) else None
+    return login.get("password_secret") if isinstance(login, dict) else None
 
 
 def assignment_overrides(

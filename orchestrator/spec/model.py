@@ -60,7 +60,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.spec.container import ContainerSpec
+from orchestrator.spec.container import ContainerSpec, RegistryLogin
 from orchestrator.spec.placement import Image, InstanceTypes, Ports, Regions, Zones, zone_region
 from orchestrator.spec.progress import ProgressSpec
 from orchestrator.spec.values import (
@@ -70,6 +70,7 @@ from orchestrator.spec.values import (
     Deadline,
     EnvName,
     EnvValue,
+    FieldError,
     Seconds,
     SecretValue,
     SpotPolicyName,
@@ -96,6 +97,7 @@ __all__ = [
     "MirrorMode",
     "JobSpec",
     "ProgressSpec",
+    "RegistryLogin",
     "LoadedJob",
     "Recovery",
     "Resources",
@@ -450,10 +452,11 @@ class JobSpec(_Model):
     def _registry_password_is_a_secret(self) -> JobSpec:
         login = self.container.credentials if self.container else None
         if login is not None and login.password_secret not in self.secrets:
-            raise ValueError(
-                f"container.credentials.password_secret names {login.password_secret}, which is "
-                f"not in secrets: add `secrets: {{{login.password_secret}: null}}` (the value "
-                "then comes from your shell's variable of that name)"
+            raise FieldError(
+                ("container", "credentials", "password_secret"),
+                f"names {login.password_secret}, which is not in secrets: add "
+                f"`secrets: {{{login.password_secret}: null}}` (the value then comes from your "
+                "shell's variable of that name)",
             )
         return self
 

@@ -18,13 +18,15 @@ from orchestrator.spec.model import (
     OVERRIDE_FLAGS,
     Budget,
     CheckpointSpec,
+    ContainerSpec,
     DataMount,
     JobSpec,
     ProgressSpec,
     Recovery,
+    RegistryLogin,
     Resources,
 )
-from orchestrator.spec.values import MAX_DURATION_S, _one_line, _show
+from orchestrator.spec.values import MAX_DURATION_S, FieldError, _one_line, _show
 
 Loc = tuple[str | int, ...]
 
@@ -42,6 +44,8 @@ _KNOWN_FIELDS: dict[tuple[str, ...], list[str]] = {
     ("budget",): _fields_of(Budget),
     ("recovery",): _fields_of(Recovery),
     ("progress",): _fields_of(ProgressSpec),
+    ("container",): _fields_of(ContainerSpec),
+    ("container", "credentials"): _fields_of(RegistryLogin),
     ("data", "[]"): _fields_of(DataMount),
 }
 
@@ -69,6 +73,9 @@ def _problem_from_error(err: ErrorDetails) -> _Problem:
         else:
             loc.append(part)
     kind = err["type"]
+    error = (err.get("ctx") or {}).get("error")
+    if isinstance(error, FieldError):
+        loc.extend(error.loc)
     if kind == "invalid_key" and loc:
         loc[-1] = _show(err["input"])  # the key as written: `true`, not pydantic's `1`
     elif is_key and loc:

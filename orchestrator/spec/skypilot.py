@@ -14,6 +14,8 @@ share. Its `run` starts its own processes once per node (SkyPilot's way), so the
     resources.disk_size               resources.disk_size_gb
     resources.instance_type, region,  resources.instance_type, region, zone, image, ports
       zone, image_id, ports
+    resources.image_id: docker:REF    container.image: REF (an image_id without docker: is an AMI)
+    envs/secrets SKYPILOT_DOCKER_*    container.credentials (see `_docker_login`)
     resources.cloud: aws, or          provider: aws (and resources.region, zone)
       infra: aws[/REGION[/ZONE]]
     envs                              env
@@ -29,13 +31,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from orchestrator.spec.container import _looks_like_registry
+
 Loc = tuple[str | int, ...]
 Problem = tuple[Loc, str]  # where (in the task file), what is wrong
 
 SKYPILOT_TOP = ("num_nodes", "envs", "file_mounts", "service", "config")
 SKYPILOT_RESOURCES = ("accelerators", "use_spot", "disk_size", "cloud", "infra")
 SHARED_TOP = ("name", "workdir", "setup", "run", "secrets")
-ORCH_EXTRAS = ("budget", "checkpoint", "recovery", "deadline", "spot_policy", "provider")
+ORCH_EXTRAS = (
+    "budget", "checkpoint", "recovery", "deadline", "spot_policy", "provider", "container",
+)  # fmt: skip
+DOCKER = "docker:"  # SkyPilot's image_id prefix for a container image
+USERNAME, PASSWORD, SERVER = (
+    "SKYPILOT_DOCKER_USERNAME", "SKYPILOT_DOCKER_PASSWORD", "SKYPILOT_DOCKER_SERVER",
+)  # fmt: skip
+_DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
 _CLOUDS = {"aws": "aws"}  # SkyPilot's cloud names that orch serves, to orch's providers
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?::(\d+))?$")
 _NOT_HERE = "orch does not support this SkyPilot field"
@@ -46,7 +57,11 @@ def looks_like_skypilot(raw: dict[Any, Any]) -> bool:
     if any(key in raw for key in SKYPILOT_TOP):
         return True
     resources = raw.get("resources")
-    return isinstance(resources, dict) and any(key in resources for key in SKYPILOT_RESOURCES)
+    if not isinstance(resources, dict):
+        return False
+    image_id = resources.get("image_id")  # docker:REF is SkyPilot's; an AMI id may be a typo
+    docker = isinstance(image_id, str) and image_id.startswith(DOCKER)
+    return docker or any(key in resources for key in SKYPILOT_RESOURCES)
 
 
 def from_skypilot(raw: dict[Any, Any], default_name: str) -> tuple[dict[str, Any], list[Problem]]:
@@ -62,13 +77,15 @@ def from_skypilot(raw: dict[Any, Any], default_name: str) -> tuple[dict[str, Any
         elif key == "num_nodes":
             spec.setdefault("resources", {})["nodes"] = value
         elif key == "envs":
-            spec["env"] = _envs(value, problems)
+            spec["env"] = _envs(_without_password(value), problems)
         elif key == "file_mounts":
             spec["data"] = _file_mounts(value, problems)
         elif key == "resources":
             _resources(value, spec, problems)
         else:
             problems.append(((str(key),), f"{_NOT_HERE}; {_HINTS.get(str(key), _SEE_DOCS)}"))
+    _password_to_secrets(raw, spec)
+    _docker_image(raw, spec, problems)
     spec.setdefault("name", _name(default_name))
     spec.setdefault("workdir", ".")
     return spec, problems
@@ -91,6 +108,7 @@ _BACK: dict[Loc, Loc] = {
     ("resources", "accelerator"): ("resources", "accelerators"),
     ("resources", "gpus_per_node"): ("resources", "accelerators"),
     ("resources", "image"): ("resources", "image_id"),
+    ("container", "image"): ("resources", "image_id"),
     ("env",): ("envs",),
     ("data",): ("file_mounts",),
 }
@@ -125,6 +143,106 @@ def _envs(value: object, problems: list[Problem]) -> object:
                 )  # fmt: skip
             )
     return {k: v for k, v in value.items() if v is not None and v != ""}
+
+
+def _without_password(envs: object) -> object:
+    if not isinstance(envs, dict):
+        return envs
+    return {k: v for k, v in envs.items() if k != PASSWORD}
+
+
+def _password_to_secrets(raw: dict[Any, Any], spec: dict[str, Any]) -> None:
+    """SKYPILOT_DOCKER_PASSWORD of `envs` goes to `secrets` (orch shows env values); a null
+    value there is the submitting shell's variable, as SkyPilot's `--env NAME` gives it."""
+    envs = raw.get("envs")
+    if isinstance(envs, dict) and PASSWORD in envs:
+        secrets = spec.setdefault("secrets", {})
+        if isinstance(secrets, dict):
+            secrets.setdefault(PASSWORD, envs[PASSWORD])
+
+
+def _docker_image(raw: dict[Any, Any], spec: dict[str, Any], problems: list[Problem]) -> None:
+    """`resources.image_id: docker:REF` as `container.image: REF`, with SkyPilot's login
+    variables as `container.credentials`; any other image_id stays an AMI id."""
+    resources = spec.get("resources")
+    image_id = resources.get("image") if isinstance(resources, dict) else None
+    if not isinstance(image_id, str) or not image_id.startswith(DOCKER):
+        return
+    del resources["image"]
+    where: Loc = ("resources", "image_id")
+    container = spec.setdefault("container", {})
+    if not isinstance(container, dict) or "image" in container:
+        problems.append((where, "give the image once: here or as container.image"))
+        return
+    image = image_id[len(DOCKER) :].strip()
+    given = _login_values(raw)
+    server = given.get(SERVER)
+    if isinstance(server, str) and server:
+        image = _on_server(image, server, problems)
+    container["image"] = image
+    login = _docker_login(given, spec, problems)
+    if login is not None:
+        container.setdefault("credentials", login)
+
+
+def _login_values(raw: dict[Any, Any]) -> dict[str, object]:
+    """SkyPilot's login variables as the task gives them (from `envs` or `secrets`)."""
+    found: dict[str, object] = {}
+    for section in ("envs", "secrets"):
+        values = raw.get(section)
+        for name in (USERNAME, PASSWORD, SERVER) if isinstance(values, dict) else ():
+            if name in values:
+                found[name] = values[name]
+    return found
+
+
+def _on_server(image: str, server: str, problems: list[Problem]) -> str:
+    """The image on SKYPILOT_DOCKER_SERVER: SkyPilot pulls a reference without a registry
+    from that server (`docker:team/train:1` with an ECR server)."""
+    host = server.split("://", 1)[-1].split("/", 1)[0]
+    first, slash, _ = image.partition("/")
+    if not (slash and _looks_like_registry(first)):
+        return image if host in _DOCKER_HUB else f"{host}/{image}"
+    if first != host and not (first in _DOCKER_HUB and host in _DOCKER_HUB):
+        problems.append(
+            (
+                ("resources", "image_id"),
+                f"the image is in {first}, but {SERVER} names {host}: the login would be "
+                "for another registry; give the image's own registry",
+            )  # fmt: skip
+        )
+    return image
+
+
+def _docker_login(
+    given: dict[str, object], spec: dict[str, Any], problems: list[Problem]
+) -> dict[str, str] | None:
+    """SkyPilot's SKYPILOT_DOCKER_USERNAME and SKYPILOT_DOCKER_PASSWORD as orch's login: the
+    user name as written, the password by its secret's name (its value never in the spec).
+    The user name must be written in the file: orch keeps it in the spec, where a value from
+    the shell cannot be."""
+    if USERNAME not in given and PASSWORD not in given:
+        return None
+    if USERNAME not in given or PASSWORD not in given:
+        missing = PASSWORD if USERNAME in given else USERNAME
+        problems.append(
+            (("envs",), f"SkyPilot logs in with {USERNAME} and {PASSWORD}: give {missing} too")
+        )
+        return None
+    username = given[USERNAME]
+    if not isinstance(username, str) or not username:
+        problems.append(
+            (
+                ("envs", USERNAME),
+                "write the registry user in the file (envs: {"
+                f"{USERNAME}: NAME}}); the password alone comes from the shell",
+            )  # fmt: skip
+        )
+        return None
+    secrets = spec.setdefault("secrets", {})
+    if isinstance(secrets, dict):
+        secrets.setdefault(PASSWORD, None)
+    return {"username": username, "password_secret": PASSWORD}
 
 
 def _file_mounts(value: object, problems: list[Problem]) -> list[dict[str, object]]:

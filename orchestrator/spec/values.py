@@ -29,6 +29,16 @@ _DURATION_HELP = "seconds (600) or a number with units s, m, h, d (90s, 30m, 4h,
 # Field types
 
 
+class FieldError(ValueError):
+    """A check across fields that belongs to one of them: raised by a model validator, it is
+    reported at `loc` below the model (`("container", "credentials", "password_secret")`)
+    instead of at the model itself."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 def parse_duration(value: object) -> float:
     """Return `value` as seconds: a number is seconds, a string is "600", "90s", "1h30m", "2d".
 

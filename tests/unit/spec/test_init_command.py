@@ -120,3 +120,18 @@ def test_the_templates_are_package_data() -> None:
     assert shipped == {f"{t}.yaml" for t in TEMPLATES}
     for name in shipped:
         assert any(fnmatch.fnmatch(f"templates/{name}", p) for p in patterns), name
+
+
+def test_the_script_starter_shows_a_container_section_that_loads_uncommented(
+    project: Path,
+) -> None:
+    text = write_starter(project / "job.yaml", "script", force=False).path.read_text()
+    assert load_job(project / "job.yaml").spec.container is None  # commented out: bare nodes
+    start = text.index("# container:")
+    uncommented = text[:start] + re.sub(r"(?m)^# ?", "", text[start:])
+    (project / "job.yaml").write_text(uncommented)
+    spec = load_job(project / "job.yaml", environ={"NGC_API_KEY": "k"}).spec
+    assert spec.container is not None and spec.container.ref.registry == "nvcr.io"
+    assert spec.container.pull == "missing" and spec.container.credentials is not None
+    assert spec.container.credentials.username == "$oauthtoken"
+    assert spec.container.credentials.password_secret == "NGC_API_KEY"

@@ -112,6 +112,9 @@ def test_orch_s_own_specs_are_not_read_as_tasks(project: Path) -> None:
     for text in (FULL_EXAMPLE, MINIMAL):
         assert load_job(write(project, text)).spec.launcher == "torchrun"
     assert not looks_like_skypilot({"name": "x", "run": "y", "resources": {"nodes": 2}})
+    # `image_id` alone may be a slip for orch's `image`: it stays an unknown field there
+    assert not looks_like_skypilot({"resources": {"image_id": "ami-1"}})
+    assert looks_like_skypilot({"resources": {"image_id": "docker:ubuntu"}})
 
 
 def test_a_task_without_name_or_workdir_takes_the_file_s_name_and_its_folder() -> None:
@@ -126,3 +129,101 @@ def test_errors_found_by_orch_s_own_checks_point_at_the_task_s_fields() -> None:
     assert task_loc(("env", "LR")) == ("envs", "LR")
     assert task_loc(("data", 0, "src")) == ("file_mounts",)
     assert task_loc(("run",)) == ("run",)
+
+
+ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+DOCKER_TASK = """\
+name: t
+workdir: .
+run: python main.py
+resources:
+  image_id: {image_id}
+"""
+
+
+def test_a_docker_image_id_is_the_job_s_container(project: Path) -> None:
+    text = DOCKER_TASK.format(image_id="docker:nvcr.io/nvidia/pytorch:24.05-py3")
+    spec = load_job(write(project, text), environ={}).spec
+    assert spec.container is not None and spec.resources.image is None
+    assert spec.container.image == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert spec.container.credentials is None and spec.launcher == "none"
+
+
+def test_an_image_id_without_docker_stays_the_nodes_ami(project: Path) -> None:
+    text = DOCKER_TASK.format(image_id="ami-0868a20f5a3bf9702") + "num_nodes: 1\n"
+    spec = load_job(write(project, text)).spec
+    assert spec.resources.image == "ami-0868a20f5a3bf9702" and spec.container is None
+
+
+def test_skypilot_s_login_variables_are_the_container_s_credentials(project: Path) -> None:
+    text = DOCKER_TASK.format(image_id="docker:team/train:1") + (
+        "envs:\n"
+        "  SKYPILOT_DOCKER_USERNAME: AWS\n"
+        f"  SKYPILOT_DOCKER_SERVER: {ECR}\n"
+        "  SKYPILOT_DOCKER_PASSWORD:\n"  # SkyPilot's `--env NAME`: from the shell
+    )
+    job = load_job(write(project, text), environ={"SKYPILOT_DOCKER_PASSWORD": "tok-3a9c"})
+    container = job.spec.container
+    assert container is not None and container.credentials is not None
+    assert container.image == f"{ECR}/team/train:1"  # SkyPilot pulls it from the server
+    assert container.credentials.username == "AWS"
+    assert container.credentials.password_secret == "SKYPILOT_DOCKER_PASSWORD"
+    assert job.spec.secrets == {"SKYPILOT_DOCKER_PASSWORD": "tok-3a9c"}
+    assert "SKYPILOT_DOCKER_PASSWORD" not in job.spec.env  # env values are shown; it is not
+    assert "tok-3a9c" not in str(job.spec.public_document())
+
+
+def test_a_password_under_secrets_and_a_docker_hub_server_keep_the_image(project: Path) -> None:
+    text = DOCKER_TASK.format(image_id="docker:team/train:1") + (
+        "envs: {SKYPILOT_DOCKER_USERNAME: bot, SKYPILOT_DOCKER_SERVER: docker.io}\n"
+        "secrets: {SKYPILOT_DOCKER_PASSWORD: null}\n"
+    )
+    spec = load_job(write(project, text), environ={"SKYPILOT_DOCKER_PASSWORD": "p"}).spec
+    assert spec.container is not None and spec.container.image == "team/train:1"
+    assert spec.container.credentials is not None
+    assert spec.container.credentials.password_secret == "SKYPILOT_DOCKER_PASSWORD"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        (
+            "envs: {SKYPILOT_DOCKER_USERNAME: bot, SKYPILOT_DOCKER_SERVER: ghcr.io}",
+            "envs",
+            "give SKYPILOT_DOCKER_PASSWORD too",
+        ),
+        (
+            "secrets: {SKYPILOT_DOCKER_USERNAME: null, SKYPILOT_DOCKER_PASSWORD: null}",
+            "envs.SKYPILOT_DOCKER_USERNAME",
+            "write the registry user in the file",
+        ),
+        (
+            "envs: {SKYPILOT_DOCKER_SERVER: ghcr.io}\ncontainer: {image: a}",
+            "resources.image_id",
+            "give the image once",
+        ),
+    ],
+)
+def test_a_login_orch_cannot_take_as_written_is_refused_saying_what_to_give(
+    project: Path, extra: str, field: str, words: str
+) -> None:
+    text = DOCKER_TASK.format(image_id="docker:team/train:1") + extra + "\n"
+    with pytest.raises(SpecError) as refused:
+        load_job(write(project, text), environ={"SKYPILOT_DOCKER_PASSWORD": "p"})
+    assert f"{field} (line" in str(refused.value) and words in str(refused.value), refused.value
+
+
+def test_a_server_other_than_the_image_s_registry_is_refused(project: Path) -> None:
+    text = DOCKER_TASK.format(image_id="docker:nvcr.io/nvidia/pytorch:24.05-py3") + (
+        "envs: {SKYPILOT_DOCKER_SERVER: ghcr.io}\n"
+    )
+    with pytest.raises(SpecError) as refused:
+        load_job(write(project, text))
+    said = str(refused.value)
+    assert "resources.image_id (line 5): the image is in nvcr.io, but" in said, said
+
+
+def test_an_invalid_docker_image_is_reported_at_the_image_id(project: Path) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job(write(project, DOCKER_TASK.format(image_id="docker:Team/Train")))
+    assert "resources.image_id (line 5): invalid repository" in str(refused.value)
