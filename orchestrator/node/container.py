@@ -12,7 +12,9 @@ Nothing here does I/O. Each node runs containers with the runtime its provider n
   `shm_size`), the node's locked-memory, stack, open-file and process limits, every GPU on a
   GPU node, the job's directories mounted at the paths the job sees, the environment read
   from a 0600 file (never a command line). A TERM to the run's session reaches the container
-  once, through the runtime (`kill`), and the run's exit code is the container's;
+  once, through the runtime (`kill`), whose init hands it to the inner script, which hands it
+  to the run; the inner script records the run's exit code in the mounted run directory, and
+  the launch script ends only once the container has;
 - `kill_command` removes the container when its session was killed (a restart, a kept
   cluster's next job), since the container does not live in that session.
 """
@@ -327,8 +329,9 @@ def pull_failure(image: str, progress: PullProgress, node: str) -> tuple[str, st
         if progress.check_code == TORCHRUN_MISSING_EXIT:
             return (
                 f"image {image} has no torchrun on its PATH",
-                "use an image with PyTorch installed (torchrun comes with it), install it in "
-                "`setup`, or set `launcher: none` and start your processes in `run`",
+                "use an image with PyTorch installed (torchrun comes with it), or set "
+                "`launcher: none` and start your processes in `run` (then `setup` may install "
+                "what they need)",
             )
         if progress.check_code == BASH_MISSING_EXIT:
             return (

@@ -26,7 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from orchestrator.spec.values import EnvName, _show
 
-DEFAULT_REGISTRY = "docker.io"  # where a reference without a registry is pulled from
+DEFAULT_REGISTRY = "Docker Hub"  # where a reference without a registry is pulled from
 DEFAULT_TAG = "latest"  # the tag of a reference with neither a tag nor a digest
 MAX_NAME_CHARS = 255  # registry and repository together, as the runtimes count them
 MAX_REF_CHARS = MAX_NAME_CHARS + 1 + 128 + 1 + 7 + 128  # name, ':' tag, '@' sha512 digest

@@ -296,7 +296,7 @@ def test_a_dry_run_of_a_docker_hub_image_names_the_default_registry_and_tag(
     code, out, err = run_main(["submit", str(path), "--dry-run"])
     assert code == 0, out + err
     assert (
-        "container pytorch/pytorch: registry docker.io (the default), repository "
+        "container pytorch/pytorch: registry Docker Hub (the default), repository "
         "pytorch/pytorch, tag latest (none given)" in out
     ), out
     assert "registry login: none" in out, out
