@@ -287,7 +287,7 @@ def container_lines(launch: ContainerLaunch, workdir: str) -> list[str]:
         f"mkdir -p {' '.join(launch.mounts)} 2>/dev/null; true" if launch.mounts else "true",
         # the client ignores the session's TERM where it can (--sig-proxy=false, and TERM
         # ignored from its start); the trap below hands TERM on once
-        f"(trap '' TERM; exec {rt} run {options} {mounts} --env HOME $limits "
+        f"(trap '' TERM; {rt} run {options} {mounts} --env HOME $limits "
         f"--workdir {workdir} --entrypoint /bin/bash "
         f'{shlex.quote(launch.image)} "$run_dir/{INNER_SCRIPT}") &',
         "child=$!",

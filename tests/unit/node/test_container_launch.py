@@ -66,7 +66,8 @@ def setup_node(tmp_path: Path) -> tuple[Path, dict[str, str], container.Containe
     home = tmp_path / "home"
     home.mkdir()
     env = {"HOME": str(home), "PATH": os.environ["PATH"], "FAKE_RUNTIME_STATE": str(state)}
-    runtime = container.ContainerRuntime(kind="docker", command=str(program))
+    # the command as a provider writes it: with a variable for the runtime (podman: TMPDIR)
+    runtime = container.ContainerRuntime(kind="docker", command=f"TMPDIR={tmp_path} {program}")
     return home, env, runtime
 
 
