@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.config import AwsSettings, Settings
+from orchestrator.node.container import PullPlan, PullProgress, pull_failure, pull_script
 from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.providers.aws import container_runtime
 from orchestrator.providers.aws.container_runtime import SETUP_LOG, SETUP_SCRIPT, ec2_runtime
@@ -217,18 +218,27 @@ def test_a_failed_install_is_marked_and_said_in_the_log(tmp_path: Path) -> None:
     assert node.done.read_text().strip() == "1"
 
 
-def test_prepare_fails_with_the_setup_log_named_when_docker_does_not_answer(
+def test_a_pull_on_a_node_whose_docker_does_not_answer_fails_naming_the_setup_log(
     tmp_path: Path,
 ) -> None:
-    prepare = ec2_runtime(gpu=False).prepare
-    for answer, code in (("exit 1", 1), ("exit 0", 0)):
-        bin_dir = tmp_path / f"bin{code}"
+    """The pull's first step (the runtime's `prepare`) fails at once on a node without a
+    working Docker (no boot setup pending), and the job's message points at the setup's log."""
+    plan = PullPlan(image="team/train:1", registry=None, runtime=ec2_runtime(gpu=False),
+                    auth_dir=str(tmp_path / "auth"))  # fmt: skip
+    for answer, fails in (("exit 1", True), ("exit 0", False)):
+        bin_dir = tmp_path / f"bin-{fails}"
         bin_dir.mkdir()
         (bin_dir / "sudo").write_text(f"#!/bin/sh\n{answer}\n")
         (bin_dir / "sudo").chmod(0o755)
-        os.symlink(shutil.which("tail") or "tail", bin_dir / "tail")
-        result = subprocess.run(["/bin/sh", "-c", prepare], env={"PATH": str(bin_dir)},
+        for tool in ("tail", "rm", "mkdir", "chmod"):
+            os.symlink(shutil.which(tool) or tool, bin_dir / tool)
+        result = subprocess.run(["/bin/sh", "-c", pull_script(plan)], env={"PATH": str(bin_dir)},
                                 capture_output=True, text=True, timeout=30)  # fmt: skip
-        assert result.returncode == code
-        assert ("docker does not answer" in result.stdout) == (code == 1)
-        assert (SETUP_LOG in result.stdout) == (code == 1)
+        progress = PullProgress()
+        for line in result.stdout.splitlines():
+            progress.feed(line)
+        assert (progress.failure == "prepare-failed") == fails, result.stdout
+        if fails:
+            message, hint = pull_failure(plan.image, progress, "0")
+            assert f"docker does not answer on this node (boot setup: {SETUP_LOG})" in message
+            assert "the node needs a working Docker" in hint
