@@ -1,11 +1,12 @@
 # The nodes' own credentials for a job's checkpoint store (`checkpoint.store: s3://...`), made
 # only when `checkpoint_store` is set:
 # - the policy of each job's own role (`node_job`): objects under <prefix>/<job id>/ only, the
-#   job id being the role's `orch-job` tag. orch makes a role per job with it (attached, and as
-#   the permissions boundary, which is the only policy it may attach) when it launches the job's
-#   nodes, and deletes it with them (orchestrator/providers/aws/node_roles.py).
+#   job id being the role's `orch-job` tag, and pulls of container images from Amazon ECR. orch
+#   makes a role per job with it (attached, and as the permissions boundary, which is the only
+#   policy it may attach) when it launches the job's nodes, and deletes it with them
+#   (orchestrator/providers/aws/node_roles.py).
 # - a role shared by the nodes of kept clusters (whose later jobs are not known when they
-#   launch): the whole prefix, in the instance profile `<name>-node`.
+#   launch): the whole prefix and ECR pulls, in the instance profile `<name>-node`.
 
 locals {
   store_bucket = var.checkpoint_store == "" ? "" : split("/", trimprefix(var.checkpoint_store, "s3://"))[0]
@@ -64,6 +65,15 @@ data "aws_iam_policy_document" "node_store" {
       variable = "s3:prefix"
       values   = [local.store_prefix == "" ? "*" : "${local.store_prefix}/*"]
     }
+  }
+
+  # A job's container image in Amazon ECR: the nodes log in and pull with this role (as the
+  # per-job policy of policies/node-job.json.tftpl allows too). Read only, any repository the
+  # account can read, as AWS's own read-only ECR policy.
+  statement {
+    sid       = "PullImagesFromEcr"
+    actions   = ["ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+    resources = ["*"]
   }
 }
 

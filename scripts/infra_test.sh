@@ -317,6 +317,13 @@ if mode == "present":
         document = iam.get_role_policy(RoleName=role["RoleName"], PolicyName="orch-checkpoint-store")["PolicyDocument"]
         document = json.loads(urllib.parse.unquote(document)) if isinstance(document, str) else document
         statements = document["Statement"]
+        # pulls of a job's container image from Amazon ECR: read only, any repository
+        ecr = [s for s in statements if s.get("Sid") == "PullImagesFromEcr"]
+        ecr_actions = {"ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                       "ecr:BatchCheckLayerAvailability"}
+        need(len(ecr) == 1 and set(ecr[0]["Action"]) == ecr_actions and ecr[0]["Resource"] in ("*", ["*"]),
+             f"the node role's ECR statement is not the four pull actions on any repository: {ecr}")
+        statements = [s for s in statements if s not in ecr]
         resources = {r for s in statements for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
         need(resources == {expect["store_objects"], expect["store_bucket_arn"]},
              f"the node role reaches {sorted(resources)}, expected only the store's prefix")

@@ -75,6 +75,9 @@ class LaunchRequest:
     #                   always launches new nodes
     ranks: tuple[int, ...] = ()  # the ranks of the nodes to launch, `count` of them, when not
     #                              0..count-1: replacements of lost nodes beside survivors
+    container: bool = False  # the job runs in a container image: the nodes ready a runtime for
+    #                          it at boot where their image lacks one (AWS: Docker, the NVIDIA
+    #                          container toolkit on GPU nodes, the AWS CLI)
 
     def __post_init__(self) -> None:
         if self.ranks and len(self.ranks) != self.count:

@@ -61,4 +61,5 @@ def launch_request(
         guard=guard,
         ledger_id=ledger_id,
         attempt=attempt,
+        container=spec.container is not None,
     )

@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import boto3
 import pytest
@@ -100,6 +101,37 @@ def test_each_job_s_nodes_reach_only_their_job_s_prefix(provider: AwsProvider) -
         assert not _reaches(one, action, "orch/job2/ckpt/model.pt@0123")
         assert not _reaches(two, action, "orch/job1/ckpt/model.pt@0123")
         assert not _reaches(one, action, "orch/job10/x") and not _reaches(one, action, "other")
+
+
+def _document(provider: AwsProvider, arn: str) -> dict[str, Any]:
+    """A managed policy's default document, as IAM holds it."""
+    iam = provider.iam_client()
+    version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+    document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]
+    raw = document["Document"]
+    return json.loads(unquote(raw)) if isinstance(raw, str) else dict(raw)
+
+
+ECR_PULL = ("ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+            "ecr:BatchCheckLayerAvailability")  # fmt: skip
+
+
+def test_a_job_s_nodes_may_pull_images_from_ecr_and_nothing_more(provider: AwsProvider) -> None:
+    """A job's container image in Amazon ECR: its nodes log in (`aws ecr get-login-password`)
+    and pull with their own role, whose policy is also its boundary."""
+    provider.launch(request(job="job1", count=1, store=STORE, container=True))
+    role = _role(provider, job_profile_name(None, "job1"))
+    boundary = role["PermissionsBoundary"]["PermissionsBoundaryArn"]
+    context = {f"aws:PrincipalTag/{k}": v for k, v in role["Tags"].items()}
+    repository = "arn:aws:ecr:us-east-1:123456789012:repository/team/train"
+    for arn in {*role["Attached"], boundary}:
+        policy = _document(provider, arn)
+        assert allows(policy, Request("ecr:GetAuthorizationToken", "*", context))
+        for action in ECR_PULL[1:]:
+            assert allows(policy, Request(action, repository, context))
+        for action in ("ecr:PutImage", "ecr:InitiateLayerUpload", "ecr:DeleteRepository",
+                       "ecr:SetRepositoryPolicy"):  # fmt: skip
+            assert not allows(policy, Request(action, repository, context))
 
 
 def test_a_job_s_role_ends_with_its_last_node(provider: AwsProvider) -> None:

@@ -92,6 +92,23 @@ def test_user_data_carries_host_key_and_client_key(provider: AwsProvider) -> Non
     assert doc["ssh_authorized_keys"] == [PUBLIC_KEY] and doc["ssh_deletekeys"] is True
 
 
+def test_a_cloud_on_this_machine_installs_nothing_for_a_container_and_offers_no_runtime(
+    provider: AwsProvider,
+) -> None:
+    """moto's and the sandbox's hosts are this machine: the boot setup would install packages
+    on it, and its Docker runs in this machine's network, not the host's."""
+    import base64
+    import gzip
+
+    (node,) = provider.launch(request(count=1, container=True))
+    raw = provider.client(REGION).describe_instance_attribute(
+        InstanceId=node.instance_id, Attribute="userData"
+    )["UserData"]["Value"]
+    assert "orch-container" not in gzip.decompress(base64.b64decode(raw)).decode()
+    assert node.container_runtime is None
+    assert all(n.container_runtime is None for n in provider.list_owned(job_id="job1"))
+
+
 def test_capacity_error_fails_over_to_next_zone(provider: AwsProvider) -> None:
     first_zone = provider.offers(provider_query())[0].zone
     provider.launch_client(REGION).meta.events.register(

@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from orchestrator.backoff import backoff_s
 from orchestrator.errors import ConfigError
 from orchestrator.node.guard_protocol import cloud_init_parts
+from orchestrator.providers.aws import container_runtime
 from orchestrator.providers.base import Instance, LaunchRequest
 from orchestrator.providers.offers import Offer
 
@@ -108,14 +110,22 @@ def new_host_key() -> HostKey:
     return HostKey(private_openssh=private, public_line=public)
 
 
-def user_data(public_key: str, host_key: HostKey, guard_terms: str | None = None) -> str:
+def user_data(
+    public_key: str,
+    host_key: HostKey,
+    guard_terms: str | None = None,
+    *,
+    container_gpu: bool | None = None,
+) -> str:
     """cloud-config that authorizes `public_key` for the default user and installs `host_key`;
     with `guard_terms` (the document of `GuardTerms.for_node`), it also arms the node's guard
-    at boot as a systemd unit (`orchestrator.node.guard_protocol.cloud_init_parts`).
+    at boot as a systemd unit (`orchestrator.node.guard_protocol.cloud_init_parts`). With
+    `container_gpu` set (a job with a container), it then installs what the node lacks to run
+    the job's image (`container_runtime.setup_parts`; True: a GPU node, the NVIDIA toolkit too).
 
     JSON is valid YAML, so the document is `#cloud-config` + JSON (no YAML quoting pitfalls).
     """
-    doc: dict[str, object] = {
+    doc: dict[str, Any] = {
         "ssh_authorized_keys": [public_key.strip()],
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
@@ -124,8 +134,12 @@ def user_data(public_key: str, host_key: HostKey, guard_terms: str | None = None
             "ed25519_public": host_key.public_line,
         },
     }
-    if guard_terms is not None:
-        doc.update(cloud_init_parts(guard_terms))
+    parts = [cloud_init_parts(guard_terms)] if guard_terms is not None else []
+    if container_gpu is not None:  # after the guard: its arming never waits for an install
+        parts.append(container_runtime.setup_parts(gpu=container_gpu))
+    for part in parts:
+        for key, entries in part.items():
+            doc[key] = [*doc.get(key, []), *entries]
     return "#cloud-config\n" + json.dumps(doc, indent=1) + "\n"
 
 
@@ -265,9 +279,17 @@ def tags_of(description: dict[str, Any]) -> dict[str, str]:
 
 
 def instance_from_description(
-    desc: dict[str, Any], *, ssh_user: str, interface: str, connect_private: bool = False
+    desc: dict[str, Any],
+    *,
+    ssh_user: str,
+    interface: str,
+    connect_private: bool = False,
+    gpu_types: Collection[str] = (),
 ) -> Instance | None:
     """The `Instance` an EC2 description stands for; None when it carries no orch-job tag.
+
+    Its `container_runtime` is Docker (`container_runtime.ec2_runtime`), with every GPU on an
+    instance type of `gpu_types` (the catalog's).
 
     `ssh_host` is the public IP when there is one (and not `connect_private`), else the
     private IP. Price and host key come
@@ -311,6 +333,9 @@ def instance_from_description(
         zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
         credentials=bool((desc.get("IamInstanceProfile") or {}).get("Arn")),
         ledger_id=tags.get(TAG_LEDGER),
+        container_runtime=container_runtime.ec2_runtime(
+            gpu=desc.get("InstanceType", "") in gpu_types
+        ),
     )
 
 

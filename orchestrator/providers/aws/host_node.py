@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -23,6 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from orchestrator.errors import ConfigError, ProviderError
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog
+from orchestrator.providers.aws.container_runtime import ec2_runtime
 from orchestrator.providers.aws.ec2_requests import (
     CAPACITY_CODES,
     GONE_STATES,
@@ -162,13 +164,22 @@ def _wait_up(provider: AwsProvider, region: str, instance_id: str, host_key: str
         region, [instance_id], frozenset({"running"}), "running", deadline=deadline
     )
     (desc,) = provider._describe(region, [instance_id])
-    node = host_instance(desc, region, ssh_user=provider.aws.ssh_user, host_key=host_key)
+    node = host_instance(desc, region, ssh_user=provider.aws.ssh_user, host_key=host_key,
+                         gpu_types=provider.gpu_types())  # fmt: skip
     provider._launcher.wait_ssh(region, [node], deadline)
     return node
 
 
-def host_instance(desc: dict[str, Any], region: str, *, ssh_user: str, host_key: str) -> Instance:
-    """The host as an `Instance`, from EC2's description. Pure."""
+def host_instance(
+    desc: dict[str, Any],
+    region: str,
+    *,
+    ssh_user: str,
+    host_key: str,
+    gpu_types: Collection[str] = (),
+) -> Instance:
+    """The host as an `Instance`, from EC2's description (Docker as its container runtime,
+    every GPU on a type of `gpu_types`, as on a node). Pure."""
     tags = {t["Key"]: t["Value"] for t in desc.get("Tags") or []}
     launched = desc.get("LaunchTime")
     private_ip = desc.get("PrivateIpAddress") or ""
@@ -193,6 +204,7 @@ def host_instance(desc: dict[str, Any], region: str, *, ssh_user: str, host_key:
         zone=(desc.get("Placement") or {}).get("AvailabilityZone"),
         credentials=bool((desc.get("IamInstanceProfile") or {}).get("Arn")),
         region=region,
+        container_runtime=ec2_runtime(gpu=desc.get("InstanceType", "") in gpu_types),
     )
 
 

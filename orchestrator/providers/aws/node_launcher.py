@@ -344,7 +344,10 @@ class NodeLauncher:
             self._host_keys[token] = new_host_key()
             # The same text on every try: EC2 refuses a repeated token with other parameters.
             self._user_data[token] = user_data(
-                request.public_key, self._host_keys[token], self._guard_terms(request, offer)
+                request.public_key,
+                self._host_keys[token],
+                self._guard_terms(request, offer),
+                container_gpu=self._container_gpu(request, offer),
             )
         host_key = self._host_keys[token]
         args = run_instances_args(
@@ -389,6 +392,15 @@ class NodeLauncher:
         except BotoCoreError as exc:
             raise ProviderError(f"EC2 could not be reached: {exc}") from exc
         return reply["Instances"][0]["InstanceId"]
+
+    def _container_gpu(self, request: LaunchRequest, offer: Offer) -> bool | None:
+        """For a job with a container, whether its nodes are GPU nodes (their boot setup
+        installs the NVIDIA toolkit too); None: no boot setup, for a job without one or on a
+        cloud on this machine (moto, `orch sandbox aws`), whose hosts are this machine and
+        must never install packages on it."""
+        if not request.container or aws_network.is_local_endpoint(self.aws.endpoint_url):
+            return None
+        return offer.instance_type in self.provider.gpu_types()
 
     def _guard_terms(self, request: LaunchRequest, offer: Offer) -> str | None:
         """The terms of the guard cloud-init arms on a node of this launch (None: no guard)."""

@@ -407,15 +407,23 @@ class AwsProvider:
     def _instance(self, desc: dict[str, Any], region: str) -> Instance | None:
         instance = instance_from_description(
             desc, ssh_user=self.aws.ssh_user, interface=self.aws.interface,
-            connect_private=self.aws.connect_private,
+            connect_private=self.aws.connect_private, gpu_types=self.gpu_types(),
         )  # fmt: skip
         if instance is not None:
             instance = replace(instance, region=region)
         if instance is not None and self._local_cloud():
             # The hosts of a cloud on this machine (moto, `orch sandbox aws`) share its
-            # software: their `shutdown` would stop this machine, not an instance.
-            instance = replace(instance, poweroff_command=LOCAL_CLOUD_POWEROFF)
+            # software: their `shutdown` would stop this machine, not an instance, and
+            # Docker there would be this machine's daemon in this machine's network, not the
+            # host's: no container runtime until the hosts have one of their own.
+            instance = replace(
+                instance, poweroff_command=LOCAL_CLOUD_POWEROFF, container_runtime=None
+            )
         return instance
+
+    def gpu_types(self) -> frozenset[str]:
+        """The instance types the catalog lists with GPUs."""
+        return frozenset(t.name for t in self.catalog.types if t.gpus > 0)
 
     def self_ended(self, instance_ids: list[str]) -> dict[str, NodeEnd]:
         """Nodes that shut themselves down (state reason `Client.InstanceInitiatedShutdown`:
