@@ -120,7 +120,7 @@ def _auth(plan: PullPlan) -> tuple[str, str]:
 
 
 def pull_script(plan: PullPlan) -> str:
-    """The shell script one node runs to have the image: output lines as `parse_pull_line`
+    """The shell script one node runs to have the image: output lines as `PullProgress.feed`
     reads them, the runtime's own lines between, and an exit code of 0 only when the image is
     there and fit to run. With `username` set, the first line of standard input is the
     registry password; it goes from the shell's memory to the runtime's standard input."""
@@ -161,8 +161,9 @@ def pull_script(plan: PullPlan) -> str:
         "  start=$(rx)",
         f"  {rt} {glob} pull {sub} {tls} {image} 2>&1 &",
         "  child=$!",
+        "  pause=0.2",  # a quick pull (a small layer, a refusal) is not held a whole second
         "  while kill -0 $child 2>/dev/null; do",
-        f'    echo "{PULL_MARK} bytes $(( $(rx) - start ))"; sleep 1',
+        f'    echo "{PULL_MARK} bytes $(( $(rx) - start ))"; sleep $pause; pause=1',
         "  done",
         "  wait $child; code=$?",
         f'  echo "{PULL_MARK} bytes $(( $(rx) - start ))"',
@@ -173,7 +174,9 @@ def pull_script(plan: PullPlan) -> str:
     check = f"command -v bash >/dev/null || exit {BASH_MISSING_EXIT}"
     if plan.needs_torchrun:
         check += f"; command -v torchrun >/dev/null || exit {TORCHRUN_MISSING_EXIT}"
-    opts = " ".join(shlex.quote(o) for o in plan.runtime.run_options)
+    # the run's own options, GPUs included: a GPU node whose runtime cannot give them fails here
+    options = (*plan.runtime.run_options, *plan.runtime.gpu_options)
+    opts = " ".join(shlex.quote(o) for o in options)
     lines += [
         *_limits_lines(),
         f"{rt} run --rm --network host {opts} $limits --entrypoint /bin/sh {image} "
