@@ -116,6 +116,13 @@ class LocalProvider:
         market = self._market(request)
         self._check_request(request, market)
         mode = self.network_mode()
+        if request.container and mode != "namespace":
+            raise ProviderError(
+                "local nodes run a job's container in namespace mode only; these would be "
+                "loopback nodes (sshd on 127.0.0.1, sharing this machine's network and files)",
+                hint="run orch as root (local.network: auto or namespace), or run the job "
+                "without `container`",
+            )
         sshd = sshd_binary()
         ids = [net.new_instance_id() for _ in range(request.count)]
         try:

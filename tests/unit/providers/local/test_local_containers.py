@@ -5,7 +5,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from orchestrator.config import LocalSettings, Settings
+from orchestrator.errors import ProviderError
+from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local import containers
+from orchestrator.providers.local.provider import LocalProvider
 
 MOUNTS = """\
 sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
@@ -60,3 +66,16 @@ def test_empty_leftover_cgroups_go_and_busy_ones_stay(tmp_path: Path) -> None:
     assert not (tmp_path / "memory" / "libpod_parent").exists()
     assert busy.is_dir()
     assert other.is_dir()  # never anything but podman's own
+
+
+def test_loopback_nodes_refuse_a_container_job_before_any_node_starts(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "orch", local=LocalSettings(network="loopback"))
+    provider = LocalProvider(settings)
+    request = LaunchRequest(
+        job_id="j", cluster="j", count=1, gpus_per_node=1, public_key="ssh-ed25519 K",
+        container=True,
+    )  # fmt: skip
+    with pytest.raises(ProviderError, match="namespace mode only") as caught:
+        provider.launch(request)
+    assert "without `container`" in (caught.value.hint or "")
+    assert provider.list_owned() == []
