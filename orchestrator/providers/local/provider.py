@@ -97,6 +97,7 @@ class LocalProvider:
         plans the cheaper (the spot grant, `orch local spot`, is not asked)."""
         from orchestrator.providers.plan import local_dry_run, local_plan
 
+        self._check_container(request, self.network_mode())
         local = self.settings.local
         plan = local_plan(request, budget, local.price_per_hour, local.spot_price)
         return local_dry_run(plan, request)
@@ -116,13 +117,7 @@ class LocalProvider:
         market = self._market(request)
         self._check_request(request, market)
         mode = self.network_mode()
-        if request.container and mode != "namespace":
-            raise ProviderError(
-                "local nodes run a job's container in namespace mode only; these would be "
-                "loopback nodes (sshd on 127.0.0.1, sharing this machine's network and files)",
-                hint="run orch as root (local.network: auto or namespace), or run the job "
-                "without `container`",
-            )
+        self._check_container(request, mode)
         sshd = sshd_binary()
         ids = [net.new_instance_id() for _ in range(request.count)]
         try:
@@ -297,6 +292,17 @@ class LocalProvider:
             poweroff_command=self._poweroff(rec.instance_id),
             container_runtime=self._container_runtime() if rec.mode == "namespace" else None,
         )
+
+    @staticmethod
+    def _check_container(request: LaunchRequest, mode: str) -> None:
+        """Refuse a container job on loopback nodes, which cannot run it as theirs."""
+        if request.container and mode != "namespace":
+            raise ProviderError(
+                "local nodes run a job's container in namespace mode only; these would be "
+                "loopback nodes (sshd on 127.0.0.1, sharing this machine's network and files)",
+                hint="run orch as root (local.network: auto or namespace), or run the job "
+                "without `container`",
+            )
 
     def _container_runtime(self) -> ContainerRuntime:
         if self._runtime is None:

@@ -12,6 +12,7 @@ from orchestrator.errors import ProviderError
 from orchestrator.providers.base import LaunchRequest
 from orchestrator.providers.local import containers
 from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.spec.model import Budget
 
 MOUNTS = """\
 sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
@@ -79,3 +80,5 @@ def test_loopback_nodes_refuse_a_container_job_before_any_node_starts(tmp_path: 
         provider.launch(request)
     assert "without `container`" in (caught.value.hint or "")
     assert provider.list_owned() == []
+    with pytest.raises(ProviderError, match="namespace mode only"):
+        provider.plan(request, Budget())  # the dry run says so too
