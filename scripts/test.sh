@@ -10,9 +10,9 @@
 # those of the AWS sandbox go in a second such stream, after the controller host's integration
 # tests (each drives a host and its jobs for a minute or more). The other integration tests
 # make the third stream. The unit and infra tests make the fourth, and
-# after them the unit tests that do not need torch run again on the next supported Python
-# found, 3.12 (scripts/other_pythons.sh; `make soak` runs them on every one, 3.13 too; a
-# machine with none says so and is not failed for it). Arguments (`make test` passes none)
+# after them the unit tests of the code most bound to the Python version run again on the next
+# supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit test on
+# every one, 3.13 too; a machine with none says so and is not failed for it). Arguments (`make test` passes none)
 # select tests for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +52,12 @@ stream() {
     pids+=($!)
 }
 
+# On the next Python, the tests of the code most bound to the interpreter's version: what runs
+# on the nodes' own Python (the node runtime), the spec's models and the ledger's (pydantic,
+# SQLModel), the SSH and file layers. `make soak` runs every unit test on every Python.
+other_python_tests=(tests/unit/node tests/unit/spec tests/unit/ledger tests/unit/remote
+    tests/unit/atomic)
+
 # The unit tests compute where the other streams wait on timed nodes and controllers: they
 # run at a lower priority, so that they never hold up those.
 unit_then_others() {
@@ -61,7 +67,7 @@ unit_then_others() {
     verdict "$code" "tests/unit, tests/infra" || code=1
     echo
     echo "--- unit tests on the next supported Python (after them) ---"
-    nice -n 10 bash scripts/other_pythons.sh 1 || code=1
+    nice -n 10 bash scripts/other_pythons.sh 1 "${other_python_tests[@]}" || code=1
     return "$code"
 }
 
