@@ -74,7 +74,8 @@ class LocalSettings(BaseModel):
     # launches keep their software when the host is gone, as a cloud node keeps its image's
     node_venv: Annotated[Path | None, Env("ORCH_LOCAL_NODE_VENV")] = None
     # registries (HOST:PORT) the nodes' podman may reach over plain HTTP: one of your own
-    # network without TLS; every other registry needs HTTPS
+    # network without TLS; every other registry needs HTTPS. The hosts of `orch sandbox aws`
+    # (and of any cloud on this machine) take it too.
     insecure_registries: Annotated[list[str], Env("ORCH_LOCAL_INSECURE_REGISTRIES")] = Field(
         default_factory=list
     )

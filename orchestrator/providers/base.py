@@ -78,6 +78,8 @@ class LaunchRequest:
     container: bool = False  # the job runs in a container image: the nodes ready a runtime for
     #                          it at boot where their image lacks one (AWS: Docker, the NVIDIA
     #                          container toolkit on GPU nodes, the AWS CLI)
+    ecr_login: bool = False  # the container image is in Amazon ECR and the spec gives no
+    #                          registry login: the nodes log in with their instance role
 
     def __post_init__(self) -> None:
         if self.ranks and len(self.ranks) != self.count:

@@ -29,8 +29,9 @@ def launch_request(
     attempt: int = 0,
 ) -> LaunchRequest:
     """The request for `spec`'s nodes (one cluster named after job `job_id`): count, GPUs,
-    accelerator, price cap, GPU memory, disk, placement (types, regions, zones, image, ports)
-    and checkpoint store all come from the spec.
+    accelerator, price cap, GPU memory, disk, placement (types, regions, zones, image, ports),
+    checkpoint store and container (whether the nodes log in to Amazon ECR with their
+    instance role) all come from the spec.
 
     `spot` overrides `resources.spot` (None: the spec's), as a spot policy picks the market of
     each launch; `zones` overrides `resources.zone` with a zone-aware policy's choice, in its
@@ -62,4 +63,7 @@ def launch_request(
         ledger_id=ledger_id,
         attempt=attempt,
         container=spec.container is not None,
+        ecr_login=spec.container is not None
+        and spec.container.credentials is None
+        and spec.container.ref.ecr_region is not None,
     )

@@ -6,7 +6,8 @@ cloud-init would: the user data's host key and the key pair's public key are ins
 listens on port 22 of the instance's private IP, and the metadata endpoint answers at
 169.254.169.254 inside the host. `end(instance_id)` takes the link down first and then kills
 every process of the host at once, like a machine that lost power, before removing its
-namespace, veth and directory (disk included: the root volume is deleted on termination). A
+namespace, veth and directory (disk included: the root volume is deleted on termination), and
+the cgroups its containers' podman left on this machine. A
 host's own `shutdown` (the only one it can run) asks for its instance to end, which the
 materializer does with EC2's state reason for it (`Client.InstanceInitiatedShutdown`).
 
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import orchestrator
 from orchestrator.providers.local import kit
+from orchestrator.providers.local.containers import remove_leftover_cgroups
 from orchestrator.sandbox import hostnet
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.network import SUBNET_PREFIX, SandboxNetwork
@@ -296,6 +298,7 @@ def end_host(instance_id: str, directory: Path | None) -> None:
         raise SandboxError(f"processes of host {instance_id} survive SIGKILL")
     for argv in hostnet.host_net_teardown_argvs(instance_id):
         subprocess.run(argv, capture_output=True, check=False)
+    remove_leftover_cgroups()  # those podman made for the host's containers, now empty
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)
 

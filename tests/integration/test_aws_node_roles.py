@@ -14,10 +14,13 @@ from urllib.parse import unquote
 import boto3
 import pytest
 
+from orchestrator.errors import ConfigError
 from orchestrator.node.guard_protocol import GuardTerms
 from orchestrator.providers.aws import node_roles
 from orchestrator.providers.aws.node_roles import job_profile_name
 from orchestrator.providers.aws.provider import AwsProvider
+from orchestrator.providers.requests import launch_request
+from orchestrator.spec.model import JobSpec
 from tests.support.aws_moto import REGION, make_provider, request, running
 from tests.support.iam_eval import Request, allows
 from tests.support.policy_templates import render
@@ -71,6 +74,14 @@ def _role(provider: AwsProvider, name: str) -> dict[str, Any]:
         p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]
     ]
     return role
+
+
+def _kept_guard(job_id: str) -> GuardTerms:
+    """The guard terms of a kept cluster's nodes (`autostop`)."""
+    return GuardTerms(
+        job_id=job_id, interval_s=5, silence_s=15, allowance_s=60, deadman_s=600,
+        stop_grace_s=30, upload_wait_s=10, idle_util_pct=5, idle_cpu_pct=5, autostop=True,
+    )  # fmt: skip
 
 
 def _reaches(role_tags: dict[str, str], action: str, key: str) -> bool:
@@ -134,6 +145,57 @@ def test_a_job_s_nodes_may_pull_images_from_ecr_and_nothing_more(provider: AwsPr
             assert not allows(policy, Request(action, repository, context))
 
 
+ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/team/train:v1"
+
+
+def _container_spec(image: str, **container: Any) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "t", "workdir": ".", "run": "python train.py",
+        "resources": {"accelerator": "A10G", "nodes": 1},
+        "secrets": {"REGISTRY_TOKEN": "x"}, "container": {"image": image, **container},
+    })  # fmt: skip
+
+
+def test_an_ecr_image_without_a_store_gives_the_nodes_their_job_s_role(
+    provider: AwsProvider,
+) -> None:
+    """`aws ecr get-login-password` on the nodes needs a role: a job whose image is in ECR
+    gets its own, store or not; an image elsewhere, or a login from `secrets`, gets none."""
+    ecr = launch_request(_container_spec(ECR_IMAGE), "job1", public_key=request().public_key)
+    assert ecr.ecr_login and ecr.store is None
+    (node,) = provider.launch(ecr)
+    name = job_profile_name(None, "job1")
+    assert _profile_of(provider, node.instance_id).endswith(f"/orch-node/{name}")
+    assert node.credentials
+    role = _role(provider, name)
+    assert role["Tags"]["orch-job"] == "job1"
+    context = {f"aws:PrincipalTag/{k}": v for k, v in role["Tags"].items()}
+    assert allows(_document(provider, role["Attached"][0]),
+                  Request("ecr:GetAuthorizationToken", "*", context))  # fmt: skip
+    login = {"username": "AWS", "password_secret": "REGISTRY_TOKEN"}
+    for spec in (_container_spec("nvcr.io/nvidia/pytorch:24.05-py3"),
+                 _container_spec(ECR_IMAGE, credentials=login)):  # fmt: skip
+        plain = launch_request(spec, "job2", public_key=request().public_key)
+        assert not plain.ecr_login
+        (node,) = provider.launch(plain)
+        assert not node.credentials
+    kept = _kept_guard("dev-ecr")
+    (node,) = provider.launch(request(job="dev-ecr", count=1, ecr_login=True, guard=kept))
+    assert _profile_of(provider, node.instance_id).endswith(":instance-profile/orch-node")
+
+
+def test_an_ecr_image_without_any_node_role_configured_is_refused_before_a_launch(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    provider = make_provider(tmp_path, moto_endpoint)
+    with pytest.raises(ConfigError) as refused:
+        provider.launch(request(job="job1", count=1, ecr_login=True))
+    said = f"{refused.value} {refused.value.hint}"
+    assert "Amazon ECR" in said and "container.credentials" in said
+    assert "ORCH_AWS_INSTANCE_PROFILE" in said
+    assert running(provider) == []
+
+
 def test_a_job_s_role_ends_with_its_last_node(provider: AwsProvider) -> None:
     nodes = provider.launch(request(job="job1", count=2, store=STORE))
     name = job_profile_name(None, "job1")
@@ -147,10 +209,7 @@ def test_a_job_s_role_ends_with_its_last_node(provider: AwsProvider) -> None:
 def test_a_kept_cluster_s_nodes_keep_the_shared_profile(provider: AwsProvider) -> None:
     """A kept cluster's later jobs are not known when its nodes launch: no job role can name
     their prefixes."""
-    kept = GuardTerms(
-        job_id="dev-3f9c1a", interval_s=5, silence_s=15, allowance_s=60, deadman_s=600,
-        stop_grace_s=30, upload_wait_s=10, idle_util_pct=5, idle_cpu_pct=5, autostop=True,
-    )  # fmt: skip
+    kept = _kept_guard("dev-3f9c1a")
     (node,) = provider.launch(request(job="dev-3f9c1a", count=1, store=STORE, guard=kept))
     assert _profile_of(provider, node.instance_id).endswith(":instance-profile/orch-node")
     assert _job_profiles(provider) == []

@@ -92,11 +92,12 @@ def test_user_data_carries_host_key_and_client_key(provider: AwsProvider) -> Non
     assert doc["ssh_authorized_keys"] == [PUBLIC_KEY] and doc["ssh_deletekeys"] is True
 
 
-def test_a_cloud_on_this_machine_installs_nothing_for_a_container_and_offers_no_runtime(
+def test_a_cloud_on_this_machine_installs_nothing_for_a_container_and_offers_podman(
     provider: AwsProvider,
 ) -> None:
     """moto's and the sandbox's hosts are this machine: the boot setup would install packages
-    on it, and its Docker runs in this machine's network, not the host's."""
+    on it, and its Docker runs in this machine's network, not the host's; the hosts run podman
+    in their own namespaces instead, as local nodes do."""
     import base64
     import gzip
 
@@ -105,8 +106,10 @@ def test_a_cloud_on_this_machine_installs_nothing_for_a_container_and_offers_no_
         InstanceId=node.instance_id, Attribute="userData"
     )["UserData"]["Value"]
     assert "orch-container" not in gzip.decompress(base64.b64decode(raw)).decode()
-    assert node.container_runtime is None
-    assert all(n.container_runtime is None for n in provider.list_owned(job_id="job1"))
+    assert node.container_runtime is not None and node.container_runtime.kind == "podman"
+    assert "--runroot /run/orch-sandbox-podman" in node.container_runtime.command
+    owned = provider.list_owned(job_id="job1")
+    assert owned and all(n.container_runtime == node.container_runtime for n in owned)
 
 
 def test_capacity_error_fails_over_to_next_zone(provider: AwsProvider) -> None:

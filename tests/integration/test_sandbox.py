@@ -422,3 +422,72 @@ def test_mistakes_are_refused_with_a_reason(
     second = run_orch(["sandbox", "aws", "--port", "0"], orch_env(tmp_path / "other"), timeout=60)
     assert second.returncode == 3 and "another orch sandbox runs" in second.stderr
     assert SandboxClient(sandbox.endpoint).status()["endpoint"] == sandbox.endpoint  # unharmed
+
+
+def test_a_host_pulls_a_private_image_from_the_gateway_and_runs_it_on_its_network(
+    sandbox: SandboxProcess, aws: dict[str, str], tmp_path: Path
+) -> None:
+    """A sandbox host runs a job's image as a local node does (podman in its own namespaces):
+    orch's pull script logs in to a registry at the bridge's gateway and pulls, a container on
+    the host's network runs in the image; once the host ends, this machine is as it was."""
+    from orchestrator.config import LocalSettings
+    from orchestrator.node.container import (
+        INNER_SCRIPT,
+        ContainerLaunch,
+        PullPlan,
+        PullProgress,
+        container_lines,
+        pull_script,
+    )
+    from orchestrator.providers.aws.container_runtime import LOCAL_CLOUD_RUNROOT
+    from orchestrator.sandbox.network import SandboxNetwork
+    from tests.support.containers import (
+        MARKER,
+        host_state,
+        offline_image,
+        push_image,
+        running_registry,
+    )
+
+    image = offline_image()
+    before = host_state()
+    gateway = str(SandboxNetwork().gateway)  # where the sandbox serves the hosts' S3 too
+    with running_registry(gateway) as registry:
+        ref = push_image(image, registry, "team/train")
+        settings = Settings(
+            home=tmp_path, aws=AwsSettings(endpoint_url=sandbox.endpoint, poll_interval_s=0.2,
+                                           ready_timeout_s=60),
+            local=LocalSettings(insecure_registries=[registry.address]),
+        )  # fmt: skip
+        provider = AwsProvider(settings)
+        identity = ensure_identity(tmp_path / "keys", "sbx")
+        (node,) = launch(provider, identity, 1)
+        runtime = node.container_runtime
+        assert runtime is not None and runtime.kind == "podman"
+        cluster = Cluster([node], identity, connect_timeout=5)
+        try:
+            (connection,) = cluster.connections
+            plan = PullPlan(image=ref, registry=registry.address, runtime=runtime,
+                            auth_dir='"$HOME"/.orch-auth', username=registry.user)  # fmt: skip
+            pulled = connection.run(pull_script(plan), stdin=registry.password + "\n",
+                                    check=False, timeout=120)  # fmt: skip
+            progress = PullProgress()
+            for line in pulled.stdout.splitlines():
+                progress.feed(line)
+            assert pulled.ok and progress.pulled and progress.failure is None, pulled.tail()
+            container = ContainerLaunch(image=ref, runtime=runtime, name="orch-sbx-r0-s0",
+                                        mounts=['"$run_dir"'])  # fmt: skip
+            script = "\n".join([
+                'run_dir="$HOME"/orch-run; finish() { exit "$1"; }', 'mkdir -p "$run_dir"',
+                f"echo 'cat {MARKER}; grep -c ens5: /proc/net/dev' > \"$run_dir/{INNER_SCRIPT}\"",
+                *container_lines(container, '"$run_dir"'),
+            ])  # fmt: skip
+            inside = connection.run(script, check=False, timeout=60)
+            assert inside.ok, inside.tail()
+            assert inside.stdout.split() == [image.key, "1"]  # the image's, the host's NIC
+        finally:
+            cluster.close()
+        provider.terminate([node.instance_id])
+        wait_until(lambda: host_gone(sandbox, node.instance_id), "host gone")
+    assert host_state() == before
+    assert not any(Path(LOCAL_CLOUD_RUNROOT).iterdir())  # the host's state was on its own tmpfs

@@ -158,11 +158,15 @@ def pure_rules(imp: Import) -> bool:
     )
 
 
+# The sandbox's hosts run containers as local nodes do: it may use their runtime's module too.
+SANDBOX_USES = ("orchestrator.providers.local.kit", "orchestrator.providers.local.containers")
+
+
 def sandbox_uses_the_kit(imp: Import) -> bool:
     return (
         within(imp.module, "orchestrator.sandbox")
         and within(imp.target, "orchestrator.providers.local")
-        and imp.target != "orchestrator.providers.local.kit"
+        and imp.target not in SANDBOX_USES
     )
 
 

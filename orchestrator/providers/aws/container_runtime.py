@@ -11,11 +11,20 @@
   and Docker restarted), and the AWS CLI (`aws`, for Amazon ECR logins). Images that have them
   (the Deep Learning AMIs) install nothing. What it does goes to `SETUP_LOG` (and, as all boot
   output, to cloud-init's own log); its end is marked in `SETUP_DONE` with 0 or 1.
+- `local_cloud_runtime`: the hosts of a cloud on this machine (`orch sandbox aws`, moto) run
+  this machine's software, so they run containers as local nodes do (rootful podman, no
+  daemon, on the host's network; `orchestrator.providers.local.containers`) and get no boot
+  setup, which would install packages on this machine. Their storage is under the host's
+  HOME (its own disk), their runtime state on a tmpfs at `LOCAL_CLOUD_RUNROOT`, mounted in the
+  host's own mount namespace (HOME's path is too long for podman's runroot).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from orchestrator.node.container import ContainerRuntime
+from orchestrator.providers.local.containers import local_runtime
 
 SETUP_DIR = "/opt/orch-container"
 SETUP_SCRIPT = f"{SETUP_DIR}/setup.sh"
@@ -23,6 +32,8 @@ SETUP_DONE = f"{SETUP_DIR}/done"  # "0" or "1" (something missing) once the setu
 SETUP_LOG = "/var/log/orch-container-setup.log"
 SETUP_WAIT_S = 1500  # how long a pull waits for the boot setup to end
 GPU_OPTIONS = ("--gpus", "all")
+LOCAL_CLOUD_BASE = '"$HOME"/.orch-containers'  # shell text: the host's own disk
+LOCAL_CLOUD_RUNROOT = "/run/orch-sandbox-podman"  # a tmpfs of each host's own
 
 # The script written to SETUP_SCRIPT: $1 is 1 on a GPU node, $2 the file that marks its end.
 # Each `want COMMAND PACKAGE...` installs the first package that brings COMMAND, unless COMMAND
@@ -95,3 +106,9 @@ def setup_parts(*, gpu: bool) -> dict[str, list]:
         "write_files": [{"path": SETUP_SCRIPT, "permissions": "0755", "content": SETUP_TEXT}],
         "runcmd": [["sh", "-c", run]],
     }
+
+
+def local_cloud_runtime(insecure_registries: Sequence[str] = ()) -> ContainerRuntime:
+    """The runtime of a host of a cloud on this machine (see the module docstring): podman,
+    plain HTTP to `insecure_registries` only."""
+    return local_runtime(insecure_registries, base=LOCAL_CLOUD_BASE, runroot=LOCAL_CLOUD_RUNROOT)

@@ -101,6 +101,12 @@ class Where:
     profile: str | None  # instance profile (None: no credentials, a job without a store)
 
 
+def needs_role(request: LaunchRequest) -> bool:
+    """Whether the nodes of `request` need AWS credentials of their own: to write the job's
+    checkpoint store, or to log in to Amazon ECR for its container image. Pure."""
+    return bool(request.store) or request.ecr_login
+
+
 class Refused(Exception):
     """An offer that cannot take the launch now (capacity, no subnet, nodes gone while starting):
     the next offer is tried."""
@@ -146,26 +152,26 @@ class NodeLauncher:
         return self.aws.node_job_policy or aws_network.tf_outputs(self.aws).node_job_policy
 
     def own_role(self, request: LaunchRequest) -> bool:
-        """Whether the nodes of `request` get a role of their own (`node_roles`): a job with a
-        store, not a kept cluster's (whose later jobs are not known yet), with the per-job
-        policy configured."""
+        """Whether the nodes of `request` get a role of their own (`node_roles`): a job that
+        needs credentials (`needs_role`), not a kept cluster's (whose later jobs are not known
+        yet), with the per-job policy configured."""
         kept = request.guard is not None and request.guard.autostop
-        return bool(request.store) and not kept and self.job_policy() is not None
+        return needs_role(request) and not kept and self.job_policy() is not None
 
     def check_credentials(self, request: LaunchRequest) -> None:
         """`ConfigError` before anything launches when the nodes of `request` need the shared
         instance profile and none is configured."""
-        if request.store and not self.own_role(request):
-            self.instance_profile()
+        if needs_role(request) and not self.own_role(request):
+            self.instance_profile(request)
 
     def _node_profile(self, request: LaunchRequest) -> str | None:
         """The instance profile of the nodes of `request`: the job's own, made when missing;
-        the shared one; None for a job without a store."""
-        if not request.store:
+        the shared one; None for a job that needs none (`needs_role`)."""
+        if not needs_role(request):
             return None
         policy = self.job_policy()
         if not self.own_role(request) or policy is None:
-            return self.instance_profile()
+            return self.instance_profile(request)
         if policy not in self._swept_profiles:
             self._swept_profiles.add(policy)
             self.provider.sweep_job_profiles()
@@ -177,10 +183,21 @@ class NodeLauncher:
             ),
         ))  # fmt: skip
 
-    def instance_profile(self) -> str:
-        """The shared instance profile that lets nodes write the checkpoint store."""
+    def instance_profile(self, request: LaunchRequest | None = None) -> str:
+        """The shared instance profile that lets nodes write the checkpoint store and pull
+        images from Amazon ECR."""
         profile = self.aws.instance_profile or aws_network.tf_outputs(self.aws).instance_profile
         if not profile:
+            if request is not None and request.ecr_login and not request.store:
+                raise ConfigError(
+                    "the job's container.image is in Amazon ECR and has no "
+                    "container.credentials: its nodes log in with their instance role, and no "
+                    "instance profile is configured",
+                    hint="apply infra/ with checkpoint_store set (its `node_job_policy` and "
+                    "`instance_profile` outputs: their roles may pull from ECR), or set "
+                    "aws.instance_profile (ORCH_AWS_INSTANCE_PROFILE) to a profile whose role "
+                    "may, or give container.credentials (username, password_secret)",
+                )
             raise ConfigError(
                 "the job has a checkpoint store, and its nodes need credentials to write it: "
                 "no instance profile is configured",

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
@@ -62,6 +62,7 @@ from orchestrator.errors import (
 )
 from orchestrator.providers.aws import network as aws_network
 from orchestrator.providers.aws.catalog import Catalog, load_catalog
+from orchestrator.providers.aws.container_runtime import local_cloud_runtime
 from orchestrator.providers.aws.ec2_requests import (
     GONE_STATES,
     LIVE_STATES,
@@ -92,6 +93,9 @@ from orchestrator.providers.offers import (
 from orchestrator.providers.plan import DryRun, offer_plan, offers_dry_run
 from orchestrator.spec.model import Budget
 from orchestrator.spec.placement import zone_region
+
+if TYPE_CHECKING:
+    from orchestrator.node.container import ContainerRuntime
 
 _CHUNK = 200  # ids per describe/terminate call
 
@@ -124,6 +128,7 @@ class AwsProvider:
         self._clients: dict[str, Any] = {}
         self._launch_clients: dict[str, Any] = {}
         self._iam: Any = None
+        self._runtime: ContainerRuntime | None = None  # of a cloud on this machine's hosts
         self._identity: CloudIdentity | None = None
         self._launcher = NodeLauncher(self, sleep=sleep)
         self._leftovers = Leftovers(self, self._launcher)
@@ -415,9 +420,11 @@ class AwsProvider:
             # The hosts of a cloud on this machine (moto, `orch sandbox aws`) share its
             # software: their `shutdown` would stop this machine, not an instance, and
             # Docker there would be this machine's daemon in this machine's network, not the
-            # host's: no container runtime until the hosts have one of their own.
+            # host's: they run podman in their own namespaces, as local nodes do.
             instance = replace(
-                instance, poweroff_command=LOCAL_CLOUD_POWEROFF, container_runtime=None
+                instance,
+                poweroff_command=LOCAL_CLOUD_POWEROFF,
+                container_runtime=self._local_cloud_runtime(),
             )
         return instance
 
@@ -445,6 +452,14 @@ class AwsProvider:
 
     def _local_cloud(self) -> bool:
         return aws_network.is_local_endpoint(self.aws.endpoint_url)
+
+    def _local_cloud_runtime(self) -> ContainerRuntime:
+        """podman on a cloud on this machine's hosts; plain HTTP to the registries of
+        `local.insecure_registries`, as for local nodes."""
+        if self._runtime is None:
+            insecure = self.settings.local.insecure_registries
+            self._runtime = local_cloud_runtime(insecure)
+        return self._runtime
 
     def _describe(self, region: str, ids: Iterable[str]) -> list[dict[str, Any]]:
         """Descriptions of the ids EC2 knows in `region` (unknown ids are left out, not errors)."""

@@ -39,11 +39,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 INSTALL_HINT = "apt-get install podman runc tini"
 
 
-def podman_command(base: str = BASE) -> str:
-    """podman with its global options: storage, runtime state and temporary files under
-    `base`."""
+def podman_command(base: str = BASE, runroot: str | None = None) -> str:
+    """podman with its global options: storage and temporary files under `base` (shell text:
+    it may name a variable), runtime state under `runroot` (default `base`/run; podman wants
+    it at most 50 characters long)."""
     return (
-        f"TMPDIR={base}/tmp podman --root {base}/storage --runroot {base}/run "
+        f"TMPDIR={base}/tmp podman --root {base}/storage --runroot {runroot or base + '/run'} "
         f"--tmpdir {base}/libpod --storage-driver overlay --cgroup-manager cgroupfs "
         "--events-backend file"
     )
@@ -74,10 +75,11 @@ def cgroup_mounts(mounts: str) -> str:
     return f"grep -q ' {first} ' /proc/self/mounts || {{ {' && '.join(steps)}; }}"
 
 
-def prepare_script(mounts: str, base: str = BASE) -> str:
+def prepare_script(mounts: str, base: str = BASE, runroot: str | None = None) -> str:
     """Shell text a node runs (as root, in its own mount namespace) before its first pull:
     podman is there, its directories are made, the cgroups and the blob cache's directory are
-    mounted. Idempotent."""
+    mounted; with `runroot` (a short path of its own, see `podman_command`), a tmpfs is
+    mounted there, so each node's runtime state is its own. Idempotent."""
     missing = (
         f"echo 'podman is not installed on this machine, which runs the local nodes: "
         f"{INSTALL_HINT}'; exit 1"
@@ -92,12 +94,25 @@ def prepare_script(mounts: str, base: str = BASE) -> str:
             f"{{ grep -q ' {SYSTEM_STATE} ' /proc/self/mounts || "
             f"mount --bind {base}/state {SYSTEM_STATE}; }}",
         ]
+        + ([] if runroot is None else [private_tmpfs(runroot)])
     )
 
 
-def local_runtime(insecure_registries: Sequence[str] = ()) -> ContainerRuntime:
+def private_tmpfs(path: str) -> str:
+    """Shell text that mounts a tmpfs on `path` (made if missing) unless one is mounted there
+    already, in the mount namespace that runs it."""
+    return (
+        f"mkdir -p {path} && {{ grep -q ' {path} ' /proc/self/mounts || "
+        f"mount -t tmpfs -o mode=700 tmpfs {path}; }}"
+    )
+
+
+def local_runtime(
+    insecure_registries: Sequence[str] = (), *, base: str = BASE, runroot: str | None = None
+) -> ContainerRuntime:
     """The runtime of this machine's namespace nodes (reads which OCI runtime and init are
-    installed, and this machine's cgroup mounts)."""
+    installed, and this machine's cgroup mounts); `base` and `runroot` as `podman_command`
+    takes them (a machine of another layout: the sandbox's hosts)."""
     options: list[str] = []
     if shutil.which("runc"):
         options += ["--runtime", "runc"]
@@ -109,8 +124,8 @@ def local_runtime(insecure_registries: Sequence[str] = ()) -> ContainerRuntime:
         mounts = Path("/proc/self/mounts").read_text()
     return ContainerRuntime(
         kind="podman",
-        command=podman_command(),
-        prepare=prepare_script(mounts),
+        command=podman_command(base, runroot),
+        prepare=prepare_script(mounts, base, runroot),
         run_options=tuple(options),
         insecure_registries=tuple(insecure_registries),
     )
