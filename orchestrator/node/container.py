@@ -297,9 +297,8 @@ def container_lines(launch: ContainerLaunch, workdir: str) -> list[str]:
         # TERM (a cancel, a spot notice, a limit) reaches the container once, through the
         # runtime, whose init hands it to the inner script, which hands it to the run
         f"trap {shlex.quote(f'{rt} kill --signal TERM {name} >/dev/null 2>&1')} TERM",
-        'wait "$child"',
-        'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
-        'wait "$child"; code=$?',
+        'wait "$child"; code=$?',  # interrupted by the trap: wait again while it lives
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done',
         # a client that died anyway leaves the container running: wait for its end
         f"while {rt} inspect --type container {name} >/dev/null 2>&1; do sleep 1; done",
         # the inner script records the run's own exit code (in the mounted run directory);

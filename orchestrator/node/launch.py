@@ -287,9 +287,12 @@ def _job_lines(
         f"{run} &",
         "child=$!",
         """trap 'kill -TERM "$child" 2>/dev/null' TERM""",
-        'wait "$child"',
-        'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
-        'wait "$child"; finish "$?"',
+        # a wait that the trap interrupts returns early: wait again while the run lives, and
+        # keep the status of the wait that saw it end (bash's answer to a wait for a process
+        # already waited for is no exit status)
+        'wait "$child"; code=$?',
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done',
+        'finish "$code"',
     ]
 
 

@@ -37,7 +37,9 @@ run)
         esac
     done
     shift  # the image
-    env --default-signal=TERM bash "$@" &
+    # a container's processes are not in the client's session: a TERM to the run's session
+    # reaches them only through `kill`
+    setsid env --default-signal=TERM bash "$@" &
     echo $! > "$state/$name.pid"
     wait $!
     ;;
