@@ -16,6 +16,7 @@ Layout of ORCH_HOME (default ~/.orch):
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from ipaddress import IPv4Network, ip_network
 from pathlib import Path
@@ -65,7 +66,9 @@ class LocalSettings(BaseModel):
     # auto: namespace hosts when running as root, else sshd on 127.0.0.1
     network: Annotated[LocalNetworkMode, Env("ORCH_LOCAL_NETWORK")] = "auto"
     subnet: Annotated[IPv4Network, Env("ORCH_LOCAL_SUBNET")] = IPv4Network("10.213.0.0/24")
-    bridge: str = "orchbr0"
+    # the host bridge of namespace nodes (a name of at most 15 characters); each bridge holds
+    # its own subnet, so two sets of nodes on two bridges never share one
+    bridge: Annotated[str, Env("ORCH_LOCAL_BRIDGE")] = "orchbr0"
     # where the nodes' records, disks and network state live; None: ORCH_HOME/local. Several
     # ORCH_HOMEs naming one root share one local "cloud", as machines share an AWS account
     root: Annotated[Path | None, Env("ORCH_LOCAL_ROOT")] = None
@@ -79,6 +82,16 @@ class LocalSettings(BaseModel):
     insecure_registries: Annotated[list[str], Env("ORCH_LOCAL_INSECURE_REGISTRIES")] = Field(
         default_factory=list
     )
+
+    @field_validator("bridge")
+    @classmethod
+    def _bridge_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,14}", value):
+            raise ValueError(
+                f"bridge {value!r} is not an interface name: 1-15 letters, digits, '_' or '-', "
+                "starting with a letter"
+            )
+        return value
 
     @field_validator("insecure_registries", mode="before")
     @classmethod

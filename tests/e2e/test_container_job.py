@@ -52,7 +52,11 @@ from tests.support.helpers import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-SUBNET = IPv4Network("10.213.0.0/24")  # the local provider's default: the nodes' bridge
+# A bridge and subnet of these jobs' own: the registry listens on the bridge's address from
+# before the first node, and no other test's nodes come and go on it meanwhile (the bridge
+# goes when the last node on it ends: tests beside this one end theirs on the default one).
+BRIDGE = "orchctr0"
+SUBNET = IPv4Network("10.213.77.0/24")  # other tests take 0, 7 and 100-249
 FAKE_SIZE = 3072  # 2 nodes x 2 ranks x batch 32: 24 steps per epoch
 EPOCHS = 2
 TARGET_STEPS = FAKE_SIZE // (2 * 2 * 32) * EPOCHS
@@ -75,9 +79,9 @@ def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Private]:
     registry listens there before any node exists), the image pushed to it. Afterwards the
     bridge goes when no node uses it, and the machine is as it was."""
     before = host_state()
-    made = subprocess.run(["ip", "link", "show", "dev", "orchbr0"], capture_output=True)
+    made = subprocess.run(["ip", "link", "show", "dev", BRIDGE], capture_output=True)
     if made.returncode != 0:
-        for argv in net.bridge_create_argvs("orchbr0", SUBNET):
+        for argv in net.bridge_create_argvs(BRIDGE, SUBNET):
             subprocess.run(argv, check=True, capture_output=True)
     image = offline_image()
     volume, site = torch_volume()
@@ -87,7 +91,8 @@ def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Private]:
             yield Private(registry, ref, image.key, volume, site)
     finally:
         home = tmp_path_factory.mktemp("cleanup")
-        LocalProvider(Settings(home=home, local=LocalSettings())).cleanup_network()
+        local = LocalSettings(bridge=BRIDGE, subnet=SUBNET)
+        LocalProvider(Settings(home=home, local=local)).cleanup_network()
     assert host_state() == before
 
 
@@ -96,6 +101,8 @@ def container_env(home: Path, private: Private, password: str | None = None) -> 
         home,
         ORCH_LOCAL_PRICE_PER_HOUR="0.90",
         ORCH_LOCAL_INSECURE_REGISTRIES=private.registry.address,
+        ORCH_LOCAL_BRIDGE=BRIDGE,
+        ORCH_LOCAL_SUBNET=str(SUBNET),
         REGISTRY_TOKEN=private.registry.password if password is None else password,
     )
 
