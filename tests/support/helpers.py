@@ -142,10 +142,24 @@ def job_view(job_id: str, env: dict[str, str]) -> dict:
 def wait_for_state(
     job_id: str, env: dict[str, str], states: set[str], timeout: float = 180
 ) -> dict:
-    """Poll the job (in-process) until it is in one of `states`; returns `orch status --json`."""
-    wait_until(lambda: job_view(job_id, env)["state"] in states, f"{job_id} in {states}", timeout,
-               interval=0.5)  # fmt: skip
+    """Poll the job (in-process) until it is in one of `states`; returns `orch status --json`.
+    A job that ends in another state fails the wait at once, with its reason and events."""
+
+    def reached() -> bool:
+        job = job_view(job_id, env)
+        if job["state"] in states:
+            return True
+        assert job["state"] not in FINAL_STATES, (
+            f"{job_id} ended {job['state']} while awaited in {states}: {job.get('reason')}\n"
+            + "\n".join(f"{e['at']} {e['kind']} {e['message']}" for e in job["events"])
+        )
+        return False
+
+    wait_until(reached, f"{job_id} in {states}", timeout, interval=0.5)
     return job_json(job_id, env)
+
+
+FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
 def detach(spec: Path, env: dict[str, str], *flags: str) -> str:
