@@ -32,6 +32,7 @@ ENV_FILE = "container.env"  # in the run directory, 0600: `export NAME='value'` 
 INNER_SCRIPT = "inner.sh"  # in the run directory: what runs inside the container
 KILL_SCRIPT = "container.kill"  # in the run directory: removes this run's container
 PULL_TIMEOUT_S = 3600.0  # a pull that has not ended by then is a failure
+NET_COUNTERS = "/proc/net/dev"  # the node's received bytes, per interface
 BASH_MISSING_EXIT = 3
 TORCHRUN_MISSING_EXIT = 4
 
@@ -156,8 +157,9 @@ def pull_script(plan: PullPlan) -> str:
     lines.append(f"if {'false' if plan.always else present}; then echo '{PULL_MARK} present'; else")
     lines += [
         # bytes the node received while pulling: its network counters, sampled every second
+        # printf: mawk prints a sum past 2**31 as 3e+09, which the shell cannot subtract
         '  rx() { awk \'NR>2 && $1 != "lo:" {split($0, f, ":"); split(f[2], v, " "); '
-        "n += v[1]} END {print n+0}' /proc/net/dev; }",
+        f'n += v[1]}} END {{printf "%.0f\\n", n}}\' {NET_COUNTERS}; }}',
         "  start=$(rx)",
         f"  {rt} {glob} pull {sub} {tls} {image} 2>&1 &",
         "  child=$!",
