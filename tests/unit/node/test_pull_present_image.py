@@ -6,10 +6,10 @@ on a loaded node); a new image under the same tag, or a check that failed, is ch
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from orchestrator.node import container
+from tests.unit.node.test_container_pull import pull
 
 # `image inspect` prints the id of the image the node has; `pull` makes `next-id` the image;
 # `run` (the check) is counted, and fails with torchrun's exit code while `broken` exists
@@ -41,17 +41,6 @@ def setup(tmp_path: Path) -> tuple[Path, dict[str, str], container.PullPlan]:
         username="bot",
     )
     return state, env, plan
-
-
-def pull(env: dict[str, str], plan: container.PullPlan, password: str = "right"):
-    result = subprocess.run(
-        ["bash", "-c", container.pull_script(plan)], env=env, input=password + "\n",
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    progress = container.PullProgress()
-    for line in result.stdout.splitlines():
-        progress.feed(line)
-    return result, progress
 
 
 def runs(state: Path) -> int:
