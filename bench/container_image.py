@@ -7,6 +7,9 @@ cached under ~/.cache/orch-test-images (the rootfs tar, the random layer's tar) 
 registry's storage with the pushed image (`registry_storage`): a later run finds the image in
 the registry and pushes nothing. Building and pushing happen in a throwaway podman store with
 the product's podman settings, in a mount namespace of their own.
+
+Measured here (2 cores, shared): the 1900 MiB random layer written in 8 s; importing, building
+and pushing the image (gzip: 1.9 GB compressed) 58 s; a run that finds both cached, 0 s.
 """
 
 from __future__ import annotations

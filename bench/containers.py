@@ -289,8 +289,8 @@ def main() -> int:
                      median(pulls["raw2"]), "raw podman pulls to 2 nodes at once", "-"),
                 ]  # fmt: skip
     finally:
-        home = Path(tempfile.mkdtemp(prefix="orch-bench-net-"))
-        LocalProvider(Settings(home=home, local=LocalSettings())).cleanup_network()
+        with tempfile.TemporaryDirectory(prefix="orch-bench-net-") as home:
+            LocalProvider(Settings(home=Path(home), local=LocalSettings())).cleanup_network()
     return 0 if report_targets("containers", rows) else 1
 
 
