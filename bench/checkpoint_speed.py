@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine  # noqa: E402
+from bench.common import report_targets  # noqa: E402
 from orchestrator.cluster.checkpoints.collector import CheckpointCollector  # noqa: E402
 from orchestrator.cluster.checkpoints.keeper import KeeperOptions  # noqa: E402
 from orchestrator.cluster.checkpoints.mirror import CheckpointMirror  # noqa: E402
@@ -399,19 +399,7 @@ def main() -> int:
                  "the same loop saving where orch does not look", "ratio >= 0.9"))  # fmt: skip
     print(f"  BLAKE2b-256 on this machine: {hash_rate():.0f} MB/s (nodes hash what they stage and "
           "restore)")  # fmt: skip
-    print(f"\ncheckpoint speed (machine: {machine()}; medians)")
-    ok = True
-    for name, ours, unit, base, base_name, target in rows:
-        ratio = ours / base
-        print(f"  {name:<44} orch {ours:9.3f} {unit:<8} baseline {base:9.3f} {unit:<8} "
-              f"({base_name})  ratio {ratio:5.2f}  target {target}")  # fmt: skip
-        if target.startswith("ratio <="):
-            ok &= ratio <= float(target.split()[-1])
-        elif target.startswith("ratio >="):
-            ok &= ratio >= float(target.split()[-1])
-        elif target.startswith("<="):
-            ok &= ours <= float(target.split()[1])
-    return 0 if ok else 1
+    return 0 if report_targets("checkpoint speed", rows) else 1
 
 
 if __name__ == "__main__":

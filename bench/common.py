@@ -75,6 +75,27 @@ def report(title: str, rows: list[tuple[str, float, float]], target: float) -> b
     return ok
 
 
+Row = tuple[str, float, str, float, str, str]  # name, orch, unit, baseline, its name, target
+
+
+def report_targets(title: str, rows: list[Row]) -> bool:
+    """Print rows with their own baselines and targets (`ratio <= N`, `ratio >= N`, `<= N`,
+    or `-`), as `bench.figures.parse_checkpoint_speed` reads them; True when all are met."""
+    print(f"\n{title} (machine: {machine()}; medians)")
+    ok = True
+    for name, ours, unit, base, base_name, target in rows:
+        ratio = ours / base
+        print(f"  {name:<44} orch {ours:9.3f} {unit:<8} baseline {base:9.3f} {unit:<8} "
+              f"({base_name})  ratio {ratio:5.2f}  target {target}")  # fmt: skip
+        if target.startswith("ratio <="):
+            ok &= ratio <= float(target.split()[-1])
+        elif target.startswith("ratio >="):
+            ok &= ratio >= float(target.split()[-1])
+        elif target.startswith("<="):
+            ok &= ours <= float(target.split()[1])
+    return ok
+
+
 def at(text: str) -> float:
     """An ISO 8601 time (the ledger's events and leases) as epoch seconds."""
     return datetime.fromisoformat(text).timestamp()

@@ -201,6 +201,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=2400.0,
     ),
     Benchmark(
+        "containers",
+        "Containers on local nodes: the start of a 2 x 2 job whose image the nodes have, and "
+        "the pull of a 2 GB image to 2 nodes at once",
+        "the same job on the bare nodes; one raw `podman pull` to one node with the same "
+        "podman settings",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "5", "--pulls", "3"),
+        timeout_s=2400.0,
+    ),
+    Benchmark(
         "team_scale",
         "Team scale: 16 detached jobs from 2 homes on one PostgreSQL ledger, `orch status` and "
         "`orch cost` over 10,000 jobs, controller CPU per node at 8, 32 and 64 nodes",

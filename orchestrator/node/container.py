@@ -32,6 +32,8 @@ ENV_FILE = "container.env"  # in the run directory, 0600: `export NAME='value'` 
 INNER_SCRIPT = "inner.sh"  # in the run directory: what runs inside the container
 KILL_SCRIPT = "container.kill"  # in the run directory: removes this run's container
 PULL_TIMEOUT_S = 3600.0  # a pull that has not ended by then is a failure
+NET_COUNTERS = "/proc/net/dev"  # the node's received bytes, per interface
+CHECKS_DIR = ".orch-image-checks"  # in the node's home: the image checks it passed
 BASH_MISSING_EXIT = 3
 TORCHRUN_MISSING_EXIT = 4
 
@@ -126,7 +128,6 @@ def pull_script(plan: PullPlan) -> str:
     registry password; it goes from the shell's memory to the runtime's standard input."""
     rt = plan.runtime.command
     image = shlex.quote(plan.image)
-    registry = shlex.quote(plan.registry or "")
     glob, sub = _auth(plan)
     tls = " ".join(_tls(plan))
     lines = [
@@ -138,26 +139,16 @@ def pull_script(plan: PullPlan) -> str:
     if plan.runtime.prepare:
         failed = f"{{ echo '{PULL_MARK} prepare-failed'; exit 1; }}"
         lines.append(f"{{ {plan.runtime.prepare.strip()} ; }} || {failed}")
-    if plan.username is not None:
-        lines += [
-            "IFS= read -r password || password=",
-            f'printf %s "$password" | {rt} {glob} login {sub} {tls} '
-            f"--username {shlex.quote(plan.username)} --password-stdin {registry} "
-            f"|| {{ echo '{PULL_MARK} login-failed'; exit 1; }}",
-            "unset password",
-        ]
-    elif plan.ecr_region is not None:
-        lines.append(
-            f"aws ecr get-login-password --region {shlex.quote(plan.ecr_region)} | "
-            f"{rt} {glob} login {sub} --username AWS --password-stdin {registry} "
-            f"|| {{ echo '{PULL_MARK} login-failed'; exit 1; }}"
-        )
-    present = f"{rt} image inspect {image} >/dev/null 2>&1"
+    # the image's id, when the node has it: a check it passed there is not run again
+    present = f"id=$({rt} image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null)"
     lines.append(f"if {'false' if plan.always else present}; then echo '{PULL_MARK} present'; else")
+    # a present image needs no login (`pull: missing`): the registry is asked nothing
+    lines += ["  id=", *(f"  {line}" for line in _login_lines(plan))]
     lines += [
         # bytes the node received while pulling: its network counters, sampled every second
+        # printf: mawk prints a sum past 2**31 as 3e+09, which the shell cannot subtract
         '  rx() { awk \'NR>2 && $1 != "lo:" {split($0, f, ":"); split(f[2], v, " "); '
-        "n += v[1]} END {print n+0}' /proc/net/dev; }",
+        f'n += v[1]}} END {{printf "%.0f\\n", n}}\' {NET_COUNTERS}; }}',
         "  start=$(rx)",
         f"  {rt} {glob} pull {sub} {tls} {image} 2>&1 &",
         "  child=$!",
@@ -169,6 +160,7 @@ def pull_script(plan: PullPlan) -> str:
         f'  echo "{PULL_MARK} bytes $(( $(rx) - start ))"',
         f'  [ "$code" = 0 ] || {{ echo "{PULL_MARK} pull-failed $code"; exit 1; }}',
         f"  echo '{PULL_MARK} pulled'",
+        f"  id=$({rt} image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null)",
         "fi",
     ]
     check = f"command -v bash >/dev/null || exit {BASH_MISSING_EXIT}"
@@ -177,14 +169,45 @@ def pull_script(plan: PullPlan) -> str:
     # the run's own options, GPUs included: a GPU node whose runtime cannot give them fails here
     options = (*plan.runtime.run_options, *plan.runtime.gpu_options)
     opts = " ".join(shlex.quote(o) for o in options)
+    # a check this node passed for this image id, options and check is remembered (a starting
+    # container costs a second on a loaded node; a kept cluster's next job skips it)
+    key = shlex.quote(f" {opts} {check}")
     lines += [
         *_limits_lines(),
+        'id=$(printf %s "${id:-}" | tr -cd "a-zA-Z0-9:")',
+        f'passed="$HOME/{CHECKS_DIR}/$(printf %s "$id"{key} | cksum | tr -cd "0-9 " | tr " " -)"',
+        'if [ -n "$id" ] && [ -f "$passed" ]; then code=0; else',
         f"{rt} run --rm --network host {opts} $limits --entrypoint /bin/sh {image} "
         f"-c {shlex.quote(check)} 2>&1; code=$?",
+        f'[ "$code" = 0 ] && [ -n "$id" ] && mkdir -p "$HOME/{CHECKS_DIR}" && touch "$passed"',
+        "fi",
         f'echo "{PULL_MARK} checked $code"',
         '[ "$code" = 0 ]',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _login_lines(plan: PullPlan) -> list[str]:
+    """The pull's login (indented, in the script's pull branch): with `username`, the
+    password from standard input's first line; for ECR, the node role's."""
+    rt, registry = plan.runtime.command, shlex.quote(plan.registry or "")
+    glob, sub = _auth(plan)
+    tls = " ".join(_tls(plan))
+    if plan.username is not None:
+        return [
+            "IFS= read -r password || password=",
+            f'printf %s "$password" | {rt} {glob} login {sub} {tls} '
+            f"--username {shlex.quote(plan.username)} --password-stdin {registry} "
+            f"|| {{ echo '{PULL_MARK} login-failed'; exit 1; }}",
+            "unset password",
+        ]
+    if plan.ecr_region is not None:
+        return [
+            f"aws ecr get-login-password --region {shlex.quote(plan.ecr_region)} | "
+            f"{rt} {glob} login {sub} --username AWS --password-stdin {registry} "
+            f"|| {{ echo '{PULL_MARK} login-failed'; exit 1; }}"
+        ]
+    return []
 
 
 @dataclass

@@ -130,11 +130,16 @@ def _v2_status(address: str, auth: tuple[str, str] | None = None) -> int | None:
 
 
 @contextlib.contextmanager
-def running_registry(ip: str) -> Iterator[Registry]:
+def running_registry(ip: str, storage: Path | None = None) -> Iterator[Registry]:
     """docker-registry on `ip` (an address of this machine the nodes reach) and a free port,
-    with user `orch` and a random password; stopped and its directory removed afterwards."""
+    with user `orch` and a random password; stopped and its directory removed afterwards.
+    With `storage`, the images are kept there (made if absent, left afterwards): a later
+    registry on it serves what an earlier one was pushed, whatever its address."""
     require_containers()
     root = Path(tempfile.mkdtemp(prefix="orchreg-", dir="/tmp"))
+    if storage is not None:
+        storage.mkdir(parents=True, exist_ok=True)
+        (root / "data").symlink_to(storage.resolve())  # rmtree below removes the link alone
     user, password = "orch", secrets.token_urlsafe(12)
     address = f"{ip}:{_free_port(ip)}"
     (root / "htpasswd").write_text(_htpasswd(user, password))
