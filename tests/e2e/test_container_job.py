@@ -40,6 +40,7 @@ from tests.support.containers import (
 from tests.support.helpers import (
     REPO,
     assert_nothing_left,
+    assert_spend_is_leases,
     detach,
     events,
     fast_env,
@@ -138,6 +139,16 @@ def test_ddp_job_runs_in_the_image_and_resumes_in_new_containers_after_a_notice(
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=300)
     assert job["state"] == "SUCCEEDED", job
     assert job["step"] == TARGET_STEPS and job["recoveries"] == 1
+    # Node 1 alone was replaced: node 0 ran through (one lease), its boot not paid again.
+    assert len(job["leases"]) == 3 and all(lease["market"] == "spot" for lease in job["leases"])
+    assert sorted(lease["rank"] for lease in job["leases"]) == [0, 1, 1]
+    assert_spend_is_leases(job)
+    (preempted,) = events(job, "PREEMPTED")
+    assert preempted["message"].startswith("notice: node 1")
+    # The replacement was launched at the notice, before the emergency checkpoint was pulled.
+    kinds = [event["kind"] for event in job["events"]]
+    replacement = kinds.index("LAUNCHED", kinds.index("PREEMPTED"))
+    assert replacement < kinds.index("SALVAGED") < kinds.index("RECOVERING"), kinds
     # The image came to both nodes, then to node 1's replacement; node 0 kept its copy.
     pulls = [e["message"] for e in events(job, "IMAGE")]
     assert pulls[0].startswith(f"pulled {private.ref} on 2 node(s)"), pulls

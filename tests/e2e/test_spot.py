@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from orchestrator.providers.local.provider import LocalProvider
 from tests.support.helpers import (
     REPO,
     assert_nothing_left,
+    assert_spend_is_leases,
     counter_run,
     counter_workdir,
     detach,
@@ -31,6 +31,7 @@ from tests.support.helpers import (
     job_json,
     preempt,
     run_orch,
+    utc_time,
     wait_for,
     wait_for_state,
 )
@@ -78,27 +79,10 @@ def spot_env(home: Path, **extra: str) -> dict[str, str]:
     return fast_env(home, ORCH_LOCAL_PRICE_PER_HOUR="0.90", **extra)
 
 
-def assert_spend_is_leases(job: dict) -> None:
-    """Spend is node-seconds x recorded price over every lease, replaced ones included."""
-    total = Decimal(0)
-    for lease in job["leases"]:
-        seconds = Decimal(
-            str(
-                (
-                    _utc(lease["ended_at"]) - _utc(lease["launched_at"])  # type: ignore[operator]
-                ).total_seconds()
-            )
-        )
-        total += seconds * Decimal(str(lease["price_per_hour"])) / 3600
-    assert abs(Decimal(str(job["spend_usd"])) - total) < Decimal("0.000001"), (job, total)
-
-
-def _utc(text: str):
-    from datetime import datetime
-
-    return datetime.fromisoformat(text)
-
-
+# `make test` keeps the same notice on node 1 with the same trainer in a container
+# (test_container_job.py, every assertion of this one) and the notice on the AWS sandbox's
+# bare hosts (test_sandbox_spot.py)
+@pytest.mark.soak
 def test_notice_on_node_1_resumes_from_the_emergency_checkpoint(tmp_path: Path) -> None:
     env = spot_env(tmp_path / "orch")
     job_id = detach(trainer_job(tmp_path), env)
@@ -149,7 +133,7 @@ def test_master_killed_without_notice_resumes_from_the_last_good_pulled_checkpoi
     (ckpt / "latest").write_text("step-009999\n")
     time.sleep(3)  # at least one pull interval sees the half-written directory
     pulled = max(c["step"] for c in job_json(job_id, env)["checkpoints"] if c["step"])
-    reclaimed_at = _utc(preempt(job_id, env, node=0, notice=0)["reclaimed_at"])
+    reclaimed_at = utc_time(preempt(job_id, env, node=0, notice=0)["reclaimed_at"])
     after_kill = job_json(job_id, env)
     job = wait_for_state(job_id, env, {"SUCCEEDED", "FAILED"}, timeout=240)
     assert job["state"] == "SUCCEEDED", job
@@ -158,7 +142,7 @@ def test_master_killed_without_notice_resumes_from_the_last_good_pulled_checkpoi
     assert "node 0" in preempted["message"] and preempted["message"].startswith("preempted")
     # Acted on at the first missed check (5 s probe timeout), not when the connection's
     # keepalive gives up on the dead node (15 s).
-    detection_s = (_utc(preempted["at"]) - reclaimed_at).total_seconds()
+    detection_s = (utc_time(preempted["at"]) - reclaimed_at).total_seconds()
     assert detection_s < 12, detection_s
     (resumed,) = events(job, "RESUMED")
     assert pulled <= resumed["step"] < 9999 and "step-009999" not in resumed["message"]

@@ -12,6 +12,8 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,18 @@ def assert_nothing_provisioned(home: Path) -> None:
     if (home / "orch.db").exists():
         with sqlite3.connect(home / "orch.db") as db:
             assert db.execute("select count(*) from lease").fetchone() == (0,)
+
+
+def assert_spend_is_leases(job: dict) -> None:
+    """Spend is node-seconds x recorded price over every lease, replaced ones included."""
+    total = Decimal(0)
+    for lease in job["leases"]:
+        ended, launched = utc_time(lease["ended_at"]), utc_time(lease["launched_at"])
+        seconds = Decimal(str((ended - launched).total_seconds()))
+        total += seconds * Decimal(str(lease["price_per_hour"])) / 3600
+    assert abs(Decimal(str(job["spend_usd"])) - total) < Decimal("0.000001"), (job, total)
+
+
+def utc_time(text: str) -> datetime:
+    """A time of `orch status --json` (ISO 8601 with its offset)."""
+    return datetime.fromisoformat(text)
