@@ -9,11 +9,12 @@
 # as they must: each starts real jobs and times nodes, controllers and guards against limits;
 # those of the AWS sandbox go in a second such stream, after the controller host's integration
 # tests (each drives a host and its jobs for a minute or more). The other integration tests
-# make the third stream. The unit and infra tests make the fourth, and
-# after them the unit tests of the code most bound to the Python version run again on the next
-# supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit test on
-# every one, 3.13 too; a machine with none says so and is not failed for it). Arguments (`make test` passes none)
-# select tests for a single run instead: `bash scripts/test.sh tests/unit -k spec`.
+# make the third stream. The unit and infra tests make the fourth, and after them the unit
+# tests of the code most bound to the Python version (the node runtime, the spec) run again on
+# the next supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit
+# test on every one, 3.13 too; a machine with none says so and is not failed for it).
+# Arguments (`make test` passes none) select tests for a single run instead:
+# `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check orchestrator orch_trainer trainer tests bench
@@ -53,10 +54,9 @@ stream() {
 }
 
 # On the next Python, the tests of the code most bound to the interpreter's version: what runs
-# on the nodes' own Python (the node runtime), the spec's models and the ledger's (pydantic,
-# SQLModel), the SSH and file layers. `make soak` runs every unit test on every Python.
-other_python_tests=(tests/unit/node tests/unit/spec tests/unit/ledger tests/unit/remote
-    tests/unit/atomic)
+# on the nodes' own Python, whatever it is (the node runtime), and the spec's models that read
+# every user's input. `make soak` runs every unit test on every Python.
+other_python_tests=(tests/unit/node tests/unit/spec)
 
 # The unit tests compute where the other streams wait on timed nodes and controllers: they
 # run at a lower priority, so that they never hold up those.
