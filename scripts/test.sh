@@ -12,7 +12,8 @@
 # make the third stream. The unit and infra tests make the fourth, and after them the unit
 # tests of the code most bound to the Python version (the node runtime, the spec) run again on
 # the next supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit
-# test on every one, 3.13 too; a machine with none says so and is not failed for it).
+# test on every one, 3.13 too; a machine with none says so and is not failed for it), then the
+# e2e tests of container jobs, whose nodes have a bridge of their own.
 # Arguments (`make test` passes none) select tests for a single run instead:
 # `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
@@ -68,12 +69,18 @@ unit_then_others() {
     echo
     echo "--- unit tests on the next supported Python (after them) ---"
     nice -n 10 bash scripts/other_pythons.sh 1 "${other_python_tests[@]}" || code=1
+    echo
+    echo "--- the e2e tests of container jobs (after them, at the usual priority) ---"
+    pytest_run "${containers[@]}" || code=1
     return "$code"
 }
 
 # The two timed streams: the e2e tests on local nodes, and the controller host's integration
 # tests then the e2e tests on the AWS sandbox.
 hosts=(tests/integration/test_controller_host*.py tests/e2e/test_sandbox_*.py)
+# The container jobs' e2e tests end the unit stream, which finishes minutes before the others:
+# their nodes sit on a bridge and subnet of their own, so they meet no other e2e test's.
+containers=(tests/e2e/test_container_job.py)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 pids=()
@@ -82,7 +89,7 @@ stream integration pytest_run tests/integration --ignore-glob='tests/integration
 stream unit unit_then_others
 
 set +e
-pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py'
+pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py' --ignore="${containers[0]}"
 e2e_code=$?
 wait "${pids[@]}"
 set -e
@@ -93,7 +100,7 @@ for name in hosts integration unit; do
     case $name in
         hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox" ;;
         integration) what="tests/integration, the others" ;;
-        unit) what="tests/unit, tests/infra, then tests/unit on the next Python" ;;
+        unit) what="tests/unit, tests/infra, tests/unit on the next Python, then the container e2e tests" ;;
     esac
     echo
     echo "--- $what (run beside the e2e tests) ---"
