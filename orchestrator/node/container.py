@@ -312,8 +312,9 @@ def container_lines(launch: ContainerLaunch, workdir: str) -> list[str]:
         f"printf '%s\\n' {shlex.quote(kill)} > \"$run_dir/{KILL_SCRIPT}\"",
         f"mkdir -p {' '.join(launch.mounts)} 2>/dev/null; true" if launch.mounts else "true",
         # the client ignores the session's TERM where it can (--sig-proxy=false, and TERM
-        # ignored from its start); the trap below hands TERM on once
-        f"(trap '' TERM; {rt} run {options} {mounts} --env HOME $limits "
+        # ignored from its start); the trap below hands TERM on once. HOME is given by value:
+        # `sudo` (EC2's `sudo -n docker`) resets the client's own to root's
+        f"(trap '' TERM; {rt} run {options} {mounts} --env \"HOME=$HOME\" $limits "
         f"--workdir {workdir} --entrypoint /bin/bash "
         f'{shlex.quote(launch.image)} "$run_dir/{INNER_SCRIPT}") &',
         "child=$!",

@@ -128,7 +128,7 @@ def test_the_runs_exit_code_is_the_containers_and_the_env_is_in_a_private_file(
     lines = argv.splitlines()
     assert lines[lines.index("--network") + 1] == "host"
     assert "--ipc" in lines and lines[lines.index("--ipc") + 1] == "host"
-    assert lines[lines.index("--env") + 1] == "HOME"
+    assert lines[lines.index("--env") + 1] == f"HOME={home}"  # by value: sudo resets HOME
     mounts = {lines[i + 1] for i, word in enumerate(lines) if word == "--volume"}
     assert mounts == {
         f"{home}/orch-jobs/job-1:{home}/orch-jobs/job-1",  # workdir, run dir, checkpoints
