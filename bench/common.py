@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,14 @@ class Nodes:
 
 
 @contextmanager
-def local_nodes(count: int, *, network: str = "auto") -> Iterator[Nodes]:
-    """`count` fresh local nodes in a throw-away ORCH_HOME; always terminated afterwards."""
+def local_nodes(
+    count: int, *, network: str = "auto", bridge: tuple[str, IPv4Network] | None = None
+) -> Iterator[Nodes]:
+    """`count` fresh local nodes in a throw-away ORCH_HOME; always terminated afterwards.
+    `bridge`: namespace nodes on a bridge and subnet of their own, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as home:
-        settings = Settings(home=Path(home), local=LocalSettings(network=network))  # type: ignore[arg-type]
+        own = {"bridge": bridge[0], "subnet": bridge[1]} if bridge else {}
+        settings = Settings(home=Path(home), local=LocalSettings(network=network, **own))  # type: ignore[arg-type]
         provider = LocalProvider(settings)
         identity = ensure_identity(settings.keys_dir("bench"), "orch-bench")
         instances = provider.launch(
@@ -46,6 +51,8 @@ def local_nodes(count: int, *, network: str = "auto") -> Iterator[Nodes]:
         finally:
             cluster.close()
             provider.terminate([i.instance_id for i in instances])
+            if bridge:
+                provider.cleanup_network()
 
 
 def timed(fn: Callable[[], object]) -> float:

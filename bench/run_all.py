@@ -19,9 +19,7 @@ was measured, since the page's header describes the run that measured the rest.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -44,6 +42,7 @@ from bench.figures import (
     parse_trainer_throughput,
     report_rows,
 )
+from bench.machine_facts import load_average, machine_facts
 from bench.page_merge import merge_pages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +129,31 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick_args=("--files", "1000", "--repeats", "3"),
     ),
     Benchmark(
+        "data_uplink",
+        "Local data to 4 nodes: a 1 GB dataset over the uplink once, then node to node",
+        "the dataset's size (bytes sent, read on the nodes' bridge); one raw `rsync -a` over "
+        "ssh of it to one node, alternating with it in the same run (time)",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "2"),
+    ),
+    Benchmark(
+        "data_kept",
+        "A kept cluster's next job with its bucket data unchanged: the data phase on 3 nodes "
+        "(a 2 GB prefix of 32 MB objects from moto's S3 over HTTP)",
+        "the cluster's first job, which downloads the whole prefix, in the same run",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "2"),
+    ),
+    Benchmark(
+        "fleet_start",
+        "Jobs on a fleet of 2 machines the user already has (2 GPUs each): time to every rank "
+        "started, and a queued job's start after the blocking job's end",
+        "the same 2-node job on new local nodes, alternating in the same run (start); the "
+        "target itself, 5 s (queue)",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "3", "--queue-repeats", "3"),
+    ),
+    Benchmark(
         "trainer_throughput",
         "Reference trainer throughput on the CPU",
         "the same runs with 0 DataLoader workers",
@@ -183,6 +207,17 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=2400.0,
     ),
     Benchmark(
+        "bucket_data",
+        "Bucket to node: `bucket-data fetch` of a 2 GB prefix of 64 MB objects and of 10,000 "
+        "objects of 100 KB from moto's S3 over HTTP, and the fetch again with the bucket "
+        "unchanged",
+        "boto3's transfer manager downloading the same prefix (same concurrency and part size), "
+        "alternating with it in the same run; the first fetch for the unchanged one",
+        parse_checkpoint_speed,
+        quick_args=("--repeats", "3", "--small-repeats", "1"),
+        timeout_s=2400.0,
+    ),
+    Benchmark(
         "checkpoint_capture",
         "Checkpoint capture on a busy node: the share of saves taken of a 16 MB torch.save "
         "rewritten in place every 0.5 s, 1 s and 2 s",
@@ -209,6 +244,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         parse_checkpoint_speed,
         quick_args=("--repeats", "5", "--pulls", "3"),
         timeout_s=2400.0,
+    ),
+    Benchmark(
+        "dashboard_pages",
+        "Dashboard pages: `orch dashboard`'s jobs, job, clusters and cost pages and its charts "
+        "over HTTP, over 10,000 jobs on SQLite and on PostgreSQL",
+        "building `orch status --json`'s document (`report.documents.status_list`) over the "
+        "same ledger, in the same run",
+        parse_team_scale,
+        quick_args=("--quick",),
+        timeout_s=1200.0,
     ),
     Benchmark(
         "team_scale",
@@ -260,69 +305,6 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data.decode(errors="replace") if isinstance(data, bytes) else data
-
-
-# --------------------------------------------------------------------------------------------
-# The machine
-
-
-def _meminfo_gib() -> str:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return f"{int(line.split()[1]) / 2**20:.1f} GiB"
-    except OSError:
-        pass
-    return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _commit() -> str:
-    found = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
-    if found.returncode != 0:
-        return "unknown"
-    return found.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
-
-
-def load_average() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def machine_facts() -> dict[str, str]:
-    """What the figures were measured on."""
-    return {
-        "CPU": f"{os.cpu_count()} cores ({_cpu_model()})",
-        "RAM": _meminfo_gib(),
-        "kernel": f"{platform.system()} {platform.release()}",
-        "Python": platform.python_version(),
-        "torch": _version("torch"),
-        "orch commit": _commit(),
-    }
 
 
 # --------------------------------------------------------------------------------------------

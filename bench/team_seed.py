@@ -1,6 +1,7 @@
-"""The big ledger `bench.team_scale` reads: `seed_rows` makes a reproducible mix of jobs over
-some months (most final, the newest few RUNNING with open leases, recoveries, events and
-checkpoints), and `write_seed` inserts them through the SQLModel tables in chunks."""
+"""The big ledger `bench.team_scale` and `bench.dashboard_pages` read: `seed_rows` makes a
+reproducible mix of jobs over some months (most final, the newest few RUNNING with open leases,
+GPU readings and progress history, recoveries, events and checkpoints), and `write_seed`
+inserts them through the SQLModel tables in chunks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ FINAL_MIX: tuple[tuple[str, float], ...] = (
     ("TIMED_OUT", 0.02),
 )
 LIVE_JOBS = 4  # the newest jobs are RUNNING, with open leases
+GPU_SAMPLE_EVERY_S = 30.0  # a running job's stored GPU readings, as `gpu_sample_every` keeps them
+PROGRESS_EVERY_S = 10.0  # a running job's progress rows: one per watch check that saw a new step
 SPEC_JSON = json.dumps(
     {
         "name": "train", "workdir": ".", "run": "python -m orch_trainer.train --epochs 5",
@@ -39,6 +42,8 @@ class Seed:
     leases: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)
+    progress_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def seed_rows(count: int, now: datetime, *, months: int = 6, seed: int = 21) -> Seed:
@@ -48,9 +53,12 @@ def seed_rows(count: int, now: datetime, *, months: int = 6, seed: int = 21) -> 
     Each job has a lease per node (a spot job that recovered has a second round of leases,
     the first ended at the recovery), its state events in order (PROVISIONING ... the final
     state, with RECOVERING for a recovery), and a job that reached a step has one checkpoint
-    (pruned unless it is among the newest 100). Deterministic for a given `seed`; times are
-    before `now`, ends after starts."""
+    (pruned unless it is among the newest 100). A RUNNING job has GPU readings of every node
+    and GPU every `GPU_SAMPLE_EVERY_S` and a progress row every `PROGRESS_EVERY_S` over its
+    run so far (its last `step` seconds), as a controller stores them. Deterministic for a
+    given `seed`; times are before `now`, ends after starts."""
     rng = random.Random(seed)
+    samples_rng = random.Random(seed + 1)  # its own: the jobs do not change with the samples
     out = Seed()
     span = timedelta(days=30 * months).total_seconds()
     states, weights = zip(*FINAL_MIX, strict=True)
@@ -120,7 +128,41 @@ def seed_rows(count: int, now: datetime, *, months: int = 6, seed: int = 21) -> 
                     "pruned_at": None if n >= count - 100 else ended,
                 }
             )  # fmt: skip
+        if live:
+            since = max(started, now - timedelta(seconds=run_s))
+            _live_samples(out, out.jobs[-1], since, now, samples_rng)
     return out
+
+
+def _live_samples(
+    out: Seed, job: dict[str, Any], started: datetime, now: datetime, rng: random.Random
+) -> None:
+    """GPU readings (utilization, memory) and progress rows of a running `job` from `started`
+    (when its step count began) to `now`."""
+    run_s = (now - started).total_seconds()
+    total = 24576.0 if job["gpus_per_node"] == 8 else 23028.0
+    for k in range(int(run_s // GPU_SAMPLE_EVERY_S)):
+        at = started + timedelta(seconds=(k + 1) * GPU_SAMPLE_EVERY_S)
+        for rank in range(job["nodes"]):
+            for gpu in range(job["gpus_per_node"]):
+                out.gpu_samples.append(
+                    {
+                        "job_id": job["id"], "rank": rank, "gpu": gpu, "at": at,
+                        "util_pct": round(rng.uniform(70, 99), 1),
+                        "mem_used_mib": round(rng.uniform(0.6, 0.9) * total),
+                        "mem_total_mib": total, "ok": True,
+                    }
+                )  # fmt: skip
+    checks = int(run_s // PROGRESS_EVERY_S)
+    for k in range(checks):
+        out.progress_samples.append(
+            {
+                "job_id": job["id"], "at": started + timedelta(seconds=(k + 1) * PROGRESS_EVERY_S),
+                "step": max(k + 1, (job["step"] or 0) * (k + 1) // checks),
+                "epoch": round(5 * (k + 1) / checks, 3), "loss": round(2.3 / (1 + k / 40), 4),
+                "lr": 0.1, "img_s": round(rng.uniform(900, 1100), 1),
+            }
+        )  # fmt: skip
 
 
 def _exit_code(state: str) -> int:
@@ -129,7 +171,14 @@ def _exit_code(state: str) -> int:
 
 def write_seed(engine: Any, rows: Seed, chunk: int = 5000) -> None:
     """Insert `rows` through the SQLModel tables, in one transaction, in executemany chunks."""
-    from orchestrator.ledger.store import CheckpointRecord, Event, Job, Lease
+    from orchestrator.ledger.store import (
+        CheckpointRecord,
+        Event,
+        GpuSampleRecord,
+        Job,
+        Lease,
+        ProgressSampleRecord,
+    )
 
     with engine.begin() as connection:
         for model, items in (
@@ -137,6 +186,8 @@ def write_seed(engine: Any, rows: Seed, chunk: int = 5000) -> None:
             (Lease, rows.leases),
             (Event, rows.events),
             (CheckpointRecord, rows.checkpoints),
+            (GpuSampleRecord, rows.gpu_samples),
+            (ProgressSampleRecord, rows.progress_samples),
         ):
             table = model.__table__  # type: ignore[attr-defined]
             for start in range(0, len(items), chunk):

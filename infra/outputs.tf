@@ -28,6 +28,11 @@ output "key_name" {
 output "instance_profile" {
   description = "Instance profile of the nodes of kept clusters with a checkpoint store (and of every job's without node_job_policy); empty without checkpoint_store."
   value       = local.with_store == 1 ? aws_iam_instance_profile.node[0].name : ""
+
+  precondition {
+    condition     = local.with_store == 1 || length(var.data_sources) + length(var.output_destinations) == 0
+    error_message = "data_sources and output_destinations are granted to the nodes' roles, which are made only with checkpoint_store: set checkpoint_store too, or empty both lists."
+  }
 }
 
 output "node_job_policy" {

@@ -7,6 +7,10 @@
 #   (orchestrator/providers/aws/node_roles.py).
 # - a role shared by the nodes of kept clusters (whose later jobs are not known when they
 #   launch): the whole prefix and ECR pulls, in the instance profile `<name>-node`.
+# Both may also read the jobs' bucket data (`data_sources`) and write their outputs
+# (`output_destinations`): the statements of policies/node-data*.json.tftpl, added to the
+# per-job policy (which is also its role's permissions boundary, so it must hold them) and as
+# the shared role's second inline policy, only when a list is not empty.
 
 locals {
   store_bucket = var.checkpoint_store == "" ? "" : split("/", trimprefix(var.checkpoint_store, "s3://"))[0]
@@ -19,6 +23,31 @@ locals {
   job_prefix      = local.store_prefix == "" ? "" : "${local.store_prefix}/"
   job_objects     = "arn:aws:s3:::${local.store_bucket}/${local.job_prefix}$${aws:PrincipalTag/orch-job}/*"
   job_list_prefix = "${local.job_prefix}$${aws:PrincipalTag/orch-job}/*"
+
+  # s3://bucket[/prefix][/] -> [bucket, prefix]
+  data_reads     = [for url in distinct(var.data_sources) : regex("^s3://([^/]+)/?(.*?)/?$", url)]
+  output_writes  = [for url in distinct(var.output_destinations) : regex("^s3://([^/]+)/?(.*?)/?$", url)]
+  data_objects   = distinct(flatten([for r in local.data_reads : r[1] == "" ? ["arn:aws:s3:::${r[0]}/*"] : ["arn:aws:s3:::${r[0]}/${r[1]}", "arn:aws:s3:::${r[0]}/${r[1]}/*"]]))
+  output_objects = distinct([for w in local.output_writes : w[1] == "" ? "arn:aws:s3:::${w[0]}/*" : "arn:aws:s3:::${w[0]}/${w[1]}/*"])
+  # One listing statement per bucket, for its sources' prefixes only (a bucket without a
+  # prefix: the whole listing).
+  data_list_prefixes = { for r in local.data_reads : r[0] => r[1] == "" ? "*" : "${r[1]}/*"... }
+  data_statements = concat(
+    [for s in jsondecode(templatefile("${path.module}/policies/node-data.json.tftpl", {
+      data_objects   = local.data_objects
+      output_objects = local.output_objects
+    })).Statement : s if length(s.Resource) > 0],
+    [for i, bucket in sort(keys(local.data_list_prefixes)) : jsondecode(templatefile("${path.module}/policies/node-data-list.json.tftpl", {
+      sid           = "ListDataSources${i}"
+      bucket_arn    = "arn:aws:s3:::${bucket}"
+      list_prefixes = distinct(local.data_list_prefixes[bucket])
+    })).Statement[0]],
+  )
+  node_job_document = templatefile("${path.module}/policies/node-job.json.tftpl", {
+    job_objects      = local.job_objects
+    job_list_prefix  = local.job_list_prefix
+    store_bucket_arn = "arn:aws:s3:::${local.store_bucket}"
+  })
 }
 
 resource "aws_iam_policy" "node_job" {
@@ -26,10 +55,10 @@ resource "aws_iam_policy" "node_job" {
 
   name        = "${var.name}-node-job"
   description = "orch: one job's nodes read and write <store>/<their role's orch-job tag>/ only"
-  policy = templatefile("${path.module}/policies/node-job.json.tftpl", {
-    job_objects      = local.job_objects
-    job_list_prefix  = local.job_list_prefix
-    store_bucket_arn = "arn:aws:s3:::${local.store_bucket}"
+  # Without data or outputs, the template as it is (the same document as before they existed).
+  policy = length(local.data_statements) == 0 ? local.node_job_document : jsonencode({
+    Version   = "2012-10-17"
+    Statement = concat(jsondecode(local.node_job_document).Statement, local.data_statements)
   })
 
   tags = merge(local.tags, { Name = "${var.name}-node-job" })
@@ -93,6 +122,17 @@ resource "aws_iam_role_policy" "node_store" {
   name   = "${var.name}-checkpoint-store"
   role   = aws_iam_role.node[0].id
   policy = data.aws_iam_policy_document.node_store[0].json
+}
+
+resource "aws_iam_role_policy" "node_data" {
+  count = local.with_store == 1 && length(local.data_statements) > 0 ? 1 : 0
+
+  name = "${var.name}-data"
+  role = aws_iam_role.node[0].id
+  policy = jsonencode({
+    Version   = "2012-10-17"
+    Statement = local.data_statements
+  })
 }
 
 resource "aws_iam_instance_profile" "node" {

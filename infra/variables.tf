@@ -103,6 +103,38 @@ variable "checkpoint_store" {
   }
 }
 
+variable "data_sources" {
+  description = <<-EOT
+    Buckets the jobs' data comes from (`data[].src: s3://...`), each s3://bucket or
+    s3://bucket/prefix: the nodes' roles (each job's own and the shared one) may read the object
+    named by the prefix and every object under prefix/, and list the bucket under prefix/ only
+    (the whole bucket without a prefix). Needs checkpoint_store. Empty: no such grant.
+  EOT
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for url in var.data_sources : can(regex("^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/*?$[:cntrl:]]+)*/?$", url)) && !can(regex("/\\.{1,2}(/|$)", url))])
+    error_message = "data_sources must hold s3://bucket or s3://bucket/prefix URLs only: no *, ?, $ or control characters (IAM would read them as wildcards or variables), no empty, . or .. parts."
+  }
+}
+
+variable "output_destinations" {
+  description = <<-EOT
+    Buckets the jobs' outputs go to (`outputs[].dst: s3://...`), each s3://bucket or
+    s3://bucket/prefix: the nodes' roles may write (and abort the uploads of) objects under
+    prefix/ only (anywhere in the bucket without a prefix); never read or delete them. Needs
+    checkpoint_store. Empty: no such grant.
+  EOT
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for url in var.output_destinations : can(regex("^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/*?$[:cntrl:]]+)*/?$", url)) && !can(regex("/\\.{1,2}(/|$)", url))])
+    error_message = "output_destinations must hold s3://bucket or s3://bucket/prefix URLs only: no *, ?, $ or control characters (IAM would read them as wildcards or variables), no empty, . or .. parts."
+  }
+}
+
 variable "controller_host" {
   description = <<-EOT
     Make the controller host's credentials (`orch controller up --provider aws`): an IAM role

@@ -126,6 +126,12 @@ class ContainerError(OrchError):
     nodes are ended."""
 
 
+class DataError(OrchError):
+    """A job's data could not reach its nodes, or its outputs could not leave them: a bucket
+    or prefix missing, no permission, a local path gone, a disk too small. The message names
+    the source and the node; the job's nodes are ended."""
+
+
 class NodeLost(JobFailed):
     """A node of a running job stopped answering on several checks in a row."""
 
@@ -165,5 +171,59 @@ class LedgerError(OrchError):
 class ControllerHostError(OrchError):
     """The controller host could not be set up, reached or stopped; the message says which step
     failed and the hint what to do (`orch controller status` shows what is known of it)."""
+
+    exit_code = 3
+
+
+class FleetFull(CapacityError):
+    """A fleet has no room for a job now; it may later (the job queues unless --no-wait)."""
+
+    def __init__(self, fleet: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(
+            message,
+            hint=hint
+            or f"wait for a job on fleet {fleet} to end (`orch fleet status {fleet}`), or "
+            "submit without --no-wait to queue",
+        )
+        self.fleet = fleet
+
+
+class FleetError(OrchError):
+    """A fleet of the user's own machines (`orch fleet ...`) cannot be used as asked: its name
+    is taken or unknown, or it is busy; the message says which and what to do."""
+
+    exit_code = 2
+
+
+class FleetExists(FleetError):
+    """`orch fleet add NAME`: the ledger has a fleet of that name already; nothing recorded."""
+
+
+class FleetNotFound(FleetError):
+    """No fleet of that name in the ledger; the message names the fleets there are."""
+
+
+class FleetBusy(FleetError):
+    """The fleet cannot be removed while a job holds slots of its hosts or waits for them; the
+    message names those jobs."""
+
+
+class HostUnreachable(RemoteError):
+    """A machine of a fleet did not answer over SSH (refused, timed out, no route, or its
+    jump host could not reach it); the message names the machine and the reason."""
+
+    exit_code = 3
+
+
+class HostAuthFailed(RemoteError):
+    """A machine of a fleet refused the identity (the key is not in the login's
+    authorized_keys, or could not be read)."""
+
+    exit_code = 3
+
+
+class FleetHostsFailed(RemoteError):
+    """`orch fleet add`: some machines could not be probed; each is named with its reason and
+    nothing was recorded."""
 
     exit_code = 3

@@ -20,6 +20,9 @@ ZONES='["us-east-1a", "us-east-1b", "us-east-1c"]'
 OWNER=orch-infra-test
 SSH_CIDR=192.0.2.0/24 # TEST-NET-1: documentation addresses only
 STORE=s3://orch-infra-test-ckpt/team/jobs # the nodes' role may touch this prefix only
+# the jobs' bucket data and outputs: the nodes' roles may read and write these only
+DATA_SOURCES='["s3://orch-infra-test-data/sets/imagenet", "s3://orch-infra-test-data/vocab.txt", "s3://orch-infra-test-all"]'
+OUTPUT_DESTINATIONS='["s3://orch-infra-test-results/runs/"]'
 START=$SECONDS
 
 say() { echo "infra-test: $* [$((SECONDS - START))s]"; }
@@ -172,6 +175,8 @@ json.dump({
     "key_name": "orch-infra-test",
     "ssh_public_key": open(sys.argv[1]).read().strip(),
     "checkpoint_store": "$STORE",
+    "data_sources": $DATA_SOURCES,
+    "output_destinations": $OUTPUT_DESTINATIONS,
     "controller_host": True,
 }, open(sys.argv[2], "w"), indent=2)
 PY
@@ -210,6 +215,8 @@ import urllib.parse
 
 import boto3
 from botocore.exceptions import ClientError
+
+from tests.support.policy_templates import data_statements, node_job_policy
 
 mode, endpoint, region, outputs_path, expect_path, ids_path = sys.argv[1:]
 expect = json.load(open(expect_path))
@@ -332,18 +339,25 @@ if mode == "present":
         listing = [s for s in statements if "s3:ListBucket" in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
         need(listing and all("s3:prefix" in json.dumps(s.get("Condition", {})) for s in listing),
              "the nodes may list the whole bucket, not only their prefix")
+        # the jobs' bucket data and outputs: a policy of their own, as the tests render it
+        document = iam.get_role_policy(RoleName=role["RoleName"], PolicyName="orch-data")["PolicyDocument"]
+        document = json.loads(urllib.parse.unquote(document)) if isinstance(document, str) else document
+        wanted = data_statements(expect["data_sources"], expect["output_destinations"])
+        need(wanted and document["Statement"] == wanted,
+             f"the nodes' data policy differs from infra/policies/node-data*.json.tftpl: {document}")
 
-    # The policy of each job's own node role: its job's prefix only, named by the role's tag.
-    from tests.support.policy_templates import render
+    # The policy of each job's own node role: its job's prefix only, named by the role's tag,
+    # and the jobs' bucket data and outputs.
     job_policy = out.get("node_job_policy", "")
     need(job_policy.endswith(":policy/orch-node-job"), f"node_job_policy output {job_policy!r}")
     if job_policy:
         version = iam.get_policy(PolicyArn=job_policy)["Policy"]["DefaultVersionId"]
         applied = iam.get_policy_version(PolicyArn=job_policy, VersionId=version)["PolicyVersion"]["Document"]
         applied = json.loads(urllib.parse.unquote(applied)) if isinstance(applied, str) else applied
-        wanted = render("node-job", job_objects=expect["job_objects"], job_list_prefix=expect["job_list_prefix"],
-                        store_bucket_arn=expect["store_bucket_arn"])
-        need(applied == wanted, f"the per-job node policy differs from infra/policies/node-job.json.tftpl: {applied}")
+        wanted = node_job_policy(job_objects=expect["job_objects"], job_list_prefix=expect["job_list_prefix"],
+                                 store_bucket_arn=expect["store_bucket_arn"], data_sources=expect["data_sources"],
+                                 output_destinations=expect["output_destinations"])
+        need(applied == wanted, f"the per-job node policy differs from infra/policies/node-*.json.tftpl: {applied}")
 
     # The controller host's role: every write only on orch-owner's instances, tagged at launch.
     host_profile = out.get("controller_instance_profile", "")
@@ -447,7 +461,8 @@ json.dump({"owner": "$OWNER", "zones": $ZONES, "ssh_cidrs": ["$SSH_CIDR"], "vpc_
            "store_objects": "arn:aws:s3:::orch-infra-test-ckpt/team/jobs/*",
            "store_bucket_arn": "arn:aws:s3:::orch-infra-test-ckpt", "store_list_prefix": "team/jobs/*",
            "job_objects": "arn:aws:s3:::orch-infra-test-ckpt/team/jobs/\${aws:PrincipalTag/orch-job}/*",
-           "job_list_prefix": "team/jobs/\${aws:PrincipalTag/orch-job}/*"},
+           "job_list_prefix": "team/jobs/\${aws:PrincipalTag/orch-job}/*",
+           "data_sources": $DATA_SOURCES, "output_destinations": $OUTPUT_DESTINATIONS},
           open(sys.argv[1], "w"))
 PY
 check present || fail "resources in moto after apply do not match (see above)"

@@ -32,6 +32,10 @@ if [ "${1:-}" = --tests ]; then
     has tini || missing+=(tini)  # the containers' first process, which hands them TERM
     has docker-registry || missing+=(docker-registry)
     has mmdebstrap || missing+=(mmdebstrap)
+    # A headless browser and its driver: the dashboard's tests load its pages as a user does
+    # (tests/support/browser.py starts Debian's program and driver by these paths)
+    [ -x /usr/lib/chromium/chromium ] || missing+=(chromium)
+    [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

@@ -13,7 +13,8 @@
 # tests of the code most bound to the Python version (the node runtime, the spec) run again on
 # the next supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit
 # test on every one, 3.13 too; a machine with none says so and is not failed for it), then the
-# e2e tests of container jobs, whose nodes have a bridge of their own.
+# e2e tests of container jobs and of bucket data, whose nodes have bridges of their own, with
+# the sandbox host's podman run.
 # Arguments (`make test` passes none) select tests for a single run instead:
 # `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
@@ -70,26 +71,42 @@ unit_then_others() {
     echo "--- unit tests on the next supported Python (after them) ---"
     nice -n 10 bash scripts/other_pythons.sh 1 "${other_python_tests[@]}" || code=1
     echo
-    echo "--- the e2e tests of container jobs (after them, at the usual priority) ---"
-    pytest_run "${containers[@]}" || code=1
+    echo "--- the e2e tests of container jobs and bucket data, and the sandbox host's podman run (after them, at the usual priority) ---"
+    pytest_run "${containers[@]}" "$podman_test" || code=1
     return "$code"
 }
 
 # The two timed streams: the e2e tests on local nodes, and the controller host's integration
 # tests then the e2e tests on the AWS sandbox.
-hosts=(tests/integration/test_controller_host*.py tests/e2e/test_sandbox_*.py)
-# The container jobs' e2e tests end the unit stream, which finishes minutes before the others:
-# their nodes sit on a bridge and subnet of their own, so they meet no other e2e test's.
-containers=(tests/e2e/test_container_job.py)
+# The fleet's e2e run joins them: its machines sit on a bridge and subnet of their own. So do
+# the dashboard's tests in a real Chromium (its jobs are one-node ones), the shortest stream's.
+browser_tests=(tests/e2e/test_dashboard.py tests/integration/test_browser_harness.py
+    tests/integration/test_dashboard_live.py)
+# Two slow integration files join them too, so that the streams end about together: the fleet's
+# CLI (machines on the fleet's subnet, as its e2e run) and the fencing of paused controllers.
+moved=(tests/integration/test_fleet_cli.py tests/integration/test_fencing.py)
+hosts=(tests/integration/test_controller_host*.py tests/e2e/test_sandbox_*.py tests/e2e/test_fleet.py
+    "${browser_tests[@]}" "${moved[@]}")
+# The e2e tests of container jobs and of bucket data end the unit stream, which finishes
+# minutes before the others: their nodes sit on bridges and subnets of their own, so they meet
+# no other e2e test's.
+containers=(tests/e2e/test_container_job.py tests/e2e/test_bucket_data.py)
+# The sandbox host's podman run compares the machine's podman leftovers (cgroups, mounts) before
+# and after, as the container jobs' tests do: it runs with them, one after the other, so that
+# neither sees the other's containers.
+podman_test=tests/integration/test_sandbox.py::test_a_host_pulls_a_private_image_from_the_gateway_and_runs_it_on_its_network
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 pids=()
 stream hosts pytest_run "${hosts[@]}"
-stream integration pytest_run tests/integration --ignore-glob='tests/integration/test_controller_host*.py'
+stream integration pytest_run tests/integration --ignore-glob='tests/integration/test_controller_host*.py' \
+    --deselect "$podman_test" --ignore=tests/integration/test_browser_harness.py \
+    --ignore=tests/integration/test_dashboard_live.py "${moved[@]/#/--ignore=}"
 stream unit unit_then_others
 
 set +e
-pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py' --ignore="${containers[0]}"
+pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py' --ignore=tests/e2e/test_fleet.py \
+    --ignore=tests/e2e/test_dashboard.py "${containers[@]/#/--ignore=}"
 e2e_code=$?
 wait "${pids[@]}"
 set -e
@@ -98,9 +115,9 @@ status=0
 verdict "$e2e_code" "tests/e2e" || status=1
 for name in hosts integration unit; do
     case $name in
-        hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox" ;;
+        hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox and the fleet, and the dashboard in Chromium" ;;
         integration) what="tests/integration, the others" ;;
-        unit) what="tests/unit, tests/infra, tests/unit on the next Python, then the container e2e tests" ;;
+        unit) what="tests/unit, tests/infra, tests/unit on the next Python, then the container and bucket e2e tests and the sandbox's podman run" ;;
     esac
     echo
     echo "--- $what (run beside the e2e tests) ---"

@@ -13,12 +13,16 @@ also across pytest processes.
 
 PostgreSQL: one real server per session (`postgres_server`, started by the first test that
 asks for it, `tests.support.postgres`), and an empty database of it per test (`postgres_url`).
-Without the server's binaries those tests fail with the command that installs them."""
+Without the server's binaries those tests fail with the command that installs them.
+
+A browser: `browser`, a headless Chromium per test that reaches only loopback
+(`tests.support.browser`; `open_browser` for one that may reach other addresses)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +31,9 @@ from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.fuzzing import examples
 from tests.support.helpers import fast_env
 from tests.support.postgres import PostgresServer, PostgresUnavailable, start_server
+
+if TYPE_CHECKING:
+    from tests.support.browser import Browser
 
 settings.register_profile(
     "orch",
@@ -75,3 +82,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """The URL of an empty database of the session's PostgreSQL server, this test's own."""
     return postgres_server.fresh_database()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """A headless Chromium of this test at desktop size (1366 x 900) that reaches only loopback
+    (`tests.support.browser`); quit afterwards, with none of its processes left."""
+    from tests.support.browser import open_browser
+
+    with open_browser(tmp_path) as opened:
+        yield opened

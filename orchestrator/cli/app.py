@@ -97,6 +97,8 @@ app.command(name="reconcile")(reconcile_command)
 def _add_sub_apps() -> None:
     from orchestrator.cli.check import check_command
     from orchestrator.cli.controller_host import app as controller_host_app
+    from orchestrator.cli.dashboard import dashboard_command
+    from orchestrator.cli.fleet import app as fleet_app
     from orchestrator.cli.init import init_command
     from orchestrator.cli.local import app as local_app
     from orchestrator.cli.sandbox import sandbox_app
@@ -105,10 +107,12 @@ def _add_sub_apps() -> None:
     app.add_typer(local_app, name="local")
     app.add_typer(sandbox_app, name="sandbox")
     app.add_typer(controller_host_app, name="controller")
+    app.add_typer(fleet_app, name="fleet")
     app.command(name="ssh")(ssh_command)
     app.command(name="ssh-config")(ssh_config_command)
     app.command(name="init")(init_command)
     app.command(name="check")(check_command)
+    app.command(name="dashboard")(dashboard_command)
 
 
 _add_sub_apps()

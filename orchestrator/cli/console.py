@@ -121,9 +121,12 @@ def jobs_table(rows: list[dict]) -> Table:
             column, justify="right" if column in ("nodes", "step", "spend") else "left"
         )
     for row in rows:
+        queue = row.get("queue")
         table.add_row(
             row["id"],
-            row["state"],
+            row["state"]
+            if not queue
+            else f"{row['state']} ({queue['position']} of {queue['of']} on {queue['fleet']})",
             row["provider"],
             f"{row['nodes']}x{row['gpus_per_node']}",
             "" if row["step"] is None else str(row["step"]),
@@ -227,7 +230,23 @@ def job_detail(doc: dict, *, events: int | None = RECENT_EVENTS) -> list[object]
     parts: list[object] = [summary]
     if doc.get("gpus"):
         parts.append(gpus)
-    return [*parts, leases, checkpoints, table]
+    parts += [leases, checkpoints]
+    if doc.get("outputs"):
+        parts.append(outputs_table(doc["outputs"]))
+    return [*parts, table]
+
+
+def outputs_table(outputs: list[dict]) -> Table:
+    """The job's `outputs`, each with its last upload (or that none happened yet)."""
+    table = Table(title="outputs")
+    for column in ("from", "to", "last upload"):
+        table.add_column(column)
+    for output in outputs:
+        uploads = output.get("uploads") or []
+        last = f"{uploads[-1]['at'][11:19]} {uploads[-1]['message']}" if uploads else "not yet"
+        where = f"{output['src']} ({'every node' if output.get('nodes') == 'all' else 'node 0'})"
+        table.add_row(Text(where), Text(str(output["dst"])), Text(last))
+    return table
 
 
 COST_ROWS = 50  # jobs `orch cost` shows a row each (the older summed in one row)

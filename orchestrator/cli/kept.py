@@ -27,11 +27,9 @@ def kept_request(
     )
 
     if cluster is None:
-        if autostop is not None or no_wait:
-            raise SpecError(
-                "--autostop and --no-wait are for kept clusters", hint="add --cluster NAME"
-            )
-        return None
+        if autostop is not None:
+            raise SpecError("--autostop is for kept clusters", hint="add --cluster NAME")
+        return None  # --no-wait alone is for a fleet's queue (`commands.refuse_a_queue`)
     autostop_s: float | None = DEFAULT_AUTOSTOP_S
     if autostop == "never":
         if not yes:

@@ -280,6 +280,13 @@ def cost_command(
         document = cost_from(view, view.clusters, utcnow(), job_id, limit=limit, since=since)
         if job_id is not None:
             document["spot_auto"] = _spot_auto(view, job_id)
+        fleets = job_id is None and view.has_fleets()
+    if fleets:  # owned machines: the share of the month its jobs held each fleet
+        from orchestrator.control.money.team_budget import month_window
+        from orchestrator.control.verbs.fleets import fleet_costs
+
+        now = utcnow()
+        document["fleets"] = fleet_costs(open_ledger(load_settings()), month_window(now)[0], now)
     if job_id is None and (found := host_rows("cost")) is not None:
         from orchestrator.host.listing import merged_jobs, merged_total
 
@@ -295,6 +302,14 @@ def _print_cost(document: dict, *, json_out: bool, all_jobs: bool) -> None:
         from orchestrator.cli.console import COST_ROWS, cost_table
 
         make_console().print(cost_table(document, limit=None if all_jobs else COST_ROWS))
+        for fleet in document.get("fleets", []):
+            make_console().print(
+                f"fleet {fleet['name']}: {fleet['held_hours']:.1f} of {fleet['host_hours']:.1f} "
+                f"host-hours held by jobs this month ({fleet['utilization']:.0%}), "
+                f"{fleet['idle_hours']:.1f} idle",
+                markup=False,
+                highlight=False,
+            )
         if document.get("spot_auto"):
             make_console().print(document["spot_auto"]["line"], markup=False, highlight=False)
 

@@ -82,6 +82,15 @@ def _team_view(settings: Settings, prepared: PreparedSubmit) -> SubmitBudget | N
     )
 
 
+def _print_data_warnings(prepared: PreparedSubmit) -> None:
+    """On stderr: what reading a SkyPilot task changed (a mount copied instead), and the
+    buckets this machine could not vouch for (`control.verbs.data_check`)."""
+    data = prepared.data.warnings() if prepared.data is not None else []
+    console = make_console(stderr=True)
+    for line in [*prepared.loaded.notices, *data]:
+        console.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
+
+
 def _print_environment(spec: JobSpec) -> None:
     """The run's own variables in a dry run: env values shown, secrets by name only."""
     console = make_console()
@@ -122,7 +131,15 @@ def submit_command(
     job_file: Annotated[Path, typer.Argument(help="job spec (YAML)", show_default=False)],
     nodes: Annotated[int | None, typer.Option("--nodes", help="number of nodes")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs (processes) per node")] = None,
-    provider: Annotated[str | None, typer.Option("--provider", help="local or aws")] = None,
+    provider: Annotated[
+        str | None, typer.Option("--provider", help="local, aws or ssh (a fleet)")
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet", metavar="NAME", help="run on fleet NAME (`orch fleet add`); means ssh"
+        ),
+    ] = None,
     spot: Annotated[bool | None, typer.Option("--spot/--no-spot", help="spot capacity")] = None,
     max_cost: Annotated[
         str | None, typer.Option("--max-cost", help="hard cap on the job's spend, USD")
@@ -180,7 +197,11 @@ def submit_command(
     ] = None,
     no_wait: Annotated[
         bool,
-        typer.Option("--no-wait", help="with --cluster: fail (exit 3) while another job runs"),
+        typer.Option(
+            "--no-wait",
+            help="with --cluster: fail (exit 3) while another job runs; on a fleet: fail "
+            "(exit 3) rather than queue while its GPUs are held",
+        ),
     ] = False,
     fresh: Annotated[
         bool,
@@ -235,7 +256,8 @@ def submit_command(
     from orchestrator.report.documents import job_document
 
     request = SubmitRequest(
-        job_file=job_file, nodes=nodes, gpus=gpus, provider=provider, spot=spot,
+        job_file=job_file, nodes=nodes, gpus=gpus, provider=provider, fleet=fleet,
+        spot=spot,
         max_cost=max_cost, idle_timeout=idle_timeout, env=tuple(env or ()),
         secret=tuple(secret or ()), notify=notify, cluster=cluster, autostop=autostop,
         no_wait=no_wait, fresh=fresh, strict=strict, yes=yes, dry_run=dry_run, json_out=json_out,
@@ -254,6 +276,7 @@ def submit_command(
     kept = kept_request(cluster, autostop, no_wait, yes)
     prepared = LocalJobs(settings).submit_dryrun(request)
     print_stale(prepared.stale)  # on stderr, also beside a JSON document
+    _print_data_warnings(prepared)
     if kept is not None:
         prepared = dataclasses.replace(prepared, cluster=kept)
     loaded, plan = prepared.loaded, prepared.plan
@@ -267,6 +290,9 @@ def submit_command(
             document["script_warnings"] = [warning.as_dict() for warning in scripts]
             if prepared.stale is not None:
                 document["stale_checkpoints"] = prepared.stale.as_dict(datetime.now(UTC))
+            if prepared.data is not None:
+                document["data"] = prepared.data.as_dict()
+            document["notices"] = list(loaded.notices)
             print_json(document if team is None else {**document, "team_budget": team.as_dict()})
         else:
             where = f" in {plan.zone}" if plan.zone else ""
@@ -288,6 +314,8 @@ def submit_command(
             for line in loaded.spec.container.plan_lines() if loaded.spec.container else []:
                 make_console().print(f"  {line}", markup=False, highlight=False)
             _print_environment(loaded.spec)
+            for line in prepared.data.lines(loaded.spec) if prepared.data is not None else []:
+                make_console().print(f"  {line}", markup=False, highlight=False)
         return
     commands.check_hourly_cap(prepared)
     ledger = None

@@ -58,7 +58,10 @@ class JobActivity:
         self.job_id = job_id
         self.record = record
         self.gpus_per_node = gpus_per_node
-        self.gpus = [GpuWatcher(c, max(1, round(interval_s))) for c in cluster.connections]
+        self.gpus = [
+            GpuWatcher(c, max(1, round(interval_s)), gpu_indices=instance.gpu_indices)
+            for c, instance in zip(cluster.connections, cluster.instances, strict=True)
+        ]
         self.cpus = [CpuWatcher.for_job(c, layout) for c in cluster.connections]
         # Without an idle timeout the clock still runs, for status; it just never stops a job.
         self.policy = IdlePolicy(
@@ -117,8 +120,10 @@ class JobActivity:
                 continue
             # No reading at all (nvidia-smi failing, hanging, printing garbage): every GPU the
             # node should have is recorded as unknown, so status says so.
+            own = gpu.gpu_indices
             samples = state.samples or [
-                GpuSample.unknown(index) for index in range(self.gpus_per_node)
+                GpuSample.unknown(index)
+                for index in (range(self.gpus_per_node) if own is None else own)
             ]
             # A fresh record is placed at its own time; anything unknown at this tick's.
             fresh = state.updated_at is not None and all(sample.ok for sample in samples)

@@ -25,6 +25,8 @@ def host_address(instance: Instance) -> HostAddress:
         port=instance.ssh_port,
         user=instance.ssh_user,
         host_key=instance.host_key,
+        home=instance.home,
+        proxy_jump=instance.proxy_jump,
     )
 
 

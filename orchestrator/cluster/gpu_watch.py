@@ -70,6 +70,10 @@ class GpuWatcher:
     waits for nvidia-smi's first word (a record, its exit, or a failure to start or read it;
     not a line of garbage, which a missing nvidia-smi's shell prints before its exit), so that
     a first look right after `start()` is not a look at nothing. Thread-safe.
+
+    `gpu_indices`: the machine's GPUs this node may use (an allocation on a shared machine);
+    records of any other GPU are ignored, so another job's GPUs never count for this one.
+    None: every GPU of the machine.
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class GpuWatcher:
         stale_after_s: float | None = None,
         hang_after_s: float | None = None,
         join_timeout_s: float = 5.0,
+        gpu_indices: tuple[int, ...] | None = None,
     ) -> None:
         self.connection = connection
+        self.gpu_indices = gpu_indices
         self.interval_s = interval_s
         self.command = shlex.join(nvidia_smi_argv(interval_s))  # validates interval_s
         self.restart_every_s = restart_every_s
@@ -223,6 +229,8 @@ class GpuWatcher:
                 self._error = f"unexpected output from nvidia-smi: {text[:120]!r}"
                 self._invalidate_locked(now)
                 return
+            if self.gpu_indices is not None and sample.index not in self.gpu_indices:
+                return  # a GPU of the machine that is not this node's
             self._samples[sample.index] = (sample, now)
             self._available = True
             self._answered.set()

@@ -17,7 +17,7 @@ from orchestrator.errors import RemoteError
 
 @contextlib.contextmanager
 def node_step(step: str, hint: str) -> Iterator[None]:
-    """Run the body as the step `step` ("sync of the workdir and data"): a `RemoteError` out of
+    """Run the body as the step `step` ("sync of the workdir"): a `RemoteError` out of
     it reads "STEP failed: WHAT THE NODE SAID", with `hint` as its advice unless it had one.
     An error already named by a step (a step inside another) keeps its name."""
     try:

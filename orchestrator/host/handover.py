@@ -60,7 +60,8 @@ class Submission:
 
     folder: str  # the host's submission folder: work/ and data/<i> in it
     workdir: str  # the workdir on this machine
-    data: list[str]  # the data sources on this machine, in the spec's order
+    # the data sources on this machine, in the spec's order; None for a bucket (not sent)
+    data: list[str | None]
 
 
 def kit_dir(home: Path, job_id: str) -> Path:
@@ -147,8 +148,8 @@ def load_submission(home: Path, job_id: str) -> Submission | None:
     """The job's `Submission`; None when this ORCH_HOME kept none (or it is unreadable)."""
     try:
         document = json.loads((kit_dir(home, job_id) / SUBMISSION).read_text())
-        return Submission(str(document["folder"]), str(document["workdir"]),
-                          [str(p) for p in document["data"]])  # fmt: skip
+        data = [None if p is None else str(p) for p in document["data"]]
+        return Submission(str(document["folder"]), str(document["workdir"]), data)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -156,7 +157,7 @@ def load_submission(home: Path, job_id: str) -> Submission | None:
 def resend(
     session: HostSession, home: Path, job_id: str, say: Callable[[str], None] = lambda _: None
 ) -> str | None:
-    """Send the job's workdir and data sources from this machine to the host of `session`
+    """Send the job's workdir and local data sources from this machine to the host of `session`
     (under a submission folder of its own, named as on the old host) and point the kit's
     record there; a replacement node syncs them from that copy. Returns why it could not
     (no submission kept, or a source gone from this machine), None once done. `say` gets a
@@ -164,7 +165,7 @@ def resend(
     submission = load_submission(home, job_id)
     if submission is None:
         return "this ORCH_HOME kept no record of where its workdir is"
-    sources = [Path(submission.workdir), *(Path(p) for p in submission.data)]
+    sources = [Path(submission.workdir), *(Path(p) for p in submission.data if p is not None)]
     gone = [str(p) for p in sources if not p.exists()]
     if gone:
         return f"its files are gone from this machine: {', '.join(gone)}"
@@ -172,6 +173,8 @@ def resend(
     say(f"job {job_id}: sending its workdir {submission.workdir} to the new host")
     session.push(Path(submission.workdir), f"{folder}/work", workdir=True)
     for i, source in enumerate(submission.data):
+        if source is None:  # a bucket: the nodes download it themselves
+            continue
         say(f"job {job_id}: sending its data {source} to the new host")
         session.push(Path(source), f"{folder}/data/{i}")
     move_record(home, job_id, folder)

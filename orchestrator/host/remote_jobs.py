@@ -34,6 +34,7 @@ from orchestrator.host.session import HostSession, host_identity
 from orchestrator.host.submission import (
     host_spec,
     inline_secrets,
+    is_bucket_item,
     secrets_text,
     spec_secrets,
     split_args,
@@ -64,8 +65,11 @@ def submit(
         session.run(private_dirs([f"{folder}/data"]))
         workdir = (base / str(spec.get("workdir", "."))).resolve()
         session.push(workdir, f"{folder}/work", workdir=True)
-        data: list[str] = []
+        data: list[str | None] = []
         for i, item in enumerate(spec.get("data") or []):
+            if is_bucket_item(item):  # the nodes download it themselves
+                data.append(None)
+                continue
             source = Path(str(item["src"])).expanduser()
             source = source if source.is_absolute() else base / source
             session.push(source, f"{folder}/data/{i}")

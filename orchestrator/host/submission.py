@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.errors import SpecError
 from orchestrator.host.layout import HostLayout, orch_command
+from orchestrator.spec.mounts import S3
 from orchestrator.spec.values import expand_references
 
 ROUTING_FLAGS = ("--remote", "--no-remote")
@@ -124,7 +125,8 @@ def submit_command(layout: HostLayout, folder: str, args: Sequence[str]) -> str:
 
 
 def host_spec(spec: dict[str, Any], submission: str) -> dict[str, Any]:
-    """The spec with its workdir and data sources moved under `submission` on the host, and
+    """The spec with its workdir and local data sources moved under `submission` on the host
+    (a bucket source stays as written: the nodes download it), and
     each secret listed by name only (`NAME: null`: its value travels over stdin, see the
     module docstring)."""
     moved = dict(spec)
@@ -132,11 +134,18 @@ def host_spec(spec: dict[str, Any], submission: str) -> dict[str, Any]:
         moved["secrets"] = dict.fromkeys(spec["secrets"])
     moved["workdir"] = f"{submission}/work"
     moved["data"] = [
-        {**item, "src": f"{submission}/data/{i}"} for i, item in enumerate(spec.get("data") or [])
+        item if is_bucket_item(item) else {**item, "src": f"{submission}/data/{i}"}
+        for i, item in enumerate(spec.get("data") or [])
     ]
     if not moved["data"]:
         moved.pop("data")
     return moved
+
+
+def is_bucket_item(item: object) -> bool:
+    """Whether a spec's `data` entry (as read from YAML, unchecked) has a bucket source: it
+    is not sent to the host, whose nodes download it themselves."""
+    return isinstance(item, Mapping) and str(item.get("src", "")).startswith(S3)
 
 
 def moved_record(document: Any, old_folder: str, new_folder: str) -> Any:

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,6 +95,12 @@ def create_sqlite(path: Path, *, lock_file: Path) -> None:
                 _upgrade(connection)
         finally:
             engine.dispose()
+        # WAL is recorded in the file itself, and its log goes when the last connection closes:
+        # the ledger arrives in WAL mode, so the commands that open it at once never race to
+        # switch it (a switch needs the file to itself, and SQLite answers "database is locked"
+        # without waiting when another connection holds it).
+        with contextlib.closing(sqlite3.connect(building)) as switch:
+            switch.execute("PRAGMA journal_mode=WAL")
         install(building, path)
 
 

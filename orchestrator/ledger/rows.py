@@ -34,6 +34,7 @@ class JobRow:
     switches: int
     cluster_id: str | None
     controller: str | None
+    owner: str | None  # who submitted it (`Settings.owner_label`): a label, not a proof
 
     @property
     def node_owner(self) -> str:
@@ -73,6 +74,20 @@ class GpuSampleRow:
     mem_used_mib: float | None
     mem_total_mib: float | None
     ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSampleRow:
+    """A `store.ProgressSampleRecord`."""
+
+    id: int
+    job_id: str
+    at: datetime
+    step: int
+    epoch: float | None
+    loss: float | None
+    lr: float | None
+    img_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +207,7 @@ class ClusterRow:
     job_id: str | None
     idle_since: datetime | None
     reason: str | None
+    machine: str | None  # the machine id of the ORCH_HOME that made it, its owner
 
 
 @dataclass(frozen=True, slots=True)

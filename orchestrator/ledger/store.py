@@ -22,6 +22,7 @@ from sqlalchemy import BigInteger, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlmodel import Column, Field, Session, SQLModel, create_engine, select
 
+import orchestrator.ledger.fleets  # noqa: F401 - the fleets' tables are the ledger's too
 from orchestrator.errors import UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.database import database_url, postgresql_engine

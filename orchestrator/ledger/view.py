@@ -50,6 +50,7 @@ from orchestrator.ledger.rows import (
     JobDetailRow,
     JobRow,
     LeaseRow,
+    ProgressSampleRow,
     SpanRow,
     bills_of,
 )
@@ -63,6 +64,14 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("controller_lease", ("cancel_at", "cancel_by", "expires_at", "holder", "job_id", "machine",
                           "renewed_at", "taken_at")),
     ("event", ("at", "id", "job_id", "kind", "message", "step")),
+    ("fleet", ("created_at", "identity", "known_hosts", "name", "owner", "price_per_hour",
+               "price_unit")),
+    ("fleet_claim", ("claimed_at", "detail", "host_id", "id", "instance_id", "job_id", "owner",
+                     "rank", "released_at", "slot")),
+    ("fleet_host", ("address", "checked_at", "cpus", "disk_free_gb", "fleet", "gpus",
+                    "health_note", "healthy", "host_key", "id", "memory_mib", "port", "position",
+                    "proxy_jump", "python", "torch", "user")),
+    ("fleet_waiter", ("fleet", "job_id", "nodes", "owner", "since", "slots_per_node")),
     ("gpu_sample", ("at", "gpu", "id", "job_id", "mem_total_mib", "mem_used_mib", "ok", "rank",
                     "util_pct")),
     ("host_lease", ("ended_at", "host", "instance_id", "launched_at", "price_per_hour",
@@ -256,6 +265,27 @@ class LedgerView:
         return self.rows(JobRow, "job", f"WHERE state IN ({marks}) ORDER BY created_at DESC",
                          *_LIVE)  # fmt: skip
 
+    def has_fleets(self) -> bool:
+        """Whether the ledger holds a fleet (`orch fleet add`)."""
+        return bool(self.fetch("SELECT name FROM fleet LIMIT 1"))
+
+    def fleet_queues(self) -> dict[str, dict[str, Any]]:
+        """Each job waiting in a fleet's queue: {"fleet", "position" (1 first), "of"}."""
+        marks = ", ".join("?" * len(_LIVE))
+        found = self.fetch(  # a job that ended waits no more, whatever its row says
+            "SELECT w.job_id, w.fleet FROM fleet_waiter w JOIN job j ON j.id = w.job_id "
+            f"WHERE j.state IN ({marks}) ORDER BY w.fleet, w.since, w.job_id",
+            *_LIVE,
+        )
+        lines: dict[str, list[str]] = {}
+        for job_id, fleet in found:
+            lines.setdefault(str(fleet), []).append(str(job_id))
+        return {
+            job_id: {"fleet": fleet, "position": at + 1, "of": len(line)}
+            for fleet, line in lines.items()
+            for at, job_id in enumerate(line)
+        }
+
     def job_count(self, *, since: datetime | None = None) -> int:
         """How many jobs the ledger holds (created at or after `since`)."""
         where, args = self._since(since)
@@ -294,6 +324,56 @@ class LedgerView:
             newest.setdefault((sample.rank, sample.gpu), sample)
         return [newest[key] for key in sorted(newest)]
 
+    def gpu_samples(self, job_id: str) -> list[GpuSampleRow]:
+        """Every GPU sample of a job, oldest first (`Ledger.gpu_samples`)."""
+        return self.rows(GpuSampleRow, "gpu_sample", "WHERE job_id = ? ORDER BY id", job_id)
+
+    def progress_samples(self, job_id: str) -> list[ProgressSampleRow]:
+        """Rank 0's progress history of a job, oldest first (`Ledger.progress_samples`)."""
+        return self.rows(
+            ProgressSampleRow, "progress_sample", "WHERE job_id = ? ORDER BY id", job_id
+        )
+
+    def find_jobs(
+        self,
+        *,
+        states: Sequence[str] = (),
+        owner: str | None = None,
+        name_part: str | None = None,
+        limit: int,
+    ) -> tuple[list[JobRow], int]:
+        """The newest `limit` jobs in one of `states` (any when empty), of `owner`, whose
+        name holds `name_part` (case-insensitive, taken literally), and how many match in all."""
+        clauses: list[str] = []
+        args: list[object] = []
+        if states:
+            clauses.append(f"state IN ({', '.join('?' * len(states))})")
+            args.extend(states)
+        if owner is not None:
+            clauses.append("owner = ?")
+            args.append(owner)
+        if name_part:
+            literal = "".join("\\" + c if c in "\\%_" else c for c in name_part.lower())
+            clauses.append("lower(name) LIKE ? ESCAPE '\\'")
+            args.append(f"%{literal}%")
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        found = self.rows(JobRow, "job", f"{where}ORDER BY created_at DESC LIMIT ?", *args, limit)
+        counted = self.fetch(f"SELECT count(*) FROM job {where}", *args)
+        return found, int(counted[0][0]) if counted else 0
+
+    def owners(self) -> list[str]:
+        """Every owner label the ledger's jobs carry, sorted."""
+        found = self.fetch("SELECT DISTINCT owner FROM job WHERE owner IS NOT NULL")
+        return sorted(str(row[0]) for row in found)
+
+    def specs_of(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The recorded spec (JSON text) of each of `job_ids`, in one read."""
+        if not job_ids:
+            return {}
+        marks = ", ".join("?" * len(job_ids))
+        found = self.fetch(f"SELECT id, spec_json FROM job WHERE id IN ({marks})", *job_ids)
+        return {str(row[0]): str(row[1] or "{}") for row in found}
+
     def leases(self, job_id: str | None = None) -> list[LeaseRow]:
         """A job's leases, oldest first; every job's with no `job_id` (`Ledger.leases`)."""
         if job_id is None:
@@ -330,6 +410,32 @@ class LedgerView:
         """Every lease's job, price and span, oldest first: a bill of every job in one read
         of four columns."""
         return self.rows(SpanRow, "lease", "ORDER BY id")
+
+    def month_spans(
+        self, since: datetime
+    ) -> list[tuple[str | None, Decimal, datetime, datetime | None]]:
+        """(owner, price per hour, launched, ended) of every job lease and kept cluster idle
+        lease still billing at `since` (open, or ended after it): the job leases, then the
+        idle leases, each in the order recorded, in two reads whatever the ledger's size.
+        These are what the monthly budgets count (`ledger.month`): a lease is billed to its
+        job's owner, an idle lease to the owner of its cluster's latest job (None: none)."""
+        moment = None if self._source is None else self._source.moment(since)
+        leases = self.fetch(
+            "SELECT j.owner, l.price_per_hour, l.launched_at, l.ended_at FROM lease l "
+            "LEFT JOIN job j ON j.id = l.job_id "
+            "WHERE l.ended_at IS NULL OR l.ended_at > ? ORDER BY l.id",
+            moment,
+        )
+        idle = self.fetch(
+            "SELECT (SELECT j.owner FROM job j WHERE j.cluster_id = i.cluster_id "
+            "ORDER BY j.created_at DESC LIMIT 1), i.price_per_hour, i.launched_at, i.ended_at "
+            "FROM idle_lease i WHERE i.ended_at IS NULL OR i.ended_at > ? ORDER BY i.id",
+            moment,
+        )
+        return [
+            (owner, Decimal(price), _utc(launched), None if ended is None else _utc(ended))
+            for owner, price, launched, ended in [*leases, *idle]
+        ]
 
     def job_heads(
         self, *, limit: int | None = None, since: datetime | None = None

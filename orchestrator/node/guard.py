@@ -34,6 +34,8 @@ Terms (all times are UTC epoch seconds, durations are seconds; null: not set):
     stop_grace_s               SIGTERM, then this long for the emergency checkpoint, then SIGKILL
     upload_wait_s              then at most this long for the checkpoint agent's uploads
     poweroff                   the node's poweroff command (shell)
+    gpu_indices                the machine's GPUs this node may use (null: all): only
+                               those count for idleness (an allocation on a shared machine)
 
     lease_key                  base64 of the Ed25519 public key that signs the leases
     metadata_url               the node's instance metadata endpoint (null: none)
@@ -92,6 +94,7 @@ if __package__:
         read_terms,
         write_at,
     )
+    from orchestrator.node.guard_gpu import gpu_indices, gpu_utilizations
     from orchestrator.node.guard_limits import TransferWatch, armed_anchor, in_force
     from orchestrator.node.guard_seal import lease_problem
     from orchestrator.node.node_kit import log, utc
@@ -100,6 +103,7 @@ if __package__:
 else:  # the program on a node: its modules are beside it
     from events import Event, Scheduler
     from guard_files import open_dir, own_dir, read_at, read_json, read_terms, write_at
+    from guard_gpu import gpu_indices, gpu_utilizations
     from guard_limits import TransferWatch, armed_anchor, in_force
     from guard_seal import lease_problem
     from node_kit import log, utc
@@ -107,11 +111,10 @@ else:  # the program on a node: its modules are beside it
     from run_progress import RunProgress
 
 DECISION = "decision.json"  # what the guard decided, written before it powers the node off
-NVIDIA_SMI_ARGS = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
 # in the node runtime beside this file (`orchestrator.node.runtime`)
 MODULES = (
-    "events.py", "guard_files.py", "guard_limits.py", "guard_seal.py", "node_kit.py",
-    "notice_event.py", "run_progress.py",
+    "events.py", "guard_files.py", "guard_gpu.py", "guard_limits.py", "guard_seal.py",
+    "node_kit.py", "notice_event.py", "run_progress.py",
 )  # fmt: skip
 NOTICE_INTERVAL_S = 5.0  # the notice watch's period when the terms give none
 
@@ -168,35 +171,6 @@ def first_program(words):
     return None
 
 
-def gpu_utilizations(timeout_s):
-    """Utilization of every GPU by nvidia-smi; None when there is no usable reading."""
-    binary = shutil.which("nvidia-smi")
-    if binary is None:
-        return None
-    try:
-        out = subprocess.run(
-            [binary] + NVIDIA_SMI_ARGS,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    values = []
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2 or not parts[0].isdigit():
-            continue
-        try:
-            values.append(float(parts[1]))
-        except ValueError:
-            return None  # "[N/A]": unknown, never idle
-    return values or None
-
-
 class Limits(Event):
     """The guard's pass over the job's limits (`Guard.step`), every `interval_s`, failing or
     not: the limits it checks before a failing part still act on time."""
@@ -224,6 +198,7 @@ class Guard:
         home = t.get("home") or login_home(t.get("user")) or os.path.expanduser("~")
         self.home = home
         self.job = ("orch-jobs", t["job_id"])
+        self.gpu_indices = gpu_indices(t.get("gpu_indices"))
         try:
             st = os.stat(home)
             self.owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 else None
@@ -365,7 +340,7 @@ class Guard:
         if leader is None:
             self.idle_since, self.cpu_last = None, None
             return 0.0
-        utils = gpu_utilizations(timeout_s=max(5.0, t["interval_s"]))
+        utils = gpu_utilizations(timeout_s=max(5.0, t["interval_s"]), indices=self.gpu_indices)
         if utils is not None:
             idle = all(u < t["idle_util_pct"] for u in utils)
         else:
@@ -431,7 +406,9 @@ class Guard:
     def autostop_due(self, now, autostop_s):
         """A kept cluster with no job: its nodes end once neither a controller nor the GPUs
         (a user's own process, started over `orch ssh`) were busy for `autostop_s`."""
-        utils = gpu_utilizations(timeout_s=max(5.0, self.terms["interval_s"]))
+        utils = gpu_utilizations(
+            timeout_s=max(5.0, self.terms["interval_s"]), indices=self.gpu_indices
+        )
         if utils is not None and any(u >= self.terms["idle_util_pct"] for u in utils):
             self.gpus_busy_at = now
         quiet = now - max(self.heard_at(), self.gpus_busy_at or 0.0)

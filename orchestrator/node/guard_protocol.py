@@ -32,7 +32,7 @@ import binascii
 import json
 import math
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -127,12 +127,15 @@ class GuardTerms:
         home: str | None = None,
         user: str | None = None,
         metadata_url: str | None = None,
+        gpu_indices: Sequence[int] | None = None,
     ) -> str:
         """The terms document for one node of a launch whose nodes cost `hourly_usd` together.
 
         `home` is where the job's files are; without it, the home of the login `user` on the
         node, else the guard's own $HOME. `metadata_url`: the node's instance metadata
-        endpoint, which the guard's spot-notice watch polls (None: the node has none)."""
+        endpoint, which the guard's spot-notice watch polls (None: the node has none).
+        `gpu_indices`: the machine's GPUs the node may use, the only ones whose use keeps it
+        from idling (None: all)."""
         reserve_s = self.stop_grace_s + self.stop_allowance_s
         ends = [
             lease_until(now=now, budget_left_usd=left, hourly_usd=hourly, reserve_s=reserve_s)
@@ -158,6 +161,7 @@ class GuardTerms:
             user=user,
             lease_key=raw_public_key(self.lease_key) if self.lease_key else None,
             metadata_url=metadata_url,
+            gpu_indices=None if gpu_indices is None else [int(i) for i in gpu_indices],
         )
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 

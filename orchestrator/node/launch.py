@@ -95,6 +95,8 @@ class NodeLaunch:
     node_rank: int
     interface: str  # network interface for gloo/NCCL sockets
     runtime: container.ContainerRuntime | None = None  # how the node runs the job's container
+    gpu_indices: tuple[int, ...] | None = None  # the machine's GPUs this node may use (an
+    #                                             allocation on a shared machine); None: all
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,10 @@ def orch_environment(cluster: ClusterLaunch, node: NodeLaunch) -> dict[str, str]
 
     ORCH_CHECKPOINT_DIR and ORCH_RESUME_FROM are home-relative here; `launch_script` turns them
     into absolute paths on the node.
+
+    A node with `gpu_indices` (its share of a machine's GPUs) gets CUDA_VISIBLE_DEVICES and
+    NVIDIA_VISIBLE_DEVICES (read by container runtimes) set to them, over any the user gave:
+    the run sees those GPUs only, as its local ranks 0..n-1.
     """
     own_launcher = (
         {
@@ -157,7 +163,19 @@ def orch_environment(cluster: ClusterLaunch, node: NodeLaunch) -> dict[str, str]
         "ORCH_NODE_IPS": ",".join(cluster.node_ips),
         "GLOO_SOCKET_IFNAME": node.interface,
         "NCCL_SOCKET_IFNAME": node.interface,
+        **gpu_visibility(node.gpu_indices),
     }
+
+
+def gpu_visibility(indices: Sequence[int] | None) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES naming exactly `indices` (the
+    machine's GPU indices, in order); nothing for None (every GPU of the machine)."""
+    if indices is None:
+        return {}
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in indices):
+        raise ValueError(f"GPU indices must be whole numbers >= 0, not {list(indices)!r}")
+    value = ",".join(str(i) for i in indices)
+    return {"CUDA_VISIBLE_DEVICES": value, "NVIDIA_VISIBLE_DEVICES": value}
 
 
 def torchrun_args(cluster: ClusterLaunch, node: NodeLaunch) -> list[str]:

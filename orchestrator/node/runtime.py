@@ -14,10 +14,13 @@ On an EC2 node the guard's copy is root's, in `guard_protocol.AWS_GUARD_DIR`, wr
 cloud-init at boot.
 
 The programs (`runtime_main.PROGRAMS`): `guard` (the node's daemon, whose events include the
-spot-notice watch), `checkpoint-agent`, `set-aside`, `clear-files` and `imds`, each a module
+spot-notice watch), `checkpoint-agent`, `set-aside`, `clear-files`, `imds`, `bucket-data`
+(data between a bucket and the node) and `allocation-end` (an allocation on a shared machine
+ended: its processes, key line and home), each a module
 at the top of the zipapp with the modules it imports beside it and the kit they share
 (`node_kit`). Standard library only,
-Python 3.8 or newer (the checkpoint agent imports boto3 for an `s3://` store, and only then).
+Python 3.8 or newer (the checkpoint agent imports boto3 for an `s3://` store, and only then;
+`bucket-data` for a fetch or an upload).
 
     python3 -u orch-node-<version>.pyz PROGRAM [ARGUMENTS...]
 """
@@ -32,7 +35,7 @@ import shlex
 import zipfile
 from pathlib import Path
 
-from orchestrator.node import checkpoint_agent, guard, runtime_main
+from orchestrator.node import bucket_data, checkpoint_agent, guard, runtime_main
 from orchestrator.node.launch import home_expr
 from orchestrator.node.source_text import compact_source
 
@@ -48,6 +51,8 @@ MODULES = tuple(
             "guard.py", *guard.MODULES,
             "checkpoint_agent.py", *checkpoint_agent.MODULES,
             "set_aside.py", "clear_files.py", "imds_server.py",
+            "bucket_data.py", *bucket_data.MODULES,
+            "allocation_end.py",
             "node_kit.py",
         }
     )

@@ -17,6 +17,8 @@ PROGRAMS = {
     "set-aside": "set_aside",
     "clear-files": "clear_files",
     "imds": "imds_server",
+    "bucket-data": "bucket_data",
+    "allocation-end": "allocation_end",
 }
 
 

@@ -24,6 +24,10 @@ def get_provider(name: str, settings: Settings) -> Provider:
         from orchestrator.providers.aws.provider import AwsProvider
 
         return AwsProvider(settings)
+    if name == "ssh":
+        from orchestrator.providers.ssh.provider import SshProvider
+
+        return SshProvider(settings)
     raise SpecError(
         f"unknown provider {name!r}", hint=f"choose one of: {', '.join(PROVIDER_NAMES)}"
     )

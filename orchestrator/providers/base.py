@@ -80,6 +80,9 @@ class LaunchRequest:
     #                          container toolkit on GPU nodes, the AWS CLI)
     ecr_login: bool = False  # the container image is in Amazon ECR and the spec gives no
     #                          registry login: the nodes log in with their instance role
+    buckets: bool = False  # the job reads `s3://` data or writes outputs to a bucket: the
+    #                        nodes do it with credentials of their own (an instance role)
+    fleet: str | None = None  # provider ssh: the fleet whose machines the nodes are placed on
 
     def __post_init__(self) -> None:
         if self.ranks and len(self.ranks) != self.count:
@@ -123,6 +126,12 @@ class Instance:
     container_runtime: ContainerRuntime | None = None  # how the node runs a job's container
     #                   image, GPU options included on a GPU node (None: it cannot, and a job
     #                   with a `container` is refused there)
+    home: str | None = None  # an allocation on a shared machine: the node's own home there
+    #                          (absolute), where all of its files live and its commands run
+    #                          with HOME set to it (None: the login's home, the whole machine)
+    gpu_indices: tuple[int, ...] | None = None  # the machine's GPUs this node may use (None:
+    #                                             all of them)
+    proxy_jump: str | None = None  # "user@addr[:port]": the node is reached through that host
 
 
 @dataclass(frozen=True)

@@ -66,4 +66,6 @@ def launch_request(
         ecr_login=spec.container is not None
         and spec.container.credentials is None
         and spec.container.ref.ecr_region is not None,
+        buckets=bool(spec.outputs) or any(mount.bucket_url for mount in spec.data),
+        fleet=spec.fleet,
     )

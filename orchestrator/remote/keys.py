@@ -27,6 +27,10 @@ class HostAddress:
     port: int
     user: str
     host_key: str  # "ssh-ed25519 AAAA..." as the provider reported it
+    # The node's own home on a shared machine (absolute): every command and copy for it runs
+    # with HOME set to it, in it. None: the login's home, as sshd gives it.
+    home: str | None = None
+    proxy_jump: str | None = None  # "user@addr[:port]": reached through that host (ssh -J)
 
     @property
     def known_hosts_name(self) -> str:
@@ -50,6 +54,21 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)
 
 
+def new_key_pair() -> tuple[str, str]:
+    """A fresh ed25519 key pair, made in this process: (OpenSSH private key, unencrypted;
+    public key line without a comment)."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private.decode(), public.decode()
+
+
 def ensure_identity(directory: Path, comment: str) -> Identity:
     """Return the key pair in `directory`, creating the directory (0700) and key (0600) once."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,17 +76,9 @@ def ensure_identity(directory: Path, comment: str) -> Identity:
     private_path = directory / "id_ed25519"
     public_path = directory / "id_ed25519.pub"
     if not private_path.exists():
-        key = Ed25519PrivateKey.generate()
-        private_bytes = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-        public_bytes = key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        _write_private(private_path, private_bytes)
-        public_path.write_text(f"{public_bytes.decode()} {comment}\n")
+        private, public = new_key_pair()
+        _write_private(private_path, private.encode())
+        public_path.write_text(f"{public} {comment}\n")
     known_hosts = directory / "known_hosts"
     known_hosts.touch(mode=0o600, exist_ok=True)
     return Identity(

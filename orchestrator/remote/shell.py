@@ -16,6 +16,7 @@ from pathlib import Path
 
 from orchestrator.errors import SpecError
 from orchestrator.remote.keys import HostAddress, Identity
+from orchestrator.remote.node_home import in_home, jump_options, jump_parts
 from orchestrator.remote.sync import ssh_option_path
 
 _FORWARD = re.compile(
@@ -85,7 +86,11 @@ def shell_argv(
     node's shell reads as it is, as OpenSSH's `ssh HOST COMMAND` hands it over. With
     forwards, ssh fails at once if a port cannot be bound (`ExitOnForwardFailure`) rather
     than leaving a shell without its tunnel. `tty` asks for a terminal for `command` too (an
-    interactive program run through another host)."""
+    interactive program run through another host).
+
+    A node with its own home on a shared machine (`HostAddress.home`) gets the command, or the
+    login shell, run there with HOME set to it (so a shell lands among the node's files, not
+    the machine's); one with a `proxy_jump` is reached through it (`-J`)."""
     argv = [
         "ssh",
         "-F", "/dev/null",
@@ -96,7 +101,12 @@ def shell_argv(
         "-o", "LogLevel=ERROR",
         "-p", str(address.port),
         "-l", address.user,
+        *jump_options(address.proxy_jump),
     ]  # fmt: skip
+    text = command if isinstance(command, str) else shlex.join(command)
+    if address.home is not None:
+        tty = tty or not text  # the login shell, started by the command: it needs a terminal
+        text = in_home(text or 'exec "${SHELL:-/bin/sh}" -l', address.home)
     if forwards:
         argv += ["-o", "ExitOnForwardFailure=yes"]
         for forward in forwards:
@@ -106,8 +116,8 @@ def shell_argv(
     if tty:
         argv.append("-t")
     argv.append(address.host)
-    if command:
-        argv += ["--", command if isinstance(command, str) else shlex.join(command)]
+    if text:
+        argv += ["--", text]
     return argv
 
 
@@ -122,7 +132,9 @@ def ssh_config_block(
     alias: str, address: HostAddress, identity: Identity, known_hosts: Path
 ) -> str:
     """An OpenSSH `Host` block that reaches the node as `ssh ALIAS` (VS Code Remote, scp,
-    rsync), with the same pinning and the same refusals as `orch ssh`."""
+    rsync), with the same pinning and the same refusals as `orch ssh`, through its
+    `proxy_jump` when it has one. It logs in as the login user, in the login's home: a node
+    with a home of its own on a shared machine keeps its files in that folder."""
     lines = [
         f"Host {alias}",
         f"  HostName {address.host}",
@@ -138,4 +150,7 @@ def ssh_config_block(
         "  PermitLocalCommand no",
         "  ServerAliveInterval 15",
     ]
+    if address.proxy_jump is not None:
+        user, host, port = jump_parts(address.proxy_jump)
+        lines.append(f"  ProxyJump {user}@{host}:{port}")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,10 @@ Both hold a bounded amount of what the node prints: `run` reads at most `max_out
 (then ends the command and says its result was cut), `stream` cuts lines at `max_line`.
 A host presenting any key other than the one its provider reported is refused
 (`HostKeyMismatch`); a host that does not answer raises `NodeUnreachable`.
+
+A node with a home of its own (`HostAddress.home`: an allocation on a shared machine) runs
+every command with HOME exported to that folder and in it (`node_home.in_home`); a node with a
+`proxy_jump` is reached through that host (`node_home.jump_command`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fabric import Config, Connection
 from orchestrator.errors import HostKeyMismatch, NodeUnreachable, OutputTooLarge, RemoteError
 from orchestrator.remote.keys import HostAddress, Identity
 from orchestrator.remote.lines import DEFAULT_MAX_LINE, scrub
+from orchestrator.remote.node_home import in_home, jump_command
 from orchestrator.remote.streams import CommandLines
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024  # bytes of stdout (and of stderr) `run` keeps by default
@@ -100,6 +105,11 @@ class NodeConnection:
                 user=self.address.user,
                 config=config,
                 forward_agent=False,  # never the user's agent on a node, whatever the config
+                gateway=(
+                    jump_command(self.address.proxy_jump, int(max(1, self.connect_timeout)))
+                    if self.address.proxy_jump
+                    else None
+                ),
                 connect_timeout=int(max(1, self.connect_timeout)),
                 connect_kwargs={
                     "key_filename": str(self.identity.private_key),
@@ -168,7 +178,8 @@ class NodeConnection:
         stdin: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> CommandResult:
-        """Run `command` (a shell string, or an argv that gets quoted) and wait for it.
+        """Run `command` (a shell string, or an argv that gets quoted) and wait for it; on a
+        node with a home, in it with HOME set to it (the folder made 0700 when missing).
 
         At most `max_output` bytes of its stdout, and as many of its stderr, are read (16 MiB
         by default; a caller that expects more passes more): past that, reading stops, the
@@ -182,8 +193,9 @@ class NodeConnection:
         text = command if isinstance(command, str) else shell_command(command)
         limit = self.command_timeout if timeout is None else timeout
         transport = self.transport
+        sent = in_home(text, self.address.home)
         try:
-            exited, out, err, cut = _exec(transport, text, stdin, limit, max_output)
+            exited, out, err, cut = _exec(transport, sent, stdin, limit, max_output)
         except TimeoutError as exc:
             raise NodeUnreachable(
                 f"{self.address.name}: command did not finish within {limit:.0f} s",
@@ -245,7 +257,7 @@ class NodeConnection:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise self._unreachable(exc) from exc
         try:
-            channel.exec_command(text)
+            channel.exec_command(in_home(text, self.address.home))
             if stdin is not None:
                 channel.sendall(stdin.encode())
                 channel.shutdown_write()

@@ -1,7 +1,9 @@
 """File transfer with rsync over ssh: argv builders (pure) and a parallel fan-out.
 
 Transfers use the cluster's key and pinned known_hosts; a changed host key fails the transfer.
-Remote paths given as `~/x` or relative are relative to the node's home directory.
+Remote paths given as `~/x` or relative are relative to the node's home directory: the login's,
+or the node's own home on a shared machine (`HostAddress.home`), where the node's rsync runs
+with HOME set to it (`node_home.rsync_path`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -19,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from orchestrator.errors import (
     ConfigError,
@@ -28,6 +32,7 @@ from orchestrator.errors import (
     TransferTimeout,
 )
 from orchestrator.remote.keys import HostAddress, Identity
+from orchestrator.remote.node_home import jump_options, rsync_path
 
 # Per-directory filter files honoured when syncing a workdir: git's ignores and orch's own.
 WORKDIR_FILTERS = (
@@ -98,6 +103,7 @@ def ssh_transport_argv(
 
     With `multiplex`, transfers to a node share one ssh connection that stays up for a minute
     after the last use, so checkpoint and log pulls skip the handshake (~0.3 s each).
+    A node with a `proxy_jump` is reached through it (`-J`, `node_home.jump_options`).
     """
     argv = [
         "ssh",
@@ -114,6 +120,7 @@ def ssh_transport_argv(
         "-o", "ServerAliveInterval=5",
         "-o", "LogLevel=ERROR",
         *cipher_option(_cpu_flags()),
+        *jump_options(address.proxy_jump),
     ]  # fmt: skip
     if multiplex:
         # The host key in the socket's name: a node replaced at the same address (a spot
@@ -208,6 +215,7 @@ def push_argv(
     protect: Sequence[str] = (),
     leave_out: Sequence[str] = (),
     low_priority: bool = False,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """rsync argv pushing a local file or directory (its contents) to `destination` on a node.
 
@@ -217,7 +225,7 @@ def push_argv(
     workdir, whose files the node keeps). The files of `leave_out` (relative to `local`: those
     `orch submit --fresh` leaves out) are neither sent nor removed where a node has them.
     `low_priority` runs both ends under `nice`: a copy made beside more urgent work (a spot
-    notice's emergency checkpoint) gives way to it.
+    notice's emergency checkpoint) gives way to it. `extra`: more rsync options.
     """
     source = f"{local}/" if local.is_dir() else str(local)
     target = remote_path(destination)
@@ -235,7 +243,8 @@ def push_argv(
             *(f"--exclude=/{literal_pattern(path)}" for path in leave_out),
             *(f"--filter=P /{path.strip('/')}/***" for path in protect),
             *(WORKDIR_FILTERS if workdir else ()),
-            *([f"--rsync-path=nice -n {LOW_PRIORITY_NICE} rsync"] if low_priority else ()),
+            *_rsync_path(address, LOW_PRIORITY_NICE if low_priority else None),
+            *extra,
         ],
     )
 
@@ -251,7 +260,7 @@ def pull_argv(
 ) -> list[str]:
     """rsync argv pulling `remote_dir` (or just the files listed, each ended by NUL, in the
     local file `files_from`) from a node into `local`: its regular files only (`PULL_OPTIONS`)."""
-    extra = ["--mkpath"]
+    extra = ["--mkpath", *_rsync_path(address)]
     if files_from is not None:
         extra += [f"--files-from={files_from}", "--from0"]
     source = remote_path(remote_dir).rstrip("/") + "/"
@@ -278,9 +287,16 @@ def pull_file_argv(
         [f"{address.user}@{_host(address)}:{remote_path(remote_file)}"],
         str(local_file),
         transport=ssh_transport_argv(address, identity, connect_timeout),
-        extra=["--mkpath"],
+        extra=["--mkpath", *_rsync_path(address)],
         modes=PULL_OPTIONS,
     )
+
+
+def _rsync_path(address: HostAddress, nice: int | None = None) -> list[str]:
+    """`--rsync-path` for the node's rsync: in the node's own home, under `nice`; none when
+    neither applies."""
+    value = rsync_path(address.home, nice=nice)
+    return [] if value is None else [f"--rsync-path={value}"]
 
 
 def _host(address: HostAddress) -> str:
@@ -325,6 +341,23 @@ _TRANSPORT_GONE = (
 ABORT_POLL_S = 0.2  # how often a transfer that may be aborted looks at its abort flag
 
 
+def _start(argv: Sequence[str], *, text: bool, own_session: bool) -> subprocess.Popen:
+    """Start rsync with its output piped (in a session of its own: its ssh dies with it)."""
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=text,
+            start_new_session=own_session,
+        )
+    except FileNotFoundError as exc:
+        raise RemoteError(
+            "rsync is not installed on this machine", hint="install it (apt-get install rsync)"
+        ) from exc
+
+
 def run_rsync(
     argv: Sequence[str],
     *,
@@ -345,19 +378,7 @@ def run_rsync(
     session of its own, so that its ssh can be killed with it."""
     if abort is not None and abort.is_set():
         raise NodeUnreachable(f"{what}: not started: the node was found gone")
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=abort is not None or timeout is not None,
-        )
-    except FileNotFoundError as exc:
-        raise RemoteError(
-            "rsync is not installed on this machine", hint="install it (apt-get install rsync)"
-        ) from exc
+    proc = _start(argv, text=True, own_session=abort is not None or timeout is not None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -377,26 +398,134 @@ def run_rsync(
                     hint=timeout_hint,
                 ) from None
     if proc.returncode not in ok_codes:
-        said = stderr or stdout
-        if "Host key verification failed" in said:
-            if "host key is known for" in said:  # ssh found no pinned key for the host at all
-                raise HostKeyMismatch(
-                    f"{what}: no host key is pinned for the node; connection refused",
-                    hint="the cluster's known_hosts lacks the node: `orch down` the cluster "
-                    "and launch again",
+        raise rsync_failure(what, proc.returncode, stderr or stdout)
+
+
+PROGRESS_OPTIONS = ("--info=progress2", "--no-inc-recursive")
+"""rsync prints the bytes done of the whole run (`progress_bytes` reads them), the total known
+from the start."""
+
+_PROGRESS_RE = re.compile(r"^\s*([\d,.]+)\s+\d+%")
+
+
+def progress_bytes(line: str) -> int | None:
+    """The bytes done in one line of rsync's `--info=progress2` (`  1,234,567  12%  ...`),
+    None for any other line."""
+    found = _PROGRESS_RE.match(line)
+    if found is None:
+        return None
+    digits = found.group(1).replace(",", "").replace(".", "")
+    return int(digits) if digits.isdigit() else None
+
+
+_TICK_S = 0.1  # how often `run_rsync_watched` calls its `tick`
+
+
+def run_rsync_watched(
+    argv: Sequence[str],
+    *,
+    what: str,
+    tick: Callable[[int], None],
+    timeout: float | None = None,
+    timeout_hint: str | None = None,
+) -> None:
+    """Run one rsync started with `PROGRESS_OPTIONS`, calling `tick(bytes done)` every
+    `_TICK_S` from this thread while it runs (whether or not rsync printed), and once at its end.
+
+    Errors as `run_rsync`'s. An exception from `tick` (or a timeout) ends rsync and its ssh
+    (`_stop`: the transfer stops there, its partial files stay for the next run) and is raised
+    as is."""
+    proc = _start(argv, text=False, own_session=True)
+    done = [0]
+    said: list[bytes] = []
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [
+        threading.Thread(target=_read_progress, args=(proc.stdout, done), daemon=True),
+        threading.Thread(target=_read_tail, args=(proc.stderr, said), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TransferTimeout(
+                    f"{what}: did not finish within {timeout:g} s; the transfer was stopped",
+                    hint=timeout_hint,
                 )
-            raise HostKeyMismatch(
-                f"{what}: the node presented a different host key than the one pinned for it; "
-                "connection refused",
-                hint="the host may have been replaced or intercepted: `orch down` the cluster "
+            tick(done[0])
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                left = _TICK_S if deadline is None else deadline - time.monotonic()
+                proc.wait(timeout=max(0.0, min(_TICK_S, left)))
+    except BaseException:
+        _stop(proc)
+        raise
+    for reader in readers:
+        reader.join(timeout=5)
+    tick(done[0])
+    if proc.returncode != 0:
+        raise rsync_failure(what, proc.returncode, b"".join(said).decode(errors="replace"))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End rsync and its ssh: SIGTERM first, on which rsync keeps what it received of a file
+    (with `--partial`), SIGKILL after `STOP_GRACE_S`."""
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+            return
+
+
+STOP_GRACE_S = 3.0
+
+
+def _read_progress(stream: IO[bytes], done: list[int]) -> None:
+    """Keep `done[0]` at the last bytes count rsync printed (lines end with CR or LF)."""
+    pending = b""
+    while chunk := stream.read1(65536):
+        pending += chunk
+        *lines, pending = re.split(rb"[\r\n]", pending)
+        pending = pending[-4096:]
+        # rsync starts each count with CR and ends it with nothing: the last piece is one too
+        for line in [*lines, pending]:
+            found = progress_bytes(line.decode(errors="replace"))
+            if found is not None:
+                done[0] = found
+
+
+def _read_tail(stream: IO[bytes], said: list[bytes]) -> None:
+    """Keep the last 64 KiB of what rsync writes to stderr."""
+    kept = b""
+    while chunk := stream.read1(65536):
+        kept = (kept + chunk)[-65536:]
+    said.append(kept)
+
+
+def rsync_failure(what: str, returncode: int, said: str) -> RemoteError:
+    """The error for an rsync that exited `returncode` having written `said`: HostKeyMismatch
+    when the host key is not the pinned one, NodeUnreachable when ssh could not reach the
+    host or lost it, else RemoteError with rsync's last lines."""
+    if "Host key verification failed" in said:
+        if "host key is known for" in said:  # ssh found no pinned key for the host at all
+            return HostKeyMismatch(
+                f"{what}: no host key is pinned for the node; connection refused",
+                hint="the cluster's known_hosts lacks the node: `orch down` the cluster "
                 "and launch again",
             )
-        detail = " | ".join(said.strip().splitlines()[-5:])
-        if ssh_transport_failed(proc.returncode, said):
-            raise NodeUnreachable(
-                f"{what}: the node could not be reached or the connection dropped: {detail}"
-            )
-        raise RemoteError(f"{what}: rsync exited {proc.returncode}: {detail}")
+        return HostKeyMismatch(
+            f"{what}: the node presented a different host key than the one pinned for it; "
+            "connection refused",
+            hint="the host may have been replaced or intercepted: `orch down` the cluster "
+            "and launch again",
+        )
+    detail = " | ".join(said.strip().splitlines()[-5:])
+    if ssh_transport_failed(returncode, said):
+        return NodeUnreachable(
+            f"{what}: the node could not be reached or the connection dropped: {detail}"
+        )
+    return RemoteError(f"{what}: rsync exited {returncode}: {detail}")
 
 
 def _kill(proc: subprocess.Popen[str], *, own_session: bool) -> None:

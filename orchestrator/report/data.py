@@ -5,6 +5,9 @@
   CPU use of the job's processes on a node without GPUs); an unknown reading is a gap (None);
   a node read by its CPU has no GPU series made only of unknown readings (an older orch
   recorded those before it knew the node had no GPU);
+- GPU memory series, one per (node, GPU) of the same samples, MiB used and total (None where
+  unknown), under the same rules: the CPU fallback has no memory, and a node read by its CPU
+  has no GPU series whose utilization was never known;
 - rank 0's progress (step, loss, throughput) at each watch check where the step moved;
 - the spend curve: each lease bills its recorded price from `launched_at` to `ended_at`
   (or to `now` while open), leases overlap, so spend is piecewise linear with a corner at
@@ -65,6 +68,26 @@ class UtilSeries:
 
 
 @dataclass(frozen=True)
+class MemorySeries:
+    """GPU memory readings of one GPU over time, in MiB; None where the GPU gave none."""
+
+    node: int  # node rank
+    gpu: int  # GPU index on the node (never CPU_GPU_INDEX: the CPU fallback reads no memory)
+    times: tuple[datetime, ...]
+    used_mib: tuple[float | None, ...]
+    total_mib: tuple[float | None, ...]
+
+    @property
+    def label(self) -> str:
+        return f"node {self.node} GPU {self.gpu}"
+
+    @property
+    def known(self) -> bool:
+        """Whether any reading says how much memory was used."""
+        return any(value is not None for value in self.used_mib)
+
+
+@dataclass(frozen=True)
 class ProgressPoint:
     """Rank 0's progress as read at one watch check."""
 
@@ -113,6 +136,12 @@ class ReportData:
     markers: tuple[Marker, ...]
     progress: tuple[ProgressPoint, ...] = ()
     reason: tuple[str, ...] = ()  # the first lines of why the job ended, unless it succeeded
+    memory: tuple[MemorySeries, ...] = ()
+
+    @property
+    def live(self) -> bool:
+        """Whether the job has not ended (its charts may still fill in)."""
+        return not JobState(self.state).is_final
 
     @property
     def total_spend(self) -> Decimal:
@@ -162,25 +191,53 @@ def spend_curve(leases: Sequence[Lease], start: datetime, end: datetime) -> list
     ]
 
 
-def utilization_series(samples: Iterable[GpuSampleRecord]) -> list[UtilSeries]:
-    """One series per (node, GPU), ordered by node then GPU (CPU first), points by time."""
+def _by_gpu(
+    samples: Iterable[GpuSampleRecord],
+) -> list[tuple[tuple[int, int], list[GpuSampleRecord]]]:
+    """The samples of each (node, GPU), ordered by node then GPU, each list by time."""
     grouped: dict[tuple[int, int], list[GpuSampleRecord]] = {}
     for sample in samples:
         grouped.setdefault((sample.rank, sample.gpu), []).append(sample)
-    result = []
-    for (node, gpu), rows in sorted(grouped.items()):
+    for rows in grouped.values():
         rows.sort(key=lambda row: row.at)
-        result.append(
-            UtilSeries(
-                node=node,
-                gpu=gpu,
-                times=tuple(row.at for row in rows),
-                values=tuple(
-                    row.util_pct if row.ok and row.util_pct is not None else None for row in rows
-                ),
-            )
+    return sorted(grouped.items())
+
+
+def utilization_series(samples: Iterable[GpuSampleRecord]) -> list[UtilSeries]:
+    """One series per (node, GPU), ordered by node then GPU (CPU first), points by time."""
+    return [
+        UtilSeries(
+            node=node,
+            gpu=gpu,
+            times=tuple(row.at for row in rows),
+            values=tuple(
+                row.util_pct if row.ok and row.util_pct is not None else None for row in rows
+            ),
         )
-    return result
+        for (node, gpu), rows in _by_gpu(samples)
+    ]
+
+
+def memory_series(samples: Iterable[GpuSampleRecord]) -> list[MemorySeries]:
+    """One series per (node, GPU) with GPU memory, ordered by node then GPU, points by time.
+
+    The rules of `utilization_series` and `without_phantom_gpus`: the CPU fallback's rows
+    (GPU index CPU_GPU_INDEX) carry no memory and make no series, and on a node read by its
+    CPU a GPU whose utilization was never known is left out. A reading without a number is
+    None (a GPU whose utilization is unknown may still report its memory)."""
+    rows = list(samples)
+    kept = {(s.node, s.gpu) for s in without_phantom_gpus(utilization_series(rows))}
+    return [
+        MemorySeries(
+            node=node,
+            gpu=gpu,
+            times=tuple(row.at for row in found),
+            used_mib=tuple(row.mem_used_mib for row in found),
+            total_mib=tuple(row.mem_total_mib for row in found),
+        )
+        for (node, gpu), found in _by_gpu(rows)
+        if gpu != CPU_GPU_INDEX and (node, gpu) in kept
+    ]
 
 
 def without_phantom_gpus(series: Sequence[UtilSeries]) -> list[UtilSeries]:
@@ -275,6 +332,7 @@ def build_report(
         markers=tuple(event_markers(events)),
         progress=tuple(progress_points(progress)),
         reason=reason_lines(job.state, job.reason),
+        memory=tuple(memory_series(samples)),
     )
 
 

@@ -77,6 +77,7 @@ class ListReads(Protocol):
     def checkpoints_of(
         self, job_ids: Sequence[str], *, live_only: bool = False
     ) -> Mapping[str, Sequence[CheckpointRow]]: ...
+    def fleet_queues(self) -> Mapping[str, Mapping[str, Any]]: ...
 
 
 class CostReads(JobReads, Protocol):
@@ -152,6 +153,7 @@ def job_summary(
         "name": job.name,
         "state": job.state,
         "provider": job.provider,
+        "owner": job.owner,  # who submitted it (a label: `Settings.owner_label`)
         "nodes": job.nodes,
         "gpus_per_node": job.gpus_per_node,
         "step": job.step,
@@ -216,6 +218,7 @@ def job_document(
             {"at": _time(e.at), "kind": e.kind, "message": e.message, "step": e.step}
             for e in events
         ]
+        doc["outputs"] = outputs_document(spec, doc["events"])
         # Checkpoint files going without a copy (a WARNING each): the line `orch status` shows.
         from orchestrator.cluster.checkpoints.capture_alerts import active_alerts
 
@@ -224,6 +227,32 @@ def job_document(
             active_alerts((e.kind, e.message) for e in events) if live else []
         )
     return doc
+
+
+def outputs_document(spec: dict, events: Sequence[dict]) -> list[dict]:
+    """The spec's `outputs`, each with its OUTPUTS events (what each node uploaded, when and
+    why, or why it could not), oldest first."""
+    outputs = spec.get("outputs") or []
+    found: list[dict] = []
+    for i, output in enumerate(outputs if isinstance(outputs, list) else []):
+        if not isinstance(output, dict):
+            continue
+        mine = f"outputs[{i}] "
+        uploads = [
+            {"at": e["at"], "message": e["message"]}
+            for e in events
+            if e["kind"] == "OUTPUTS"
+            and (e["message"].startswith(mine) or not e["message"].startswith("outputs["))
+        ]
+        found.append(
+            {
+                "src": output.get("src"),
+                "dst": output.get("dst"),
+                "nodes": output.get("nodes", "head"),
+                "uploads": uploads,
+            }
+        )
+    return found
 
 
 STATUS_LIMIT = 50  # the newest jobs `orch status` lists (older unfinished ones besides)
@@ -266,14 +295,19 @@ def listed_jobs(ledger: ListReads, jobs: Sequence[JobRow], home: Path, now: date
     ids = [job.id for job in jobs]
     leases = ledger.leases_of(ids)
     checkpoints = ledger.checkpoints_of(ids, live_only=True)
+    queues = ledger.fleet_queues()
     return [
-        job_summary(
-            job,
-            leases.get(job.id, []),
-            checkpoints.get(job.id, []),
-            home / "jobs" / job.id / "checkpoints",
-            now,
-        )
+        {
+            **job_summary(
+                job,
+                leases.get(job.id, []),
+                checkpoints.get(job.id, []),
+                home / "jobs" / job.id / "checkpoints",
+                now,
+            ),
+            # only while it waits in a fleet's queue: {fleet, position, of}
+            **({"queue": dict(queues[job.id])} if job.id in queues else {}),
+        }
         for job in jobs
     ]
 

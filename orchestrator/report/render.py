@@ -10,11 +10,12 @@ import base64
 import html
 import io
 import math
+from collections import Counter
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.report.data import Marker, ReportData, time_unit
+from orchestrator.report.data import Marker, ReportData, UtilSeries, time_unit
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,7 +64,12 @@ BUDGET_SCALE_LIMIT = 4
 LOG_LOSS_RATIO = 50.0
 # Room (points) right of the loss panel for its step axis: five-digit numbers and a label.
 STEP_AXIS_WIDTH_PT = 62
-PANEL_HEIGHTS = {"utilization": 3.0, "loss": 2.2, "throughput": 1.6, "spend": 2.0}
+# The report's rows, top to bottom, and their heights (inches).
+LEGEND_SERIES_LIMIT = 8  # lines past which the legend names nodes, not each GPU
+PANEL_HEIGHTS = {
+    "utilization": 2.5, "memory": 1.5, "loss": 1.9, "throughput": 1.2, "spend": 1.7,
+}  # fmt: skip
+MIB_PER_GIB = 1024.0
 
 
 def _text(value: object) -> str:
@@ -71,7 +77,8 @@ def _text(value: object) -> str:
     return str(value).replace("$", r"\$")
 
 
-def _usd(value: Decimal | float) -> str:
+def usd_text(value: Decimal | float) -> str:
+    """USD for people: cents from $10, a hundredth of a cent below (tiny local prices)."""
     amount = float(value)
     return f"${amount:,.2f}" if abs(amount) >= 10 else f"${amount:,.4f}"
 
@@ -131,11 +138,45 @@ def label_rows(
 
 def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
     """The report as a matplotlib figure on an Agg canvas of its own: GPU utilization per
-    node (or the job's CPU use without GPUs), rank 0's loss and step, its throughput, and
-    spend with the budget line, on one time axis. Events are vertical lines on every panel,
-    checkpoints ticks on the time axis; a job that did not succeed says why above them."""
+    node (or the job's CPU use without GPUs), GPU memory (left out when no node has a GPU),
+    rank 0's loss and step, its throughput, and spend with the budget line, on one time axis
+    (`draw_rows`). A job that did not succeed says why above them."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    heights_of = dict(PANEL_HEIGHTS)
+    if data.utilization_kind == "cpu":  # no GPU memory: its room goes to the CPU use
+        heights_of["utilization"] += heights_of.pop("memory")
+    rows = list(heights_of)
+    heights = list(heights_of.values())
+    if data.reason:
+        heights.insert(0, 0.25 + 0.2 * len(data.reason))
+    figure = Figure(figsize=(11, 2.2 + sum(heights)), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
+    if data.reason:
+        _draw_reason(figure.add_subplot(grid[0]), data.reason)
+    first = len(heights) - len(rows)
+    figure.suptitle(
+        _text(
+            f"{data.job_id}: {data.state} on {data.provider}, {data.nodes} node(s) x "
+            f"{data.gpus_per_node}, spend {usd_text(data.total_spend)}"
+        ),
+        fontsize=12,
+    )
+    draw_rows(figure, [grid[first + i] for i in range(len(rows))], data, rows)
+    return figure
+
+
+def draw_rows(figure: Figure, cells: Sequence[Any], data: ReportData, rows: Sequence[str]) -> bool:
+    """Draw the report's `rows` (names of PANEL_HEIGHTS, in that order) into `cells` of
+    `figure` (gridspec cells, one per row) on one shared time axis: the report figure and
+    each dashboard panel (`panels.render_panel_svg`) are drawn by this one function.
+
+    Events are vertical lines on every row, labelled on the first; checkpoints are ticks on
+    the time axis, with a few steps and the legend of every kind of event on the last row,
+    which alone carries the time axis's numbers and label. True when the figure's layout was
+    run to place the event labels (it then holds as is)."""
     from matplotlib.ticker import FuncFormatter
     from matplotlib.transforms import offset_copy
 
@@ -145,65 +186,57 @@ def draw_figure(data: ReportData, *, dpi: int = 100) -> Figure:
     def x(at: Any) -> float:
         return data.seconds(at) / divisor
 
-    heights = list(PANEL_HEIGHTS.values())
-    if data.reason:
-        heights.insert(0, 0.25 + 0.2 * len(data.reason))
-    figure = Figure(figsize=(11, 2.2 + sum(heights)), dpi=dpi, layout="constrained")
-    FigureCanvasAgg(figure)
-    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
-    if data.reason:
-        _draw_reason(figure.add_subplot(grid[0]), data.reason)
-    first = len(heights) - len(PANEL_HEIGHTS)
-    util_axes = figure.add_subplot(grid[first])
-    loss_axes, rate_axes, spend_axes = (
-        figure.add_subplot(grid[first + i], sharex=util_axes) for i in (1, 2, 3)
-    )
-    figure.suptitle(
-        _text(
-            f"{data.job_id}: {data.state} on {data.provider}, {data.nodes} node(s) x "
-            f"{data.gpus_per_node}, spend {_usd(data.total_spend)}"
-        ),
-        fontsize=12,
-    )
-    _draw_utilization(util_axes, data, x)
-    step_axes = _draw_progress(loss_axes, rate_axes, data, x)
-    _draw_spend(spend_axes, data, x)
-    decimals = _decimals_for(spend_axes.get_ylim()[1])
-    spend_axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _: rf"\${v:,.{decimals}f}"))
-    panels = (util_axes, loss_axes, rate_axes, spend_axes)
+    axes_of: dict[str, Axes] = {}
+    for row, cell in zip(rows, cells, strict=True):
+        shared = next(iter(axes_of.values()), None)
+        axes_of[row] = figure.add_subplot(cell, sharex=shared)
+    step_axes = None
+    if "utilization" in axes_of:
+        _draw_utilization(axes_of["utilization"], data, x)
+    if "memory" in axes_of:
+        _draw_memory(axes_of["memory"], data, x)
+    if "loss" in axes_of:
+        step_axes = _draw_progress(axes_of["loss"], axes_of["throughput"], data, x)
+    if "spend" in axes_of:
+        spend_axes = axes_of["spend"]
+        _draw_spend(spend_axes, data, x)
+        decimals = _decimals_for(spend_axes.get_ylim()[1])
+        spend_axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _: rf"\${v:,.{decimals}f}"))
+    panels = list(axes_of.values())
+    top, bottom = panels[0], panels[-1]
     event_labels: list[tuple[Text, float]] = []
     for axes in panels:
         axes.set_xlim(0, span / divisor)
-        labels_here = _draw_markers(axes, data.markers, x, labelled=axes is util_axes)
-        event_labels += labels_here
-        _draw_checkpoints(axes, data.markers, x, labelled=axes is spend_axes)
+        event_labels += _draw_markers(axes, data.markers, x, labelled=axes is top)
+        _draw_checkpoints(axes, data.markers, x, labelled=axes is bottom)
         axes.grid(True, alpha=0.3)
-        if axes is not spend_axes:
+        if axes is not bottom:
             axes.tick_params(labelbottom=False)
     for axes in panels:
         handles, labels = axes.get_legend_handles_labels()
-        if axes is loss_axes and step_axes is not None:
-            more = step_axes.get_legend_handles_labels()
+        stepped = axes is axes_of.get("loss") and step_axes is not None
+        if stepped:
+            more = step_axes.get_legend_handles_labels()  # type: ignore[union-attr]
             handles, labels = handles + more[0], labels + more[1]
-        if axes is spend_axes:  # every kind of event line drawn, explained once
+        if axes is bottom:  # every kind of event line drawn, explained once
             more = _event_legend(data.markers)
             handles, labels = handles + more[0], labels + more[1]
         if handles:
             # The step axis's numbers and label sit right of the loss panel: its legend goes
             # beyond them.
-            right = STEP_AXIS_WIDTH_PT if axes is loss_axes and step_axes is not None else 6
+            right = STEP_AXIS_WIDTH_PT if stepped else 6
             anchor = offset_copy(axes.transAxes, fig=figure, x=right, units="points")
             axes.legend(
                 handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0),
                 bbox_transform=anchor, fontsize=8, borderaxespad=0,
             )  # fmt: skip
-    spend_axes.set_xlabel(
+    bottom.set_xlabel(
         f"time since submission ({unit}); submitted {data.start:%Y-%m-%d %H:%M:%S} UTC"
     )
     if event_labels:
         figure.draw_without_rendering()  # the panels' places and the labels' sizes
-        _place_event_labels(util_axes, event_labels)
-    return figure
+        _place_event_labels(top, event_labels)
+    return bool(event_labels)
 
 
 def render_png(data: ReportData, *, dpi: int = 100) -> bytes:
@@ -241,17 +274,20 @@ def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
         }.get(kind, "utilization (%)")
     )
     if kind == "none":
-        _note(axes, "no GPU or CPU readings were recorded")
+        _note(axes, _waiting(data, "GPU or CPU readings"))
         axes.set_ylim(0, 100)
         return
     top = 100.0
     unknown_drawn = False
+    styles = series_styles(data.utilization)
     for series in data.utilization:
         values = [math.nan if v is None else v for v in series.values]
         times = [x(t) for t in series.times]
+        colour, label = styles[(series.node, series.gpu)]
         axes.plot(
             times, values, marker="o" if len(times) < 30 else None, markersize=3,
-            linewidth=1.4, label=_text(series.label),
+            linewidth=1.4, label=label, color=colour,
+            gid=f"utilization:{series.node}:{series.gpu}",
         )  # fmt: skip
         unknown = [x(t) for t in series.unknown_times]
         if unknown:
@@ -262,6 +298,58 @@ def _draw_utilization(axes: Axes, data: ReportData, x: Any) -> None:
             unknown_drawn = True
         top = max([top, *(v for v in values if not math.isnan(v))])
     axes.set_ylim(0, top * 1.08)
+
+
+def _waiting(data: ReportData, what: str) -> str:
+    """The note of a panel with nothing to draw: `what` may still come while the job runs."""
+    return f"no {what} yet" if data.live else f"no {what} were recorded"
+
+
+def series_styles(series: Sequence[UtilSeries]) -> dict[tuple[int, int], tuple[str, str]]:
+    """The colour and legend label of each (node, GPU) line: a colour and a label each, or,
+    past `LEGEND_SERIES_LIMIT` lines (a legend that would not fit), a colour per node and one
+    label per node naming its GPU count ("_" hides the others' labels)."""
+    if len(series) <= LEGEND_SERIES_LIMIT:
+        return {(s.node, s.gpu): (f"C{i % 10}", _text(s.label)) for i, s in enumerate(series)}
+    counts = Counter(s.node for s in series)
+    styles: dict[tuple[int, int], tuple[str, str]] = {}
+    labelled: set[int] = set()
+    for s in series:
+        first = s.node not in labelled
+        labelled.add(s.node)
+        label = f"node {s.node} ({counts[s.node]} GPUs)" if first else "_"
+        styles[(s.node, s.gpu)] = (f"C{s.node % 10}", label)
+    return styles
+
+
+def _draw_memory(axes: Axes, data: ReportData, x: Any) -> None:
+    """GPU memory used per node and GPU (GiB), each GPU's capacity dotted in its colour (the
+    colour of its utilization line)."""
+    axes.set_ylabel("GPU memory (GiB)")
+    if not data.memory:
+        cpu_only = data.utilization_kind == "cpu"
+        _note(axes, "these nodes have no GPU" if cpu_only else _waiting(data, "GPU readings"))
+        axes.set_ylim(0, 1)
+        return
+    styles = series_styles(data.utilization)
+    top = 0.0
+    for series in data.memory:
+        colour, label = styles.get((series.node, series.gpu), ("#1f77b4", _text(series.label)))
+        times = [x(t) for t in series.times]
+        used = [math.nan if v is None else v / MIB_PER_GIB for v in series.used_mib]
+        total = [math.nan if v is None else v / MIB_PER_GIB for v in series.total_mib]
+        axes.plot(
+            times, used, color=colour, linewidth=1.4, label=label,
+            marker="o" if len(times) < 30 else None, markersize=3,
+            gid=f"memory:{series.node}:{series.gpu}",
+        )  # fmt: skip
+        axes.plot(times, total, color=colour, linestyle=":", linewidth=1.0, label="_")
+        top = max([top, *(v for v in used + total if not math.isnan(v))])
+    if not any(series.known for series in data.memory):
+        _note(axes, _waiting(data, "GPU memory readings"))
+    # One legend entry for every GPU's capacity line.
+    axes.plot([], [], color="#555555", linestyle=":", linewidth=1.0, label="capacity (dotted)")
+    axes.set_ylim(0, top * 1.08 if top > 0 else 1.0)
 
 
 def _draw_progress(loss_axes: Axes, rate_axes: Axes, data: ReportData, x: Any) -> Axes | None:
@@ -312,16 +400,17 @@ def _draw_spend(axes: Axes, data: ReportData, x: Any) -> None:
     if budget is not None and float(budget) <= BUDGET_SCALE_LIMIT * max(peak, 1e-9):
         axes.axhline(
             float(budget), color="#d62728", linestyle="--", linewidth=1.4,
-            label=_text(f"budget {_usd(budget)}"),
+            label=_text(f"budget {usd_text(budget)}"),
         )  # fmt: skip
-        axes.set_ylim(0, float(budget) * 1.1)
+        axes.set_ylim(0, max(float(budget), peak) * 1.1)  # spend past a cap stays in sight
     else:
         axes.set_ylim(0, peak * 1.25 if peak > 0 else 1.0)
         if budget is not None:
             share = 100 * peak / float(budget)
-            axes.text(
-                0.01, 0.95, _text(f"budget {_usd(budget)} is off the scale ({share:.2g} % spent)"),
-                transform=axes.transAxes, va="top", color="#d62728", fontsize=9,
+            # above the panel, where the event labels along its top edge never cover it
+            axes.set_title(
+                _text(f"budget {usd_text(budget)} is off the scale ({share:.2g} % spent)"),
+                loc="left", color="#d62728", fontsize=9,
             )  # fmt: skip
     if not data.spend or peak == 0:
         _note(axes, "nothing billed")

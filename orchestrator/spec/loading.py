@@ -27,6 +27,7 @@ from orchestrator.spec.model import (
     JobSpec,
     LoadedJob,
 )
+from orchestrator.spec.mounts import looks_like_url
 from orchestrator.spec.problems import (
     Loc,
     _flag,
@@ -35,7 +36,12 @@ from orchestrator.spec.problems import (
     _problem_from_error,
     _render,
 )
-from orchestrator.spec.skypilot import from_skypilot, looks_like_skypilot, task_loc
+from orchestrator.spec.skypilot import (
+    from_skypilot,
+    looks_like_skypilot,
+    skypilot_notices,
+    task_loc,
+)
 from orchestrator.spec.values import (
     _ENV_NAME_RE,
     _kind,
@@ -76,7 +82,9 @@ def load_job(
         )
     task = looks_like_skypilot(raw)
     translated: list[_Problem] = []
+    notices: list[str] = []
     if task:  # a SkyPilot task: its fields read as orch's
+        notices = skypilot_notices(raw)
         raw, refused = from_skypilot(raw, source.stem)
         translated = [_Problem(loc, message) for loc, message in refused]
     applied = _apply_overrides(raw, overrides or {}, source, root)
@@ -102,6 +110,7 @@ def load_job(
         base_dir=base_dir,
         workdir=spec.workdir_path(base_dir),
         data_sources=spec.data_source_paths(base_dir),
+        notices=tuple(notices),
     )
 
 
@@ -366,7 +375,8 @@ def assignment_overrides(
 
 
 def _path_problems(raw: dict[Any, Any], base_dir: Path, known: set[Loc]) -> list[_Problem]:
-    """Check that the workdir is a local directory and each data src exists."""
+    """Check that the workdir is a local directory and each local data src exists (a bucket
+    is the submit's to check: `cluster.bucket_check`)."""
     problems: list[_Problem] = []
     workdir = raw.get("workdir")
     if isinstance(workdir, str) and ("workdir",) not in known:
@@ -378,7 +388,7 @@ def _path_problems(raw: dict[Any, Any], base_dir: Path, known: set[Loc]) -> list
         for i, mount in enumerate(mounts):
             src = mount.get("src") if isinstance(mount, dict) else None
             loc: Loc = ("data", i, "src")
-            if isinstance(src, str) and loc not in known:
+            if isinstance(src, str) and loc not in known and not looks_like_url(src):
                 problem = _check_local(src, base_dir, want_dir=False)
                 if problem:
                     problems.append(_Problem(loc, problem))

@@ -4,7 +4,8 @@ A spec looks like this (every section but `name`, `workdir` and `run` is optiona
 
     name: cifar-ddp
     workdir: .                      # local directory, synced to every node
-    data: [{src: ./data, dst: ~/data}]
+    data: [{src: ./data, dst: ~/data}, {src: s3://bucket/imagenet, dst: ~/imagenet}]
+    outputs: [{src: ~/out, dst: s3://bucket/results}]   # uploaded when the job ends
     setup: pip install -r requirements.txt
     run: python -m orch_trainer.train --epochs 5
     resources: {gpus_per_node: 4, accelerator: A10G, nodes: 2, spot: true, max_price_per_hour: 3.0}
@@ -22,7 +23,8 @@ Contract of `orchestrator.spec.loading.load_job(path, overrides)`:
 - It reads at most `MAX_SPEC_BYTES` of YAML (safe constructors only: no Python tags), applies
   the command-line `overrides` (dotted keys such as `resources.nodes`) to the mapping, validates
   it with the pydantic models below, then checks that the local `workdir` is a directory and
-  that every `data[].src` exists. Relative local paths resolve against the spec file's directory.
+  that every local `data[].src` exists (a bucket source is checked at submit, not here).
+  Relative local paths resolve against the spec file's directory.
 - Every failure is a `SpecError` (exit code 2) and nothing else: one message that lists each
   problem on its own line, naming the field by its dotted path (`resources.nodes`,
   `data[0].src`) and the YAML line it is on (or the line of its nearest existing parent), or the
@@ -61,6 +63,7 @@ from pydantic import (
 )
 
 from orchestrator.spec.container import ContainerSpec, RegistryLogin
+from orchestrator.spec.mounts import BUCKET_RE, DataMount, OutputMount
 from orchestrator.spec.placement import Image, InstanceTypes, Ports, Regions, Zones, zone_region
 from orchestrator.spec.progress import ProgressSpec
 from orchestrator.spec.values import (
@@ -95,6 +98,7 @@ __all__ = [
     "DataMount",
     "Launcher",
     "MirrorMode",
+    "OutputMount",
     "JobSpec",
     "ProgressSpec",
     "RegistryLogin",
@@ -107,7 +111,7 @@ __all__ = [
     "parse_duration",
 ]
 
-PROVIDER_NAMES = ("local", "aws")
+PROVIDER_NAMES = ("local", "aws", "ssh")
 """The providers a spec may name; `orchestrator.providers.get_provider` builds each of them."""
 
 MAX_SPEC_BYTES = 1024 * 1024
@@ -219,34 +223,7 @@ class Resources(_Model):
         return self.nodes * self.gpus_per_node
 
 
-class DataMount(_Model):
-    """A local file or directory copied to every node before the run."""
-
-    src: str = Field(description="local path; relative to the spec file's directory; ~ expanded")
-    dst: str = Field(
-        description="path on the node: '~/x' or relative = under the node's home; absolute as is"
-    )
-
-    @field_validator("src")
-    @classmethod
-    def _src_ok(cls, value: str) -> str:
-        return _check_path_text(value)
-
-    @field_validator("dst")
-    @classmethod
-    def _dst_ok(cls, value: str) -> str:
-        return _check_node_path_text(value)
-
-    def source_path(self, base_dir: Path) -> Path:
-        """The absolute local path of `src`, given the spec file's directory."""
-        return _local_path(self.src, base_dir)
-
-    def node_path(self, home: PurePosixPath) -> PurePosixPath:
-        """The path `dst` names on a node whose home directory is `home`."""
-        return _node_path(self.dst, home, home)
-
-
-_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_RE = BUCKET_RE
 _STORE_HELP = "s3://bucket/prefix, or file:///absolute/path (a directory every node can reach)"
 
 MirrorMode = Literal["all", "latest", "none"]
@@ -370,8 +347,21 @@ SECRET_HIDDEN = "(hidden)"
 
 _SECTIONS = (
     "container", "data", "resources", "checkpoint", "budget", "recovery", "env", "secrets",
-    "progress",
+    "progress", "outputs",
 )  # fmt: skip
+
+
+_ANY_HOME = PurePosixPath("/home")  # node paths are compared as they resolve under one home
+
+
+def _first_repeat(paths: list[PurePosixPath]) -> tuple[int, int] | None:
+    """(i, j), i < j, of the first path that repeats an earlier one; None when all differ."""
+    first: dict[PurePosixPath, int] = {}
+    for j, path in enumerate(paths):
+        if path in first:
+            return first[path], j
+        first[path] = j
+    return None
 
 
 class JobSpec(_Model):
@@ -381,7 +371,15 @@ class JobSpec(_Model):
     workdir: str = Field(
         description="local directory synced to every node; relative to the spec file's directory"
     )
-    data: list[DataMount] = Field(default_factory=list, description="extra data copied to nodes")
+    data: list[DataMount] = Field(
+        default_factory=list,
+        description="extra data copied to every node: local paths, or s3:// objects and prefixes",
+    )
+    outputs: list[OutputMount] = Field(
+        default_factory=list,
+        description="node paths uploaded to s3:// when the job ends, is cancelled, stopped or "
+        "interrupted",
+    )
     setup: str | None = Field(
         default=None, description="shell command run once on every node before `run`"
     )
@@ -418,7 +416,14 @@ class JobSpec(_Model):
         description="environment variables for setup and run whose values are never shown or "
         "kept in the ledger; null: the submitting shell's variable of the same name",
     )
-    provider: str = Field(default="local", description="where nodes come from: local, aws, ...")
+    provider: str = Field(
+        default="local", description="where nodes come from: local, aws, ssh (a fleet)"
+    )
+    fleet: str | None = Field(
+        default=None,
+        description="with provider: ssh, the fleet of your own machines the job runs on "
+        "(`orch fleet add`); it waits in the fleet's queue while its GPUs are held",
+    )
     deadline: Deadline | None = Field(
         default=None,
         description="finish by this UTC time, or this long after submit (a duration like 36h)",
@@ -445,6 +450,25 @@ class JobSpec(_Model):
             raise ValueError(
                 f"{', '.join(both)} is in both env and secrets: keep it in one "
                 "(secrets: for a token, env: for a setting)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_goes_with_ssh(self) -> JobSpec:
+        if self.fleet is not None and not _NAME_RE.fullmatch(self.fleet):
+            raise FieldError(("fleet",), f"invalid fleet name {_show(self.fleet)}: see `orch "
+                             "fleet status` for the names")  # fmt: skip
+        if self.provider == "ssh" and self.fleet is None:
+            raise FieldError(
+                ("fleet",),
+                "provider ssh needs a fleet: add `fleet: NAME` (or --fleet NAME); "
+                "`orch fleet status` lists the fleets",
+            )
+        if self.fleet is not None and self.provider != "ssh":
+            raise FieldError(
+                ("provider",),
+                f"fleet {self.fleet} runs on provider ssh, not {self.provider}: set "
+                "`provider: ssh` (or --provider ssh)",
             )
         return self
 
@@ -511,13 +535,22 @@ class JobSpec(_Model):
     @field_validator("data")
     @classmethod
     def _distinct_destinations(cls, value: list[DataMount]) -> list[DataMount]:
-        home = PurePosixPath("/home")
-        first: dict[PurePosixPath, int] = {}
-        for i, mount in enumerate(value):
-            dst = mount.node_path(home)
-            if dst in first:
-                raise ValueError(f"data[{first[dst]}] and data[{i}] have the same dst {mount.dst}")
-            first[dst] = i
+        repeat = _first_repeat([mount.node_path(_ANY_HOME) for mount in value])
+        if repeat is not None:
+            i, j = repeat
+            raise ValueError(f"data[{i}] and data[{j}] have the same dst {value[j].dst}")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _distinct_output_sources(cls, value: list[OutputMount]) -> list[OutputMount]:
+        repeat = _first_repeat([output.node_path(_ANY_HOME) for output in value])
+        if repeat is not None:
+            i, j = repeat
+            raise ValueError(
+                f"outputs[{i}] and outputs[{j}] have the same src {value[j].src}: "
+                "upload it once (nodes: all for every node's copy)"
+            )
         return value
 
     def deadline_at(self, submitted_at: datetime) -> datetime | None:
@@ -541,9 +574,10 @@ class JobSpec(_Model):
         """The absolute local workdir, given the spec file's directory (`~` expanded)."""
         return _local_path(self.workdir, base_dir)
 
-    def data_source_paths(self, base_dir: Path) -> list[Path]:
-        """The absolute local `src` of each `data` entry, in order."""
-        return [mount.source_path(base_dir) for mount in self.data]
+    def data_source_paths(self, base_dir: Path) -> list[Path | None]:
+        """The absolute local `src` of each `data` entry, in order; None for a bucket source
+        (the nodes download it themselves)."""
+        return [None if m.bucket_url else m.source_path(base_dir) for m in self.data]
 
 
 @dataclass(frozen=True)
@@ -554,9 +588,12 @@ class LoadedJob:
     source: Path  # absolute path of the YAML file
     base_dir: Path  # the YAML file's directory; relative local paths resolve against it
     workdir: Path  # absolute local workdir (exists and is a directory)
-    data_sources: list[Path]  # absolute local path of each spec.data[i].src (each exists)
+    # absolute local path of each spec.data[i].src (each exists); None for a bucket source
+    data_sources: list[Path | None]
     # workdir files the sync leaves out (`orch submit --fresh`), relative to it
     left_out: tuple[str, ...] = ()
+    # what reading the file changed of its meaning, for the user (a SkyPilot mount copied)
+    notices: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from orchestrator.spec.model import (
     ContainerSpec,
     DataMount,
     JobSpec,
+    OutputMount,
     ProgressSpec,
     Recovery,
     RegistryLogin,
@@ -47,6 +48,7 @@ _KNOWN_FIELDS: dict[tuple[str, ...], list[str]] = {
     ("container",): _fields_of(ContainerSpec),
     ("container", "credentials"): _fields_of(RegistryLogin),
     ("data", "[]"): _fields_of(DataMount),
+    ("outputs", "[]"): _fields_of(OutputMount),
 }
 
 

@@ -20,9 +20,11 @@ share. Its `run` starts its own processes once per node (SkyPilot's way), so the
       infra: aws[/REGION[/ZONE]]
     envs                              env
     file_mounts: {/remote: ./local}   data: [{src: ./local, dst: /remote}]
+    file_mounts: {/remote: s3://b/p}, data: [{src: s3://b/p, dst: /remote}] (MOUNT and
+      or {source: s3://b/p, mode: M}    MOUNT_CACHED are copied too: `skypilot_notices`)
 
 Every other SkyPilot field is refused by name (never ignored): a task that asks for, say, a
-CPU count or a bucket mount would otherwise run on something it did not ask for. orch's own
+CPU count or a gs:// mount would otherwise run on something it did not ask for. orch's own
 sections (budget, checkpoint, recovery, deadline, spot_policy) may be added to such a file.
 """
 
@@ -245,27 +247,67 @@ def _docker_login(
     return {"username": username, "password_secret": PASSWORD}
 
 
+_MODES = ("COPY", "MOUNT", "MOUNT_CACHED")  # SkyPilot's file_mounts modes, all copied by orch
+_MOUNT_KEYS = ("source", "mode")
+
+
 def _file_mounts(value: object, problems: list[Problem]) -> list[dict[str, object]]:
+    """`file_mounts` as `data`: a local path or an s3:// source (plain, or `{source, mode}`)
+    copied to every node; any other remote source, and a bucket SkyPilot would create or
+    fill (`name`, `store`), is refused by its place."""
     if not isinstance(value, dict):
-        problems.append((("file_mounts",), "must map node paths to local paths"))
+        problems.append((("file_mounts",), "must map node paths to local paths or s3:// URLs"))
         return []
     mounts = []
-    for dst, src in value.items():
-        if not isinstance(src, str):
-            problems.append(
-                (("file_mounts", str(dst)), f"{_NOT_HERE} (bucket mounts); give a local path")
-            )
-        elif "://" in src:
-            problems.append(
-                (
-                    ("file_mounts", str(dst)),
-                    f"{src!r}: orch copies local paths only; a "
-                    "checkpoint store is checkpoint.store",
-                )  # fmt: skip
-            )
-        else:
-            mounts.append({"src": src, "dst": str(dst)})
+    for dst, item in value.items():
+        where: Loc = ("file_mounts", str(dst))
+        source = _mount_source(item, where, problems)
+        if source is not None:
+            mounts.append({"src": source, "dst": str(dst)})
     return mounts
+
+
+def _mount_source(item: object, where: Loc, problems: list[Problem]) -> str | None:
+    if isinstance(item, dict):
+        extra = sorted(str(k) for k in item if k not in _MOUNT_KEYS)
+        mode = str(item.get("mode", "COPY")).upper()
+        if extra:
+            problems.append(
+                (where, f"{_NOT_HERE}: {', '.join(extra)} (orch creates no bucket and uploads "
+                 "nothing to one); give an existing bucket as {source: s3://bucket/prefix}")
+            )  # fmt: skip
+            return None
+        if mode not in _MODES:
+            problems.append((where, f"unknown mode {item.get('mode')!r}: {', '.join(_MODES)}"))
+            return None
+        item = item.get("source")
+    if not isinstance(item, str) or not item:
+        problems.append((where, "give a local path or an s3://bucket/prefix as its source"))
+        return None
+    if "://" in item and not item.startswith("s3://"):
+        scheme = item.split("://", 1)[0]
+        problems.append(
+            (where, f"{scheme}:// sources are not supported: orch reads s3:// buckets and local "
+             "paths (copy the data to S3 first)")
+        )  # fmt: skip
+        return None
+    return item
+
+
+def skypilot_notices(raw: dict[Any, Any]) -> list[str]:
+    """What a SkyPilot task asks that orch does its own way, for the user to read: a bucket
+    mounted (MOUNT, MOUNT_CACHED) is copied to every node before the run instead."""
+    mounts = raw.get("file_mounts")
+    notices = []
+    for dst, item in mounts.items() if isinstance(mounts, dict) else ():
+        mode = str(item.get("mode", "COPY")).upper() if isinstance(item, dict) else "COPY"
+        if mode in ("MOUNT", "MOUNT_CACHED"):
+            notices.append(
+                f"file_mounts.{dst}: orch copies {item.get('source')} to every node before the "
+                f"run instead of mounting it ({mode}): the job starts once the copy is whole, "
+                "and a kept cluster's nodes download only what changed for the next job"
+            )
+    return notices
 
 
 def _resources(value: object, spec: dict[str, Any], problems: list[Problem]) -> None:

@@ -7,7 +7,6 @@ the trace on the nodes' disks while the job runs.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,8 +16,8 @@ import pytest
 from orchestrator.cluster.gpu_watch import HANG_FLOOR_S
 from orchestrator.ledger.store import Ledger, make_engine
 from tests.support.helpers import (
-    REPO,
     assert_nothing_left,
+    install_gpu_stand_in,
     job_json,
     orch_env,
     run_orch,
@@ -46,9 +45,7 @@ def prepare(tmp_path: Path, run: str, *, gpus: list[float] | None, mode: str = "
     node_bin.mkdir()
     (node_bin / "placeholder").write_text("")
     if gpus is not None:
-        shutil.copy(REPO / "tests" / "fixtures" / "nvidia_smi_replay.py", node_bin / "nvidia-smi")
-        (node_bin / "nvidia-smi").chmod(0o755)
-        (node_bin / "nvidia-smi.trace").write_text(trace(mode, gpus))
+        install_gpu_stand_in(node_bin, trace(mode, gpus))
     spec = tmp_path / "job.yaml"
     spec.write_text(
         f"name: idle\nworkdir: work\nrun: {run}\n"

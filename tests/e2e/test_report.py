@@ -14,7 +14,6 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -27,7 +26,14 @@ from PIL import Image
 from orchestrator.config import Settings
 from orchestrator.ledger.store import Ledger, make_engine
 from orchestrator.providers.local.provider import LocalProvider
-from tests.support.helpers import REPO, Background, job_json, orch_env, run_orch, wait_for_state
+from tests.support.helpers import (
+    Background,
+    install_gpu_stand_in,
+    job_json,
+    orch_env,
+    run_orch,
+    wait_for_state,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -52,12 +58,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     base = tmp_path_factory.mktemp("report")
     (base / "work").mkdir()
     node_bin = base / "node-bin"
-    node_bin.mkdir()
-    shutil.copy(REPO / "tests" / "fixtures" / "nvidia_smi_replay.py", node_bin / "nvidia-smi")
-    (node_bin / "nvidia-smi").chmod(0o755)
-    (node_bin / "nvidia-smi.trace").write_text(
-        json.dumps({"mode": "normal", "gpus": [[87, 30000, 81559]]})
-    )
+    install_gpu_stand_in(node_bin, json.dumps({"mode": "normal", "gpus": [[87, 30000, 81559]]}))
     spec = base / "job.yaml"
     spec.write_text(
         "name: report\nworkdir: work\n"

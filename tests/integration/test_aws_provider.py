@@ -322,9 +322,13 @@ def test_nodes_of_a_job_with_a_store_get_the_instance_profile(
     iam.add_role_to_instance_profile(InstanceProfileName="orch-node", RoleName="orch-node")
     provider = make_provider(tmp_path, moto_endpoint, instance_profile="orch-node")
     (with_store,) = provider.launch(request(job="stored", count=1, store="s3://b/p"))
+    (with_data,) = provider.launch(request(job="data", count=1, buckets=True))
     (plain,) = provider.launch(request(job="plain", count=1))
     descs = {d["InstanceId"]: d for d in running(provider)}
     assert descs[with_store.instance_id]["IamInstanceProfile"]["Arn"].endswith("/orch-node")
+    # Bucket data and outputs go with a role too, never with the user's keys.
+    assert descs[with_data.instance_id]["IamInstanceProfile"]["Arn"].endswith("/orch-node")
+    assert with_data.credentials
     assert "IamInstanceProfile" not in descs[plain.instance_id]
     assert with_store.credentials and not plain.credentials
     assert with_store.region == REGION
@@ -338,6 +342,9 @@ def test_a_store_without_an_instance_profile_launches_nothing(provider: AwsProvi
     with pytest.raises(ConfigError, match="no instance profile is configured") as caught:
         provider.launch(request(store="s3://b/p"))
     assert "instance_profile" in (caught.value.hint or "")
+    with pytest.raises(ConfigError, match="reads s3:// data or writes outputs") as caught:
+        provider.launch(request(buckets=True))
+    assert "data_sources" in (caught.value.hint or "")
     assert running(provider) == []
 
 

@@ -39,6 +39,10 @@ def laptop(tmp_path: Path) -> Iterator[Laptop]:
         yield laptop
 
 
+# `make test` keeps the rebuild's logic in tests/unit/control/repair (the ledger written from the
+# nodes' kits, their figures and limits) and a killed host's takeover in
+# test_controller_host_takeover.py; this whole path (three minutes) runs in `make soak`.
+@pytest.mark.soak
 def test_a_killed_host_with_its_own_ledger_is_rebuilt_from_the_jobs_nodes_with_its_limits(
     tmp_path: Path, laptop: Laptop
 ) -> None:

@@ -195,6 +195,22 @@ def test_unknown_utilization_keeps_the_gpu_but_is_not_idle(node: NodeConnection)
         watcher.stop()
 
 
+def test_a_node_with_a_share_of_the_machines_gpus_watches_only_those(
+    node: NodeConnection,
+) -> None:
+    """An allocation on a shared machine: the machine's other GPU, busy with another job,
+    is neither read nor counted; this node's own is idle, so the node is."""
+    write_trace(node, {"mode": "normal", "gpus": [[97, 40123, 143771], [0, 5, 143771]]})
+    watcher = GpuWatcher(node, INTERVAL, gpu_indices=(1,))
+    watcher.start()
+    try:
+        state = wait_for(lambda: (s := watcher.latest()).ok and s, 5, "readings")
+        assert [(s.index, s.util_pct) for s in state.samples] == [(1, 0.0)]
+        assert node_busy(state) is False
+    finally:
+        watcher.stop()
+
+
 def test_a_node_without_gpus_or_nvidia_smi_is_unavailable(node: NodeConnection) -> None:
     write_trace(node, None)  # the stand-in then says "No devices were found"
     watcher = GpuWatcher(node, INTERVAL, restart_every_s=1.0)

@@ -370,3 +370,37 @@ def test_without_the_server_binaries_the_tests_say_how_to_install_them(
     monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
     with pytest.raises(postgres.PostgresUnavailable, match="apt-get install -y postgresql"):
         postgres.start_server()  # the session fixture fails (never skips) with this message
+
+
+def test_the_dashboard_finds_jobs_by_state_owner_and_a_literal_part_of_the_name(
+    any_ledger: Ledger,
+) -> None:
+    from orchestrator.ledger.view import LedgerView
+
+    base = datetime(2026, 12, 1, tzinfo=UTC)
+    names = [("a1", "llm-sft", "FAILED", "ana"), ("a2", "LLM_sft", "FAILED", "bo"),
+             ("a3", "cifar%", "SUCCEEDED", "ana"), ("a4", "llmXsft", "FAILED", "ana")]  # fmt: skip
+    for i, (job_id, name, state, owner) in enumerate(names):
+        any_ledger.add_job(
+            Job(
+                id=job_id,
+                name=name,
+                state=state,
+                provider="local",
+                nodes=1,
+                gpus_per_node=1,
+                spec_json="{}",
+                spec_path="job.yaml",
+                created_at=base + timedelta(minutes=i),
+                owner=owner,
+            )  # fmt: skip
+        )
+    with LedgerView.of_engine(any_ledger.engine) as view:
+        found, count = view.find_jobs(states=("FAILED",), owner="ana", name_part="LLM", limit=10)
+        assert [j.id for j in found] == ["a4", "a1"] and count == 2  # newest first
+        # `_` and `%` are taken literally, not as patterns
+        assert [j.id for j in view.find_jobs(name_part="m_s", limit=10)[0]] == ["a2"]
+        assert [j.id for j in view.find_jobs(name_part="%", limit=10)[0]] == ["a3"]
+        found, count = view.find_jobs(limit=2)
+        assert [j.id for j in found] == ["a4", "a3"] and count == 4
+        assert view.owners() == ["ana", "bo"]

@@ -43,6 +43,16 @@ def counter_run(
     )
 
 
+def install_gpu_stand_in(node_bin: Path, trace: str) -> None:
+    """Put the nvidia-smi stand-in (tests/fixtures/nvidia_smi_replay.py) and its `trace` (the
+    replay's JSON: mode and GPUs' [util %, MiB used, MiB total]) in `node_bin`, a folder a job
+    syncs to `~/bin` of its nodes, first on their PATH."""
+    node_bin.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "tests" / "fixtures" / "nvidia_smi_replay.py", node_bin / "nvidia-smi")
+    (node_bin / "nvidia-smi").chmod(0o755)
+    (node_bin / "nvidia-smi.trace").write_text(trace)
+
+
 def orch_env(home: Path, **extra: str) -> dict[str, str]:
     """This process's environment without its ORCH_* variables, with ORCH_HOME=`home`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}

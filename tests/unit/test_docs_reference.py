@@ -43,7 +43,8 @@ def test_every_spec_field_is_in_the_table() -> None:
             names.add(prefix + name)
             for nested in (field.annotation, *getattr(field.annotation, "__args__", ())):
                 if isinstance(nested, type) and issubclass(nested, BaseModel):
-                    sub = f"{prefix}{name}[]." if name == "data" else f"{prefix}{name}."
+                    is_list = getattr(field.annotation, "__origin__", None) is list
+                    sub = f"{prefix}{name}[]." if is_list else f"{prefix}{name}."
                     names |= dotted(nested, sub)
         return names
 

@@ -131,11 +131,26 @@ def library_rule(libraries: tuple[str, ...], home: str | None) -> Callable[[Impo
     return breached
 
 
+# A fleet's machines are reached over SSH and their allocations are claims in the ledger: the
+# fleet provider (providers/ssh/) is the one provider that may use both.
+FLEET_PROVIDER = "orchestrator.providers.ssh"
+
+
 def providers_and_remote(imp: Import) -> bool:
     return (
-        within(imp.module, "orchestrator.providers") and within(imp.target, "orchestrator.remote")
+        within(imp.module, "orchestrator.providers")
+        and not within(imp.module, FLEET_PROVIDER)
+        and within(imp.target, "orchestrator.remote")
     ) or (
         within(imp.module, "orchestrator.remote") and within(imp.target, "orchestrator.providers")
+    )
+
+
+def providers_and_ledger(imp: Import) -> bool:
+    return (
+        within(imp.module, "orchestrator.providers")
+        and not within(imp.module, FLEET_PROVIDER)
+        and within(imp.target, "orchestrator.ledger")
     )
 
 
@@ -147,7 +162,8 @@ PURE_EXEMPT = ("orchestrator.spot.driver",)  # the live driver reads and writes 
 
 # What a pure rule must not reach: the ledger, a provider (its I/O), or the registry that builds
 # one. The providers' plain data (base's dataclasses, traces) is fair game.
-IMPURE = ("orchestrator.ledger", "orchestrator.providers.aws", "orchestrator.providers.local")
+IMPURE = ("orchestrator.ledger", "orchestrator.providers.aws", "orchestrator.providers.local",
+          FLEET_PROVIDER)  # fmt: skip
 
 
 def pure_rules(imp: Import) -> bool:
@@ -183,7 +199,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ledger": frozenset({"atomic", "errors", "job_state"}),
     "remote": frozenset({"atomic", "errors"}),
     "config": frozenset({"errors", "spec"}),
-    "providers": frozenset({"atomic", "backoff", "config", "errors", "node", "spec"}),
+    # ledger and remote: the fleet provider's alone (`providers_and_remote`, `_and_ledger`)
+    "providers": frozenset(
+        {"atomic", "backoff", "config", "errors", "ledger", "node", "remote", "spec"}
+    ),
     "spot": frozenset({"errors", "ledger", "node", "providers", "spec"}),
     "cluster": frozenset(
         {
@@ -248,14 +267,27 @@ ALLOWED: dict[str, frozenset[str]] = {
             "sandbox",
             "spec",
             "spot",
+            "web",
         }
     ),  # fmt: skip
+    # the dashboard: reads through the ledger's view, draws with report/, and builds the
+    # documents the read commands print (control/verbs: fleets; control/money: the month)
+    "web": frozenset(
+        {"atomic", "config", "control", "errors", "host", "job_state", "ledger", "report"}
+    ),
 }
+
+
+# The ledger hands a fleet's free slots out as the SSH provider's placement data: that one pure
+# module, which imports nothing of ours (checked below), so the arrow makes no cycle.
+LEDGER_USES = ("orchestrator.providers.ssh.placement",)
 
 
 def arrows(imp: Import) -> bool:
     source, target = wing(imp.module), wing(imp.target)
     if imp.type_checking or source is None or target is None or source == target:
+        return False
+    if source == "ledger" and imp.target in LEDGER_USES:
         return False
     return target not in ALLOWED.get(source, frozenset())
 
@@ -291,8 +323,12 @@ RULES: dict[str, Callable[[Import], bool]] = {
     "typer and rich only in cli/": library_rule(("typer", "rich"), "orchestrator.cli"),
     "matplotlib only in report/": library_rule(("matplotlib",), "orchestrator.report"),
     "moto only in sandbox/": library_rule(("moto",), "orchestrator.sandbox"),
+    "the web framework only in web/": library_rule(
+        ("starlette", "uvicorn", "jinja2"), "orchestrator.web"
+    ),
     "no torch": library_rule(("torch",), None),
     "providers/ and remote/ never import each other": providers_and_remote,
+    "providers/ reach the ledger only from providers/ssh/": providers_and_ledger,
     "pure rules import no ledger or provider": pure_rules,
     "the sandbox uses only the local provider's kit": sandbox_uses_the_kit,
     "wing arrows run one way": arrows,
@@ -357,6 +393,13 @@ def test_the_allowed_arrows_are_acyclic_and_name_real_wings() -> None:
     assert_acyclic(ALLOWED)
 
 
+def test_what_the_ledger_uses_of_the_providers_imports_nothing_of_ours() -> None:
+    for name in LEDGER_USES:
+        path = PACKAGE.parent.joinpath(*name.split(".")).with_suffix(".py")
+        ours = [imp for imp in imports_in_source(name, path.read_text()) if wing(imp.target)]
+        assert ours == [], ours
+
+
 def test_controls_sub_wings_are_acyclic_and_hold_every_module_but_the_entry_point() -> None:
     subwings = {p.name for p in (PACKAGE / "control").iterdir() if (p / "__init__.py").exists()}
     assert set(CONTROL_ALLOWED) == subwings
@@ -397,6 +440,11 @@ SYNTHETIC = [
         "providers/ and remote/ never import each other",
         "orchestrator.remote.fake",
         "from orchestrator.providers.base import Instance",
+    ),  # fmt: skip
+    (
+        "providers/ reach the ledger only from providers/ssh/",
+        "orchestrator.providers.local.fake",
+        "from orchestrator.ledger.store import Ledger",
     ),  # fmt: skip
     (
         "pure rules import no ledger or provider",

@@ -36,8 +36,9 @@ class SpendNotice:
 def needs_confirmation(spec: JobSpec, plan: LaunchPlan) -> SpendNotice | None:
     """The notice to confirm before launching `spec` as `plan`, or None when nothing need be
     asked: a free provider, or a job with a spend cap or a runtime cap (the settings' default
-    `controller.default_max_runtime` is applied to the spec before this is asked)."""
-    if plan.provider in FREE_PROVIDERS:
+    `controller.default_max_runtime` is applied to the spec before this is asked), or nodes
+    priced at nothing (a fleet of the user's own machines with no price given)."""
+    if plan.provider in FREE_PROVIDERS or plan.price_per_node_hour == 0:
         return None
     budget = spec.budget
     if budget.max_cost_usd is not None or budget.max_runtime is not None:

@@ -167,7 +167,7 @@ def save_job_record(settings: Settings, job_id: str, loaded: LoadedJob) -> None:
         "source": str(loaded.source),
         "base_dir": str(loaded.base_dir),
         "workdir": str(loaded.workdir),
-        "data_sources": [str(p) for p in loaded.data_sources],
+        "data_sources": [None if p is None else str(p) for p in loaded.data_sources],
         "left_out": list(loaded.left_out),
     }
     path = directory / JOB_RECORD
@@ -190,7 +190,7 @@ def load_job_record(settings: Settings, job_id: str) -> LoadedJob:
         source=Path(record["source"]),
         base_dir=Path(record["base_dir"]),
         workdir=Path(record["workdir"]),
-        data_sources=[Path(p) for p in record["data_sources"]],
+        data_sources=[None if p is None else Path(p) for p in record["data_sources"]],
         left_out=tuple(record["left_out"]),
     )
 

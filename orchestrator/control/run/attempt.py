@@ -67,6 +67,9 @@ class Attempt:
         self.launch: launch.ClusterLaunch | None = None  # how it was started (None: adopted)
         self.watch: RunWatch | None = None
         self.gone_ranks: set[int] = set()
+        # ranks whose nodes were up before this attempt (a kept cluster's, the survivors of a
+        # partial replacement): they hold the data of an earlier sync
+        self.stayed: frozenset[int] = frozenset()
 
     @classmethod
     def not_launched(cls) -> Attempt:
@@ -122,46 +125,33 @@ class Attempt:
         low_priority: bool = False,
         timeout: float | None = None,
     ) -> int:
-        """Copy the workdir and every data path to every node; returns the transfers made.
-        A checkpoint directory inside the workdir keeps what a node holds in it (a node that
-        stayed through a recovery resumes from its own files); the files `orch submit --fresh`
-        left out are not sent (`loaded.left_out`). `low_priority`: under `nice`,
-        giving way to more urgent work beside it. A transfer not done within `timeout`
-        seconds is stopped, and `TransferTimeout` says which and what to do."""
+        """Copy the workdir to every node; returns the transfers made (the `data` entries are
+        `control.run.data_step`'s). A checkpoint directory inside the workdir keeps what a
+        node holds in it (a node that stayed through a recovery resumes from its own files);
+        the files `orch submit --fresh` left out are not sent (`loaded.left_out`).
+        `low_priority`: under `nice`, giving way to more urgent work beside it. A transfer not
+        done within `timeout` seconds is stopped, and `TransferTimeout` says which and what
+        to do."""
         cluster = self.cluster
         checkpoints = layout.node_path(loaded.spec.checkpoint.dir)
         inside = checkpoints.removeprefix(f"{layout.workdir}/")
         protect = [inside] if inside != checkpoints else []
-        transfers: list[Transfer] = []
-        for address in cluster.addresses:
-            transfers.append(
-                Transfer(
-                    f"workdir -> {address.name}",
-                    push_argv(
-                        loaded.workdir,
-                        address,
-                        cluster.identity,
-                        layout.workdir,
-                        workdir=True,
-                        protect=protect,
-                        leave_out=loaded.left_out,
-                        low_priority=low_priority,
-                    ),  # fmt: skip
-                )
+        transfers = [
+            Transfer(
+                f"workdir -> {address.name}",
+                push_argv(
+                    loaded.workdir,
+                    address,
+                    cluster.identity,
+                    layout.workdir,
+                    workdir=True,
+                    protect=protect,
+                    leave_out=loaded.left_out,
+                    low_priority=low_priority,
+                ),  # fmt: skip
             )
-            for mount, source in zip(loaded.spec.data, loaded.data_sources, strict=True):
-                transfers.append(
-                    Transfer(
-                        f"{mount.src} -> {address.name}:{mount.dst}",
-                        push_argv(
-                            source,
-                            address,
-                            cluster.identity,
-                            mount.dst,
-                            low_priority=low_priority,
-                        ),  # fmt: skip
-                    )
-                )
+            for address in cluster.addresses
+        ]
         run_parallel(transfers, timeout=timeout, timeout_hint=PUSH_TIMEOUT_HINT)
         return len(transfers)
 
@@ -312,7 +302,9 @@ def start_on_nodes(cluster: Cluster, cluster_launch: launch.ClusterLaunch) -> li
 
     def start(rank: int, connection: NodeConnection) -> str:
         instance = cluster.instances[rank]
-        node = launch.NodeLaunch(rank, instance.interface, instance.container_runtime)
+        node = launch.NodeLaunch(
+            rank, instance.interface, instance.container_runtime, instance.gpu_indices
+        )
         script = launch.launch_script(cluster_launch, node)
         # 0700: the script holds the spec's env values, which may be secrets. Written and
         # started in one command: one round trip less per start.

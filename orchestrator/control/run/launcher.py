@@ -16,6 +16,8 @@ from orchestrator.control.process.controllers import controller_identity
 from orchestrator.control.process.ownership import check_identity
 from orchestrator.control.run.attempt import Attempt, AttemptOpener
 from orchestrator.control.run.current_attempt import CurrentAttempt
+from orchestrator.control.run.data_step import DataStep
+from orchestrator.control.run.fleet_turn import FleetTurn
 from orchestrator.control.run.guards import Guards
 from orchestrator.control.run.image_step import have_image
 from orchestrator.control.run.journal import Journal
@@ -81,6 +83,9 @@ class Launcher:
         self.open_attempt = open_attempt
         self.current = current
         self.setup_key: str | None = None  # on a kept cluster: `setup` runs only when it changed
+        self.data = DataStep(
+            journal=journal, reporter=reporter, loaded=loaded, settings=settings, options=options
+        )
 
     def claim_identity(self) -> None:
         """Refuse a job whose nodes were launched as another cloud identity (`IdentityMismatch`,
@@ -185,6 +190,7 @@ class Launcher:
         try:
             attempt.push(self.loaded, self.layout, low_priority=True,
                          timeout=self.options.push_timeout)  # fmt: skip
+            self.data.bring(attempt, low_priority=True)
         finally:
             attempt.close()
 
@@ -206,6 +212,7 @@ class Launcher:
         self.current.hold(Attempt([*survivors, *replacements]))
         nodes = joined(survivors, replacements)
         attempt = self.open_attempt(nodes, self._identity(), self.options.connect_timeout)
+        attempt.stayed = frozenset(i.rank for i in survivors)
         self.current.hold(attempt)
         return attempt
 
@@ -240,7 +247,9 @@ class Launcher:
 
     def reopen(self, instances: list[Instance]) -> Attempt:
         """An attempt connected to nodes that are already up (a kept cluster's)."""
-        return self.open_attempt(instances, self._identity(), self.options.connect_timeout)
+        attempt = self.open_attempt(instances, self._identity(), self.options.connect_timeout)
+        attempt.stayed = frozenset(i.rank for i in instances)
+        return attempt
 
     def _launch_number(self) -> int:
         """The number of the launch about to be made, 0 first: one per PROVISIONING event (each
@@ -253,7 +262,12 @@ class Launcher:
 
     def _launch(self, request: LaunchRequest, retries: int | None = None) -> list[Instance]:
         """Launch the nodes; spot-only launches refused for capacity are retried with backoff,
-        `retries` times (None: the options' `launch_retries`)."""
+        `retries` times (None: the options' `launch_retries`). On a fleet, a launch with no
+        room waits in the fleet's queue (`FleetTurn`)."""
+        if request.fleet is not None:
+            owner = self.journal.job.owner or self.settings.owner_label
+            turn = FleetTurn(self.journal, self.reporter, owner=owner)
+            return turn.launch(request, self.provider.launch)
         retries = self.options.launch_retries if retries is None else retries
         attempt = 0
         while True:
@@ -278,13 +292,16 @@ class Launcher:
                 time.sleep(wait)
 
     def sync(self, attempt: Attempt) -> None:
-        """SYNCING, then copy the workdir and the data paths to every node; a transfer not
-        done within the options' `push_timeout` is stopped (`TransferTimeout`)."""
+        """SYNCING, then copy the workdir to every node and bring the data (`DataStep.bring`);
+        a transfer not done within the options' `push_timeout` is stopped
+        (`TransferTimeout`)."""
         spec = self.spec
         self.journal.syncing(f"workdir and {len(spec.data)} data path(s)")
         started = time.monotonic()
-        with node_step("sync of the workdir and data to the nodes", SYNC_HINT):
+        with node_step("sync of the workdir to the nodes", SYNC_HINT):
             transfers = attempt.push(self.loaded, self.layout, timeout=self.options.push_timeout)
+        with node_step("transfer of the data to the nodes", SYNC_HINT):
+            self.data.bring(attempt, stayed=attempt.stayed)
         seconds = time.monotonic() - started
         self.journal.event("SYNCED", f"{transfers} transfer(s), {seconds:.1f} s")
         if self.loaded.left_out and self.journal.job.started_at is None:

@@ -26,6 +26,7 @@ from orchestrator.control.run.attempt import Attempt, AttemptOpener, open_attemp
 from orchestrator.control.run.attempt import start_on_nodes as start_on_nodes
 from orchestrator.control.run.bring_up import BringUp
 from orchestrator.control.run.current_attempt import CurrentAttempt
+from orchestrator.control.run.data_step import PhaseStopped
 from orchestrator.control.run.early_replacement import split_duplicate_ranks
 from orchestrator.control.run.ending import NodeEnder
 from orchestrator.control.run.kept_nodes import KeptNodes
@@ -143,6 +144,9 @@ class JobRunner:
             keeper=self.keeper, journal=self.journal, reporter=self.reporter, provider=provider,
             layout=self.layout, options=self.options,
             store_only=self.spec.checkpoint.mirror_mode == "none",
+            upload_outputs=lambda attempt, ranks, timeout_s: self.launcher.data.upload_outputs(
+                attempt, ranks=ranks, why="spot notice", timeout_s=timeout_s
+            ),
         )  # fmt: skip
         self.restarts = SameNodeRestarts(self.journal, self.layout, self.launcher)
         self._supervise = supervise or self.supervisor.watch
@@ -266,6 +270,8 @@ class JobRunner:
             raise
         except KeyboardInterrupt:
             order = StopOrder(JobState.CANCELLED, JobCancelled.exit_code, "cancelled")
+        except PhaseStopped as exc:  # a cap reached while the data moved
+            order = exc.order
         except OrchError as exc:
             order = StopOrder(JobState.FAILED, exc.exit_code, str(exc))
         except Exception as exc:
@@ -430,7 +436,13 @@ class JobRunner:
         if self.attempt.running:
             if order.state is not JobState.SUCCEEDED:
                 self.attempt.stop_trainers(self.layout, self.options.stop_grace)
-            for salvage in (lambda: self.salvage.final_pull(self.attempt), self._catch_up_logs):
+            for salvage in (
+                lambda: self.salvage.final_pull(self.attempt),
+                self._catch_up_logs,
+                lambda: self.launcher.data.upload_outputs(
+                    self.attempt, ranks=None, why=f"job {order.state.value.lower()}"
+                ),
+            ):
                 try:
                     salvage()
                 except Exception as exc:  # noqa: BLE001 - nothing may keep the nodes from ending

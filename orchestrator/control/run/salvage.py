@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Protocol
 
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.cluster.checkpoints.kept_summary import kept_phrase
@@ -15,6 +16,12 @@ from orchestrator.errors import OrchError
 from orchestrator.ledger.store import utcnow
 from orchestrator.node.launch import NodeLayout
 from orchestrator.providers.base import Provider
+
+
+class OutputUpload(Protocol):
+    """Uploads a job's outputs from `ranks` of `attempt` within `timeout_s`; never raises."""
+
+    def __call__(self, attempt: Attempt, ranks: set[int], timeout_s: float) -> None: ...
 
 
 class Salvage:
@@ -31,8 +38,11 @@ class Salvage:
         layout: NodeLayout,
         options: RunnerOptions,
         store_only: bool,
+        upload_outputs: OutputUpload | None = None,
     ) -> None:
-        """`store_only`: the job's checkpoints are kept in its store alone (no mirror here)."""
+        """`store_only`: the job's checkpoints are kept in its store alone (no mirror here).
+        `upload_outputs`: sends the job's outputs from the given ranks within a time bound
+        (after a notice, from the nodes about to go)."""
         self.keeper = keeper
         self.journal = journal
         self.reporter = reporter
@@ -40,6 +50,7 @@ class Salvage:
         self.layout = layout
         self.options = options
         self.store_only = store_only
+        self.upload_outputs = upload_outputs
 
     def pull_wait(self) -> float:
         """How long the nodes' agents may take to stage what a run left (longer when the
@@ -74,6 +85,10 @@ class Salvage:
         if interruption.cause == "notice" and attempt.watch is not None:
             with contextlib.suppress(OrchError):
                 attempt.watch.catch_up()
+        if interruption.cause == "notice" and self.upload_outputs is not None:
+            left = salvage_seconds(interruption, utcnow(), self.options.final_pull_wait)
+            if left > 0:
+                self.upload_outputs(attempt, set(interruption.ranks), left)
         self._salvaged(started)
 
     def adopted(self, attempt: Attempt, interruption: Interruption) -> None:

@@ -32,9 +32,10 @@ from orchestrator.control.process.lease_keeper import LeaseKeeper, keep_lease
 from orchestrator.control.process.ownership import Partition, partition
 from orchestrator.control.run.end_nodes import end_nodes
 from orchestrator.control.run.kept_turn import KeptRequest, cluster_scope, is_mine, join_cluster
+from orchestrator.control.verbs.data_check import DataCheck, check_data
 from orchestrator.control.verbs.notify import notify_end, save_notify
 from orchestrator.control.verbs.stale_files import StaleCheckpoints, find_stale
-from orchestrator.errors import OrchError, SpecError, UnknownJob
+from orchestrator.errors import FleetFull, OrchError, SpecError, UnknownJob
 from orchestrator.job_state import JobState
 from orchestrator.ledger.admission import admission_lock
 from orchestrator.ledger.clusters import Clusters
@@ -68,10 +69,33 @@ class PreparedSubmit:
     team: SubmitBudget | None = None  # the monthly caps' view of it (`check_team_budget`)
     # workdir files under checkpoint.dir that may be taken for a checkpoint (`stale_files`)
     stale: StaleCheckpoints | None = None
+    data: DataCheck | None = None  # what was found of the job's data and buckets (`data_check`)
 
     @property
     def plan(self) -> LaunchPlan:
         return self.dry_run.plan
+
+
+def refuse_a_queue(prepared: PreparedSubmit) -> None:
+    """`--no-wait` on a fleet: `FleetFull` (exit 3) when the job would wait in the fleet's
+    queue now (no room for it, or other jobs waiting first). A job that fits now may still
+    meet a fleet filled in the moment before its launch, and waits then."""
+    document = prepared.dry_run.document
+    if prepared.provider.name != "ssh":
+        raise SpecError(
+            "--no-wait is for kept clusters and fleets",
+            hint="add --cluster NAME, or run on a fleet (--fleet NAME)",
+        )
+    if document.get("fits_now") and not document.get("queued_ahead"):
+        return
+    fleet = str(document.get("fleet"))
+    ahead = int(document.get("queued_ahead") or 0)
+    raise FleetFull(
+        fleet,
+        f"fleet {fleet} has no room for the job now"
+        + (f" ({ahead} job(s) already wait for it)" if ahead else ""),
+        hint=f"submit without --no-wait to queue, or see `orch fleet status {fleet}`",
+    )
 
 
 @dataclass(frozen=True)
@@ -96,14 +120,18 @@ def prepare_submit(
     *,
     now: datetime | None = None,
     fresh: bool = False,
+    measure_data: bool = False,
 ) -> PreparedSubmit:
     """Load `job_file` with the flags' `overrides` (keys such as "resources.nodes"; None: not
     given), give it `controller.default_max_runtime` when it has no max_runtime, check its
     deadline against `now`, and plan it on its provider (`Provider.plan`; may ask the cloud
     for prices). Registers and launches nothing. The workdir's files that may be taken for a
-    checkpoint are found (`stale`); with `fresh`, the job's sync leaves them out.
+    checkpoint are found (`stale`); with `fresh`, the job's sync leaves them out. Every bucket
+    the spec names is checked from this machine (`data_check`); with `measure_data` (a dry
+    run) each local data source and bucket prefix is measured too.
 
-    Raises `SpecError` for a bad spec or flags and for a deadline already passed, and
+    Raises `SpecError` for a bad spec or flags, for a deadline already passed and for a bucket
+    that is not ready (`data_check.check_data`), and
     `CapacityError` when no offer fits the job's resources.
     """
     loaded = load_job(job_file, dict(overrides))
@@ -117,6 +145,7 @@ def prepare_submit(
             f"deadline {deadline:%Y-%m-%dT%H:%M:%SZ} has already passed",
             hint="give a later time, or a duration after submit such as deadline: 36h",
         )
+    data = check_data(loaded, settings, measure=measure_data)
     stale = find_stale(loaded, fresh=fresh)
     if fresh and stale is not None:
         loaded = dataclasses.replace(loaded, left_out=tuple(f.path for f in stale.files))
@@ -124,7 +153,7 @@ def prepare_submit(
     # No job id yet: the request is named after the spec, which a plan does not look at.
     request = launch_request(loaded.spec, loaded.spec.name)
     plan = provider.plan(request, loaded.spec.budget)
-    return PreparedSubmit(loaded, provider, plan, stale=stale)
+    return PreparedSubmit(loaded, provider, plan, stale=stale, data=data)
 
 
 def check_hourly_cap(prepared: PreparedSubmit) -> None:

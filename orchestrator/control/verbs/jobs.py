@@ -29,6 +29,7 @@ class SubmitRequest:
     nodes: int | None = None
     gpus: int | None = None
     provider: str | None = None
+    fleet: str | None = None
     spot: bool | None = None
     max_cost: str | None = None
     idle_timeout: float | None = None
@@ -51,7 +52,9 @@ class SubmitRequest:
         return {
             "resources.nodes": self.nodes,
             "resources.gpus_per_node": self.gpus,
-            "provider": self.provider,
+            # --fleet alone means provider ssh: fleets are its machines
+            "provider": self.provider or ("ssh" if self.fleet else None),
+            "fleet": self.fleet,
             "resources.spot": self.spot,
             "budget.max_cost_usd": self.max_cost,
             "budget.idle_timeout": self.idle_timeout,
@@ -63,7 +66,8 @@ class SubmitRequest:
         """The same options as `orch submit` arguments, the spec file first. Pure."""
         args = [str(self.job_file)]
         valued = (("--nodes", self.nodes), ("--gpus", self.gpus), ("--provider", self.provider),
-                  ("--max-cost", self.max_cost), ("--idle-timeout", self.idle_timeout))  # fmt: skip
+                  ("--fleet", self.fleet), ("--max-cost", self.max_cost),
+                  ("--idle-timeout", self.idle_timeout))  # fmt: skip
         for flag, value in valued:
             if value is not None:
                 args += [flag, str(value)]

@@ -50,8 +50,11 @@ class LocalJobs:
         from orchestrator.control.verbs import commands
 
         prepared = commands.prepare_submit(
-            self.settings, request.job_file, request.overrides(os.environ), fresh=request.fresh
-        )
+            self.settings, request.job_file, request.overrides(os.environ), fresh=request.fresh,
+            measure_data=request.dry_run,
+        )  # fmt: skip
+        if request.no_wait and request.cluster is None and not request.dry_run:
+            commands.refuse_a_queue(prepared)
         return dataclasses.replace(prepared, notify=request.notify) if request.notify else prepared
 
     def schedule(self, dryrun: PreparedSubmit) -> str:

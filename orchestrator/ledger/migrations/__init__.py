@@ -15,4 +15,4 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent  # Alembic's script_location
 BASELINE = "0001"  # the revision that creates the schema of the ledgers made before migrations
-HEAD = "0005"  # the newest revision: a ledger stamped with it is opened without any check
+HEAD = "0006"  # the newest revision: a ledger stamped with it is opened without any check

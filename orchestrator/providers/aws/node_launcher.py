@@ -103,8 +103,9 @@ class Where:
 
 def needs_role(request: LaunchRequest) -> bool:
     """Whether the nodes of `request` need AWS credentials of their own: to write the job's
-    checkpoint store, or to log in to Amazon ECR for its container image. Pure."""
-    return bool(request.store) or request.ecr_login
+    checkpoint store, to log in to Amazon ECR for its container image, or to read its bucket
+    data and write its outputs (never the user's own keys copied to a cloud machine). Pure."""
+    return bool(request.store) or request.ecr_login or request.buckets
 
 
 class Refused(Exception):
@@ -197,6 +198,14 @@ class NodeLauncher:
                     "`instance_profile` outputs: their roles may pull from ECR), or set "
                     "aws.instance_profile (ORCH_AWS_INSTANCE_PROFILE) to a profile whose role "
                     "may, or give container.credentials (username, password_secret)",
+                )
+            if request is not None and request.buckets and not request.store:
+                raise ConfigError(
+                    "the job reads s3:// data or writes outputs to a bucket, which its nodes do "
+                    "with an instance role of their own, and no instance profile is configured",
+                    hint="apply infra/ with checkpoint_store, data_sources and "
+                    "output_destinations set (infra/README.md), or set aws.instance_profile "
+                    "(ORCH_AWS_INSTANCE_PROFILE) to a profile whose role may read and write them",
                 )
             raise ConfigError(
                 "the job has a checkpoint store, and its nodes need credentials to write it: "

@@ -209,6 +209,17 @@ def _path_token(path: Path) -> str:
     return _quote(str(path).replace("%", "%%"))
 
 
+def authorized_keys_files(cfg: SshdConfig) -> list[Path]:
+    """The files whose keys may log in: the provider's, then `~/.ssh/authorized_keys` of the
+    session's HOME (as on an EC2 node), where a transfer between nodes adds its one-time key.
+    An absolute path: sshd would read a relative one under the login user's passwd home,
+    which a node running as root shares with the host."""
+    files = [cfg.authorized_keys]
+    if home := cfg.env.get("HOME"):
+        files.append(Path(home) / ".ssh" / "authorized_keys")
+    return files
+
+
 def sshd_config_text(cfg: SshdConfig) -> str:
     """The sshd_config of one node: key-only login, the node's session environment, no PAM."""
     set_env = " ".join(_quote(f"{k}={v}") for k, v in cfg.env.items())
@@ -216,7 +227,7 @@ def sshd_config_text(cfg: SshdConfig) -> str:
         f"ListenAddress {cfg.listen}",
         f"HostKey {_quote(str(cfg.host_key))}",
         f"PidFile {_quote(str(cfg.pid_file))}",
-        f"AuthorizedKeysFile {_path_token(cfg.authorized_keys)}",
+        f"AuthorizedKeysFile {' '.join(_path_token(p) for p in authorized_keys_files(cfg))}",
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",

@@ -20,6 +20,7 @@ class FakeGpu:
     state: NodeGpuState = field(default_factory=lambda: NodeGpuState(available=None))
     started: bool = False
     stopped: bool = False
+    gpu_indices: tuple[int, ...] | None = None  # the node's share of the machine's GPUs
 
     def latest(self, now: float) -> NodeGpuState:
         return self.state
@@ -60,7 +61,7 @@ def activity(
     recorded: list[GpuSampleRecord] = []
     watch = JobActivity(
         "job-1",
-        SimpleNamespace(connections=[]),  # type: ignore[arg-type]  # no node: fakes below
+        SimpleNamespace(connections=[], instances=[]),  # type: ignore[arg-type]  # no node: fakes below
         NodeLayout("job-1"),
         interval_s=1.0,
         gpus_per_node=2,

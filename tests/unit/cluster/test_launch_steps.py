@@ -37,7 +37,7 @@ def failing(message: str, hint: str | None = None):  # noqa: ANN201
 @pytest.mark.parametrize(
     ("method", "step"),
     [
-        ("push", "sync of the workdir and data to the nodes failed: "),
+        ("push", "sync of the workdir to the nodes failed: "),
         ("start", "start of the run on the nodes failed: "),
         ("free_port", "search for a free port on node 0 (torchrun's rendezvous) failed: "),
     ],

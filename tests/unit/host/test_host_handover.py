@@ -183,3 +183,14 @@ def test_files_gone_from_this_machine_are_said_and_nothing_is_sent(tmp_path: Pat
     assert handover.resend(no_host, tmp_path, JOB) == (
         f"its files are gone from this machine: {gone}"
     )
+
+
+def test_a_bucket_source_is_kept_as_none_and_never_looked_for_here(tmp_path: Path) -> None:
+    no_host = cast(Any, None)  # nothing may be sent: any use of the session would fail
+    gone = tmp_path / "work"
+    kept = handover.Submission("/h/submissions/ab12", str(gone), [None])
+    handover.save_submission(tmp_path, JOB, kept)
+    assert handover.load_submission(tmp_path, JOB) == kept
+    assert handover.resend(no_host, tmp_path, JOB) == (
+        f"its files are gone from this machine: {gone}"
+    )

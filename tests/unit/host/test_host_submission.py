@@ -18,6 +18,7 @@ from orchestrator.host.remote_jobs import two_hop_forwards
 from orchestrator.host.submission import (
     host_spec,
     inline_secrets,
+    is_bucket_item,
     moved_record,
     secrets_text,
     spec_secrets,
@@ -139,6 +140,15 @@ def test_host_spec_moves_workdir_and_data_under_the_submission() -> None:
     assert spec["workdir"] == "work" and spec["data"][0]["src"] == "d1", "the input changed"
     assert "data" not in host_spec({"name": "n"}, "/s")
     assert "data" not in host_spec({"name": "n", "data": []}, "/s")
+
+
+def test_host_spec_leaves_a_bucket_source_as_written() -> None:
+    bucket = {"src": "s3://bkt/imagenet", "dst": "~/imagenet"}
+    spec = {"name": "n", "workdir": ".", "data": [bucket, {"src": "d1", "dst": "~/d"}]}
+    moved = host_spec(spec, "/h/submissions/abc")
+    assert moved["data"] == [bucket, {"src": "/h/submissions/abc/data/1", "dst": "~/d"}]
+    assert is_bucket_item(bucket) and not is_bucket_item({"src": "./s3"})
+    assert not is_bucket_item("s3://bkt")  # not a mapping: the spec's check names it
 
 
 def test_a_forward_to_a_node_of_a_job_on_the_host_becomes_two_hops() -> None:

@@ -106,12 +106,8 @@ def test_a_hanging_nvidia_smi_is_given_up_at_the_timeout_and_killed(smi: StandIn
     assert processes_with_marker(str(smi.path)) == []
 
 
-def test_the_guards_idle_clock_follows_the_gpus_and_falls_back_on_cpu(
-    smi: StandIn, tmp_path: Path
-) -> None:
-    """Idle GPUs start the idle clock and busy ones reset it; with [N/A] the guard measures
-    the job's processes instead."""
-    home = tmp_path / "home"
+def idle_terms(tmp_path: Path, gpu_indices: tuple[int, ...] | None = None) -> Path:
+    """The terms file of a job with a 60 s idle timeout, for a node with `gpu_indices`."""
     terms = GuardTerms(
         job_id="j-1", interval_s=1.0, silence_s=10.0, allowance_s=100.0, deadman_s=600.0,
         stop_grace_s=5.0, upload_wait_s=0.0, idle_util_pct=5.0, idle_cpu_pct=10.0,
@@ -120,10 +116,19 @@ def test_the_guards_idle_clock_follows_the_gpus_and_falls_back_on_cpu(
     path = tmp_path / "terms.json"
     path.write_text(
         terms.for_node(
-            now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true", home=str(home)
+            now=datetime.now(UTC), hourly_usd=Decimal(1), poweroff="true",
+            home=str(tmp_path / "home"), gpu_indices=gpu_indices,
         )
-    )
-    node = guard.Guard(str(path))
+    )  # fmt: skip
+    return path
+
+
+def test_the_guards_idle_clock_follows_the_gpus_and_falls_back_on_cpu(
+    smi: StandIn, tmp_path: Path
+) -> None:
+    """Idle GPUs start the idle clock and busy ones reset it; with [N/A] the guard measures
+    the job's processes instead."""
+    node = guard.Guard(str(idle_terms(tmp_path)))
     leader = os.getpid()  # a live process stands for the run
     smi.play("normal", [[2, 512, 143771], [4, 512, 143771]])
     assert node.idle_for(1000.0, leader) == 0.0
@@ -134,3 +139,20 @@ def test_the_guards_idle_clock_follows_the_gpus_and_falls_back_on_cpu(
     smi.play("normal", [[2, 512, 143771], ["[N/A]", 512, 143771]])
     node.idle_for(1050.0, leader)
     assert node.cpu_last is not None and node.cpu_last[0] == 1050.0
+
+
+def test_a_node_with_a_share_of_the_machines_gpus_counts_only_those(
+    smi: StandIn, tmp_path: Path
+) -> None:
+    """An allocation on a shared machine (terms' `gpu_indices`): another job busy on the
+    machine's other GPUs neither keeps this node from idling nor is read as its own."""
+    smi.play("normal", [[2, 512, 143771], [90, 512, 143771], [3, 512, 143771]])
+    assert guard.gpu_utilizations(timeout_s=10, indices={0, 2}) == [2.0, 3.0]
+    path = idle_terms(tmp_path, gpu_indices=(0, 2))
+    assert json.loads(path.read_text())["gpu_indices"] == [0, 2]
+    node = guard.Guard(str(path))
+    leader = os.getpid()
+    assert node.idle_for(1000.0, leader) == 0.0
+    assert node.idle_for(1030.0, leader) == 30.0  # GPU 1 at 90 %: not this node's
+    smi.play("normal", [[2, 512, 143771], [90, 512, 143771], [60, 512, 143771]])
+    assert node.idle_for(1040.0, leader) == 0.0  # its own GPU 2 busy

@@ -44,3 +44,18 @@ def test_a_value_the_job_or_the_node_sets_is_kept(
 def test_a_run_with_its_own_launcher_is_left_as_it_is() -> None:
     script = launch.launch_script(cluster(launcher="none"), launch.NodeLaunch(0, "lo"))
     assert "OMP_NUM_THREADS" not in script
+
+
+def test_a_node_with_a_share_of_the_machines_gpus_sees_only_those(tmp_path: Path) -> None:
+    """An allocation on a shared machine: its run sees its GPUs only (over any value the job
+    gave); a node that is the whole machine sets nothing."""
+    share = launch.NodeLaunch(0, "lo", gpu_indices=(4, 5))
+    run = cluster(procs_per_node=2, user_env={"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    env = torchrun_env(tmp_path, launch.launch_script(run, share))
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["NVIDIA_VISIBLE_DEVICES"] == "4,5"
+    whole_script = launch.launch_script(cluster(), launch.NodeLaunch(0, "lo"))
+    (tmp_path / "whole").mkdir()
+    whole = torchrun_env(tmp_path / "whole", whole_script)
+    assert "CUDA_VISIBLE_DEVICES" not in whole and "NVIDIA_VISIBLE_DEVICES" not in whole
+    with pytest.raises(ValueError, match="GPU indices"):
+        launch.gpu_visibility([0, -1])

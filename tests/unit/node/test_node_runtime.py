@@ -104,6 +104,11 @@ def test_every_program_runs_from_the_zipapp_alone(tmp_path: Path) -> None:
     cleared = run("clear-files", '{"root": "orch-jobs/x", "remove": ["orch-jobs/x/run"]}')
     assert cleared.stdout == '{"removed":0,"dir":"none"}\n', cleared.stderr
     assert not (tmp_path / "orch-jobs/x/run").exists()
+    status = subprocess.run(
+        [sys.executable, "-I", "-S", str(zipapp), "bucket-data", "status"], capture_output=True,
+        text=True, timeout=30, input=f'{{"url": "s3://b/p", "dst": "{tmp_path}/data"}}',
+    )  # fmt: skip
+    assert status.stdout == '{"status":{"complete":false,"objects":0,"bytes":0}}\n', status.stderr
     unknown = run("rm")
     assert unknown.returncode == 2 and "checkpoint-agent" in unknown.stderr
 

@@ -315,3 +315,26 @@ def test_a_job_that_did_not_succeed_keeps_the_first_lines_of_its_reason(tmp_path
     assert reason_lines("RUNNING", "whatever") == ()
     assert reason_lines("BUDGET_STOPPED", "spend reached the cap") == ("spend reached the cap",)
     assert reason_lines("FAILED", None) == ()
+
+
+def test_memory_has_one_series_per_gpu_under_the_utilization_rules(tmp_path: Path) -> None:
+    unknown_memory = sample(1, 1, 6, 30.0)
+    unknown_memory.mem_used_mib = unknown_memory.mem_total_mib = None
+    rows = [
+        sample(0, 0, 4, None, ok=False),  # node 0 has no GPU: nvidia-smi had not said so yet
+        sample(0, -1, 5, 150.0),  # its CPU use: no memory, no series
+        sample(1, 1, 5, None, ok=False),  # utilization unknown, memory known: kept
+        unknown_memory,
+        sample(1, 0, 5, 90.0),
+    ]
+    data = report_data(ledger_with(tmp_path, make_job(), rows), "rep-1", now=at(10))
+    assert [(s.node, s.gpu, s.label) for s in data.memory] == [
+        (1, 0, "node 1 GPU 0"),
+        (1, 1, "node 1 GPU 1"),
+    ]
+    second = data.memory[1]
+    assert [data.seconds(t) for t in second.times] == [5, 6]
+    assert second.used_mib == (1000.0, None) and second.total_mib == (81559.0, None)
+    assert second.known and data.memory[0].used_mib == (1000.0,)
+    cpu_only = ledger_with(tmp_path / "c", make_job(), [sample(0, -1, 5, 150.0)])
+    assert report_data(cpu_only, "rep-1", now=at(10)).memory == ()

@@ -314,3 +314,31 @@ def test_a_cpu_node_draws_no_gpu_that_nvidia_smi_never_reported(tmp_path: Path) 
     util = panels(figure)["job CPU use (% of one core)"]
     assert [t.get_text() for t in util.get_legend().get_texts()] == ["node 0 CPU"]
     assert not any("GPU" in text for text in texts(figure))
+
+
+def test_spend_past_the_budget_stays_on_the_scale(tmp_path: Path) -> None:
+    # $36/h for 100 s is $1.00 against a $0.50 budget (a cap reached while a stop was under way)
+    ledger = ledger_with(tmp_path, make_job(max_cost="0.5"), [lease("a", "36", 0, 100)])
+    figure = draw_figure(report_data(ledger, "rep-1", now=at(120)))
+    spend = panels(figure)["spend (USD)"]
+    bottom, top = spend.get_ylim()
+    assert bottom == 0 and top >= 1.0
+    assert [t.get_text() for t in spend.get_legend().get_texts()][:2] == [
+        "spend",
+        r"budget \$0.5000",
+    ]
+
+
+def test_many_gpus_are_told_apart_by_node_in_the_legend() -> None:
+    from orchestrator.report.data import UtilSeries
+    from orchestrator.report.render import LEGEND_SERIES_LIMIT, series_styles
+
+    few = [UtilSeries(0, gpu, (), ()) for gpu in range(LEGEND_SERIES_LIMIT)]
+    assert [label for _, label in series_styles(few).values()] == [
+        f"node 0 GPU {gpu}" for gpu in range(LEGEND_SERIES_LIMIT)
+    ]
+    many = [UtilSeries(node, gpu, (), ()) for node in range(4) for gpu in range(8)]
+    styles = series_styles(many)
+    labels = [label for _, label in styles.values() if label != "_"]
+    assert labels == [f"node {node} (8 GPUs)" for node in range(4)]
+    assert {styles[(1, gpu)][0] for gpu in range(8)} == {"C1"}  # one colour per node

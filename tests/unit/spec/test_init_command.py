@@ -135,3 +135,23 @@ def test_the_script_starter_shows_a_container_section_that_loads_uncommented(
     assert spec.container.pull == "missing" and spec.container.credentials is not None
     assert spec.container.credentials.username == "$oauthtoken"
     assert spec.container.credentials.password_secret == "NGC_API_KEY"
+
+
+def test_the_script_starter_shows_data_and_outputs_that_load_uncommented(project: Path) -> None:
+    text = write_starter(project / "job.yaml", "script", force=False).path.read_text()
+    spec = load_job(project / "job.yaml").spec
+    assert spec.data == [] and spec.outputs == []  # commented out
+    uncommented = text
+    for section in ("# data:", "# outputs:"):
+        start = uncommented.index(section)
+        end = uncommented.index("\n\n", start)
+        block = re.sub(r"(?m)^# ?", "", uncommented[start:end])
+        uncommented = uncommented[:start] + block + uncommented[end:]
+    (project / "job.yaml").write_text(uncommented)
+    (project / "data").mkdir()
+    loaded = load_job(project / "job.yaml")
+    assert [m.bucket_url for m in loaded.spec.data] == [None, "s3://my-bucket/datasets/imagenet"]
+    assert loaded.data_sources == [(project / "data").resolve(), None]
+    (output,) = loaded.spec.outputs
+    assert output.dst == f"s3://my-bucket/results/{job_name_for(project)}"
+    assert output.src == "~/out" and output.nodes == "head"

@@ -90,8 +90,12 @@ def test_each_way_of_writing_one_accelerator(accelerators: object, name: str, co
         ("num_nodes: 0", "num_nodes", "must be >= 1"),
         ("resources: {use_spot: maybe}", "resources.use_spot", ""),
         ("envs: {HF_TOKEN: null}", "envs.HF_TOKEN", "has no value"),
-        ("file_mounts: {/ckpt: s3://bucket/x}", "file_mounts./ckpt", "local paths only"),
-        ("file_mounts: {/ckpt: {source: s3://b, mode: MOUNT}}", "file_mounts./ckpt", "bucket"),
+        ("file_mounts: {/ds: gs://bucket/x}", "file_mounts./ds", "gs:// sources are not"),
+        ("file_mounts: {/ds: {source: r2://b/x}}", "file_mounts./ds", "r2:// sources are not"),
+        ("file_mounts: {/ds: {name: my-bkt, source: ./d}}", "file_mounts./ds", "creates no"),
+        ("file_mounts: {/ds: {source: s3://bkt, mode: SYNC}}", "file_mounts./ds", "COPY, MOUNT"),
+        ("file_mounts: {/ds: {mode: COPY}}", "file_mounts./ds", "give a local path or an s3"),
+        ("file_mounts: [/ds]", "file_mounts", "must map node paths"),
         ("num_nodes: 1\nservice: {replicas: 2}", "service", "not services"),
         ("num_nodes: 1\nenv: {A: b}", "env", "envs"),
     ],
@@ -227,3 +231,29 @@ def test_an_invalid_docker_image_is_reported_at_the_image_id(project: Path) -> N
     with pytest.raises(SpecError) as refused:
         load_job(write(project, DOCKER_TASK.format(image_id="docker:Team/Train")))
     assert "resources.image_id (line 5): invalid repository" in str(refused.value)
+
+
+def test_s3_file_mounts_become_bucket_data_and_a_mount_says_it_is_copied(project: Path) -> None:
+    text = (
+        "name: t\nworkdir: .\nrun: python main.py\nfile_mounts:\n"
+        "  /data/raw: s3://training-sets/raw/\n"
+        "  ~/copied: {source: s3://training-sets/copied, mode: COPY}\n"
+        "  /data/mounted: {source: s3://training-sets/mounted, mode: MOUNT}\n"
+        "  /data/cached: {source: s3://training-sets/cached, mode: MOUNT_CACHED}\n"
+        "  /data/local: ./data\n"
+    )
+    job = load_job(write(project, text))
+    assert [(m.src, m.dst) for m in job.spec.data] == [
+        ("s3://training-sets/raw", "/data/raw"),
+        ("s3://training-sets/copied", "~/copied"),
+        ("s3://training-sets/mounted", "/data/mounted"),
+        ("s3://training-sets/cached", "/data/cached"),
+        ("./data", "/data/local"),
+    ]
+    assert job.data_sources == [None, None, None, None, (project / "data").resolve()]
+    assert len(job.notices) == 2
+    mounted, cached = job.notices
+    assert mounted.startswith("file_mounts./data/mounted: orch copies s3://training-sets/mounted")
+    assert "instead of mounting it (MOUNT)" in mounted
+    assert "(MOUNT_CACHED)" in cached
+    assert load_job(write(project, FULL_EXAMPLE)).notices == ()

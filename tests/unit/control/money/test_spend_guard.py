@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -54,6 +55,17 @@ def test_local_nodes_bill_nobody_and_need_no_question() -> None:
         )
         is None
     )
+
+
+def test_a_fleet_priced_at_nothing_needs_no_question_and_one_with_a_price_asks() -> None:
+    job = spec()
+    free = LaunchPlan(
+        provider="ssh", nodes=2, gpus_per_node=4, market="on-demand", instance_type="fleet lab",
+        price_per_node_hour=Decimal(0), max_runtime_s=None, max_cost_usd=None,
+    )  # fmt: skip
+    assert needs_confirmation(job, free) is None
+    priced = needs_confirmation(job, replace(free, price_per_node_hour=Decimal("2")))
+    assert priced is not None and "fleet lab" in priced.text()
 
 
 def test_the_default_max_runtime_is_a_duration_setting(tmp_path: Path) -> None:

@@ -76,6 +76,15 @@ def test_the_record_loads_back_whole(tmp_path: Path) -> None:
     assert load_job_record(settings, "rec-2") == loaded
 
 
+def test_a_bucket_source_is_kept_as_null_and_loads_back_as_none(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "orch")
+    loaded = dataclasses.replace(_loaded(tmp_path), data_sources=[tmp_path / "data", None])
+    save_job_record(settings, "rec-4", loaded)
+    record = json.loads((settings.job_dir("rec-4") / JOB_RECORD).read_text())
+    assert record["data_sources"] == [str(tmp_path / "data"), None]
+    assert load_job_record(settings, "rec-4").data_sources == [tmp_path / "data", None]
+
+
 def test_the_secrets_values_are_read_from_env_json_alone(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "orch")
     save_job_record(settings, "rec-3", _loaded(tmp_path))

@@ -211,7 +211,7 @@ def test_no_wait_fails_at_once_while_a_live_job_holds_the_cluster(tmp_path: Path
 @pytest.mark.parametrize(
     ("flags", "wanted"),
     [
-        ((None, "10m", False, False), "--autostop and --no-wait are for kept clusters"),
+        ((None, "10m", False, False), "--autostop is for kept clusters"),
         (("dev", "never", False, False), "--autostop never keeps the cluster billing"),
         (("dev", "soon", False, False), "--autostop:"),
         (("Dev_1", None, False, False), "is not a cluster name"),
@@ -298,7 +298,7 @@ def test_autostop_ends_a_kept_node_with_no_job_no_controller_and_idle_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     readings: list[float] = [0.0]
-    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: list(readings))
+    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s, indices=None: list(readings))
     node = Node(tmp_path, deadman_s=60.0, autostop=True)
     node.heartbeat(age_s=30)
     now = time.time()
@@ -321,7 +321,7 @@ def test_the_reset_for_the_next_job_counts_as_the_controller_heard(
 ) -> None:
     """A job that takes the cluster just before its autostop is due: the reset must not leave
     the guard with nothing newer than the last job's release to go by."""
-    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: [0.0])
+    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s, indices=None: [0.0])
     node = Node(tmp_path, deadman_s=60.0, autostop=True)
     node.lease(**cleared_lease(T0, 60.0).fields("j-1", 0.0))  # the last job let go a minute ago
     node.heartbeat(age_s=59)  # the new controller's first probe, a minute ago too
@@ -338,7 +338,7 @@ def test_the_reset_for_the_next_job_counts_as_the_controller_heard(
 def test_the_controllers_cleared_lease_sets_the_autostop_and_drops_the_jobs_limits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s: [0.0])
+    monkeypatch.setattr(guard, "gpu_utilizations", lambda timeout_s, indices=None: [0.0])
     node = Node(tmp_path, deadman_s=60.0, autostop=True, idle_timeout_s=5.0)
     node.heartbeat(age_s=3600)
     doc = cleared_lease(T0, None).fields("j-1", 0.0)

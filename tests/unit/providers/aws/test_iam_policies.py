@@ -130,4 +130,7 @@ def test_the_templates_use_only_what_the_offline_renderer_understands() -> None:
         assert "%{" not in text, path.name
         job = {"job_objects": "arn:aws:s3:::b/p/${aws:PrincipalTag/orch-job}/*",
                "job_list_prefix": "p/${aws:PrincipalTag/orch-job}/*"}  # fmt: skip
-        render(path.name.removesuffix(".json.tftpl"), **STORE, **job, owner="o", vpc_arn=VPC)
+        data = {"data_objects": ["arn:aws:s3:::d/p/*"], "output_objects": ["arn:aws:s3:::o/p/*"],
+                "sid": "ListDataSources0", "bucket_arn": "arn:aws:s3:::d",
+                "list_prefixes": ["p/*"], "owner": "o", "vpc_arn": VPC}  # fmt: skip
+        render(path.name.removesuffix(".json.tftpl"), **STORE, **job, **data)

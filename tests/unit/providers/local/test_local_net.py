@@ -110,7 +110,7 @@ def test_sshd_config_is_key_only_with_the_node_environment() -> None:
     for line in (
         "ListenAddress 0.0.0.0:22",
         'HostKey "/h/node/key"',
-        'AuthorizedKeysFile "/h/node/authorized_keys"',
+        'AuthorizedKeysFile "/h/node/authorized_keys" "/run/orch-node/.ssh/authorized_keys"',
         "PasswordAuthentication no",
         "PermitRootLogin prohibit-password",
         "StrictModes no",
