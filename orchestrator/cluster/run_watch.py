@@ -50,6 +50,7 @@ SUSPECT_AFTER_S = 1.5  # a probe unanswered this long is late: is its node gone?
 CONFIRM_EVERY_S = 1.0  # how often a late node is put to `confirm_gone` while a check waits
 # A probe prints one status line, then at most PROBE_LOG_LIMIT bytes of log: more is garbage.
 PROBE_MAX_OUTPUT = launch.PROBE_LOG_LIMIT + 64 * 1024
+COPIED_TAIL_BYTES = 256 * 1024  # how far back an adopting controller looks for rank 0's step
 
 
 @dataclass(frozen=True)
@@ -301,16 +302,12 @@ class RunWatch:
     def _show(self, lines: list[Line], read_at: float) -> None:
         shaped: Metrics | None = None  # the last progress read from the output's shape
         for line in lines:
-            local_rank, text = local_rank_line(line.text)
-            if local_rank is None:
-                if text.startswith(LAUNCH_MARK):
-                    self.clock.launch_line(text, read_at)
-                    self.on_line(text)
-                    continue
-                if not self.unprefixed_is_rank0:
-                    continue
-                local_rank = 0
-            if local_rank != 0:
+            if line.text.startswith(LAUNCH_MARK):
+                self.clock.launch_line(line.text, read_at)
+                self.on_line(line.text)
+                continue
+            text = rank0_text(line.text, unprefixed_is_rank0=self.unprefixed_is_rank0)
+            if text is None:
                 continue
             metrics = self._progress.read(text)
             if metrics is None or not metrics.step_line:
@@ -329,6 +326,51 @@ class RunWatch:
             self.on_metrics(metrics, read_at)
         if shaped is not None:
             self.on_metrics(shaped, read_at)
+
+
+def rank0_text(text: str, *, unprefixed_is_rank0: bool) -> str | None:
+    """A log line's text when rank 0 printed it (torchrun's prefix taken off), else None; a
+    launch line is none of the run's. `unprefixed_is_rank0`: see `RunWatch`."""
+    local_rank, text = local_rank_line(text)
+    if local_rank is None:
+        if text.startswith(LAUNCH_MARK) or not unprefixed_is_rank0:
+            return None
+        local_rank = 0
+    return text if local_rank == 0 else None
+
+
+def copied_progress(
+    logs_dir: Path,
+    instance_id: str,
+    *,
+    progress_pattern: str | None = None,
+    unprefixed_is_rank0: bool = False,
+    limit: int = COPIED_TAIL_BYTES,
+) -> Metrics | None:
+    """The newest progress of rank 0 in the local copy of the log of `instance_id` (rank 0's
+    node) under `logs_dir`, read from its last `limit` bytes; None when the copy holds nothing
+    of that node. For a controller adopting a run: the one that died may have read steps it
+    had not yet written to the ledger (a job's step is written every 2 s), and the adopting
+    watch goes on after those lines, never reading them again. Reads only."""
+    path = logs_dir / "node-0.log"
+    try:
+        start = int((logs_dir / ".starts" / instance_id).read_text())  # see `RunWatch`
+    except (OSError, ValueError):
+        return None
+    end = log_files.logical_size(path)
+    if end <= start:
+        return None
+    first = max(start, end - limit)
+    _, data = log_files.read_from(path, first)
+    if first > start:  # cut inside this node's part: its first line may be a piece
+        data = data.partition(b"\n")[2]
+    splitter = LineSplitter(split_cr=True)
+    reader = ProgressReader(progress_pattern)
+    newest: Metrics | None = None
+    for line in [*splitter.feed(data), *splitter.flush()]:
+        text = rank0_text(line.text, unprefixed_is_rank0=unprefixed_is_rank0)
+        newest = (reader.read(text) if text is not None else None) or newest
+    return newest
 
 
 def probe_answer(result: CommandResult) -> Answer:

@@ -50,7 +50,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.fencing import LeaseLost
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node.progress import Metrics
-from orchestrator.providers.base import Provider
+from orchestrator.providers.base import Instance, Provider
 from orchestrator.spec.model import LoadedJob
 from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove
 from orchestrator.spot.policies import (
@@ -338,8 +338,7 @@ class JobRunner:
             if instances and not missing:
                 # Only ranks without a node: connect to those that run, so that they may stay
                 # (with their checkpoint files) while the absent ranks are replaced.
-                self.journal.last_step = self.job.step
-                self.current.hold(self.launcher.adopt(instances))
+                self._take_over(instances)
             ids = tuple(lease.instance_id for lease in missing)
             taken = self.provider.preempted(list(ids)) if ids else set()
             return Interruption(
@@ -349,9 +348,19 @@ class JobRunner:
             )  # fmt: skip
         if not instances:
             return None
+        self._take_over(instances)
+        return None
+
+    def _take_over(self, instances: list[Instance]) -> None:
+        """Connect to the run on `instances` and take up its progress: the ledger's step, or a
+        newer one in rank 0's log copy that the controller that died read but had not yet
+        written."""
         self.journal.last_step = self.job.step
         self.current.hold(self.launcher.adopt(instances))
-        return None
+        copied = self.supervisor.copied_progress(instances)
+        known = self.journal.last_step
+        if copied is not None and (known is None or copied.step > known):
+            self.journal.progress(copied)
 
     # --- planned moves of the spot policy (spec.spot_policy; see orchestrator.spot.driver) --
     def _move(self, move: PlannedMove) -> None:

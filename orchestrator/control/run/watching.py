@@ -26,7 +26,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from orchestrator.cluster.activity import ActivityThresholds, JobActivity
 from orchestrator.cluster.checkpoints.keeper import CheckpointKeeper
 from orchestrator.cluster.notice_watch import NoticeWatcher
-from orchestrator.cluster.run_watch import RunWatch
+from orchestrator.cluster.run_watch import RunWatch, copied_progress
 from orchestrator.cluster.start_reports import start_reports
 from orchestrator.config import Settings
 from orchestrator.control.money.stop_rules import (
@@ -51,7 +51,7 @@ from orchestrator.node.failure import cluster_failure, failure_report
 from orchestrator.node.progress import Metrics
 from orchestrator.node.run_progress import ProgressClock
 from orchestrator.node.spot_notice import SpotNotice
-from orchestrator.providers.base import Provider
+from orchestrator.providers.base import Instance, Provider
 from orchestrator.spec.model import JobSpec
 from orchestrator.spot.driver import DeadlineDriver, PlannedMove
 
@@ -219,6 +219,18 @@ class Supervisor:
             confirm_gone=lambda ranks: self._taken(attempt, ranks),
             progress_pattern=self.spec.progress.pattern,
         )
+
+    def copied_progress(self, instances: list[Instance]) -> Metrics | None:
+        """The newest progress in rank 0's log copy (`run_watch.copied_progress`): for a
+        controller taking over the run on `instances`; None without rank 0 among them."""
+        rank0 = next((i for i in instances if i.rank == 0), None)
+        if rank0 is None:
+            return None
+        return copied_progress(
+            self.logs_dir, rank0.instance_id,
+            progress_pattern=self.spec.progress.pattern,
+            unprefixed_is_rank0=self.spec.launcher == "none",
+        )  # fmt: skip
 
     def _taken(self, attempt: Attempt, ranks: list[int]) -> bool:
         """Whether the provider says it took any of these nodes; False when it cannot say now

@@ -14,6 +14,7 @@ from orchestrator.config import Settings
 from orchestrator.control.money.stop_rules import StopOrder
 from orchestrator.control.run.attempt import Attempt
 from orchestrator.control.run.early_replacement import split_duplicate_ranks
+from orchestrator.control.run.journal import Journal
 from orchestrator.control.run.options import RunnerOptions
 from orchestrator.control.run.recovery_rules import Interruption
 from orchestrator.control.run.runner import JobRunner
@@ -21,7 +22,7 @@ from orchestrator.control.run.watching import Verdict
 from orchestrator.errors import CapacityError
 from orchestrator.job_state import JobState
 from orchestrator.ledger.store import Ledger, utcnow
-from orchestrator.providers.base import LaunchRequest
+from orchestrator.providers.base import Instance, LaunchRequest
 from tests.support.runner_fakes import (  # noqa: F401  (the fixtures)
     FakeAttempt,
     FakeKeeper,
@@ -130,14 +131,7 @@ def test_a_new_controller_ends_a_replacement_launched_early_for_a_running_node(
 ) -> None:
     """The controller died between the early launch and the restart: the job is RUNNING on
     its first nodes, and a second node of rank 1 runs beside them."""
-    first = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
-    journal = first.journal
-    journal.provisioning("2 node(s)")
-    old = provider.launch(first_request(ledger))
-    for instance in old:
-        journal.leased(instance, provider="fake")
-    journal.syncing("")
-    journal.running("", started_at=utcnow())
+    journal, old = running_on_two_nodes(tmp_path, ledger, provider)
     early = provider.launch(first_request(ledger, ranks=(1,)))
     journal.leased(early[0], provider="fake")
 
@@ -149,6 +143,22 @@ def test_a_new_controller_ends_a_replacement_launched_early_for_a_running_node(
     assert [i.instance_id for i in adopted.instances] == [i.instance_id for i in old]
     assert any("launched early" in e.message for e in ledger.events(JOB_ID))
     assert_all_leases_closed(ledger, provider)
+
+
+def running_on_two_nodes(
+    tmp_path: Path, ledger: Ledger, provider: FakeProvider
+) -> tuple[Journal, list[Instance]]:
+    """The job RUNNING on two fake nodes, as a controller killed then leaves it: its journal
+    and the nodes."""
+    first = runner(tmp_path, ledger, provider, scripted(StopOrder(JobState.SUCCEEDED, 0, "")))
+    journal = first.journal
+    journal.provisioning("2 node(s)")
+    nodes = provider.launch(first_request(ledger))
+    for instance in nodes:
+        journal.leased(instance, provider="fake")
+    journal.syncing("")
+    journal.running("", started_at=utcnow())
+    return journal, nodes
 
 
 def first_request(ledger: Ledger, ranks: tuple[int, ...] = (0, 1)) -> LaunchRequest:
