@@ -81,7 +81,8 @@ def test_up_starts_the_daemon_of_a_live_host_again_and_its_job_goes_on(
 
     final = wait_until(ended, f"{job_id} to end", 90, interval=1)
     assert final["state"] == "SUCCEEDED", json.dumps(final.get("events"))[-3000:]
-    assert final["step"] == 30 and final["recoveries"] == 0, final
+    shown_events = json.dumps(final.get("events"))[-4000:]
+    assert (final["step"], final["recoveries"]) == (30, 0), shown_events
     assert [lease["instance_id"] for lease in final["leases"]] == nodes  # the same node
 
     down = run_orch(["controller", "down", "--json"], node.env, timeout=120)

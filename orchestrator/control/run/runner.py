@@ -50,7 +50,7 @@ from orchestrator.job_state import JobState
 from orchestrator.ledger.fencing import LeaseLost
 from orchestrator.ledger.store import Job, Ledger, utcnow
 from orchestrator.node.progress import Metrics
-from orchestrator.providers.base import Instance, Provider
+from orchestrator.providers.base import Provider
 from orchestrator.spec.model import LoadedJob
 from orchestrator.spot.driver import SWITCHED_EVENT, DeadlineDriver, PlannedMove
 from orchestrator.spot.policies import (
@@ -313,6 +313,7 @@ class JobRunner:
         With `require_all`, recorded nodes that are gone (reclaimed or lost while the job had
         no controller) come back as the interruption to recover from.
         """
+        self._take_up_progress()
         instances = self.nodes.ours(self.provider.list_owned(job_id=self.job.node_owner))
         instances, early = split_duplicate_ranks(instances)
         if early:  # replacements launched at a notice by a controller that died since
@@ -338,7 +339,7 @@ class JobRunner:
             if instances and not missing:
                 # Only ranks without a node: connect to those that run, so that they may stay
                 # (with their checkpoint files) while the absent ranks are replaced.
-                self._take_over(instances)
+                self.current.hold(self.launcher.adopt(instances))
             ids = tuple(lease.instance_id for lease in missing)
             taken = self.provider.preempted(list(ids)) if ids else set()
             return Interruption(
@@ -348,16 +349,21 @@ class JobRunner:
             )  # fmt: skip
         if not instances:
             return None
-        self._take_over(instances)
+        self.current.hold(self.launcher.adopt(instances))
         return None
 
-    def _take_over(self, instances: list[Instance]) -> None:
-        """Connect to the run on `instances` and take up its progress: the ledger's step, or a
-        newer one in rank 0's log copy that the controller that died read but had not yet
-        written."""
+    def _take_up_progress(self) -> None:
+        """Take up the job's progress as the controller that died left it: the ledger's step,
+        or a newer one in the log copy of rank 0's newest node. That controller may have read
+        steps it had not yet written (a job's step is written every 2 s), whether the run goes
+        on, ended, or its nodes are ended already (a stop half done); a new watch goes on
+        after the copied lines and never reads them again."""
         self.journal.last_step = self.job.step
-        self.current.hold(self.launcher.adopt(instances))
-        copied = self.supervisor.copied_progress(instances)
+        rank0 = [lease for lease in self.ledger.leases(self.job.id) if lease.rank == 0]
+        if not rank0:
+            return
+        newest = max(rank0, key=lambda lease: lease.launched_at)
+        copied = self.supervisor.copied_progress(newest.instance_id)
         known = self.journal.last_step
         if copied is not None and (known is None or copied.step > known):
             self.journal.progress(copied)

@@ -51,7 +51,7 @@ from orchestrator.node.failure import cluster_failure, failure_report
 from orchestrator.node.progress import Metrics
 from orchestrator.node.run_progress import ProgressClock
 from orchestrator.node.spot_notice import SpotNotice
-from orchestrator.providers.base import Instance, Provider
+from orchestrator.providers.base import Provider
 from orchestrator.spec.model import JobSpec
 from orchestrator.spot.driver import DeadlineDriver, PlannedMove
 
@@ -220,14 +220,11 @@ class Supervisor:
             progress_pattern=self.spec.progress.pattern,
         )
 
-    def copied_progress(self, instances: list[Instance]) -> Metrics | None:
-        """The newest progress in rank 0's log copy (`run_watch.copied_progress`): for a
-        controller taking over the run on `instances`; None without rank 0 among them."""
-        rank0 = next((i for i in instances if i.rank == 0), None)
-        if rank0 is None:
-            return None
+    def copied_progress(self, instance_id: str) -> Metrics | None:
+        """The newest progress in the log copy of rank 0's node `instance_id`
+        (`run_watch.copied_progress`): for a controller taking over the job."""
         return copied_progress(
-            self.logs_dir, rank0.instance_id,
+            self.logs_dir, instance_id,
             progress_pattern=self.spec.progress.pattern,
             unprefixed_is_rank0=self.spec.launcher == "none",
         )  # fmt: skip
