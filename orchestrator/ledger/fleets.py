@@ -59,6 +59,8 @@ class FleetHost(SQLModel, table=True):
     """One machine of a fleet as `orch fleet add` found it."""
 
     __tablename__ = "fleet_host"
+    # One machine is in one fleet at most: in two, its GPUs could be handed out twice.
+    __table_args__ = (Index("uq_fleet_host_address", "address", "port", unique=True),)
 
     id: int | None = Field(default=None, primary_key=True)
     fleet: str = Field(index=True, foreign_key="fleet.name")
@@ -179,7 +181,8 @@ class FleetBook:
         """Record `fleet` with `hosts`, in their order (`position` and `fleet` are set from
         it; each host's `id` once recorded), in one transaction. `FleetExists` when the name
         is taken; a FleetError when there is no host, a host (address and port) is listed
-        twice, or the price is not a decimal >= 0 per "host" or "gpu". Nothing is written
+        twice or is in another fleet already (a unique index holds this against a racing
+        `add` too), or the price is not a decimal >= 0 per "host" or "gpu". Nothing is written
         then."""
         _check_price(fleet)
         if not hosts:
@@ -198,14 +201,23 @@ class FleetBook:
             with Session(self.engine, expire_on_commit=False) as session:  # the caller's rows
                 if session.get(Fleet, fleet.name) is not None:
                     raise _exists(fleet.name)
+                _refuse_taken(fleet.name, _fleets_holding(session, seen))
                 session.add(fleet)
                 session.flush()
                 for position, host in enumerate(hosts):
                     host.fleet, host.position = fleet.name, position
                     session.add(host)
                 session.commit()
-        except IntegrityError as exc:  # another added the same name meanwhile
+        except IntegrityError as exc:  # another added the same name or hosts meanwhile
+            with Session(self.engine) as session:
+                _refuse_taken(fleet.name, _fleets_holding(session, seen))
             raise _exists(fleet.name) from exc
+
+    def refuse_taken(self, name: str, hosts: Iterable[tuple[str, int]]) -> None:
+        """A FleetError naming each of `hosts` (address, port) that a fleet holds already, for
+        the fleet `name` about to be added; nothing when none is."""
+        with Session(self.engine) as session:
+            _refuse_taken(name, _fleets_holding(session, set(hosts)))
 
     def get(self, name: str) -> tuple[Fleet, list[FleetHost]]:
         """The fleet `name` and its hosts by position; `FleetNotFound` when there is none."""
@@ -471,6 +483,30 @@ def _check_price(fleet: Fleet) -> None:
             " is not a price",
             hint="give --price-per-hour or --price-per-gpu-hour as a decimal >= 0, e.g. 2.50",
         )
+
+
+def _fleets_holding(session: Session, hosts: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """Which fleet holds each of `hosts` (address, port) that one holds."""
+    if not hosts:
+        return {}
+    rows = session.execute(
+        select(_HOST.c.address, _HOST.c.port, _HOST.c.fleet).where(
+            _HOST.c.address.in_(sorted({address for address, _ in hosts}))
+        )
+    )
+    return {(a, p): f for a, p, f in rows if (a, p) in hosts}
+
+
+def _refuse_taken(name: str, taken: dict[tuple[str, int], str]) -> None:
+    if not taken:
+        return
+    listed = ", ".join(f"{a}:{p} (in fleet {f})" for (a, p), f in sorted(taken.items()))
+    verb = "is" if len(taken) == 1 else "are"
+    raise FleetError(
+        f"{listed} {verb} in another fleet already, and a machine in two fleets could have its "
+        f"GPUs handed out twice; fleet {name} was not recorded",
+        hint=f"leave such a machine out, or `orch fleet remove {min(taken.values())}` first",
+    )
 
 
 def _exists(name: str) -> FleetExists:

@@ -69,8 +69,9 @@ def add_fleet(
 ) -> tuple[Fleet, list[FleetHost]]:
     """Probe `request`'s machines and record the fleet; `announce` hears how many machines are
     about to be probed, `progress` each machine's answer as it comes. Raises `FleetExists`
-    (name taken, nothing probed), `SpecError` (the identity or known_hosts file is not there),
-    `FleetHostsFailed` (some machine failed; none recorded)."""
+    (name taken, nothing probed), `FleetError` (a machine is in another fleet, nothing
+    probed), `SpecError` (the identity or known_hosts file is not there), `FleetHostsFailed`
+    (some machine failed; none recorded)."""
     book = FleetBook(ledger)
     if any(fleet.name == request.name for fleet in book.fleets()):
         raise FleetExists(
@@ -81,6 +82,7 @@ def add_fleet(
     if request.known_hosts is not None:
         _check_file(request.known_hosts, "known_hosts file", "--known-hosts")
     logins = request.logins()
+    book.refuse_taken(request.name, ((login.address, login.port) for login in logins))
     announce(len(logins))
 
     def one(login: Login) -> Probe:

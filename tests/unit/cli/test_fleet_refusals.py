@@ -68,3 +68,25 @@ def test_an_unknown_fleet_names_the_fleets_there_are(
         code, out, err = run_main(["fleet", *command])
         assert code == 2 and "no fleet 'lab' in the ledger (fleets: none)" in err
         assert "orch fleet add" in err
+
+
+def test_a_machine_of_another_fleet_is_refused_before_any_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolated_home(tmp_path, monkeypatch)
+    from orchestrator.cli.context import open_ledger
+    from orchestrator.config import load_settings
+    from orchestrator.ledger.fleets import FleetBook
+    from tests.unit.ledger.test_fleet_book import fleet, host
+
+    FleetBook(open_ledger(load_settings())).add(fleet("lab"), [host("10.0.0.5")])
+    key = tmp_path / "id"
+    key.write_text("not read: nothing is contacted\n")
+    args = ["lab2", "--host", "u@10.0.0.6", "--host", "u@10.0.0.5", "--identity", str(key)]
+    code, out, err = run_main(["fleet", "add", *args])
+    output = " ".join((out + err).split())
+    assert code == 2 and "probing" not in output, output
+    assert "10.0.0.5:22 (in fleet lab) is in another fleet already" in output
+    assert "orch fleet remove lab" in output
+    code, out, _ = run_main(["fleet", "status", "--json"])
+    assert code == 0 and '"lab2"' not in out

@@ -42,10 +42,10 @@ def fleet(name: str = "lab") -> Fleet:
     )  # fmt: skip
 
 
-def host(address: str, gpus: int = 2, cpus: int = 8) -> FleetHost:
+def host(address: str, gpus: int = 2, cpus: int = 8, port: int = 22) -> FleetHost:
     listed = [{"index": i, "name": A100, "memory_mib": 81920} for i in range(gpus)]
     return FleetHost(
-        fleet="", position=0, user="root", address=address, port=22,
+        fleet="", position=0, user="root", address=address, port=port,
         host_key="ssh-ed25519 AAAAC3Nza", gpus=json.dumps(listed), cpus=cpus, memory_mib=64000,
         disk_free_gb=100.0, python="3.12.3", torch="2.5.1", checked_at=T0,
     )  # fmt: skip
@@ -97,6 +97,31 @@ def test_a_taken_name_or_a_host_listed_twice_records_nothing(book: FleetBook) ->
         book.add(fleet("x"), [])
     assert [f.name for f in book.fleets()] == ["lab"]
     assert [h.address for h in book.get("lab")[1]] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+
+def test_a_machine_of_another_fleet_is_refused_whoever_writes_it(book: FleetBook) -> None:
+    """Two fleets naming one machine could hand out its GPUs twice: `add` refuses it and
+    records nothing, and the unique index refuses it to a writer that did not look first (an
+    `add` racing this one)."""
+    with pytest.raises(FleetError, match=r"10.0.0.2:22 \(in fleet lab\) is in another") as why:
+        book.add(fleet("other"), [host("10.0.0.9"), host("10.0.0.2")])
+    assert "fleet other was not recorded" in str(why.value)
+    assert "orch fleet remove lab" in str(why.value)
+    with pytest.raises(FleetError, match="are in another fleet"):
+        book.refuse_taken("other", [("10.0.0.1", 22), ("10.0.0.3", 22), ("10.0.0.9", 22)])
+    book.refuse_taken("other", [("10.0.0.1", 2222), ("10.0.0.9", 22)])  # other machines
+    assert [f.name for f in book.fleets()] == ["lab"]
+    with pytest.raises(IntegrityError), book.engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO fleet_host (fleet, position, user, address, port, host_key, gpus, "
+                "cpus, memory_mib, disk_free_gb, healthy, health_note, checked_at) VALUES "
+                "('lab', 9, 'u', '10.0.0.1', 22, 'k', '[]', 1, 1, 1.0, 1, '', '2026-03-01')"
+            )
+        )
+    book.add(fleet("other"), [host("10.0.0.2", port=2222)])
+    book.remove("lab")
+    book.add(fleet("again"), [host("10.0.0.2")])  # free once its fleet is removed
 
 
 def test_an_unknown_fleet_names_the_fleets_there_are(book: FleetBook) -> None:

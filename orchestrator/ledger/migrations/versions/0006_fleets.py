@@ -1,7 +1,7 @@
 """Fleets of the user's own machines (`orchestrator.ledger.fleets`): `fleet`, its hosts
-(`fleet_host`), the slots jobs hold (`fleet_claim`, with a UNIQUE index on (host_id, slot) over
-the claims not released: two held claims of one slot cannot exist) and the jobs waiting for
-slots (`fleet_waiter`).
+(`fleet_host`, UNIQUE on (address, port): a machine is in one fleet at most), the slots jobs
+hold (`fleet_claim`, with a UNIQUE index on (host_id, slot) over the claims not released: two
+held claims of one slot cannot exist) and the jobs waiting for slots (`fleet_waiter`).
 
 Revision ID: 0006
 Revises: 0005
@@ -71,6 +71,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["fleet"], ["fleet.name"]),
     )
     op.create_index("ix_fleet_host_fleet", "fleet_host", ["fleet"])
+    op.create_index("uq_fleet_host_address", "fleet_host", ["address", "port"], unique=True)
     op.create_table(
         "fleet_claim",
         _int("id", primary_key=True),
