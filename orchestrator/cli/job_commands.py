@@ -92,8 +92,8 @@ def report_command(
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Draw a job: GPU use per node, rank 0's loss, step and throughput, spend and budget,
-    events and checkpoints, why it failed; prints the file written."""
+    """Draw a job: GPU use and memory per node, rank 0's loss, step and throughput, spend and
+    budget, events and checkpoints, why it failed; prints the file written."""
     if lives_on_host(job_id):
         from orchestrator.cli.on_host import report_on_host
 
