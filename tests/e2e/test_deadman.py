@@ -44,7 +44,7 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     assert all(processes_with_marker(iid) for iid in ids), "a node ended while training"
     wait_until(
         lambda: all(f.exists() for f in exit_files), "training's end by itself",
-        60 - (time.monotonic() - killed),
+        120 - (time.monotonic() - killed),  # torchrun's start on two busy cores: tens of s
     )  # fmt: skip
 
     def node_left(iid: str) -> bool:
@@ -56,7 +56,7 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
 
     wait_until(
         lambda: not any(node_left(iid) for iid in ids), "the nodes' power-off",
-        90 - (time.monotonic() - killed), interval=0.5,
+        150 - (time.monotonic() - killed), interval=0.5,
     )  # fmt: skip
     # The next orch command hears of it: the job gets a controller, finds its nodes gone and
     # ends; no lease stays open.

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 
 from tests.support.waiting import wait_until
@@ -42,6 +43,8 @@ DESKTOP = (1366, 900)
 NARROW = (390, 844)  # a phone held upright
 SCREENSHOTS_ENV = "ORCH_SCREENSHOTS"
 EXIT_TIMEOUT_S = 10.0
+PAGE_LOAD_S = 45  # a page load is tried once more after this long (`Browser.get`)
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"  # see `Browser.console_errors`
 FLAGS = (
     "--headless=new",
     "--no-sandbox",
@@ -91,8 +94,13 @@ class Browser:
         self._log: list[dict[str, object]] = []
 
     def get(self, url: str) -> None:
-        """Load `url` and wait for its document to be loaded."""
-        self.driver.get(url)
+        """Load `url` and wait for its document to be loaded. A load that has not ended in
+        `PAGE_LOAD_S` is tried once more: Chromium drops requests in flight when the machine's
+        network changes (the suite's other tests add and remove bridges and namespaces)."""
+        try:
+            self.driver.get(url)
+        except TimeoutException:
+            self.driver.get(url)
 
     def set_size(self, width: int, height: int) -> None:
         """Make the page's viewport `width` x `height` CSS pixels (what a screenshot holds):
@@ -151,9 +159,16 @@ class Browser:
 
     def console_errors(self) -> list[str]:
         """Every error the page reported since the browser started: JavaScript exceptions,
-        `console.error` calls and failed loads (the browser log's SEVERE entries)."""
+        `console.error` calls and failed loads (the browser log's SEVERE entries), except
+        the loads Chromium dropped because the machine's network changed (`NETWORK_CHANGED`:
+        the suite's other tests add and remove interfaces; the page asks again at its next
+        poll)."""
         self._log.extend(self.driver.get_log("browser"))
-        return [str(e["message"]) for e in self._log if e.get("level") == "SEVERE"]
+        return [
+            str(e["message"])
+            for e in self._log
+            if e.get("level") == "SEVERE" and NETWORK_CHANGED not in str(e["message"])
+        ]
 
 
 def _profile_processes(profile: Path) -> list[psutil.Process]:
@@ -214,6 +229,7 @@ def open_browser(
     env_screens = os.environ.get(SCREENSHOTS_ENV)
     screenshots = Path(env_screens) if env_screens else directory / "screenshots"
     driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(PAGE_LOAD_S)  # sooner than the driver's own 120 s read limit
     started: list[psutil.Process] = []
     try:
         driver_pid = driver.service.process.pid
