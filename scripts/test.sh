@@ -14,7 +14,8 @@
 # the next supported Python found, 3.12 (scripts/other_pythons.sh; `make soak` runs every unit
 # test on every one, 3.13 too; a machine with none says so and is not failed for it), then the
 # e2e tests of container jobs and of bucket data, whose nodes have bridges of their own, with
-# the sandbox host's podman run.
+# the sandbox host's podman run. Once every stream has ended, the dashboard's e2e run in a real
+# Chromium goes alone.
 # Arguments (`make test` passes none) select tests for a single run instead:
 # `bash scripts/test.sh tests/unit -k spec`.
 set -euo pipefail
@@ -79,9 +80,12 @@ unit_then_others() {
 # The two timed streams: the e2e tests on local nodes, and the controller host's integration
 # tests then the e2e tests on the AWS sandbox.
 # The fleet's e2e run joins them: its machines sit on a bridge and subnet of their own. So do
-# the dashboard's tests in a real Chromium (its jobs are one-node ones), the shortest stream's.
-browser_tests=(tests/e2e/test_dashboard.py tests/integration/test_browser_harness.py
-    tests/integration/test_dashboard_live.py)
+# the browser harness's and the live dashboard's tests in a real Chromium, the shortest stream's.
+browser_tests=(tests/integration/test_browser_harness.py tests/integration/test_dashboard_live.py)
+# The dashboard's e2e run (real jobs, every page, in Chromium) comes last, alone: Chromium drops
+# and stalls page loads while the machine's network keeps changing (every other stream's tests
+# add and remove nodes' namespaces and bridges), which on a loaded machine outlasts its jobs.
+dashboard_e2e=tests/e2e/test_dashboard.py
 # Two slow integration files join them too, so that the streams end about together: the fleet's
 # CLI (machines on the fleet's subnet, as its e2e run) and the fencing of paused controllers.
 moved=(tests/integration/test_fleet_cli.py tests/integration/test_fencing.py)
@@ -106,16 +110,21 @@ stream unit unit_then_others
 
 set +e
 pytest_run tests/e2e --ignore-glob='tests/e2e/test_sandbox_*.py' --ignore=tests/e2e/test_fleet.py \
-    --ignore=tests/e2e/test_dashboard.py "${containers[@]/#/--ignore=}"
+    --ignore="$dashboard_e2e" "${containers[@]/#/--ignore=}"
 e2e_code=$?
 wait "${pids[@]}"
+echo
+echo "--- the dashboard's e2e run in Chromium (after every stream) ---"
+pytest_run "$dashboard_e2e"
+dashboard_code=$?
 set -e
 
 status=0
 verdict "$e2e_code" "tests/e2e" || status=1
+verdict "$dashboard_code" "$dashboard_e2e" || status=1
 for name in hosts integration unit; do
     case $name in
-        hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox and the fleet, and the dashboard in Chromium" ;;
+        hosts) what="tests/integration, the controller host's, then tests/e2e on the AWS sandbox and the fleet, and the browser harness and live dashboard in Chromium" ;;
         integration) what="tests/integration, the others" ;;
         unit) what="tests/unit, tests/infra, tests/unit on the next Python, then the container and bucket e2e tests and the sandbox's podman run" ;;
     esac

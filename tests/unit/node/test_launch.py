@@ -122,7 +122,10 @@ def test_start_and_probe_commands_against_a_real_shell(tmp_path: Path) -> None:
     layout = launch.NodeLayout("job-1")
     run_dir = tmp_path / layout.run_dir
     run_dir.mkdir(parents=True)
-    (run_dir / "launch.sh").write_text('echo hello; sleep 0.3; echo 0 > "$HOME/x"\n')
+    # It runs until the test says go (20 s at most), whatever the machine's load.
+    (run_dir / "launch.sh").write_text(
+        'echo hello; for _ in $(seq 400); do [ -e "$HOME/go" ] && break; sleep 0.05; done\n'
+    )
     env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
 
     def sh(command: str) -> str:
@@ -135,12 +138,13 @@ def test_start_and_probe_commands_against_a_real_shell(tmp_path: Path) -> None:
     again = subprocess.run(["bash", "-c", launch.start_command(layout)], env=env, timeout=10)
     assert again.returncode == 3  # never started twice
     assert launch.parse_probe(sh(launch.probe_command(layout, 0))).state == "running"
+    (tmp_path / "go").touch()
 
     def ended() -> launch.NodeProbe | None:
         probe = launch.parse_probe(sh(launch.probe_command(layout, 0)))
         return probe if probe.state != "running" else None
 
-    probe = wait_until(ended, "the script's end (0.3 s after its start)", 10, interval=0.1)
+    probe = wait_until(ended, "the script's end once told to go", 10, interval=0.1)
     assert probe.state == "vanished"  # no exit_code file: the script is not a launch script
     assert probe.new_log == "hello\n"
     (run_dir / "exit_code").write_text("0\n")
