@@ -92,7 +92,7 @@ def test_a_fleet_runs_queues_spans_and_recovers_without_powering_anything_off(
         )  # fmt: skip
         big = detach(
             _spec(tmp_path, "big", GPU_ENV_RUN.format(seconds=300),
-                  extra="budget: {max_cost_usd: 0.3}\n"),
+                  extra="budget: {max_cost_usd: 0.6}\n"),  # 108 s on the second machine
             env, "--yes",
         )  # fmt: skip
         for job_id in (first, big):
