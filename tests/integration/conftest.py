@@ -43,7 +43,7 @@ def moto_server() -> Iterator[str]:
 def moto_endpoint(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The moto server, reset, with fake AWS credentials for this test only."""
     request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as reply:
+    with urllib.request.urlopen(request, timeout=60) as reply:  # a loaded machine: seconds
         assert reply.status == 200
     for var in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(var, raising=False)

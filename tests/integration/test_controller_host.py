@@ -183,7 +183,7 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
                 return b""
 
         with contextlib.suppress(AssertionError):  # the caller says what it got instead
-            return wait_until(answer, "an answer through the tunnel", 20, interval=0.3)
+            return wait_until(answer, "an answer through the tunnel", 60, interval=0.3)
         return b""
     finally:
         session.kill()
