@@ -220,6 +220,13 @@ def _say_hand_over(document: dict[str, Any]) -> None:
         console.print(
             f"job {job_id}: handed over to the new host{how}", highlight=False, markup=False
         )
+    for job_id in document["ended"]:
+        how = ", rebuilt from its nodes," if job_id in document["rebuilt"] else ""
+        console.print(
+            f"job {job_id}{how} has ended: `orch status {job_id}` shows how",
+            highlight=False,
+            markup=False,
+        )
     for note in document["notes"]:
         console.print(note, highlight=False, markup=False)
     for job_id, why in document["lost"].items():

@@ -188,9 +188,10 @@ def hand_over(
     controller, which adopts it on its nodes.
 
     Returns `handed_over` (unfinished jobs its ledger shows: it drives them, or will once the
-    dead host's controller lease has expired), `rebuilt` (those of them rebuilt from their
-    nodes), `ended` (jobs its ledger shows finished), `lost` ({id: why}: jobs it cannot drive)
-    and `notes` (what its orch said about them, and files that could not be sent again)."""
+    dead host's controller lease has expired), `ended` (jobs its ledger shows finished),
+    `rebuilt` (jobs of either kind rebuilt from their nodes), `lost` ({id: why}: jobs it cannot
+    drive) and `notes` (what its orch said about them, and files that could not be sent
+    again): `hand_over_report`."""
     flag = shlex.quote(session.layout.handover_flag)
     session.run(f"touch {flag}")  # the host is not idle meanwhile: no autostop mid-way
     try:
@@ -228,26 +229,44 @@ def _hand_over(
         jobs = {str(j["id"]): str(j["state"]) for j in json.loads(listing.stdout)["jobs"]}
     except (ValueError, KeyError, TypeError):
         jobs = {}
-    report: dict[str, Any] = {"handed_over": [], "rebuilt": [], "ended": [], "lost": {},
-                              "notes": notes}  # fmt: skip
-    for job_id in job_ids:
-        state = jobs.get(job_id)
-        result = rebuilt.get(job_id, {})
-        if state is None:
-            report["lost"][job_id] = _why_unknown(result, sent=job_id in sent)
-        elif _final(state):
-            report["ended"].append(job_id)
-        elif job_id not in sent:
-            report["lost"][job_id] = "this ORCH_HOME kept no hand-over kit of it"
-        else:
-            report["handed_over"].append(job_id)
-            if result.get("status") == "rebuilt":
-                report["rebuilt"].append(job_id)
     notes += [
         line.strip()
         for line in listing.stderr.splitlines()
         if any(job_id in line for job_id in job_ids)
     ]
+    return hand_over_report(job_ids, sent=sent, rebuilt=rebuilt, states=jobs, notes=notes)
+
+
+def hand_over_report(
+    job_ids: list[str],
+    *,
+    sent: set[str],
+    rebuilt: dict[str, dict[str, str]],
+    states: dict[str, str],
+    notes: list[str],
+) -> dict[str, Any]:
+    """What became of each of `job_ids` on the new host, from the kits `sent`, what its
+    `orch controller rebuild` answered (`rebuilt`: {id: {status, detail}}) and the states its
+    ledger lists afterwards (`states`).
+
+    `rebuilt` names every job written from its running nodes, whatever its state now: its
+    controller may have adopted it and found it done before the listing (the nodes trained on
+    while no host ran). `ended` names those the listing shows finished; `handed_over` the
+    others it knows; `lost` ({id: why}) those it does not know or got no kit of."""
+    report: dict[str, Any] = {"handed_over": [], "rebuilt": [], "ended": [], "lost": {},
+                              "notes": notes}  # fmt: skip
+    for job_id in job_ids:
+        state = states.get(job_id)
+        result = rebuilt.get(job_id, {})
+        if state is None:
+            report["lost"][job_id] = _why_unknown(result, sent=job_id in sent)
+            continue
+        if job_id not in sent and not _final(state):
+            report["lost"][job_id] = "this ORCH_HOME kept no hand-over kit of it"
+            continue
+        report["ended" if _final(state) else "handed_over"].append(job_id)
+        if result.get("status") == "rebuilt":
+            report["rebuilt"].append(job_id)
     return report
 
 

@@ -172,7 +172,7 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     assert again.returncode == 0, again.stdout + again.stderr + sandbox.output[-3000:]
     replaced = json.loads(again.stdout)
     assert replaced["replaced"]["terminated"] == host_id, replaced
-    assert replaced["rebuilt"] == [job_id] and replaced["lost"] == {}, replaced
+    assert replaced["rebuilt"] == [job_id] and replaced["lost"] == {}, json.dumps(replaced)
     new_host = replaced["instance_id"]
     assert new_host != host_id
 

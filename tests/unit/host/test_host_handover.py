@@ -24,7 +24,7 @@ from orchestrator.host import handover, kit_archive
 from orchestrator.host import record as records
 from orchestrator.host.lifecycle import host_environment
 from orchestrator.host.record import HostRecord
-from orchestrator.host.replacement import probe, retire, retire_dead
+from orchestrator.host.replacement import hand_over_report, probe, retire, retire_dead
 
 JOB = "j-0123ab"
 IID = "l-0123456789"
@@ -194,3 +194,28 @@ def test_a_bucket_source_is_kept_as_none_and_never_looked_for_here(tmp_path: Pat
     assert handover.resend(no_host, tmp_path, JOB) == (
         f"its files are gone from this machine: {gone}"
     )
+
+
+def test_a_job_rebuilt_and_ended_before_the_listing_is_said_rebuilt_and_ended() -> None:
+    # Its nodes trained on while no host ran; the new host's controller adopted it, found it
+    # done and ended it before the listing: it was rebuilt all the same.
+    kinds = ["done", "live", "known", "gone", "no-kit"]
+    report = hand_over_report(
+        kinds,
+        sent={"done", "live", "known", "gone"},
+        rebuilt={
+            "done": {"status": "rebuilt", "detail": "RUNNING on 2 node(s)"},
+            "live": {"status": "rebuilt", "detail": "RUNNING on 2 node(s)"},
+            "known": {"status": "known", "detail": "the ledger has it"},
+            "gone": {"status": "lost", "detail": "none of its nodes runs"},
+        },
+        states={"done": "SUCCEEDED", "live": "RUNNING", "known": "RUNNING", "no-kit": "RUNNING"},
+        notes=[],
+    )
+    assert report["rebuilt"] == ["done", "live"]
+    assert report["ended"] == ["done"]
+    assert report["handed_over"] == ["live", "known"]
+    assert report["lost"] == {
+        "gone": "none of its nodes runs",
+        "no-kit": "this ORCH_HOME kept no hand-over kit of it",
+    }
