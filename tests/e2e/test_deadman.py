@@ -42,10 +42,13 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     time.sleep(5)
     assert not any(f.exists() for f in exit_files)
     assert all(processes_with_marker(iid) for iid in ids), "a node ended while training"
-    wait_until(
-        lambda: all(f.exists() for f in exit_files), "training's end by itself",
-        120 - (time.monotonic() - killed),  # torchrun's start on two busy cores: tens of s
-    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: all(f.exists() for f in exit_files), "training's end by itself",
+            120 - (time.monotonic() - killed),  # torchrun's start on two busy cores: tens of s
+        )  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_runs_now(exit_files)}") from None
 
     def node_left(iid: str) -> bool:
         return bool(
@@ -65,3 +68,15 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
         lambda: not ledger.leases(job_id, open_only=True), "every lease closed", 120,
         interval=0.5,
     )  # fmt: skip
+
+
+def _runs_now(exit_files: list[Path]) -> str:
+    """What each node's run folder holds, and its log's end: why a run did not end."""
+    lines = []
+    for exit_file in exit_files:
+        run_dir = exit_file.parent
+        names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+        log = run_dir / "node.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.is_file() else "(no log)"
+        lines.append(f"{run_dir}: {names}\n{tail}")
+    return "\n".join(lines)
