@@ -22,7 +22,7 @@ from orchestrator.host.session import HostSession
 from orchestrator.ledger.store import HostLease, make_engine
 from orchestrator.sandbox.client import SandboxClient
 from tests.support.controller_host import cmdlines_with
-from tests.support.helpers import counter_run, counter_workdir, orch_env, run_orch
+from tests.support.helpers import HOLD_FILE, counter_run, counter_workdir, orch_env, run_orch
 from tests.support.sandbox_run import SandboxProcess, aws_env, sandbox_namespaces
 from tests.support.waiting import wait_until
 
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 PROFILE = "orch-controller"
 STEPS = 24
+HOLD_AT = 4  # the run waits there until the new host has taken it over: it dies mid-job
 AUTOSTOP_S = 5
 # The laptop's own AWS credentials: any value does for the sandbox, and none may reach the host.
 LAPTOP_KEYS = {
@@ -122,7 +123,7 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     counter_workdir(tmp_path)
     spec.write_text(
         "name: host-aws\nworkdir: work\nresources: {nodes: 2, gpus_per_node: 1}\n"
-        f"run: {counter_run(STEPS, step_s=0.5)}\n"
+        f"run: {counter_run(STEPS, step_s=0.5, hold_at=HOLD_AT)}\n"
     )
     submitted = run_orch(
         ["submit", str(spec), "--remote", "--provider", "aws", "--no-spot", "--yes"],
@@ -140,7 +141,7 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
-    wait_until(lambda: (job_now()["step"] or 0) >= 2, f"{job_id} trains on the host", 150,
+    wait_until(lambda: job_now()["step"] == HOLD_AT, f"{job_id} trains on the host", 150,
                interval=1)  # fmt: skip
 
     # No laptop secret in the host's env file, its logs and ledger, or any process's argv.
@@ -175,6 +176,10 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     assert replaced["rebuilt"] == [job_id] and replaced["lost"] == {}, json.dumps(replaced)
     new_host = replaced["instance_id"]
     assert new_host != host_id
+    for node in nodes:  # the run goes on past its hold
+        workdir = sandbox.state_dir / "hosts" / node / "disk" / "orch-jobs" / job_id / "workdir"
+        assert workdir.is_dir(), workdir
+        (workdir / HOLD_FILE).touch()
 
     def finished() -> dict | None:
         job = job_now()

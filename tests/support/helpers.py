@@ -22,6 +22,7 @@ from tests.support.waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 STEP_COUNTER = REPO / "tests" / "fixtures" / "step_counter.py"
+HOLD_FILE = "orch-test-go"  # what releases a step counter held at a step (`counter_run`)
 
 
 def counter_workdir(directory: Path) -> Path:
@@ -34,13 +35,20 @@ def counter_workdir(directory: Path) -> Path:
 
 
 def counter_run(
-    steps: int, *, step_s: float = 0.25, checkpoint_every: int = 4, stop_s: float = 0.0
+    steps: int,
+    *,
+    step_s: float = 0.25,
+    checkpoint_every: int = 4,
+    stop_s: float = 0.0,
+    hold_at: int | None = None,
 ) -> str:
-    """The job spec's `run` for the step counter in a `counter_workdir`."""
-    return (
+    """The job spec's `run` for the step counter in a `counter_workdir`; with `hold_at`, every
+    rank waits after that step until its node's workdir holds `HOLD_FILE`."""
+    run = (
         f"python {STEP_COUNTER.name} --steps {steps} --step-s {step_s} "
         f"--checkpoint-every {checkpoint_every} --stop-s {stop_s}"
     )
+    return run if hold_at is None else f"{run} --hold-at {hold_at} --hold-file {HOLD_FILE}"
 
 
 def install_gpu_stand_in(node_bin: Path, trace: str) -> None:
