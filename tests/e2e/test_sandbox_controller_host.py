@@ -137,7 +137,9 @@ def test_an_aws_host_drives_a_remote_job_with_its_own_credentials(
     def job_now() -> dict:
         for value in LAPTOP_KEYS.values():
             seen.extend(cmdlines_with(value))
-        result = run_orch(["status", job_id, "--json"], env, timeout=60)
+        # `orch status` asks the host, busy adopting the job, for as long as orch itself lets
+        # it (`HostJobs.describe`): on a loaded machine, once, over 60 s.
+        result = run_orch(["status", job_id, "--json"], env, timeout=300)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
