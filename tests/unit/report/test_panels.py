@@ -4,7 +4,6 @@ says so; the SVG keeps its text as text and its size in inches."""
 
 from __future__ import annotations
 
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -114,11 +113,9 @@ def test_an_unknown_panel_is_refused(tmp_path: Path) -> None:
         render_panel_svg(data, "cpu")
 
 
-def test_a_panel_of_a_job_with_thousands_of_samples_draws_fast(tmp_path: Path) -> None:
+def test_a_panel_of_a_job_with_thousands_of_samples_is_drawn_whole(tmp_path: Path) -> None:
+    # How fast is measured in bench/dashboard_pages.py, against a baseline of the same run.
     data = running_job(tmp_path, readings=3000)
-    render_panel_svg(data, "gpu")  # matplotlib's first use loads its fonts
-    started = time.perf_counter()
     for panel in PANELS:
-        render_panel_svg(data, panel)
-    # About 0.1 s a panel on an idle core; the bound leaves room for a busy test machine.
-    assert (time.perf_counter() - started) / len(PANELS) < 1.0
+        root = svg_tree(render_panel_svg(data, panel))
+        assert len(root) > 0, panel
