@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,10 +19,16 @@ pytestmark = pytest.mark.e2e
 
 def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
+    # Each node says its training ended in a folder of the test's, outside the node: a node
+    # that powers off takes its disk with it, and the first node to end may be gone before
+    # the second ends.
+    ended = tmp_path / "ended"
+    ended.mkdir()
     spec = tmp_path / "job.yaml"
     spec.write_text(
         "name: orphan\nworkdir: work\n"
-        "run: python -c \"import time; time.sleep(10); print('done')\"\n"
+        'run: python -c "import os, pathlib, time; time.sleep(10); '
+        f"pathlib.Path('{ended}', os.environ['ORCH_NODE_RANK']).touch()\"\n"
         "resources: {nodes: 2, gpus_per_node: 1}\n"
     )
     home = tmp_path / "orch"
@@ -35,20 +42,19 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     pid = int((home / "jobs" / job_id / "controller.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # no orch command runs from here on: nobody revives it
     killed = time.monotonic()
-    exit_files = [
-        home / "local/nodes" / iid / "disk/orch-jobs" / job_id / "run/exit_code" for iid in ids
-    ]
+    run_dirs = [home / "local/nodes" / iid / "disk/orch-jobs" / job_id / "run" for iid in ids]
     # The subject: time passing past the dead-man timeout (3 s) while the run still trains.
     time.sleep(5)
-    assert not any(f.exists() for f in exit_files)
+    assert not any((run_dir / "exit_code").exists() for run_dir in run_dirs)
     assert all(processes_with_marker(iid) for iid in ids), "a node ended while training"
     try:
         wait_until(
-            lambda: all(f.exists() for f in exit_files), "training's end by itself",
+            lambda: sorted(p.name for p in ended.iterdir()) == ["0", "1"],
+            "training's end by itself on both nodes",
             120 - (time.monotonic() - killed),  # torchrun's start on two busy cores: tens of s
         )  # fmt: skip
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_runs_now(exit_files)}") from None
+        raise AssertionError(f"{exc}\n{_runs_now(run_dirs, home)}") from None
 
     def node_left(iid: str) -> bool:
         return bool(
@@ -61,6 +67,11 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
         lambda: not any(node_left(iid) for iid in ids), "the nodes' power-off",
         150 - (time.monotonic() - killed), interval=0.5,
     )  # fmt: skip
+    # Each powered itself off for the dead-man's reason, not while training.
+    for iid in ids:
+        record = json.loads((home / "local/powered-off" / f"{iid}.json").read_text())
+        assert record.get("kind") == "deadman", record
+        assert "no training" in record.get("message", ""), record
     # The next orch command hears of it: the job gets a controller, finds its nodes gone and
     # ends; no lease stays open.
     run_orch(["reconcile"], env, timeout=120)
@@ -70,13 +81,21 @@ def test_nodes_outlive_a_dead_controller_while_training_then_power_off(tmp_path:
     )  # fmt: skip
 
 
-def _runs_now(exit_files: list[Path]) -> str:
-    """What each node's run folder holds, and its log's end: why a run did not end."""
+def _runs_now(run_dirs: list[Path], home: Path) -> str:
+    """What each node's run folder holds, its log's end, and the local nodes' power-offs: why
+    a run did not end."""
     lines = []
-    for exit_file in exit_files:
-        run_dir = exit_file.parent
-        names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            lines.append(f"{run_dir}: gone (the node powered off)")
+            continue
+        names = sorted(p.name for p in run_dir.iterdir())
         log = run_dir / "node.log"
         tail = log.read_text(errors="replace")[-2000:] if log.is_file() else "(no log)"
         lines.append(f"{run_dir}: {names}\n{tail}")
+    for record in sorted((home / "local/powered-off").glob("*.json")):
+        lines.append(f"{record.name}: {record.read_text().strip()}")
+    poweroff_log = home / "local/poweroff.log"
+    if poweroff_log.is_file():
+        lines.append(poweroff_log.read_text(errors="replace")[-2000:])
     return "\n".join(lines)
