@@ -149,11 +149,14 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     assert processes_with_marker(instance.instance_id) == []
 
 
-ONE_ANSWER = (
+# Answers every connection until none came for 60 s: on a loaded machine a first connection
+# through both hops can outlast the caller's wait, and its answer must not be the only one.
+ANSWERS = (
     "import socket, sys\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(1); s.settimeout(30)\n"
-    "c, _ = s.accept(); c.sendall(b'through-the-host'); c.close()\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); s.settimeout(60)\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.sendall(b'through-the-host'); c.close()\n"
 )
 
 
@@ -168,7 +171,7 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
     `orch ssh JOB -L LOCAL:localhost:REMOTE` (two hops: here -> the host -> the node)."""
     local, remote = free_port(), free_port()
     argv = ["ssh", job_id, "-L", f"{local}:localhost:{remote}", "--",
-            shlex.join(["python3", "-c", ONE_ANSWER, str(remote)])]  # fmt: skip
+            shlex.join(["python3", "-c", ANSWERS, str(remote)])]  # fmt: skip
     session = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", *argv], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -177,7 +180,7 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
 
         def answer() -> bytes:
             try:
-                with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
+                with socket.create_connection(("127.0.0.1", local), timeout=20) as conn:
                     return conn.recv(64)
             except OSError:
                 return b""

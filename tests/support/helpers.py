@@ -214,6 +214,17 @@ def events(job: dict, kind: str) -> list[dict]:
     return [e for e in job["events"] if e["kind"] == kind]
 
 
+def timeline(job: dict, home: Path, *, log_lines: int = 40) -> str:
+    """The job's events with their times, then the end of its controller's log: what a test
+    that judges how soon something happened prints when it was too late."""
+    lines = [f"{e['at']} {e['kind']} {e['message'][:200]}" for e in job["events"]]
+    log = home / "jobs" / job["id"] / "controller.log"
+    if log.is_file():
+        tail = log.read_text(errors="replace").splitlines()[-log_lines:]
+        lines += ["--- controller.log ---", *tail]
+    return "\n".join(lines)
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
