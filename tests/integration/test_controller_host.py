@@ -26,7 +26,13 @@ from tests.support.controller_host import (
     cmdlines_with,
     node_cmdlines,
 )
-from tests.support.helpers import counter_run, counter_workdir, processes_with_marker, run_orch
+from tests.support.helpers import (
+    HOLD_FILE,
+    counter_run,
+    counter_workdir,
+    processes_with_marker,
+    run_orch,
+)
 from tests.support.waiting import wait_until
 
 SECRET = "s3cr3t-only-over-stdin-7f1c"
@@ -53,9 +59,9 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
     counter_workdir(tmp_path)
     spec.write_text(
         "name: remote-counter\nworkdir: work\nresources: {nodes: 1, gpus_per_node: 1}\n"
-        # 12 steps of 2.5 s: time for the ssh and tunnel checks below to reach the running
-        # node through the host on a loaded machine
-        f"run: {counter_run(12, step_s=2.5)}\nsecrets: {{HOST_TOKEN: null}}\n"
+        # The run waits after step 1 until the ssh and tunnel checks below have reached the
+        # node through the host, which takes a minute and more on a loaded machine.
+        f"run: {counter_run(12, step_s=0.5, hold_at=1)}\nsecrets: {{HOST_TOKEN: null}}\n"
     )
     submitted = run_orch(["submit", str(spec), "--remote"], {**env, "HOST_TOKEN": SECRET})
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
@@ -88,11 +94,14 @@ def test_a_job_submitted_remote_runs_on_the_adopted_host_and_down_leaves_nothing
             # a command line for the node's shell, through the host, as ssh hands it over;
             # its exit status comes back
             command = ["ssh", job_id, "--node", "0", "--", "echo on-node; exit 3"]
-            said.append(run_orch(command, env, timeout=60))
+            said.append(run_orch(command, env, timeout=120))
             tunnelled.append(through_a_tunnel(job_id, env))
+            go = f"touch ~/orch-jobs/{job_id}/workdir/{HOLD_FILE}"  # the run goes on
+            released = run_orch(["ssh", job_id, "--node", "0", "--", go], env, timeout=120)
+            assert released.returncode == 0, released.stdout + released.stderr
         return job if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
-    job = wait_until(finished, f"{job_id} ends on the host", timeout=150, interval=1)
+    job = wait_until(finished, f"{job_id} ends on the host", timeout=400, interval=1)
     assert job["state"] == "SUCCEEDED", json.dumps(job.get("events"))[-3000:]
     assert job["id"] == job_id and job["step"] == 12
     assert seen == [], "the secret appeared in a process's arguments"
@@ -174,7 +183,7 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
             shlex.join(["python3", "-c", ANSWERS, str(remote)])]  # fmt: skip
     session = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", *argv], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
 
@@ -186,8 +195,10 @@ def through_a_tunnel(job_id: str, env: dict[str, str]) -> bytes:
                 return b""
 
         with contextlib.suppress(AssertionError):  # the caller says what it got instead
-            return wait_until(answer, "an answer through the tunnel", 60, interval=0.3)
+            return wait_until(answer, "an answer through the tunnel", 150, interval=0.3)
         return b""
     finally:
-        session.kill()
+        # the whole session: orch's ssh to the host, which outlives orch killed alone
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session.pid, signal.SIGKILL)
         session.communicate()
