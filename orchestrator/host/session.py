@@ -9,11 +9,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from orchestrator.errors import NodeUnreachable
 from orchestrator.host.layout import HostLayout
 from orchestrator.host.record import HostRecord, host_dir
 from orchestrator.remote.keys import HostAddress, Identity, ensure_identity, write_known_hosts
 from orchestrator.remote.ssh import DEFAULT_MAX_OUTPUT, CommandResult, NodeConnection
 from orchestrator.remote.sync import pull_file_argv, push_argv, run_rsync
+
+HOST_UNREACHABLE_HINT = (
+    "the host may have ended itself at its autostop, or be cut off: `orch controller status` "
+    "says which (a host that has ended is replaced by `orch controller up`, which takes its "
+    "jobs over)"
+)
 
 
 def host_identity(home: Path, key_file: str | None) -> Identity:
@@ -53,10 +60,17 @@ class HostSession:
         timeout: float = 300,
         max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> CommandResult:
-        """`NodeConnection.run` on the host: at most `max_output` bytes of its output read."""
-        return self.connection.run(
-            command, check=check, stdin=stdin, timeout=timeout, max_output=max_output
-        )
+        """`NodeConnection.run` on the host: at most `max_output` bytes of its output read. A
+        host that cannot be reached (or went away mid-command) raises `NodeUnreachable` saying
+        how to find out why: it may have ended itself at its autostop."""
+        try:
+            return self.connection.run(
+                command, check=check, stdin=stdin, timeout=timeout, max_output=max_output
+            )
+        except NodeUnreachable as exc:
+            if self.connection.is_alive():  # reached, but the command outlasted its timeout
+                raise
+            raise NodeUnreachable(exc.message, hint=HOST_UNREACHABLE_HINT) from exc
 
     def push(self, local: Path, destination: str, *, workdir: bool = False) -> None:
         """rsync `local` (a file, or a folder's contents) to `destination` on the host, for
