@@ -102,8 +102,11 @@ def test_demo_job_round_trip_on_sandbox_spot_nodes(tmp_path: Path, sandbox: Sand
 
 def test_sigterm_ends_hosts_that_are_still_running(tmp_path: Path, sandbox: SandboxProcess) -> None:
     env = orch_env(tmp_path / "orch", **aws_env(sandbox.endpoint))
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "job.yaml"  # still running when the sandbox stops, however slow the look
+    spec.write_text("name: still-running\nworkdir: work\nrun: sleep 600\n")
     result = run_orch(
-        ["submit", "templates/demo-ddp.yaml", "--nodes", "2", "--gpus", "1", "--provider", "aws",
+        ["submit", str(spec), "--nodes", "2", "--gpus", "1", "--provider", "aws",
          "--spot", "--detach", "--yes"],
         env, timeout=120,
     )  # fmt: skip

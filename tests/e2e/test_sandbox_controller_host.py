@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 PROFILE = "orch-controller"
 STEPS = 24
 HOLD_AT = 4  # the run waits there until the new host has taken it over: it dies mid-job
-AUTOSTOP_S = 5
+AUTOSTOP_S = 30  # long enough for the laptop to hear the job end before the host does
 # The laptop's own AWS credentials: any value does for the sandbox, and none may reach the host.
 LAPTOP_KEYS = {
     "AWS_ACCESS_KEY_ID": "AKIALAPTOP7Q2W",

@@ -21,7 +21,9 @@ from tests.support.waiting import wait_for_job, wait_until
 
 pytestmark = pytest.mark.e2e
 
-MAX_RUNTIME = 15
+# Long enough that the second ledger's reconcile below, tens of seconds on a loaded machine,
+# lists the job's instances before its max_runtime ends them.
+MAX_RUNTIME = 40
 GRACE = 3
 HANG = (
     'python -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
@@ -53,8 +55,8 @@ def test_a_hung_job_ends_at_max_runtime_on_the_sandbox_without_its_controller(
     theirs = orch_env(tmp_path / "other-orch", **aws_env(sandbox.endpoint))  # same login
     reconciled = run_orch(["reconcile", "--json"], theirs, timeout=120)
     assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
-    assert sorted(json.loads(reconciled.stdout)["not_ours"]) == sorted(ids)
-    assert ledger.get_job(job_id).state == "RUNNING"
+    assert ledger.get_job(job_id).state == "RUNNING", "max_runtime came before the listing"
+    assert sorted(json.loads(reconciled.stdout)["not_ours"]) == sorted(ids), reconciled.stdout
     os.kill(int((home / "jobs" / job_id / "controller.pid").read_text()), signal.SIGKILL)
     started = ledger.get_job(job_id).started_at
     assert started is not None
