@@ -92,7 +92,9 @@ def test_a_fleet_runs_queues_spans_and_recovers_without_powering_anything_off(
         )  # fmt: skip
         big = detach(
             _spec(tmp_path, "big", GPU_ENV_RUN.format(seconds=300),
-                  extra="budget: {max_cost_usd: 0.6}\n"),  # 108 s on the second machine
+                  # 162 s on the second machine: past the queue's checks below, which take
+                  # a minute and more on a loaded machine (its end would free room for third)
+                  extra="budget: {max_cost_usd: 0.9}\n"),
             env, "--yes",
         )  # fmt: skip
         for job_id in (first, big):
@@ -121,10 +123,12 @@ def test_a_fleet_runs_queues_spans_and_recovers_without_powering_anything_off(
         cancelled_at = time.monotonic()
         assert run_orch(["cancel", first], env, timeout=120).returncode == 0
         wait_for_state(third, env, {"RUNNING", "SUCCEEDED"}, timeout=60)
+        # Soon, not fast: two CLI calls of a loaded machine are in it (the start's own speed
+        # is bench/fleet_start.py's)
         started_after = time.monotonic() - cancelled_at
-        assert started_after < 30, f"the queued job started {started_after:.1f} s after the cancel"
+        assert started_after < 60, f"the queued job started {started_after:.1f} s after the cancel"
         assert wait_for_state(third, env, {"SUCCEEDED"}, timeout=120)["exit_code"] == 0
-        assert wait_for_state(big, env, {"BUDGET_STOPPED"}, timeout=120)
+        assert wait_for_state(big, env, {"BUDGET_STOPPED"}, timeout=240)
         seen = {}
         for job_id in (first, second, big, third):
             logs = run_orch(["logs", job_id], env).stdout

@@ -35,7 +35,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-AUTOSTOP_S = 20  # past the few orch commands between two jobs on two busy cores
+AUTOSTOP_S = 20  # the idle cluster's, once the third job's controller is killed
 
 # Records what torchrun gave each rank (in the node's home: the next job's sync makes the
 # workdir the user's again, removing what a job wrote there), then waits for the test's file.
@@ -95,9 +95,13 @@ def test_jobs_share_a_kept_cluster_queue_for_it_and_its_guards_stop_it_when_idle
     home = tmp_path / "orch"
     env = fast_env(home, ORCH_STOP_GRACE="3")
     cluster = ["--cluster", "dev", "--autostop", f"{AUTOSTOP_S}s"]
+    # Between the first two jobs the test runs orch commands of its own, a minute at worst
+    # on a loaded machine: the cluster waits 10 minutes then. The third job's submit sets
+    # AUTOSTOP_S (the latest submit's autostop is the cluster's), which ends it at the end.
+    waiting = ["--cluster", "dev", "--autostop", "10m"]
 
     one_spec = spec(tmp_path, "one", f"python probe.py && {SNAPSHOTS}")
-    first = run_orch(["submit", str(one_spec), *cluster], env)
+    first = run_orch(["submit", str(one_spec), *waiting], env)
     assert first.returncode == 0, first.stdout + first.stderr
     one = job_json(first.stdout.split()[1], env)
     assert one["state"] == "SUCCEEDED"
@@ -110,7 +114,7 @@ def test_jobs_share_a_kept_cluster_queue_for_it_and_its_guards_stop_it_when_idle
     # It fails if the first job's snapshot.pt is still in the workdir, where a tutorial-style
     # script would resume from it.
     two_spec = spec(tmp_path, "two", f"python probe.py {go_two} && test ! -e snapshot.pt")
-    two_id = detach(two_spec, env, *cluster)
+    two_id = detach(two_spec, env, *waiting)
     wait_for_state(two_id, env, {"RUNNING"})
     refused = run_orch(
         ["submit", str(spec(tmp_path, "refused", "python probe.py")), *cluster, "--no-wait"], env

@@ -269,7 +269,9 @@ def test_spot_only_retries_with_backoff_then_fails_with_the_reason(tmp_path: Pat
 
 
 def test_spot_only_launches_once_capacity_returns(tmp_path: Path) -> None:
-    env = spot_env(tmp_path / "orch", ORCH_LAUNCH_RETRIES="4", ORCH_LAUNCH_BACKOFF="2")
+    # Tries 2, 6, 14, 30, 62 and 126 s after the first: one still comes after the two orch commands
+    # below, however slow
+    env = spot_env(tmp_path / "orch", ORCH_LAUNCH_RETRIES="6", ORCH_LAUNCH_BACKOFF="2")
     assert run_orch(["local", "spot", "off"], env).returncode == 0
     job_id = detach(quick_job(tmp_path, "true"), env)
     wait_for(job_id, env, lambda j: events(j, "WAITING"), "a refused launch", timeout=60)
