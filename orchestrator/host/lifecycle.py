@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config import Settings
-from orchestrator.errors import ControllerHostError, OrchError
+from orchestrator.errors import ControllerHostError, NodeUnreachable, OrchError
 from orchestrator.host import handover, machines
 from orchestrator.host import record as records
 from orchestrator.host import systemd as systemd_unit
@@ -305,6 +305,9 @@ def status_document(
             f"{alive_test(pid)} && echo running || echo stopped",
             check=False,
         )
+    except NodeUnreachable as exc:  # its hint sends the user here: this document is the answer
+        document["error"] = exc.message
+        return document
     except OrchError as exc:
         document["error"] = str(exc)
         return document
