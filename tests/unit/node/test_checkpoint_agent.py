@@ -110,13 +110,19 @@ def test_a_new_file_waits_until_it_is_quiet(tmp_path: Path) -> None:
     assert staged(a, "snapshot.pt") is not None
 
 
+# Saves as torch.save does: a zip, truncated and written again in place, in pieces. Its format
+# tells the agent whether a write is over; a file of no known format is taken on quiet time
+# alone, which a writer that stalls longer than it mid-save (a loaded machine) can fool.
 WRITER = """
-import hashlib, sys, time
+import hashlib, io, sys, time, zipfile
 path, log = sys.argv[1], sys.argv[2]
 n = 0
 while True:
     n += 1
-    body = bytes([n % 251]) * 400_000
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", bytes([n % 251]) * 400_000)
+    body = buffer.getvalue()
     with open(log, "a") as out:
         out.write(hashlib.blake2b(body, digest_size=32).hexdigest() + "\\n")
     with open(path, "r+b" if n > 1 else "wb") as handle:  # in place, as torch.save does
@@ -124,14 +130,16 @@ while True:
         for start in range(0, len(body), 40_000):
             handle.write(body[start : start + 40_000])
             handle.flush()
-            time.sleep(0.002)
+            # every other save stalls halfway for longer than the agent's quiet time
+            time.sleep(0.3 if n % 2 == 0 and start == 200_000 else 0.002)
     time.sleep(0.25)
 """
 
 
 def test_a_file_rewritten_in_place_nonstop_is_only_ever_staged_whole(tmp_path: Path) -> None:
-    """A script rewrites its snapshot in place (truncate, then write in pieces) every quarter
-    of a second; every copy the agent stages must be exactly one save, never torn or mixed."""
+    """A script rewrites its torch.save snapshot in place (truncate, then write in pieces)
+    every quarter of a second; every copy the agent stages must be exactly one save, never torn
+    or mixed, however long the writer stalls mid-save."""
     a = make_agent(tmp_path, quiet_s=0.1)
     path, log = tmp_path / "ckpt" / "snapshot.pt", tmp_path / "saves.log"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(log)])
