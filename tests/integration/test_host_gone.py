@@ -5,21 +5,19 @@ of pointing at the job's nodes."""
 from __future__ import annotations
 
 import json
-import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.host import record as records
 from orchestrator.remote.keys import ensure_identity
+from tests.support.dashboard_run import free_port
 from tests.support.helpers import orch_env, run_orch
 
 JOB = "remote-counter-0156b9"
 
 
 def test_status_of_a_job_on_a_host_that_is_gone_says_how_to_find_out_why(tmp_path: Path) -> None:
-    with socket.socket() as s:  # nothing listens there once it is closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     home = tmp_path / "orch"
     identity = ensure_identity(tmp_path / "keys", "host")
     records.save(
